@@ -1,0 +1,25 @@
+"""Errors a user can act on: each carries a one-line message naming what went wrong and where."""
+
+from __future__ import annotations
+
+
+class MemsaveError(Exception):
+    """Base class: a problem in the user's setup or step, reported in one line."""
+
+
+class WorkloadError(MemsaveError, ValueError):
+    """The workload cannot describe a training step (bad batch type, non-scalar loss, no device...)."""
+
+
+class StepError(MemsaveError, RuntimeError):
+    """The training step itself failed; the message names the phase and the innermost module."""
+
+    def __init__(self, message: str, *, phase: str = "", module: str = "", cause: BaseException | None = None):
+        super().__init__(message)
+        self.phase = phase
+        self.module = module
+        self.cause = cause
+
+
+class Cancelled(MemsaveError):
+    """A run was cancelled by the user; the model has been restored."""

@@ -1,0 +1,160 @@
+"""Results of a measured step as frozen plain data: sizes, shapes, names. Never tensors.
+
+Rendering (tables, Bokeh figures, HTML) lives elsewhere and reads these.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+CATEGORIES = ("parameters", "inputs", "gradients", "optimizer_state", "activations", "temporaries")
+PHASES = ("forward", "backward", "optimizer")
+
+
+@dataclass(frozen=True)
+class MemorySplit:
+    """Live bytes by category at one moment (the peak, or the end of forward)."""
+
+    parameters: int = 0
+    inputs: int = 0
+    gradients: int = 0
+    optimizer_state: int = 0
+    activations: int = 0
+    temporaries: int = 0
+
+    @property
+    def total(self) -> int:
+        return sum(getattr(self, c) for c in CATEGORIES)
+
+    def as_dict(self) -> dict[str, int]:
+        return {c: getattr(self, c) for c in CATEGORIES}
+
+
+@dataclass(frozen=True)
+class ModuleStats:
+    """One row of the per-layer table. ``saved_bytes`` is rolled up over the module's children."""
+
+    name: str
+    type_name: str
+    depth: int
+    output_shape: tuple[int, ...] | None
+    trainable_params: int
+    frozen_params: int
+    saved_bytes_own: int
+    saved_bytes: int
+    calls: int
+    is_leaf: bool
+
+    @property
+    def params(self) -> int:
+        return self.trainable_params + self.frozen_params
+
+
+@dataclass(frozen=True)
+class OpStats:
+    """Per aten op type (overload packet, e.g. ``aten.mm``): forward calls, kept bytes, FLOPs."""
+
+    op: str
+    count: int
+    saved_bytes: int
+    flops: int
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """Live bytes per category after each allocation or free, in event order.
+
+    ``phase[i]`` is the phase of event i; ``phase_starts`` maps a phase to its first event index.
+    """
+
+    phase: tuple[str, ...]
+    by_category: dict[str, tuple[int, ...]]
+    phase_starts: dict[str, int]
+
+    def __len__(self) -> int:
+        return len(self.phase)
+
+    def total(self) -> tuple[int, ...]:
+        cols = [self.by_category[c] for c in CATEGORIES]
+        return tuple(sum(v) for v in zip(*cols)) if cols and cols[0] else ()
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """Everything one measured training step tells about memory and time."""
+
+    mode: str
+    device: str
+    peak_bytes: int
+    peak_split: MemorySplit
+    peak_index: int
+    peak_phase: str
+    saved_bytes: int
+    end_of_forward: MemorySplit
+    modules: tuple[ModuleStats, ...]
+    ops: tuple[OpStats, ...]
+    module_ops: tuple[tuple[str, str, int, int], ...]  # (module, op, forward calls, saved bytes)
+    timeline: Timeline
+    step_seconds: float | None
+    step_seconds_all: tuple[float, ...] = ()
+    flops: int = 0
+    cuda_peak_bytes: int | None = None
+    cuda_baseline_bytes: int | None = None
+    compiled: bool = False
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    # -- lookups -----------------------------------------------------------------------------
+    def module(self, name: str) -> ModuleStats:
+        for m in self.modules:
+            if m.name == name:
+                return m
+        raise KeyError(f"no module named {name!r} in this measurement")
+
+    def ops_in(self, prefix: str) -> tuple[OpStats, ...]:
+        """Op types run in the forward of module ``prefix`` (and its children), with kept bytes.
+
+        FLOPs here are not split per module; they are the op type's share of the whole step.
+        """
+        counts: dict[str, list[int]] = {}
+        for module, op, calls, saved in self.module_ops:
+            if prefix == "" or module == prefix or module.startswith(prefix + "."):
+                row = counts.setdefault(op, [0, 0])
+                row[0] += calls
+                row[1] += saved
+        flops = {o.op: o.flops for o in self.ops}
+        return tuple(
+            OpStats(op=op, count=c, saved_bytes=s, flops=flops.get(op, 0))
+            for op, (c, s) in sorted(counts.items(), key=lambda kv: (-kv[1][1], kv[0]))
+        )
+
+    # -- tables ------------------------------------------------------------------------------
+    def rows(self) -> list[dict[str, Any]]:
+        """Per-module rows as plain dicts (for tables, JSON, DataFrames)."""
+        total = self.saved_bytes or 1
+        out = []
+        for m in self.modules:
+            row = {f.name: getattr(m, f.name) for f in fields(m)}
+            row["share"] = m.saved_bytes / total
+            out.append(row)
+        return out
+
+    def to_dataframe(self):  # pragma: no cover - exercised when pandas is installed
+        import pandas as pd
+
+        return pd.DataFrame(self.rows())
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "device": self.device,
+            "peak_bytes": self.peak_bytes,
+            "peak_split": self.peak_split.as_dict(),
+            "saved_bytes": self.saved_bytes,
+            "step_seconds": self.step_seconds,
+            "flops": self.flops,
+            "cuda_peak_bytes": self.cuda_peak_bytes,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)

@@ -1,0 +1,173 @@
+"""What one training step is: model, batch, loss, optimizer, device.
+
+A Workload holds no measurement logic. It knows how to build a fresh batch, call the model on it
+(plain tensors, tuples or Hugging Face style dicts), turn the output into a scalar loss, and make an
+optimizer over the trainable parameters.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Iterable, Mapping
+
+import torch
+from torch import nn
+
+from .errors import WorkloadError
+
+OptimizerSpec = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer] | str | None
+
+_OPTIMIZERS: dict[str, Callable[[list[nn.Parameter]], torch.optim.Optimizer]] = {
+    "adamw": lambda params: torch.optim.AdamW(params, lr=1e-3),
+    "adam": lambda params: torch.optim.Adam(params, lr=1e-3),
+    "sgd": lambda params: torch.optim.SGD(params, lr=1e-2, momentum=0.9),
+    "sgd-nomomentum": lambda params: torch.optim.SGD(params, lr=1e-2),
+}
+
+
+def map_tensors(obj: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
+    """Apply ``fn`` to every tensor in a nested tuple/list/dict structure, keeping the structure."""
+    if isinstance(obj, torch.Tensor):
+        return fn(obj)
+    if isinstance(obj, Mapping):
+        mapped = {k: map_tensors(v, fn) for k, v in obj.items()}
+        return type(obj)(mapped) if type(obj) in (dict,) else mapped
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        return type(obj)(*(map_tensors(v, fn) for v in obj))
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(map_tensors(v, fn) for v in obj)
+    return obj
+
+
+def iter_tensors(obj: Any) -> Iterable[torch.Tensor]:
+    """Yield every tensor in a nested structure (model outputs, batches)."""
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, Mapping):
+        for v in obj.values():
+            yield from iter_tensors(v)
+    elif isinstance(obj, (tuple, list)):
+        for v in obj:
+            yield from iter_tensors(v)
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        for f in dataclasses.fields(obj):
+            yield from iter_tensors(getattr(obj, f.name))
+    elif hasattr(obj, "to_tuple"):  # transformers ModelOutput
+        yield from iter_tensors(obj.to_tuple())
+
+
+def default_loss(output: Any) -> torch.Tensor:
+    """``output.loss`` or ``output["loss"]`` when present (Hugging Face style), else the sum of the output."""
+    loss = getattr(output, "loss", None)
+    if loss is None and isinstance(output, Mapping):
+        loss = output.get("loss")
+    if isinstance(loss, torch.Tensor):
+        return loss
+    if isinstance(output, torch.Tensor):
+        return output.sum()
+    tensors = [t for t in iter_tensors(output) if t.is_floating_point() or t.is_complex()]
+    if not tensors:
+        raise WorkloadError("the model output holds no floating-point tensor to build a loss from; pass loss=...")
+    return sum(t.sum() for t in tensors)  # type: ignore[return-value]
+
+
+@dataclasses.dataclass
+class Workload:
+    """One training step: ``loss(model(batch)).backward(); optimizer.step()``.
+
+    ``batch`` is a tensor, a tuple/list (positional arguments), a dict (keyword arguments, as
+    Hugging Face models take them) or a zero-argument callable returning one of those.
+    """
+
+    model: nn.Module
+    batch: Any
+    loss: Callable[[Any], torch.Tensor] | None = None
+    optimizer: OptimizerSpec = "adamw"
+    device: str | torch.device = "cpu"
+    dtype: torch.dtype | None = None
+    input_requires_grad: bool = False
+    name: str = "workload"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model, nn.Module):
+            raise WorkloadError(f"model must be a torch.nn.Module, got {type(self.model).__name__}")
+        if isinstance(self.optimizer, str) and self.optimizer.lower() not in _OPTIMIZERS and self.optimizer.lower() != "none":
+            raise WorkloadError(f"unknown optimizer {self.optimizer!r}; choose from {sorted(_OPTIMIZERS)} or 'none'")
+        self.device = check_device(self.device)
+
+    # -- batch ------------------------------------------------------------------------------
+    def make_batch(self) -> Any:
+        """A fresh batch on the workload's device, cast to its dtype, with input grads if asked."""
+        raw = self.batch() if callable(self.batch) and not isinstance(self.batch, nn.Module) else self.batch
+        if not any(True for _ in iter_tensors(raw)):
+            raise WorkloadError(f"the batch holds no tensor (got {type(raw).__name__})")
+        device = torch.device(self.device)
+
+        def prepare(t: torch.Tensor) -> torch.Tensor:
+            if t.device != device and t.device.type != "meta" and not _is_fake(t):
+                t = t.to(device)
+            if self.dtype is not None and t.is_floating_point():
+                t = t.to(self.dtype)
+            if self.input_requires_grad and t.is_floating_point():
+                t = t.detach().requires_grad_(True)
+            return t
+
+        return map_tensors(raw, prepare)
+
+    def forward(self, batch: Any) -> Any:
+        """Call the model the way its batch asks: ``**dict``, ``*tuple`` or a single argument."""
+        if isinstance(batch, Mapping):
+            return self.model(**batch)
+        if isinstance(batch, (tuple, list)) and not hasattr(batch, "_fields"):
+            return self.model(*batch)
+        return self.model(batch)
+
+    def compute_loss(self, output: Any) -> torch.Tensor:
+        """The step's scalar loss; a non-scalar loss is a one-line error."""
+        loss = (self.loss or default_loss)(output)
+        if not isinstance(loss, torch.Tensor):
+            raise WorkloadError(f"the loss function returned {type(loss).__name__}, not a tensor")
+        if loss.numel() != 1:
+            raise WorkloadError(f"the loss must be a scalar, got shape {tuple(loss.shape)}; reduce it (e.g. .mean())")
+        return loss.reshape(())
+
+    # -- optimizer --------------------------------------------------------------------------
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    def make_optimizer(self) -> torch.optim.Optimizer | None:
+        """An optimizer over the trainable parameters; None when there is none or none is asked for."""
+        spec = self.optimizer
+        if spec is None or (isinstance(spec, str) and spec.lower() == "none"):
+            return None
+        params = self.trainable_parameters()
+        if not params:
+            return None
+        factory = _OPTIMIZERS[spec.lower()] if isinstance(spec, str) else spec
+        return factory(params)
+
+    def replace(self, **changes: Any) -> "Workload":
+        return dataclasses.replace(self, **changes)
+
+
+def check_device(device: str | torch.device) -> str:
+    """Validate a device string early: asking for CUDA without one is a one-line error."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise WorkloadError(f"unknown device {device!r}") from exc
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise WorkloadError(f"device {device!r} is not available: this torch sees no CUDA GPU")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise WorkloadError(f"device {device!r} is not available: only {torch.cuda.device_count()} CUDA device(s)")
+    elif dev.type not in ("cpu", "meta"):
+        if not hasattr(torch, dev.type):
+            raise WorkloadError(f"device {device!r} is not supported")
+    return str(dev)
+
+
+def _is_fake(t: torch.Tensor) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(t, FakeTensor)
