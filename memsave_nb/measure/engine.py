@@ -219,7 +219,7 @@ def _fake_model(model: nn.Module) -> Iterator[Any]:
     if existing is not None:
         yield existing
         return
-    fake_mode = FakeTensorMode(allow_non_fake_inputs=False)
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)  # loss closures may hold real targets
     swapped: list[tuple[nn.Module, str, str, Any]] = []
     fakes: dict[int, Any] = {}
     try:

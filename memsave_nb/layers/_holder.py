@@ -1,0 +1,105 @@
+"""Hold an activation's output while someone else keeps it anyway; shrink it to a 1-bit mask
+when the holder is the last one left.
+
+Why: a ReLU needs only the sign pattern of its output for backward (1 bit per element), but
+when the next layer (a conv with a trainable weight, say) keeps the very same output tensor,
+storing a separate mask costs bytes instead of saving them. So a ReLU first holds a detached
+alias of its output (no new memory), and :func:`compact` later replaces it by a packed mask
+once nothing but this holder keeps the storage alive.
+
+``compact`` runs at the start of every memory-saving layer's forward and after the root
+forward of a model converted with :func:`memsave_nb.layers.convert`; call it yourself after a
+forward of a model whose last layers are not converted.
+
+The trick works only where autograd's saved-tensor hooks are not active (checkpointing and
+saved-tensor hooks must see every saved tensor, so there the layers save the mask at once),
+and not while ``torch.compile`` traces.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+from torch import Tensor
+
+from ._bits import pack_bits, unpack_bits
+
+# A storage held by our alias alone shows two uses: the alias and the temporary Python
+# storage object created to ask for the count.
+_SOLE_HOLDER_USES = 2
+
+
+class OutputHolder:
+    """A detached alias of an output, or (after compaction) its packed positive mask."""
+
+    __slots__ = ("output", "version", "packed", "shape", "__weakref__")
+
+    def __init__(self, output: Tensor) -> None:
+        self.output: Tensor | None = output.detach()
+        self.version = output._version
+        self.packed: Tensor | None = None
+        self.shape = output.shape
+
+    def try_compact(self) -> bool:
+        """Swap the output for a packed mask if no one else holds its storage; True when done."""
+        output = self.output
+        if output is None:
+            return True
+        if output._version != self.version:
+            return False  # modified in place: leave it for backward to report
+        uses = torch._C._storage_Use_Count(output.untyped_storage()._cdata)
+        if uses > _SOLE_HOLDER_USES:
+            return False
+        self.packed = pack_bits(output > 0)
+        self.output = None
+        return True
+
+    def positive_mask(self) -> Tensor:
+        """The bool mask ``output > 0`` for backward."""
+        if self.packed is not None:
+            return unpack_bits(self.packed, self.shape)
+        output = self.output
+        assert output is not None
+        if output._version != self.version:
+            raise RuntimeError(
+                "one of the variables needed for gradient computation has been modified by "
+                f"an inplace operation: the output of a memory-saving activation is at version "
+                f"{output._version}; expected version {self.version} instead."
+            )
+        return output > 0
+
+
+_pending: list[weakref.ref[OutputHolder]] = []
+
+
+def register(holder: OutputHolder) -> None:
+    """Remember a holder so that a later :func:`compact` can shrink it."""
+    _pending.append(weakref.ref(holder))
+
+
+def compact() -> int:
+    """Shrink every held output that no one else keeps to a packed mask; returns how many."""
+    if not _pending:
+        return 0
+    done = 0
+    still: list[weakref.ref[OutputHolder]] = []
+    for ref in _pending:
+        holder = ref()
+        if holder is None:
+            continue
+        if holder.try_compact():
+            done += 1
+        else:
+            still.append(ref)
+    _pending[:] = still
+    return done
+
+
+def lazy_allowed() -> bool:
+    """True when holding outputs outside autograd's saved tensors is safe and visible to no hook."""
+    if torch._C._autograd._top_saved_tensors_default_hooks(False) is not None:
+        return False
+    if torch.compiler.is_compiling():
+        return False
+    return True

@@ -1,0 +1,228 @@
+"""Convolutions (1d/2d/3d, plain and transposed) that keep only what backward will use.
+
+Stock autograd keeps both the input and the weight whenever any of them needs a gradient.
+The input is needed only for the weight gradient and the weight only for the input gradient,
+so one N-d autograd Function decides from ``ctx.needs_input_grad`` at forward time.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from . import _holder
+
+
+def _tuple(value: int | Sequence[int], n: int) -> list[int]:
+    if isinstance(value, int):
+        return [value] * n
+    return list(value)
+
+
+class _Convolution(torch.autograd.Function):
+    """``aten.convolution`` whose backward runs ``aten.convolution_backward`` with an output
+    mask and a shape-only stand-in (an expanded one-element tensor) for what was not kept."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        x: Tensor,
+        weight: Tensor,
+        bias: Tensor | None,
+        stride: list[int],
+        padding: list[int],
+        dilation: list[int],
+        transposed: bool,
+        output_padding: list[int],
+        groups: int,
+    ) -> Tensor:
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        ctx.params = (stride, padding, dilation, transposed, output_padding, groups)
+        ctx.x_shape = x.shape
+        ctx.w_shape = weight.shape
+        ctx.x_channels_last = _channels_last(x)
+        ctx.bias_sizes = None if bias is None else list(bias.shape)
+        ctx.save_for_backward(x if need_w else None, weight if need_x else None)
+        return torch.ops.aten.convolution(
+            x, weight, bias, stride, padding, dilation, transposed, output_padding, groups
+        )
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        x, weight = ctx.saved_tensors
+        if x is None:
+            x = grad.new_empty(1).expand(ctx.x_shape)
+            if ctx.x_channels_last:
+                x = x.as_strided(ctx.x_shape, _channels_last_strides(ctx.x_shape))
+        if weight is None:
+            weight = grad.new_empty(1).expand(ctx.w_shape)
+        stride, padding, dilation, transposed, output_padding, groups = ctx.params
+        grad_x, grad_w, grad_b = torch.ops.aten.convolution_backward(
+            grad,
+            x,
+            weight,
+            ctx.bias_sizes,
+            stride,
+            padding,
+            dilation,
+            transposed,
+            output_padding,
+            groups,
+            [need_x, need_w, need_b and ctx.bias_sizes is not None],
+        )
+        return grad_x, grad_w, grad_b, None, None, None, None, None, None
+
+
+def _channels_last(x: Tensor) -> bool:
+    if x.dim() == 4:
+        return x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+    if x.dim() == 5:
+        return x.is_contiguous(memory_format=torch.channels_last_3d) and not x.is_contiguous()
+    return False
+
+
+def _channels_last_strides(shape: torch.Size) -> list[int]:
+    """Strides of a zero-size-step stand-in that still reports a channels-last layout."""
+    # Stride 0 everywhere would read as contiguous; the kernels pick the gradient's memory
+    # format from the input's strides, so give the stand-in channels-last strides over a
+    # one-element storage (all strides 0 but the channel one, which is never dereferenced
+    # beyond the storage because it only sets the layout check).
+    return torch.empty(0).new_empty(shape, device="meta").contiguous(
+        memory_format=torch.channels_last if len(shape) == 4 else torch.channels_last_3d
+    ).stride()
+
+
+def convolution(
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    stride: Sequence[int],
+    padding: Sequence[int] | str,
+    dilation: Sequence[int],
+    groups: int,
+    transposed: bool = False,
+    output_padding: Sequence[int] | None = None,
+) -> Tensor:
+    """N-d (transposed) convolution keeping the input only for the weight gradient and the
+    weight only for the input gradient. Accepts unbatched input and 'same'/'valid' padding."""
+    n = weight.dim() - 2
+    stride_l, dilation_l = _tuple(stride, n), _tuple(dilation, n)
+    unbatched = x.dim() == n + 1
+    if unbatched:
+        x = x.unsqueeze(0)
+    if isinstance(padding, str):
+        x, padding_l = _string_padding(x, padding, weight.shape[2:], dilation_l)
+    else:
+        padding_l = _tuple(padding, n)
+    out_pad = [0] * n if output_padding is None else _tuple(output_padding, n)
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or (
+        bias is not None and bias.requires_grad
+    )):
+        _holder.compact()
+        out = _Convolution.apply(
+            x, weight, bias, stride_l, padding_l, dilation_l, transposed, out_pad, groups
+        )
+    else:
+        out = torch.ops.aten.convolution(
+            x, weight, bias, stride_l, padding_l, dilation_l, transposed, out_pad, groups
+        )
+    return out.squeeze(0) if unbatched else out
+
+
+def _string_padding(
+    x: Tensor, padding: str, kernel: Sequence[int], dilation: list[int]
+) -> tuple[Tensor, list[int]]:
+    """Explicit padding for 'valid'/'same'; odd totals pad one extra on the right, as stock."""
+    n = len(kernel)
+    if padding == "valid":
+        return x, [0] * n
+    if padding != "same":
+        raise ValueError(f"invalid padding string {padding!r}, expected 'same' or 'valid'")
+    left, extra = [], []
+    for k, d in zip(kernel, dilation):
+        total = d * (k - 1)
+        left.append(total // 2)
+        extra.append(total - 2 * (total // 2))
+    if any(extra):
+        pad: list[int] = []
+        for e in reversed(extra):
+            pad += [0, e]
+        x = F.pad(x, pad)
+    return x, left
+
+
+class _MemSaveConvMixin:
+    """Replaces the stock ``F.convNd`` call; the stock forward still does padding modes."""
+
+    def _conv_forward(self, input: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+        if self.padding_mode != "zeros":  # type: ignore[attr-defined]
+            input = F.pad(
+                input,
+                self._reversed_padding_repeated_twice,  # type: ignore[attr-defined]
+                mode=self.padding_mode,  # type: ignore[attr-defined]
+            )
+            padding: Sequence[int] | str = [0] * (weight.dim() - 2)
+        else:
+            padding = self.padding  # type: ignore[attr-defined]
+        return convolution(
+            input, weight, bias, self.stride, padding, self.dilation, self.groups  # type: ignore[attr-defined]
+        )
+
+
+class MemSaveConv1d(_MemSaveConvMixin, nn.Conv1d):
+    """``nn.Conv1d`` keeping the input only if the weight needs a gradient, and vice versa."""
+
+
+class MemSaveConv2d(_MemSaveConvMixin, nn.Conv2d):
+    """``nn.Conv2d`` keeping the input only if the weight needs a gradient, and vice versa."""
+
+
+class MemSaveConv3d(_MemSaveConvMixin, nn.Conv3d):
+    """``nn.Conv3d`` keeping the input only if the weight needs a gradient, and vice versa."""
+
+
+class _MemSaveConvTransposeMixin:
+    """The stock transposed forward (output_size to output_padding) with our Function."""
+
+    def forward(self, input: Tensor, output_size: list[int] | None = None) -> Tensor:
+        if self.padding_mode != "zeros":  # type: ignore[attr-defined]
+            raise ValueError(
+                f"Only `zeros` padding mode is supported for {type(self).__mro__[2].__name__}"
+            )
+        n = self.weight.dim() - 2  # type: ignore[attr-defined]
+        output_padding = self._output_padding(  # type: ignore[attr-defined]
+            input,
+            output_size,
+            self.stride,  # type: ignore[attr-defined]
+            self.padding,  # type: ignore[attr-defined]
+            self.kernel_size,  # type: ignore[attr-defined]
+            n,
+            self.dilation,  # type: ignore[attr-defined]
+        )
+        return convolution(
+            input,
+            self.weight,  # type: ignore[attr-defined]
+            self.bias,  # type: ignore[attr-defined]
+            self.stride,  # type: ignore[attr-defined]
+            self.padding,  # type: ignore[attr-defined]
+            self.dilation,  # type: ignore[attr-defined]
+            self.groups,  # type: ignore[attr-defined]
+            transposed=True,
+            output_padding=output_padding,
+        )
+
+
+class MemSaveConvTranspose1d(_MemSaveConvTransposeMixin, nn.ConvTranspose1d):
+    """``nn.ConvTranspose1d`` keeping the input only if the weight needs a gradient, and vice versa."""
+
+
+class MemSaveConvTranspose2d(_MemSaveConvTransposeMixin, nn.ConvTranspose2d):
+    """``nn.ConvTranspose2d`` keeping the input only if the weight needs a gradient, and vice versa."""
+
+
+class MemSaveConvTranspose3d(_MemSaveConvTransposeMixin, nn.ConvTranspose3d):
+    """``nn.ConvTranspose3d`` keeping the input only if the weight needs a gradient, and vice versa."""

@@ -1,0 +1,589 @@
+"""A Plan: the memory choices for one workload, as plain data, applied and undone exactly.
+
+Choices are keyed by names from ``named_modules()`` / ``named_parameters()``:
+
+- ``frozen`` / ``trainable``: names whose parameters get ``requires_grad=False`` / ``True``
+  (``frozen`` first, then ``trainable``, so ``trainable`` overrides). A module name selects every
+  parameter below it; ``"*"`` (or the root, ``""``) selects all; fnmatch patterns are accepted
+  (``"*.bias"``). A plan with neither leaves the model's own flags alone.
+- ``input_requires_grad``: whether the batch's floating tensors require grad (``None``: the
+  workload's own setting).
+- ``bn_eval``: modules whose batch-norm layers (themselves or below them) run in eval mode.
+- ``memsave``: modules to swap for the memory-saving layers (``"*"``: all), via
+  :func:`memsave_nb.layers.convert`.
+- ``regions``: ``{module name: RegionPolicy}``, see :mod:`memsave_nb.checkpointing`.
+- ``compile_budget``: ``None`` (eager) or a ``torch.compile`` activation memory budget in [0, 1].
+
+``Plan.apply(workload)`` is a context manager that makes these choices and yields the workload to
+measure; on exit, by error or not, the model is as it was (see :class:`ModelSnapshot`).
+``Plan.to_code()`` writes the same choices as a standalone snippet; ``to_json``/``from_json``
+save and load (never pickle).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fnmatch
+import inspect
+import json
+import math
+import textwrap
+import warnings
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Sequence
+
+import torch
+from torch import nn
+
+from memsave_nb.checkpointing import (
+    PlanError,
+    RegionKind,
+    RegionPolicy,
+    policy_preset,
+    wrap_region,
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from memsave_nb.workload import Workload
+
+__all__ = ["Plan", "PlanError", "RegionPolicy", "ModelSnapshot", "selects", "PLAN_FORMAT_VERSION"]
+
+PLAN_FORMAT_VERSION = 1
+ALL = "*"
+
+
+def selects(name: str, patterns: Sequence[str]) -> bool:
+    """True when ``name`` is selected by ``patterns``: equal to one, below one (``"a.b"`` is below
+    ``"a"``; everything is below the root ``""``), or matching one as an fnmatch pattern."""
+    for pattern in patterns:
+        if pattern == "" or name == pattern or name.startswith(pattern + "."):
+            return True
+        if fnmatch.fnmatchcase(name, pattern):
+            return True
+    return False
+
+
+def _is_pattern(name: str) -> bool:
+    return any(c in name for c in "*?[")
+
+
+def _names(value: Any, field_name: str) -> tuple[str, ...]:
+    """Normalise a names field: bool True -> ("*",), False/None -> (), str -> (str,)."""
+    if value is None or value is False:
+        return ()
+    if value is True:
+        return (ALL,)
+    if isinstance(value, str):
+        return (value,)
+    try:
+        names = tuple(value)
+    except TypeError:
+        raise PlanError(f"plan field {field_name!r}: expected names, got {value!r}") from None
+    for n in names:
+        if not isinstance(n, str):
+            raise PlanError(f"plan field {field_name!r}: {n!r} is not a name")
+    return tuple(dict.fromkeys(names))  # drop duplicates, keep order
+
+
+def _norm_types() -> tuple[type, ...]:
+    return (nn.modules.batchnorm._BatchNorm,)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Memory choices for one workload. Plain, comparable, JSON-serialisable data."""
+
+    name: str = ""
+    frozen: tuple[str, ...] = ()
+    trainable: tuple[str, ...] = ()
+    input_requires_grad: bool | None = None
+    bn_eval: tuple[str, ...] = ()
+    memsave: tuple[str, ...] = ()
+    regions: Mapping[str, RegionPolicy] = field(default_factory=dict)
+    compile_budget: float | None = None
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        if not isinstance(self.name, str):
+            raise PlanError(f"plan name must be a string, got {self.name!r}")
+        for f in ("frozen", "trainable", "bn_eval", "memsave"):
+            set_(self, f, _names(getattr(self, f), f))
+        if self.input_requires_grad is not None and not isinstance(self.input_requires_grad, bool):
+            raise PlanError(f"input_requires_grad must be True, False or None, got {self.input_requires_grad!r}")
+        regions: dict[str, RegionPolicy] = {}
+        for module_name, policy in dict(self.regions or {}).items():
+            if not isinstance(module_name, str):
+                raise PlanError(f"region name {module_name!r} is not a module name")
+            if _is_pattern(module_name):
+                raise PlanError(f"region {module_name!r}: name one module, not a pattern")
+            if isinstance(policy, str):
+                policy = policy_preset(policy)
+            elif isinstance(policy, Mapping):
+                policy = RegionPolicy.from_dict(policy)
+            elif not isinstance(policy, RegionPolicy):
+                raise PlanError(f"region {module_name!r}: {policy!r} is not a region policy")
+            regions[module_name] = policy
+        set_(self, "regions", regions)
+        budget = self.compile_budget
+        if budget is not None:
+            if isinstance(budget, bool) or not isinstance(budget, (int, float)):
+                raise PlanError(f"compile_budget must be a number in [0, 1] or None, got {budget!r}")
+            budget = float(budget)
+            if not (0.0 <= budget <= 1.0) or math.isnan(budget):
+                raise PlanError(f"compile_budget must lie in [0, 1], got {budget!r}")
+            set_(self, "compile_budget", budget)
+
+    def __hash__(self) -> int:
+        return hash(self.to_json())
+
+    # -- views -------------------------------------------------------------------------------
+    @property
+    def is_empty(self) -> bool:
+        """True when applying the plan changes nothing (the baseline)."""
+        return (
+            not self.frozen
+            and not self.trainable
+            and self.input_requires_grad is None
+            and not self.bn_eval
+            and not self.memsave
+            and not self.active_regions
+            and self.compile_budget is None
+        )
+
+    @property
+    def active_regions(self) -> dict[str, RegionPolicy]:
+        return {k: v for k, v in self.regions.items() if v.kind is not RegionKind.NONE}
+
+    @property
+    def compiled(self) -> bool:
+        return self.compile_budget is not None
+
+    def describe(self) -> str:
+        """One line a human reads: what the plan changes."""
+        parts = []
+        if self.frozen:
+            parts.append(f"freeze {_short(self.frozen)}")
+        if self.trainable:
+            parts.append(f"train {_short(self.trainable)}")
+        if self.input_requires_grad is not None:
+            parts.append(f"input grad {'on' if self.input_requires_grad else 'off'}")
+        if self.bn_eval:
+            parts.append(f"BN eval {_short(self.bn_eval)}")
+        if self.memsave:
+            parts.append(f"memsave {_short(self.memsave)}")
+        regions = self.active_regions
+        if regions:
+            kinds = sorted({_policy_label(p) for p in regions.values()})
+            parts.append(f"checkpoint {len(regions)} region{'s' * (len(regions) != 1)} ({', '.join(kinds)})")
+        if self.compile_budget is not None:
+            parts.append(f"compile budget {self.compile_budget:g}")
+        return "; ".join(parts) or "baseline (no changes)"
+
+    def replace(self, **changes: Any) -> "Plan":
+        return dataclasses.replace(self, **changes)
+
+    # -- JSON --------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "version": PLAN_FORMAT_VERSION,
+            "name": self.name,
+            "frozen": list(self.frozen),
+            "trainable": list(self.trainable),
+            "input_requires_grad": self.input_requires_grad,
+            "bn_eval": list(self.bn_eval),
+            "memsave": list(self.memsave),
+            "regions": {k: v.to_dict() for k, v in self.regions.items()},
+            "compile_budget": self.compile_budget,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Plan":
+        if not isinstance(data, Mapping):
+            raise PlanError(f"a plan is a JSON object, got {type(data).__name__}")
+        data = dict(data)
+        version = data.pop("version", PLAN_FORMAT_VERSION)
+        if version != PLAN_FORMAT_VERSION:
+            raise PlanError(f"plan format version {version!r} is not supported (expected {PLAN_FORMAT_VERSION})")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise PlanError(f"plan: unknown fields {sorted(unknown)}")
+        regions = data.pop("regions", {}) or {}
+        if not isinstance(regions, Mapping):
+            raise PlanError("plan field 'regions' must be an object {module name: policy}")
+        return cls(**data, regions={k: RegionPolicy.from_dict(v) for k, v in regions.items()})
+
+    def to_json(self, indent: int | None = None) -> str:
+        return json.dumps(self.to_dict(), indent=indent, sort_keys=False)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Plan":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise PlanError(f"plan JSON does not parse: {exc}") from None
+        return cls.from_dict(data)
+
+    # -- validation --------------------------------------------------------------------------
+    def validate(self, model: nn.Module) -> None:
+        """Raise :class:`PlanError` naming the first name this model does not have."""
+        module_names = [n for n, _ in model.named_modules(remove_duplicate=False)]
+        param_names = [n for n, _ in model.named_parameters(remove_duplicate=False)]
+        module_set = set(module_names)
+        for field_name in ("frozen", "trainable"):
+            for pattern in getattr(self, field_name):
+                if pattern in (ALL, ""):
+                    continue
+                if pattern in module_set or pattern in param_names:
+                    continue
+                if _is_pattern(pattern) and (
+                    any(fnmatch.fnmatchcase(n, pattern) for n in param_names)
+                    or any(fnmatch.fnmatchcase(n, pattern) for n in module_names)
+                ):
+                    continue
+                raise PlanError(
+                    f"plan {field_name}: {pattern!r} names no parameter or module of {type(model).__name__}"
+                )
+        for field_name in ("bn_eval", "memsave"):
+            for pattern in getattr(self, field_name):
+                if pattern in (ALL, "") or pattern in module_set:
+                    continue
+                if _is_pattern(pattern) and any(fnmatch.fnmatchcase(n, pattern) for n in module_names):
+                    continue
+                raise PlanError(f"plan {field_name}: {pattern!r} names no module of {type(model).__name__}")
+        for region in self.regions:
+            if region not in module_set:
+                raise PlanError(f"plan region {region!r} names no module of {type(model).__name__}")
+
+    # -- apply -------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def apply(self, workload: "Workload") -> Iterator["Workload"]:
+        """Make the choices on ``workload.model``; yield the workload to measure; undo on exit.
+
+        The yielded workload is ``workload`` itself when nothing but the model changes, else a
+        ``dataclasses.replace`` copy (``input_requires_grad``, the compiled model).
+        On exit -- normal, by exception, or by a step that raised -- parameters and buffers hold
+        their bits, ``requires_grad`` flags and ``.grad`` objects, module objects and classes,
+        instance ``forward`` attributes, train/eval modes and hooks are as they were.
+        A compiled plan also resets torch.compile's caches on exit (``torch._dynamo.reset()``).
+        """
+        model = workload.model
+        self.validate(model)
+        snapshot = ModelSnapshot(model)
+        undo: list[Any] = []  # callables, run in reverse order
+        try:
+            # 1. swap memory-saving layers (first: regions and flags apply to the new modules)
+            if self.memsave:
+                from memsave_nb.layers import convert, revert
+
+                include = None if ALL in self.memsave or "" in self.memsave else list(self.memsave)
+                conversion = convert(model, include=include)
+                undo.append(lambda conversion=conversion: revert(conversion))
+            # 2. freezing
+            self._apply_flags(model)
+            # 3. batch norm in eval mode
+            self._apply_bn_eval(model)
+            # 4. checkpointed regions
+            for region, policy in self.active_regions.items():
+                undo.append(wrap_region(model.get_submodule(region), policy))
+            # 5. what the step sees
+            changes: dict[str, Any] = {}
+            if self.input_requires_grad is not None and self.input_requires_grad != workload.input_requires_grad:
+                changes["input_requires_grad"] = self.input_requires_grad
+            if self.compile_budget is not None:
+                import torch._functorch.config as functorch_config
+
+                torch._dynamo.reset()
+                undo.append(torch._dynamo.reset)
+                patch = functorch_config.patch(activation_memory_budget=self.compile_budget)
+                patch.__enter__()
+                undo.append(lambda patch=patch: patch.__exit__(None, None, None))
+                changes["model"] = torch.compile(model)
+            yield dataclasses.replace(workload, **changes) if changes else workload
+        finally:
+            errors: list[BaseException] = []
+            for fn in reversed(undo):
+                try:
+                    fn()
+                except BaseException as exc:  # keep undoing; report after
+                    errors.append(exc)
+            try:
+                snapshot.restore()
+            except BaseException as exc:
+                errors.append(exc)
+            if errors:
+                # never hide the step's own exception; raise ours only on a clean exit
+                import sys
+
+                if sys.exc_info()[1] is None:
+                    raise errors[0]
+                warnings.warn(f"while undoing plan {self.name or self.describe()!r}: {errors[0]!r}", stacklevel=2)
+
+    def _apply_flags(self, model: nn.Module) -> None:
+        if not self.frozen and not self.trainable:
+            return
+        for name, param in model.named_parameters(remove_duplicate=False):
+            if selects(name, self.frozen):
+                param.requires_grad_(False)
+        for name, param in model.named_parameters(remove_duplicate=False):
+            if selects(name, self.trainable):
+                param.requires_grad_(True)
+
+    def _apply_bn_eval(self, model: nn.Module) -> None:
+        if not self.bn_eval:
+            return
+        for name, module in model.named_modules():
+            if isinstance(module, _norm_types()) and selects(name, self.bn_eval):
+                module.eval()
+
+    def trainable_parameter_names(self, model: nn.Module) -> list[str]:
+        """Names of the parameters that require grad under this plan (without applying it)."""
+        out = []
+        for name, param in model.named_parameters():
+            flag = param.requires_grad
+            if self.frozen or self.trainable:
+                if selects(name, self.frozen):
+                    flag = False
+                if selects(name, self.trainable):
+                    flag = True
+            if flag:
+                out.append(name)
+        return out
+
+    # -- code export -------------------------------------------------------------------------
+    def to_code(self, model_var: str = "model") -> str:
+        """A standalone snippet that makes this plan's choices on ``model_var`` in a training
+        script. Run it once, after building the model and before the training loop (and
+        before building the optimizer, which should take the trainable parameters only)."""
+        if not model_var.isidentifier():
+            raise PlanError(f"model_var {model_var!r} is not a Python identifier")
+        m = model_var
+        lines: list[str] = [f"# memsave_nb plan{': ' + self.name if self.name else ''} -- {self.describe()}"]
+        imports = ["import torch"]
+        body: list[str] = []
+        needs_selects = bool(self.frozen or self.trainable or self.bn_eval)
+        if self.memsave:
+            imports.append("from memsave_nb.layers import convert")
+            include = None if ALL in self.memsave or "" in self.memsave else list(self.memsave)
+            body += ["", "# memory-saving layers, swapped in place", f"convert({m}, include={include!r})"]
+        if self.frozen or self.trainable:
+            body += [
+                "",
+                "# freezing: frozen first, then trainable (a module name selects all its parameters)",
+                f"frozen = {list(self.frozen)!r}",
+                f"trainable = {list(self.trainable)!r}",
+                f"for name, param in {m}.named_parameters(remove_duplicate=False):",
+                "    if selects(name, frozen):",
+                "        param.requires_grad_(False)",
+                f"for name, param in {m}.named_parameters(remove_duplicate=False):",
+                "    if selects(name, trainable):",
+                "        param.requires_grad_(True)",
+            ]
+        if self.input_requires_grad is not None:
+            body += [
+                "",
+                "# the batch: set requires_grad on its floating tensors (x.requires_grad_(True)) or not",
+                f"input_requires_grad = {self.input_requires_grad!r}",
+            ]
+        if self.bn_eval:
+            body += [
+                "",
+                "# batch norm in eval mode (running statistics, no batch statistics);",
+                f"# {m}.train() turns it back on: repeat this after every {m}.train()",
+                f"bn_eval = {list(self.bn_eval)!r}",
+                f"for name, module in {m}.named_modules():",
+                "    if isinstance(module, torch.nn.modules.batchnorm._BatchNorm) and selects(name, bn_eval):",
+                "        module.eval()",
+            ]
+        regions = self.active_regions
+        if regions:
+            imports.append("import functools")
+            imports.append(
+                "from torch.utils.checkpoint import CheckpointPolicy, checkpoint, "
+                "create_selective_checkpoint_contexts"
+            )
+            body += ["", "# activation checkpointing per region", *_CHECKPOINT_HELPER.splitlines()]
+            policies: dict[RegionPolicy, str] = {}
+            for policy in regions.values():
+                if policy.kind is RegionKind.SELECTIVE and policy not in policies:
+                    policies[policy] = f"policy_{len(policies)}" if len(set(regions.values())) > 1 else "policy_fn"
+            for policy, fn_name in policies.items():
+                body += [""] + _policy_code(policy, fn_name).splitlines()
+            body.append("")
+            for region, policy in regions.items():
+                target = f"{m}.get_submodule({region!r})" if region else m
+                if policy.kind is RegionKind.FULL:
+                    body.append(f"checkpoint_region({target})")
+                else:
+                    body.append(f"checkpoint_region({target}, {policies[policy]})")
+        if self.compile_budget is not None:
+            imports.append("import torch._functorch.config")
+            body += [
+                "",
+                "# torch.compile with an activation memory budget (0: recompute most, 1: default compile)",
+                f"torch._functorch.config.activation_memory_budget = {self.compile_budget!r}",
+                f"{m} = torch.compile({m})",
+            ]
+        if needs_selects:
+            imports.append("import fnmatch")
+            body = ["", *inspect.getsource(selects).splitlines()] + body
+        return "\n".join(lines + sorted(set(imports), key=imports.index) + body) + "\n"
+
+
+_CHECKPOINT_HELPER = textwrap.dedent(
+    '''\
+    def checkpoint_region(module, policy_fn=None):
+        """Run module.forward under non-reentrant checkpointing; selective when policy_fn is given."""
+        inner = module.forward
+        if policy_fn is None:
+            context_fn = None
+        else:
+            context_fn = functools.partial(create_selective_checkpoint_contexts, policy_fn)
+
+        def forward(*args, **kwargs):
+            if context_fn is None:
+                return checkpoint(inner, *args, use_reentrant=False, **kwargs)
+            return checkpoint(inner, *args, use_reentrant=False, context_fn=context_fn, **kwargs)
+
+        module.forward = forward'''
+)
+
+
+def _policy_code(policy: RegionPolicy, fn_name: str) -> str:
+    def ops_literal(names: Iterable[str]) -> str:
+        items = sorted(names)
+        if not items:
+            return "set()"
+        return "{\n" + "".join(f"    torch.ops.{n},\n" for n in items) + "}"
+
+    save = policy.saved_ops
+    recompute = policy.recomputed_ops
+    default = "CheckpointPolicy.MUST_SAVE" if policy.default.value == "save" else "CheckpointPolicy.PREFER_RECOMPUTE"
+    upper = fn_name.upper()
+    out = [
+        f"{upper}_SAVE = {ops_literal(save)}",
+        f"{upper}_RECOMPUTE = {ops_literal(recompute)}",
+        "",
+        "",
+        f"def {fn_name}(ctx, op, *args, **kwargs):",
+        "    # op is an OpOverload (aten.mm.default): compare its overload packet (aten.mm)",
+        '    packet = getattr(op, "overloadpacket", None)',
+        f"    if packet in {upper}_SAVE:",
+        "        return CheckpointPolicy.MUST_SAVE",
+        f"    if packet in {upper}_RECOMPUTE:",
+        "        return CheckpointPolicy.PREFER_RECOMPUTE",
+        f"    return {default}",
+    ]
+    return "\n".join(out)
+
+
+def _short(names: Sequence[str], limit: int = 3) -> str:
+    shown = ", ".join(n if n else "<root>" for n in names[:limit])
+    return shown + (f" +{len(names) - limit}" if len(names) > limit else "")
+
+
+def _policy_label(policy: RegionPolicy) -> str:
+    from memsave_nb.checkpointing import POLICY_PRESETS
+
+    for name, preset in POLICY_PRESETS.items():
+        if preset == policy:
+            return name
+    return "selective"
+
+
+# -- exact restore -------------------------------------------------------------------------
+
+_HOOK_DICTS = (
+    "_forward_hooks",
+    "_forward_hooks_with_kwargs",
+    "_forward_hooks_always_called",
+    "_forward_pre_hooks",
+    "_forward_pre_hooks_with_kwargs",
+    "_backward_hooks",
+    "_backward_pre_hooks",
+    "_state_dict_hooks",
+    "_state_dict_pre_hooks",
+    "_load_state_dict_pre_hooks",
+    "_load_state_dict_post_hooks",
+)
+_MISSING = object()
+
+
+class ModelSnapshot:
+    """What a plan may touch on a model, taken before and put back after.
+
+    Structure and flags are kept by reference (cheap): each module's class, ``training``,
+    child/parameter/buffer dicts, instance ``forward`` and hook dicts; each parameter's
+    ``requires_grad`` and ``.grad`` object. Buffers are copied (they are small: running
+    statistics) and written back when their version counter moved. Parameters are not copied
+    (the measuring engine undoes its own optimizer step); with ``copy_parameters=True`` they are,
+    and are written back the same way.
+    """
+
+    def __init__(self, model: nn.Module, *, copy_parameters: bool = False) -> None:
+        self.model = model
+        self.modules: list[tuple[nn.Module, dict[str, Any]]] = []
+        for module in model.modules():
+            record = {
+                "class": module.__class__,
+                "training": module.training,
+                "_modules": dict(module._modules),
+                "_parameters": dict(module._parameters),
+                "_buffers": dict(module._buffers),
+                "forward": module.__dict__.get("forward", _MISSING),
+                "_compiled_call_impl": module.__dict__.get("_compiled_call_impl", _MISSING),
+            }
+            for hooks in _HOOK_DICTS:
+                d = module.__dict__.get(hooks, _MISSING)
+                record[hooks] = _MISSING if d is _MISSING else (d, dict(d))
+            self.modules.append((module, record))
+        self.params: dict[int, tuple[nn.Parameter, bool, Any, int, torch.Tensor | None]] = {}
+        for module, _ in self.modules:
+            for p in module._parameters.values():
+                if p is None or id(p) in self.params:
+                    continue
+                copy = p.detach().clone() if copy_parameters else None
+                self.params[id(p)] = (p, p.requires_grad, p.grad, p._version, copy)
+        self.buffers: dict[int, tuple[torch.Tensor, int, torch.Tensor]] = {}
+        for module, _ in self.modules:
+            for b in module._buffers.values():
+                if b is None or id(b) in self.buffers:
+                    continue
+                self.buffers[id(b)] = (b, b._version, b.detach().clone())
+
+    def restore(self) -> None:
+        for module, record in self.modules:
+            if module.__class__ is not record["class"]:
+                module.__class__ = record["class"]
+            module.training = record["training"]
+            for key in ("_modules", "_parameters", "_buffers"):
+                current = module.__dict__[key]
+                if current != record[key] or list(current) != list(record[key]):
+                    current.clear()
+                    current.update(record[key])
+            for key in ("forward", "_compiled_call_impl"):
+                if record[key] is _MISSING:
+                    module.__dict__.pop(key, None)
+                else:
+                    module.__dict__[key] = record[key]
+            for hooks in _HOOK_DICTS:
+                saved = record[hooks]
+                if saved is _MISSING:
+                    continue
+                d, items = saved
+                module.__dict__[hooks] = d
+                if list(d.items()) != list(items.items()):
+                    d.clear()
+                    d.update(items)
+        with torch.no_grad():
+            for p, flag, grad, version, copy in self.params.values():
+                if p.requires_grad != flag:
+                    p.requires_grad_(flag)
+                if p.grad is not grad:
+                    p.grad = grad
+                if copy is not None and p._version != version:
+                    p.copy_(copy)
+            for b, version, copy in self.buffers.values():
+                if b._version != version:
+                    b.copy_(copy)
