@@ -1,0 +1,527 @@
+"""Bokeh figures built from measurement results: pure functions, no widgets, no IO.
+
+Every builder returns a :class:`Plot`: the Bokeh ``figure``, its ``ColumnDataSource``s by name
+(``plot.source`` is the main one) and ``plot.update(...)``, which takes the same arguments as the
+builder and replaces each source's ``.data`` in place (what a live ``BokehModel`` needs). A
+``Plot`` unpacks as ``fig, source = layer_bars(m)``.
+
+Each figure has a matching ``*_data`` function that returns the main source's columns as plain
+lists, so the explorer and the tests can compare them to the engine's numbers:
+
+- :func:`layer_bars` / :func:`layer_bars_data`: saved activations per layer (horizontal bars,
+  bytes and share, optional delta against a baseline);
+- :func:`timeline` / :func:`timeline_data`: live bytes over the step's events stacked by
+  category, phases as bands, the peak marked; long timelines are downsampled (min/max per
+  bucket) to at most ``max_points`` points, keeping the peak event exactly;
+- :func:`peak_split` / :func:`peak_split_data`: the peak's split into categories (stacked bar);
+- :func:`history` / :func:`history_data`: memory against step time per plan tried, with a
+  ``TapTool``: observe ``plot.source.selected.indices`` to learn which entry was clicked;
+- :func:`budget_sweep` / :func:`budget_sweep_data`: a compile-budget sweep, memory against step
+  time with one point per budget.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+import numpy as np
+from bokeh.models import (
+    ColumnDataSource,
+    CustomJSTickFormatter,
+    DataRange1d,
+    FactorRange,
+    HoverTool,
+    LabelSet,
+    TapTool,
+)
+from bokeh.plotting import figure
+
+from ..measure.result import CATEGORIES, Measurement
+from .format import BYTES_TICK_JS, format_bytes, format_delta_bytes, format_seconds, format_share, format_shape
+
+CATEGORY_COLORS = {
+    "parameters": "#4c78a8",
+    "inputs": "#9ecae9",
+    "gradients": "#f58518",
+    "optimizer_state": "#e45756",
+    "activations": "#54a24b",
+    "temporaries": "#b279a2",
+}
+PHASE_COLORS = {"forward": "#dbe9f6", "backward": "#fde2cf", "optimizer": "#eadff2"}
+OTHER_PHASE_COLOR = "#eeeeee"
+BAR_COLOR = "#4c78a8"
+MORE_COLOR = "#d62728"  # more memory than the baseline
+LESS_COLOR = "#2ca02c"  # less memory than the baseline
+MAX_TIMELINE_POINTS = 2000
+ROOT_LABEL = "(model)"
+
+Data = dict[str, list]
+
+
+# -- the returned bundle ---------------------------------------------------------------------
+@dataclass(eq=False)
+class Plot:
+    """A figure, its data sources by name (``"main"`` first) and how to refresh them in place."""
+
+    figure: Any
+    sources: dict[str, ColumnDataSource]
+    data_fn: Callable[..., dict[str, Data]] = field(repr=False)
+    after_update: Callable[["Plot", dict[str, Data]], None] | None = field(default=None, repr=False)
+
+    @property
+    def source(self) -> ColumnDataSource:
+        return self.sources["main"]
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        """Recompute every source from new results (same arguments as the builder)."""
+        datas = self.data_fn(*args, **kwargs)
+        for name, data in datas.items():
+            self.sources[name].data = data
+        if self.after_update is not None:
+            self.after_update(self, datas)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter((self.figure, self.source))
+
+
+def _bytes_axis(axis: Any) -> None:
+    axis.formatter = CustomJSTickFormatter(code=BYTES_TICK_JS)
+
+
+def _measurement(obj: Any) -> Measurement:
+    """A Measurement, or something holding one as ``.measurement`` (a session entry)."""
+    return obj.measurement if hasattr(obj, "measurement") else obj
+
+
+# -- per-layer saved activations ------------------------------------------------------------
+def layer_label(name: str, type_name: str) -> str:
+    """The axis label of a module: ``"features.0 (Conv2d)"``; the root is ``"(model) (Net)"``."""
+    return f"{name or ROOT_LABEL} ({type_name})"
+
+
+def layer_bars_data(
+    measurement: Measurement,
+    baseline: Measurement | None = None,
+    *,
+    leaves_only: bool = True,
+    top: int | None = None,
+) -> Data:
+    """Columns for the per-layer bars, in ``named_modules()`` order.
+
+    ``saved_bytes`` is the module's rolled-up saved activations (for a leaf, its own), ``share``
+    its fraction of ``measurement.saved_bytes``; ``delta_bytes`` is against the module of the
+    same name in ``baseline`` (0 without a baseline). ``top`` keeps the N largest rows.
+    """
+    total = measurement.saved_bytes
+    rows = [m for m in measurement.modules if m.is_leaf or not leaves_only]
+    if top is not None:
+        keep = {id(m) for m in sorted(rows, key=lambda m: -m.saved_bytes)[: max(0, top)]}
+        rows = [m for m in rows if id(m) in keep]
+    base = {m.name: m.saved_bytes for m in baseline.modules} if baseline is not None else {}
+    data: Data = {k: [] for k in (
+        "name", "label", "type_name", "depth", "output_shape", "saved_bytes", "saved_label", "share",
+        "share_label", "baseline_bytes", "delta_bytes", "delta_label", "text", "color",
+    )}
+    for m in rows:
+        share = m.saved_bytes / total if total else 0.0
+        before = base.get(m.name, m.saved_bytes) if baseline is not None else m.saved_bytes
+        delta = m.saved_bytes - before
+        data["name"].append(m.name)
+        data["label"].append(layer_label(m.name, m.type_name))
+        data["type_name"].append(m.type_name)
+        data["depth"].append(m.depth)
+        data["output_shape"].append(format_shape(m.output_shape))
+        data["saved_bytes"].append(m.saved_bytes)
+        data["saved_label"].append(format_bytes(m.saved_bytes))
+        data["share"].append(share)
+        data["share_label"].append(format_share(share))
+        data["baseline_bytes"].append(before)
+        data["delta_bytes"].append(delta)
+        data["delta_label"].append(format_delta_bytes(delta) if baseline is not None else "")
+        text = f"{format_bytes(m.saved_bytes)} ({format_share(share)})"
+        if baseline is not None and delta:
+            text += f"  {format_delta_bytes(delta)}"
+        data["text"].append(text)
+        data["color"].append(BAR_COLOR if delta == 0 else (MORE_COLOR if delta > 0 else LESS_COLOR))
+    return data
+
+
+def layer_bars(
+    measurement: Measurement,
+    baseline: Measurement | None = None,
+    *,
+    leaves_only: bool = True,
+    top: int | None = None,
+    width: int = 760,
+    title: str = "Saved activations per layer",
+) -> Plot:
+    """Horizontal bars of saved activations per layer (first layer on top); with a baseline, its
+    bars are drawn as dashed outlines and the bars are coloured by the change (red more, green less)."""
+
+    def data_fn(m: Measurement, b: Measurement | None = None, **kw: Any) -> dict[str, Data]:
+        return {"main": layer_bars_data(m, b, leaves_only=kw.get("leaves_only", leaves_only), top=kw.get("top", top))}
+
+    datas = data_fn(measurement, baseline)
+    source = ColumnDataSource(datas["main"], name="layer_bars")
+    factors = list(reversed(datas["main"]["label"]))
+    fig = figure(
+        y_range=FactorRange(factors=factors),
+        x_range=DataRange1d(start=0, range_padding=0.35),
+        width=width,
+        height=_bars_height(len(factors)),
+        title=title,
+        toolbar_location="above",
+        tools="save,reset",
+        name="layer_bars_figure",
+    )
+    fig.hbar(y="label", right="baseline_bytes", height=0.8, source=source, fill_alpha=0.0,
+             line_color="#555555", line_dash="dashed", visible=baseline is not None, name="baseline_bars")
+    bars = fig.hbar(y="label", right="saved_bytes", height=0.6, source=source, color="color", name="saved_bars")
+    fig.add_layout(LabelSet(x="saved_bytes", y="label", text="text", source=source, x_offset=4, y_offset=-6,
+                            text_font_size="9pt", text_color="#333333"))
+    fig.add_tools(HoverTool(renderers=[bars], tooltips=[
+        ("module", "@name"), ("type", "@type_name"), ("output", "@output_shape"),
+        ("saved", "@saved_label"), ("share", "@share_label"), ("vs baseline", "@delta_label"),
+    ]))
+    _bytes_axis(fig.xaxis[0])
+    fig.xaxis.axis_label = "saved activations (kept for backward)"
+    fig.ygrid.grid_line_color = None
+
+    def after(plot: Plot, new: dict[str, Data]) -> None:
+        labels = list(reversed(new["main"]["label"]))
+        plot.figure.y_range.factors = labels
+        plot.figure.height = _bars_height(len(labels))
+        has_baseline = any(new["main"]["delta_label"])
+        plot.figure.select_one({"name": "baseline_bars"}).visible = has_baseline
+
+    return Plot(fig, {"main": source}, data_fn, after)
+
+
+def _bars_height(rows: int) -> int:
+    return max(180, 70 + 22 * rows)
+
+
+# -- the memory timeline ---------------------------------------------------------------------
+def downsample_indices(values: Sequence[float], max_points: int = MAX_TIMELINE_POINTS, keep: Iterable[int] = ()) -> list[int]:
+    """Indices of at most ``max_points`` points that keep the shape of ``values``: the first and
+    last point, every index in ``keep``, the global maximum, and the minimum and maximum of each of
+    equal-width buckets. Returns ``range(len(values))`` when it already fits."""
+    n = len(values)
+    if n <= max_points:
+        return list(range(n))
+    arr = np.asarray(values, dtype=np.float64)
+    must = {0, n - 1, int(arr.argmax())} | {int(i) for i in keep if 0 <= int(i) < n}
+    buckets = max(1, (max_points - len(must)) // 2)
+    chosen = set(must)
+    edges = np.linspace(0, n, buckets + 1).astype(np.int64)
+    for a, b in zip(edges[:-1], edges[1:]):
+        if b > a:
+            part = arr[a:b]
+            chosen.add(int(a + part.argmin()))
+            chosen.add(int(a + part.argmax()))
+    return sorted(chosen)
+
+
+def timeline_indices(measurement: Measurement, max_points: int = MAX_TIMELINE_POINTS) -> list[int]:
+    """The event indices the timeline figure shows (the peak and each phase start always)."""
+    t = measurement.timeline
+    keep = [measurement.peak_index, *t.phase_starts.values()]
+    return downsample_indices(t.total(), max_points, keep)
+
+
+def timeline_data(measurement: Measurement, max_points: int = MAX_TIMELINE_POINTS) -> Data:
+    """Columns of the timeline: ``x`` (event index in the full timeline), ``phase``, one column of
+    live bytes per category (stacked in :data:`CATEGORIES` order) and their ``total``."""
+    t = measurement.timeline
+    idx = timeline_indices(measurement, max_points)
+    totals = t.total()
+    data: Data = {"x": idx, "phase": [t.phase[i] for i in idx]}
+    for c in CATEGORIES:
+        col = t.by_category.get(c, ())
+        data[c] = [col[i] if col else 0 for i in idx]
+    data["total"] = [totals[i] for i in idx]
+    data["total_label"] = [format_bytes(v) for v in data["total"]]
+    return data
+
+
+def timeline_phases_data(measurement: Measurement) -> Data:
+    """One row per phase: ``start``/``end`` event indices, the label's position and colour."""
+    t = measurement.timeline
+    starts = sorted(t.phase_starts.items(), key=lambda kv: kv[1])
+    end_of_step = max(len(t) - 1, 0)
+    totals = t.total()
+    label_y = (max(totals) if totals else measurement.peak_bytes) * 1.08
+    data: Data = {"phase": [], "start": [], "end": [], "mid": [], "label_y": [], "color": []}
+    for i, (phase, start) in enumerate(starts):
+        end = starts[i + 1][1] if i + 1 < len(starts) else end_of_step
+        if end <= start and phase not in PHASE_COLORS:
+            continue  # an empty bookkeeping phase ("done" at the very end)
+        data["phase"].append(phase)
+        data["start"].append(start)
+        data["end"].append(end)
+        data["mid"].append(start)
+        data["label_y"].append(label_y)
+        data["color"].append(PHASE_COLORS.get(phase, OTHER_PHASE_COLOR))
+    return data
+
+
+def timeline_peak_data(measurement: Measurement) -> Data:
+    return {
+        "x": [measurement.peak_index],
+        "y": [measurement.peak_bytes],
+        "phase": [measurement.peak_phase],
+        "label": [f"peak {format_bytes(measurement.peak_bytes)} ({measurement.peak_phase})"],
+    }
+
+
+def timeline(measurement: Measurement, max_points: int = MAX_TIMELINE_POINTS, *, width: int = 760, height: int = 320,
+             title: str = "Live memory over the step") -> Plot:
+    """Live bytes per category over the step's allocation events (stacked areas), the forward,
+    backward and optimizer phases as shaded bands, and the peak marked with its value."""
+
+    def data_fn(m: Measurement, points: int = max_points) -> dict[str, Data]:
+        return {"main": timeline_data(m, points), "phases": timeline_phases_data(m), "peak": timeline_peak_data(m)}
+
+    datas = data_fn(measurement)
+    sources = {k: ColumnDataSource(v, name=f"timeline_{k}") for k, v in datas.items()}
+    fig = figure(width=width, height=height, title=title, y_range=DataRange1d(start=0, range_padding=0.12),
+                 tools="xpan,xwheel_zoom,box_zoom,save,reset", toolbar_location="above", name="timeline_figure")
+    fig.vstrip(x0="start", x1="end", source=sources["phases"], color="color", alpha=0.6, name="phase_bands")
+    fig.vspan(x="start", source=sources["phases"], line_color="#999999", line_dash="dotted", name="phase_lines")
+    fig.add_layout(LabelSet(x="mid", y="label_y", text="phase", source=sources["phases"], x_offset=3,
+                            text_font_size="9pt", text_color="#555555"))
+    areas = fig.varea_stack(stackers=list(CATEGORIES), x="x", source=sources["main"],
+                            color=[CATEGORY_COLORS[c] for c in CATEGORIES],
+                            legend_label=[c.replace("_", " ") for c in CATEGORIES], fill_alpha=0.85)
+    total_line = fig.line(x="x", y="total", source=sources["main"], color="#333333", line_width=1, name="total_line")
+    fig.scatter(x="x", y="y", source=sources["peak"], marker="inverted_triangle", size=12, color="#d62728",
+                name="peak_marker")
+    fig.add_layout(LabelSet(x="x", y="y", text="label", source=sources["peak"], x_offset=8, y_offset=2,
+                            text_font_size="9pt", text_font_style="bold", text_color="#d62728"))
+    fig.add_tools(HoverTool(renderers=[total_line], mode="vline", tooltips=[
+        ("event", "@x"), ("phase", "@phase"), ("total", "@total_label"),
+    ]))
+    del areas
+    _bytes_axis(fig.yaxis[0])
+    fig.xaxis.axis_label = "allocation / free events"
+    fig.yaxis.axis_label = "live bytes"
+    fig.legend.location = "top_left"
+    fig.legend.label_text_font_size = "8pt"
+    fig.legend.background_fill_alpha = 0.7
+    return Plot(fig, sources, data_fn)
+
+
+# -- peak split ------------------------------------------------------------------------------
+def peak_split_data(measurement: Measurement, baseline: Measurement | None = None) -> Data:
+    """One row per bar (``"baseline"`` first when given, then ``"peak"``): bytes per category at the
+    peak, with ``<category>_label`` texts and the ``total``."""
+    rows = ([("baseline", baseline)] if baseline is not None else []) + [("peak", measurement)]
+    data: Data = {"row": [r for r, _ in rows]}
+    for c in CATEGORIES:
+        data[c] = [getattr(m.peak_split, c) for _, m in rows]
+        data[f"{c}_label"] = [format_bytes(v) for v in data[c]]
+    data["total"] = [m.peak_bytes for _, m in rows]
+    data["total_label"] = [f"{format_bytes(m.peak_bytes)} at the {m.peak_phase} peak" for _, m in rows]
+    return data
+
+
+def peak_split(measurement: Measurement, baseline: Measurement | None = None, *, width: int = 760,
+               title: str = "Peak memory by category") -> Plot:
+    """A stacked horizontal bar of the peak's categories (and the baseline's peak beneath it)."""
+
+    def data_fn(m: Measurement, b: Measurement | None = None) -> dict[str, Data]:
+        return {"main": peak_split_data(m, b)}
+
+    datas = data_fn(measurement, baseline)
+    source = ColumnDataSource(datas["main"], name="peak_split")
+    rows = list(reversed(datas["main"]["row"]))
+    fig = figure(y_range=FactorRange(factors=rows), x_range=DataRange1d(start=0, range_padding=0.3),
+                 width=width, height=_split_height(len(rows)), title=title, tools="save,reset",
+                 toolbar_location="above", name="peak_split_figure")
+    renderers = fig.hbar_stack(list(CATEGORIES), y="row", height=0.6, source=source,
+                               color=[CATEGORY_COLORS[c] for c in CATEGORIES],
+                               legend_label=[c.replace("_", " ") for c in CATEGORIES])
+    for c, r in zip(CATEGORIES, renderers):
+        fig.add_tools(HoverTool(renderers=[r], tooltips=[("category", c.replace("_", " ")), ("bytes", f"@{c}_label"),
+                                                         ("peak", "@total_label")]))
+    fig.add_layout(LabelSet(x="total", y="row", text="total_label", source=source, x_offset=4, y_offset=-6,
+                            text_font_size="9pt"))
+    _bytes_axis(fig.xaxis[0])
+    fig.legend.orientation = "horizontal"
+    fig.legend.location = "top_left"
+    fig.legend.label_text_font_size = "8pt"
+    fig.add_layout(fig.legend[0], "below")
+    fig.ygrid.grid_line_color = None
+
+    def after(plot: Plot, new: dict[str, Data]) -> None:
+        factors = list(reversed(new["main"]["row"]))
+        plot.figure.y_range.factors = factors
+        plot.figure.height = _split_height(len(factors))
+
+    return Plot(fig, {"main": source}, data_fn, after)
+
+
+def _split_height(rows: int) -> int:
+    return 150 + 45 * rows
+
+
+# -- history of plans tried ------------------------------------------------------------------
+def plan_label(plan: Any) -> str:
+    """A short name for a plan: its ``name``, else ``describe()``, else ``str``; ``None`` is the baseline."""
+    if plan is None:
+        return "baseline"
+    name = getattr(plan, "name", "")
+    if name:
+        return str(name)
+    describe = getattr(plan, "describe", None)
+    if callable(describe):
+        return str(describe())
+    return str(plan)
+
+
+def _seconds(m: Measurement) -> float:
+    return m.step_seconds if m.step_seconds is not None else math.nan
+
+
+def history_data(entries: Sequence[Any], current: int | None = None) -> Data:
+    """One row per entry (objects with ``.plan`` and ``.measurement``, e.g. a session's history):
+    ``x`` is the step time in milliseconds, or the entry's index when a run has no time (fake mode)."""
+    ms = [_measurement(e) for e in entries]
+    timed = bool(ms) and all(m.step_seconds is not None for m in ms)
+    data: Data = {k: [] for k in ("index", "x", "peak_bytes", "saved_bytes", "step_seconds", "label",
+                                  "peak_label", "saved_label", "time_label", "color", "size")}
+    for i, (e, m) in enumerate(zip(entries, ms)):
+        data["index"].append(i)
+        data["x"].append(m.step_seconds * 1e3 if timed else float(i))
+        data["peak_bytes"].append(m.peak_bytes)
+        data["saved_bytes"].append(m.saved_bytes)
+        data["step_seconds"].append(_seconds(m))
+        data["label"].append(plan_label(getattr(e, "plan", None)))
+        data["peak_label"].append(format_bytes(m.peak_bytes))
+        data["saved_label"].append(format_bytes(m.saved_bytes))
+        data["time_label"].append(format_seconds(m.step_seconds))
+        data["color"].append("#d62728" if i == current else ("#555555" if i == 0 else BAR_COLOR))
+        data["size"].append(14 if i == current else 10)
+    return data
+
+
+def history(entries: Sequence[Any], current: int | None = None, *, width: int = 520, height: int = 360,
+            title: str = "Plans tried: peak memory vs step time") -> Plot:
+    """Peak memory against step time, one point per plan tried; click a point to select it
+    (``plot.source.selected.indices``; the explorer restores that plan)."""
+
+    def data_fn(es: Sequence[Any], cur: int | None = None) -> dict[str, Data]:
+        return {"main": history_data(es, cur)}
+
+    datas = data_fn(entries, current)
+    source = ColumnDataSource(datas["main"], name="history")
+    fig = figure(width=width, height=height, title=title, tools="pan,wheel_zoom,box_zoom,save,reset",
+                 toolbar_location="above", x_range=DataRange1d(range_padding=0.15),
+                 y_range=DataRange1d(range_padding=0.15), name="history_figure")
+    points = fig.scatter(x="x", y="peak_bytes", source=source, size="size", color="color", alpha=0.85,
+                         selection_color="#d62728", nonselection_alpha=0.35, name="history_points")
+    fig.add_layout(LabelSet(x="x", y="peak_bytes", text="label", source=source, x_offset=7, y_offset=4,
+                            text_font_size="8pt", text_color="#333333"))
+    fig.add_tools(TapTool(renderers=[points]))
+    fig.add_tools(HoverTool(renderers=[points], tooltips=[
+        ("plan", "@label"), ("peak", "@peak_label"), ("saved", "@saved_label"), ("step", "@time_label"),
+    ]))
+    _bytes_axis(fig.yaxis[0])
+    fig.yaxis.axis_label = "peak memory"
+    _history_axis(fig, datas["main"])
+
+    def after(plot: Plot, new: dict[str, Data]) -> None:
+        _history_axis(plot.figure, new["main"])
+
+    return Plot(fig, {"main": source}, data_fn, after)
+
+
+def _history_axis(fig: Any, data: Data) -> None:
+    timed = bool(data["x"]) and not any(math.isnan(s) for s in data["step_seconds"])
+    fig.xaxis.axis_label = "step time (ms)" if timed else "plan # (no step time in fake mode)"
+
+
+# -- compile-budget sweep --------------------------------------------------------------------
+def _sweep_point(point: Any) -> tuple[float, Measurement]:
+    if isinstance(point, tuple) and len(point) == 2:
+        return float(point[0]), _measurement(point[1])
+    budget = getattr(point, "budget", None)
+    if budget is None:
+        budget = getattr(getattr(point, "plan", None), "compile_budget", None)
+    if budget is None:
+        raise ValueError(f"cannot tell the compile budget of sweep point {point!r}")
+    return float(budget), _measurement(point)
+
+
+def budget_sweep_data(points: Iterable[Any]) -> Data:
+    """One row per budget, sorted by budget. ``points`` are ``(budget, measurement)`` pairs, or
+    objects with ``.budget`` (or ``.plan.compile_budget``) and ``.measurement``. ``x`` is the step
+    time in ms, or the budget itself when a run has no time."""
+    rows = sorted((_sweep_point(p) for p in points), key=lambda bm: bm[0])
+    timed = bool(rows) and all(m.step_seconds is not None for _, m in rows)
+    data: Data = {k: [] for k in ("budget", "x", "peak_bytes", "saved_bytes", "step_seconds", "budget_label",
+                                  "peak_label", "saved_label", "time_label")}
+    for budget, m in rows:
+        data["budget"].append(budget)
+        data["x"].append(m.step_seconds * 1e3 if timed else budget)
+        data["peak_bytes"].append(m.peak_bytes)
+        data["saved_bytes"].append(m.saved_bytes)
+        data["step_seconds"].append(_seconds(m))
+        data["budget_label"].append(f"{budget:g}")
+        data["peak_label"].append(format_bytes(m.peak_bytes))
+        data["saved_label"].append(format_bytes(m.saved_bytes))
+        data["time_label"].append(format_seconds(m.step_seconds))
+    return data
+
+
+def budget_sweep(points: Iterable[Any], *, width: int = 520, height: int = 360,
+                 title: str = "Compile memory budget: memory vs step time") -> Plot:
+    """Peak and saved bytes against step time, one point per ``activation_memory_budget``, each
+    labelled with its budget, connected in budget order."""
+
+    def data_fn(ps: Iterable[Any]) -> dict[str, Data]:
+        return {"main": budget_sweep_data(ps)}
+
+    datas = data_fn(points)
+    source = ColumnDataSource(datas["main"], name="budget_sweep")
+    fig = figure(width=width, height=height, title=title, tools="pan,wheel_zoom,box_zoom,save,reset",
+                 toolbar_location="above", x_range=DataRange1d(range_padding=0.15),
+                 y_range=DataRange1d(start=0, range_padding=0.15), name="budget_sweep_figure")
+    fig.line(x="x", y="peak_bytes", source=source, color=CATEGORY_COLORS["optimizer_state"], legend_label="peak")
+    peak_pts = fig.scatter(x="x", y="peak_bytes", source=source, size=9, color=CATEGORY_COLORS["optimizer_state"],
+                           legend_label="peak", name="sweep_peak")
+    fig.line(x="x", y="saved_bytes", source=source, color=CATEGORY_COLORS["activations"], legend_label="saved activations")
+    saved_pts = fig.scatter(x="x", y="saved_bytes", source=source, size=9, marker="square",
+                            color=CATEGORY_COLORS["activations"], legend_label="saved activations", name="sweep_saved")
+    fig.add_layout(LabelSet(x="x", y="peak_bytes", text="budget_label", source=source, x_offset=6, y_offset=4,
+                            text_font_size="8pt"))
+    fig.add_tools(HoverTool(renderers=[peak_pts, saved_pts], tooltips=[
+        ("budget", "@budget_label"), ("peak", "@peak_label"), ("saved", "@saved_label"), ("step", "@time_label"),
+    ]))
+    _bytes_axis(fig.yaxis[0])
+    fig.yaxis.axis_label = "bytes"
+    fig.legend.location = "top_right"
+    fig.legend.label_text_font_size = "8pt"
+    _sweep_axis(fig, datas["main"])
+
+    def after(plot: Plot, new: dict[str, Data]) -> None:
+        _sweep_axis(plot.figure, new["main"])
+
+    return Plot(fig, {"main": source}, data_fn, after)
+
+
+def _sweep_axis(fig: Any, data: Data) -> None:
+    timed = bool(data["x"]) and not any(math.isnan(s) for s in data["step_seconds"])
+    fig.xaxis.axis_label = "step time (ms)" if timed else "activation memory budget"
+
+
+__all__ = [
+    "Plot", "CATEGORY_COLORS", "PHASE_COLORS", "MAX_TIMELINE_POINTS",
+    "layer_bars", "layer_bars_data", "layer_label",
+    "timeline", "timeline_data", "timeline_phases_data", "timeline_peak_data", "timeline_indices", "downsample_indices",
+    "peak_split", "peak_split_data",
+    "history", "history_data", "plan_label",
+    "budget_sweep", "budget_sweep_data",
+]
