@@ -50,10 +50,6 @@ def notebook_problems(nb: nbformat.NotebookNode) -> list[str]:
     return problems
 
 
-def test_notebooks_dir_exists():
-    assert NOTEBOOKS.is_dir(), "notebooks/ is where the tutorial course lives"
-
-
 @pytest.mark.parametrize(
     "path", committed_notebooks() or [pytest.param(None, id="no-notebooks-yet")], ids=lambda p: getattr(p, "name", p)
 )
