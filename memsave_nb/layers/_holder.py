@@ -80,7 +80,7 @@ def register(holder: OutputHolder) -> None:
 
 def compact() -> int:
     """Shrink every held output that no one else keeps to a packed mask; returns how many."""
-    if not _pending:
+    if torch.compiler.is_compiling() or not _pending:
         return 0
     done = 0
     still: list[weakref.ref[OutputHolder]] = []
@@ -98,8 +98,6 @@ def compact() -> int:
 
 def lazy_allowed() -> bool:
     """True when holding outputs outside autograd's saved tensors is safe and visible to no hook."""
-    if torch._C._autograd._top_saved_tensors_default_hooks(False) is not None:
-        return False
     if torch.compiler.is_compiling():
         return False
-    return True
+    return torch._C._autograd._top_saved_tensors_default_hooks(False) is None

@@ -37,7 +37,7 @@ class _MaskedLeakyReLU(torch.autograd.Function):
             ctx.holder = None
             assert mask is not None
             ctx.save_for_backward(pack_bits(mask))
-        return out
+        return x if inplace else out  # the very input object: what dynamo checks for mark_dirty
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, None, None, None]:
@@ -59,11 +59,11 @@ def masked_leaky_relu(x: Tensor, slope: float = 0.0, inplace: bool = False) -> T
             return F.relu(x, inplace=inplace)
         return F.leaky_relu(x, slope, inplace=inplace)
     _holder.compact()
-    out = _MaskedLeakyReLU.apply(x, slope, inplace, _holder.lazy_allowed())
-    holder = getattr(out.grad_fn, "holder", None)
-    if holder is not None:
+    lazy = _holder.lazy_allowed()
+    out = _MaskedLeakyReLU.apply(x, slope, inplace, lazy)
+    if lazy and inplace and out.grad_fn.holder is not None:
         # apply() bumps the version of a tensor marked dirty after forward returns
-        holder.version = out._version
+        out.grad_fn.holder.version = out._version
     return out
 
 

@@ -56,8 +56,6 @@ class _Convolution(torch.autograd.Function):
         x, weight = ctx.saved_tensors
         if x is None:
             x = grad.new_empty(1).expand(ctx.x_shape)
-            if ctx.x_channels_last:
-                x = x.as_strided(ctx.x_shape, _channels_last_strides(ctx.x_shape))
         if weight is None:
             weight = grad.new_empty(1).expand(ctx.w_shape)
         stride, padding, dilation, transposed, output_padding, groups = ctx.params
@@ -74,6 +72,9 @@ class _Convolution(torch.autograd.Function):
             groups,
             [need_x, need_w, need_b and ctx.bias_sizes is not None],
         )
+        if grad_x is not None and ctx.x_channels_last and not _channels_last(grad_x):
+            # the stand-in has no layout; give the gradient the input's, as stock does
+            grad_x = grad_x.contiguous(memory_format=_layout(grad_x))
         return grad_x, grad_w, grad_b, None, None, None, None, None, None
 
 
@@ -85,15 +86,8 @@ def _channels_last(x: Tensor) -> bool:
     return False
 
 
-def _channels_last_strides(shape: torch.Size) -> list[int]:
-    """Strides of a zero-size-step stand-in that still reports a channels-last layout."""
-    # Stride 0 everywhere would read as contiguous; the kernels pick the gradient's memory
-    # format from the input's strides, so give the stand-in channels-last strides over a
-    # one-element storage (all strides 0 but the channel one, which is never dereferenced
-    # beyond the storage because it only sets the layout check).
-    return torch.empty(0).new_empty(shape, device="meta").contiguous(
-        memory_format=torch.channels_last if len(shape) == 4 else torch.channels_last_3d
-    ).stride()
+def _layout(x: Tensor) -> torch.memory_format:
+    return torch.channels_last if x.dim() == 4 else torch.channels_last_3d
 
 
 def convolution(
