@@ -79,6 +79,17 @@ def write_notebook(path: Path, cells: Sequence[str | tuple[str, str]]) -> Path:
     return path
 
 
+def copy_notebook(src: Path, dest_dir: Path) -> Path:
+    """Copy a notebook into a server root (kernelspec required: Lab would block on a dialog)."""
+    import nbformat
+
+    nb = nbformat.read(str(src), as_version=4)
+    assert nb.metadata.get("kernelspec", {}).get("name"), f"{src} has no kernelspec metadata"
+    dest = Path(dest_dir) / Path(src).name
+    nbformat.write(nb, str(dest))
+    return dest
+
+
 # --------------------------------------------------------------------------- servers
 
 
