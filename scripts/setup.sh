@@ -44,6 +44,8 @@ if [[ ! -x "$PY" ]] || ! "$PY" -c 'import sys' >/dev/null 2>&1; then
     "$base_python" -c 'import sys; sys.exit(sys.version_info < (3, 10))' \
         || { echo "[setup] memsave_nb needs Python >= 3.10 ($base_python is older)" >&2; exit 1; }
     say "creating .venv with $("$base_python" --version)"
+    "$base_python" -c 'import ensurepip' >/dev/null 2>&1 \
+        || { echo "[setup] $base_python cannot create venvs (no ensurepip); on Debian: apt-get install -y python3-venv" >&2; exit 1; }
     rm -rf "$VENV"
     quiet "$base_python" -m venv "$VENV"
 fi
@@ -83,8 +85,8 @@ if [[ $browser == 1 && ! -x /usr/bin/chromium ]]; then
     [[ $(id -u) != 0 ]] && command -v sudo >/dev/null && sudo=(sudo)
     say "installing chromium (apt-get)"
     export DEBIAN_FRONTEND=noninteractive
-    quiet "${sudo[@]}" apt-get update -qq
-    quiet "${sudo[@]}" apt-get install -y -qq chromium
+    quiet "${sudo[@]}" apt-get -o Acquire::Retries=3 update -qq
+    quiet "${sudo[@]}" apt-get -o Acquire::Retries=3 install -y -qq chromium
     [[ -x /usr/bin/chromium ]] || { echo "[setup] chromium install did not produce /usr/bin/chromium" >&2; exit 1; }
 fi
 
