@@ -444,7 +444,9 @@ def _history_axis(fig: Any, data: Data) -> None:
 
 
 # -- compile-budget sweep --------------------------------------------------------------------
-def _sweep_point(point: Any) -> tuple[float, Measurement]:
+def _sweep_point(point: Any) -> tuple[float, Any]:
+    """``(budget, record)`` where the record has ``peak_bytes``, ``saved_bytes``, ``step_seconds``
+    (a Measurement, or a session's ``BudgetPoint``)."""
     if isinstance(point, tuple) and len(point) == 2:
         return float(point[0]), _measurement(point[1])
     budget = getattr(point, "budget", None)
@@ -456,8 +458,9 @@ def _sweep_point(point: Any) -> tuple[float, Measurement]:
 
 
 def budget_sweep_data(points: Iterable[Any]) -> Data:
-    """One row per budget, sorted by budget. ``points`` are ``(budget, measurement)`` pairs, or
-    objects with ``.budget`` (or ``.plan.compile_budget``) and ``.measurement``. ``x`` is the step
+    """One row per budget, sorted by budget. ``points`` are ``(budget, measurement)`` pairs, objects
+    with ``.budget``, ``.peak_bytes``, ``.saved_bytes``, ``.step_seconds`` (a session's
+    ``BudgetPoint``), or entries with ``.plan.compile_budget`` and ``.measurement``. ``x`` is the step
     time in ms, or the budget itself when a run has no time."""
     rows = sorted((_sweep_point(p) for p in points), key=lambda bm: bm[0])
     timed = bool(rows) and all(m.step_seconds is not None for _, m in rows)

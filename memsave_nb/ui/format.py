@@ -73,3 +73,85 @@ while (v >= 1024 && u < units.length - 1) { v /= 1024; u += 1; }
 const sign = tick < 0 ? "-" : "";
 return u == 0 ? sign + v.toFixed(0) + " B" : sign + v.toFixed(1) + " " + units[u];
 """
+
+
+def format_flops(n: int | None) -> str:
+    """``1218969600 -> "1.22 GFLOP"`` (decimal units, as FLOP counts usually are)."""
+    if not n:
+        return "-"
+    value, unit = float(n), 0
+    prefixes = ("", "k", "M", "G", "T", "P", "E")
+    while value >= 1000 and unit < len(prefixes) - 1:
+        value /= 1000
+        unit += 1
+    return f"{value:.2f} {prefixes[unit]}FLOP" if unit else f"{int(value)} FLOP"
+
+
+# -- tables ------------------------------------------------------------------------------------
+LAYER_COLUMNS = ("Module", "Type", "Output shape", "Trainable params", "Saved activations", "Share")
+
+
+def _subtree_sum(modules, attr: str) -> dict[str, int]:
+    """Per module name, ``attr`` summed over the module and everything below it."""
+    sums: dict[str, int] = {}
+    for m in modules:
+        value = getattr(m, attr)
+        parts = m.name.split(".") if m.name else []
+        for k in range(len(parts) + 1):
+            prefix = ".".join(parts[:k])
+            sums[prefix] = sums.get(prefix, 0) + value
+    return sums
+
+
+def layer_table(measurement, *, top: int | None = None, baseline=None) -> tuple[list[str], list[list[str]]]:
+    """The per-layer table as text cells: every module in ``named_modules()`` order, indented by
+    depth, with trainable parameters summed over its subtree and saved activations rolled up.
+
+    ``top=N`` keeps the N leaf layers with the most saved activations instead, largest first.
+    With a ``baseline`` measurement a "vs baseline" column is added.
+    """
+    total = measurement.saved_bytes
+    trainable = _subtree_sum(measurement.modules, "trainable_params")
+    if top is not None:
+        leaves = [m for m in measurement.modules if m.is_leaf]
+        chosen = sorted(leaves, key=lambda m: -m.saved_bytes)[: max(0, top)]
+        indent = False
+    else:
+        chosen = list(measurement.modules)
+        indent = True
+    base = {m.name: m.saved_bytes for m in baseline.modules} if baseline is not None else None
+    headers = list(LAYER_COLUMNS) + (["vs baseline"] if base is not None else [])
+    rows = []
+    for m in chosen:
+        name = m.name or "(model)"
+        if indent:
+            name = "  " * m.depth + name
+        share = m.saved_bytes / total if total else 0.0
+        row = [name, m.type_name, format_shape(m.output_shape), format_count(trainable.get(m.name, m.trainable_params)),
+               format_bytes(m.saved_bytes), format_share(share)]
+        if base is not None:
+            row.append(format_delta_bytes(m.saved_bytes - base.get(m.name, m.saved_bytes)))
+        rows.append(row)
+    return headers, rows
+
+
+def split_table(measurement) -> tuple[list[str], list[list[str]]]:
+    """The peak's split as text cells: category, bytes, share of the peak."""
+    peak = measurement.peak_bytes
+    rows = []
+    for category, value in measurement.peak_split.as_dict().items():
+        rows.append([category.replace("_", " "), format_bytes(value), format_share(value / peak if peak else 0.0)])
+    return ["Category", "Bytes", "Share of peak"], rows
+
+
+def render_table(headers: list[str], rows: list[list[str]], right: set[int] | None = None) -> str:
+    """A plain monospaced table; columns in ``right`` (indices) are right-aligned."""
+    right = right or set()
+    widths = [max(len(str(r[i])) for r in [headers, *rows]) for i in range(len(headers))]
+
+    def line(cells: list[str]) -> str:
+        out = [str(c).rjust(w) if i in right else str(c).ljust(w) for i, (c, w) in enumerate(zip(cells, widths))]
+        return "  ".join(out).rstrip()
+
+    rule = "  ".join("-" * w for w in widths)
+    return "\n".join([line(headers), rule, *(line(r) for r in rows)])

@@ -201,3 +201,6 @@ def test_budget_sweep(mlp):
     plot = F.budget_sweep([SimpleNamespace(plan=SimpleNamespace(compile_budget=0.5), measurement=mlp)])
     assert plot.source.data["budget"] == [0.5] and plot.source.data["x"] == [0.5]
     assert F.budget_sweep_data([]) == {k: [] for k in data}
+    budget_point = SimpleNamespace(budget=0.25, peak_bytes=10, saved_bytes=5, step_seconds=0.002)  # session.BudgetPoint
+    assert F.budget_sweep_data([budget_point])["peak_bytes"] == [10]
+    assert F.budget_sweep_data([budget_point])["x"] == [pytest.approx(2.0)]

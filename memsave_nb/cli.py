@@ -1,0 +1,142 @@
+"""``memsave-nb``: the command line.
+
+    memsave-nb report [--model NAME] [--batch N] [--mode real|fake] [--device cpu|cuda]
+                      [--top N] [--out FILE.html]
+
+measures one training step of a built-in demo workload (``memsave_nb.zoo``), prints the per-layer
+table and the peak's split, and with ``--out`` writes the standalone HTML report. A user mistake
+(unknown model, missing device, bad batch size) is one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import NoReturn, Sequence
+
+from .errors import MemsaveError
+
+PROG = "memsave-nb"
+EXIT_USAGE = 2
+
+
+class _UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (no usage dump) and never exits by itself."""
+
+    def error(self, message: str) -> NoReturn:
+        raise _UsageError(message)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from . import zoo
+
+    parser = _Parser(prog=PROG, description="See what a PyTorch training step keeps in memory.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    rep = sub.add_parser("report", help="measure a demo workload; print the per-layer table; write an HTML report",
+                         description="Measure one training step of a built-in demo workload and report its memory.")
+    rep.add_argument("--model", default="cnn", metavar="NAME", help=f"demo workload: {', '.join(zoo.NAMES)} (default: cnn)")
+    rep.add_argument("--batch", type=_positive_int, default=None, metavar="N", help="batch size (default: the model's own)")
+    rep.add_argument("--mode", choices=("real", "fake"), default=None,
+                     help="real: run the step; fake: shapes and bytes only (default: real, fake for gpt-7b)")
+    rep.add_argument("--device", default="cpu", metavar="DEVICE", help="cpu or cuda (default: cpu)")
+    rep.add_argument("--top", type=_positive_int, default=None, metavar="N",
+                     help="show the N layers with the most saved activations instead of every module")
+    rep.add_argument("--out", default=None, metavar="FILE.html", help="also write a standalone HTML report here")
+    rep.add_argument("--repeats", type=_positive_int, default=3, metavar="N", help=argparse.SUPPRESS)
+    return parser
+
+
+def format_report(measurement, *, title: str, top: int | None = None) -> str:
+    """The text the ``report`` command prints: heading, per-layer table, peak split, totals."""
+    from .ui.format import format_bytes, format_flops, format_seconds, layer_table, render_table, split_table
+
+    m = measurement
+    headers, rows = layer_table(m, top=top)
+    layers = render_table(headers, rows, right={3, 4, 5})
+    caption = f"(the {len(rows)} layers with the most saved activations)" if top is not None else ""
+    split_headers, split_rows = split_table(m)
+    split_rows.append(["total", format_bytes(m.peak_bytes), "100.0%"])
+    lines = [
+        title,
+        "",
+        "Saved activations per layer " + caption if caption else "Saved activations per layer",
+        layers,
+        "",
+        f"Peak memory: {format_bytes(m.peak_bytes)} during {m.peak_phase}",
+        render_table(split_headers, split_rows, right={1, 2}),
+        "",
+        f"Saved activations: {format_bytes(m.saved_bytes)}   FLOPs: {format_flops(m.flops)}   "
+        f"Step time: {format_seconds(m.step_seconds)}",
+    ]
+    if m.cuda_peak_bytes is not None:
+        lines.append(f"CUDA allocator peak: {format_bytes(m.cuda_peak_bytes)} (tracker: {format_bytes(m.peak_bytes)})")
+    lines.extend(f"Note: {n}" for n in m.notes)
+    return "\n".join(lines) + "\n"
+
+
+def _report(args: argparse.Namespace) -> int:
+    from . import zoo
+    from .measure import measure
+    from .workload import check_device
+
+    check_device(args.device)
+    mode = args.mode or ("fake" if args.model == "gpt-7b" else "real")
+    if args.model == "gpt-7b" and mode == "real":
+        raise MemsaveError("gpt-7b is built from fake tensors and only runs with --mode fake")
+    workload = zoo.make(args.model, args.batch, device=args.device)
+    batch = args.batch or zoo.DEFAULT_BATCH.get(args.model)
+    measurement = measure(workload, mode=mode, repeats=args.repeats)
+    title = f"memsave_nb report: {args.model}, batch {batch}, {mode} mode on {measurement.device}"
+    sys.stdout.write(format_report(measurement, title=title, top=args.top))
+    if args.out:
+        from .report import write_report
+
+        path = write_report(measurement, args.out, title=title, top=args.top)
+        sys.stdout.write(f"\nWrote {path}\n")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``memsave-nb``; returns the exit code."""
+    try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        if args.command is None:
+            parser.print_help(sys.stderr)
+            return EXIT_USAGE
+        return _report(args)
+    except _UsageError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except MemsaveError as exc:
+        print(f"{PROG}: error: {_one_line(exc)}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+    except OSError as exc:  # --out not writable, and the like
+        print(f"{PROG}: error: {_one_line(exc)}", file=sys.stderr)
+        return 1
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text or type(exc).__name__
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,91 @@
+"""``memsave-nb report``: the printed table as a golden file, the HTML report, one-line errors.
+
+Regenerate the golden files after a deliberate change with
+``MEMSAVE_REGEN_GOLDEN=1 pytest tests/test_cli.py`` and review the diff.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from memsave_nb import cli
+
+GOLDEN = Path(__file__).parent / "golden"
+REGEN = os.environ.get("MEMSAVE_REGEN_GOLDEN") == "1"
+
+
+def _check_golden(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if REGEN or not path.exists():
+        if not REGEN:
+            pytest.fail(f"missing golden file {path}; run with MEMSAVE_REGEN_GOLDEN=1 to create it")
+        path.write_text(text, encoding="utf-8")
+    assert text == path.read_text(encoding="utf-8"), f"output differs from {path} (MEMSAVE_REGEN_GOLDEN=1 to update)"
+
+
+@pytest.mark.parametrize("argv, golden", [
+    (["report", "--model", "mlp", "--mode", "fake"], "report_mlp_fake.txt"),
+    (["report", "--model", "mlp", "--mode", "fake", "--batch", "32", "--top", "3"], "report_mlp_fake_top3.txt"),
+])
+def test_report_table_golden(capsys, argv, golden):
+    assert cli.main(argv) == 0
+    out, err = capsys.readouterr()
+    assert err == ""
+    _check_golden(golden, out)
+
+
+def test_report_numbers_match_the_engine(capsys):
+    from memsave_nb import measure, zoo
+    from memsave_nb.ui.format import format_bytes
+
+    assert cli.main(["report", "--model", "mlp", "--mode", "fake", "--batch", "16"]) == 0
+    out = capsys.readouterr().out
+    m = measure(zoo.make("mlp", 16), mode="fake")
+    assert f"Peak memory: {format_bytes(m.peak_bytes)} during {m.peak_phase}" in out
+    assert f"Saved activations: {format_bytes(m.saved_bytes)}" in out
+    table = out.split("Saved activations per layer\n", 1)[1].split("\n\n", 1)[0].splitlines()[2:]
+    assert [line.split()[0] for line in table] == ["(model)"] + [r.name for r in m.modules[1:]]
+
+
+def test_report_writes_html(tmp_path, capsys):
+    out = tmp_path / "sub" / "report.html"
+    assert cli.main(["report", "--model", "mlp", "--mode", "fake", "--batch", "8", "--out", str(out)]) == 0
+    assert out.exists() and out.stat().st_size > 100_000
+    assert f"Wrote {out}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["report", "--model", "resnet9000"], "unknown demo model 'resnet9000'"),
+    (["report", "--model", "mlp", "--batch", "0"], "--batch: expected a positive integer"),
+    (["report", "--model", "mlp", "--batch", "many"], "--batch: expected a positive integer"),
+    (["report", "--model", "mlp", "--mode", "imaginary"], "--mode: invalid choice"),
+    (["report", "--model", "mlp", "--device", "tpu"], "device 'tpu'"),
+    (["report", "--model", "gpt-7b", "--mode", "real"], "only runs with --mode fake"),
+    (["report", "--nonsense"], "unrecognized arguments"),
+])
+def test_errors_are_one_line_exit_2(capsys, argv, message):
+    assert cli.main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.count("\n") == 1 and err.startswith("memsave-nb: error: ")
+    assert message in err
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a CUDA device is present")
+def test_missing_cuda_is_one_line(capsys):
+    assert cli.main(["report", "--model", "mlp", "--device", "cuda"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not available" in err
+
+
+def test_no_traceback_from_a_real_process():
+    proc = subprocess.run([sys.executable, "-m", "memsave_nb.cli", "report", "--model", "nope"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    assert proc.stderr.strip().splitlines() == ["memsave-nb: error: unknown demo model 'nope'; choose from cnn, gpt, mlp, gpt-7b"]
