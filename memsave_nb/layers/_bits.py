@@ -33,7 +33,8 @@ def pack_bits(mask: Tensor) -> Tensor:
 def unpack_bits(packed: Tensor, shape: torch.Size | tuple[int, ...]) -> Tensor:
     """Inverse of :func:`pack_bits`: a contiguous bool tensor of ``shape``."""
     shifts = torch.arange(_BITS, device=packed.device, dtype=torch.uint8)
-    bits = (packed.unsqueeze(1) >> shifts) & 1  # (numel / 8, 8)
+    bits = packed.unsqueeze(1) >> shifts  # (numel / 8, 8); one byte per element, then in place
+    bits &= 1
     numel = 1
     for size in shape:
         numel *= size

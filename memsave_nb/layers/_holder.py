@@ -55,18 +55,25 @@ class OutputHolder:
         self.output = None
         return True
 
-    def positive_mask(self) -> Tensor:
-        """The bool mask ``output > 0`` for backward."""
-        if self.packed is not None:
-            return unpack_bits(self.packed, self.shape)
+    def held_output(self) -> Tensor | None:
+        """The output if still held (checked against in-place changes), else None."""
         output = self.output
-        assert output is not None
+        if output is None:
+            return None
         if output._version != self.version:
             raise RuntimeError(
                 "one of the variables needed for gradient computation has been modified by "
                 f"an inplace operation: the output of a memory-saving activation is at version "
                 f"{output._version}; expected version {self.version} instead."
             )
+        return output
+
+    def positive_mask(self) -> Tensor:
+        """The bool mask ``output > 0`` (from the packed bits once compacted)."""
+        if self.packed is not None:
+            return unpack_bits(self.packed, self.shape)
+        output = self.held_output()
+        assert output is not None
         return output > 0
 
 

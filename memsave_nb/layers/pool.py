@@ -79,15 +79,25 @@ class _MaxPool(torch.autograd.Function):
         n = len(kernel)
         in_spatial = ctx.x_shape[-n:]
         starts = _window_starts(grad.shape[-n:], stride, padding, n, grad.device)
+        # window offset -> flat input index, in place on two int64 temporaries
         rest = local.long()
-        offsets = []
+        flat: Tensor | None = None
         for d in reversed(range(n)):
-            offsets.append(rest % kernel[d])
-            rest = rest // kernel[d]
-        offsets.reverse()
-        flat = torch.zeros_like(rest)
-        for d in range(n):
-            flat = flat * in_spatial[d] + starts[d] + offsets[d] * dilation[d]
+            if d > 0:
+                coord = rest % kernel[d]
+                rest.div_(kernel[d], rounding_mode="floor")
+            else:
+                coord = rest
+            coord.mul_(dilation[d]).add_(starts[d])  # input coordinate along dim d
+            if flat is None:
+                flat = coord
+            else:
+                stride_d = 1
+                for s in in_spatial[d + 1:]:
+                    stride_d *= s
+                flat.add_(coord.mul_(stride_d))
+                del coord
+        assert flat is not None
         lead = ctx.x_shape[:-n]
         spatial_numel = 1
         for s in in_spatial:
