@@ -180,6 +180,28 @@ def op_name(op: Any) -> str:
     return str(packet)
 
 
+def _mutates(op: Any) -> bool:
+    schema = getattr(op, "_schema", None)
+    return bool(schema is not None and schema.is_mutable)
+
+
+# Never saved by a "save everything else" default: fresh buffers that a later in-place op fills
+# (dropout: empty_like, then bernoulli_) would be cached and then mutated, which SAC rejects;
+# views cost nothing to redo and share their base's storage anyway.
+CREATION_OPS = frozenset(
+    f"aten.{n}"
+    for n in (
+        "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "zeros", "zeros_like",
+        "new_zeros", "ones", "ones_like", "new_ones", "full", "full_like", "new_full", "scalar_tensor",
+        "clone", "detach", "alias", "lift_fresh",
+    )
+)
+
+
+def _cheap(op: Any) -> bool:
+    return op_name(op) in CREATION_OPS or bool(getattr(op, "is_view", False))
+
+
 def make_policy_fn(policy: RegionPolicy) -> Callable[..., CheckpointPolicy]:
     """A SAC ``policy_fn(ctx, op, *args, **kwargs)`` for a selective region policy."""
     saved = policy.saved_ops
@@ -189,10 +211,14 @@ def make_policy_fn(policy: RegionPolicy) -> Callable[..., CheckpointPolicy]:
     )
 
     def policy_fn(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+        if _mutates(op):
+            # an in-place op (batch-norm statistics, counters): a cached tensor that changes
+            # afterwards makes backward fail; recompute it, as full checkpointing does
+            return CheckpointPolicy.PREFER_RECOMPUTE
         name = op_name(op)  # compares the packet, never the OpOverload
         if name in saved:
             return CheckpointPolicy.MUST_SAVE
-        if name in recomputed:
+        if name in recomputed or _cheap(op):
             return CheckpointPolicy.PREFER_RECOMPUTE
         return default
 

@@ -15,7 +15,7 @@ Choices are keyed by names from ``named_modules()`` / ``named_parameters()``:
 - ``compile_budget``: ``None`` (eager) or a ``torch.compile`` activation memory budget in [0, 1].
 
 ``Plan.apply(workload)`` is a context manager that makes these choices and yields the workload to
-measure; on exit, by error or not, the model is as it was (see :class:`ModelSnapshot`).
+measure; on exit, by error or not, the model is as it was (see :class:`RestorePoint`).
 ``Plan.to_code()`` writes the same choices as a standalone snippet; ``to_json``/``from_json``
 save and load (never pickle).
 """
@@ -47,7 +47,7 @@ from memsave_nb.checkpointing import (
 if TYPE_CHECKING:  # pragma: no cover
     from memsave_nb.workload import Workload
 
-__all__ = ["Plan", "PlanError", "RegionPolicy", "ModelSnapshot", "selects", "PLAN_FORMAT_VERSION"]
+__all__ = ["Plan", "PlanError", "RegionPolicy", "RestorePoint", "selects", "PLAN_FORMAT_VERSION"]
 
 PLAN_FORMAT_VERSION = 1
 ALL = "*"
@@ -62,6 +62,17 @@ def selects(name: str, patterns: Sequence[str]) -> bool:
         if fnmatch.fnmatchcase(name, pattern):
             return True
     return False
+
+
+def memsave_include(names: Sequence[str]) -> list[str] | None:
+    """``include`` for :func:`memsave_nb.layers.convert`: ``None`` for all, else each name and
+    everything below it (convert matches names exactly or as fnmatch patterns)."""
+    if ALL in names or "" in names:
+        return None
+    out: list[str] = []
+    for n in names:
+        out += [n] if _is_pattern(n) else [n, n + ".*"]
+    return out
 
 
 def _is_pattern(name: str) -> bool:
@@ -258,7 +269,7 @@ class Plan:
 
     # -- apply -------------------------------------------------------------------------------
     @contextlib.contextmanager
-    def apply(self, workload: "Workload") -> Iterator["Workload"]:
+    def apply(self, workload: "Workload", *, copy_parameters: bool = False) -> Iterator["Workload"]:
         """Make the choices on ``workload.model``; yield the workload to measure; undo on exit.
 
         The yielded workload is ``workload`` itself when nothing but the model changes, else a
@@ -266,19 +277,21 @@ class Plan:
         On exit -- normal, by exception, or by a step that raised -- parameters and buffers hold
         their bits, ``requires_grad`` flags and ``.grad`` objects, module objects and classes,
         instance ``forward`` attributes, train/eval modes and hooks are as they were.
-        A compiled plan also resets torch.compile's caches on exit (``torch._dynamo.reset()``).
+        Parameter values are not copied (the measuring engine undoes its own optimizer step);
+        pass ``copy_parameters=True`` when the body may write into parameters itself.
+        A compiled plan resets torch.compile's caches on entry and exit (``torch._dynamo.reset()``):
+        each budget compiles afresh.
         """
         model = workload.model
         self.validate(model)
-        snapshot = ModelSnapshot(model)
+        snapshot = RestorePoint(model, copy_parameters=copy_parameters)
         undo: list[Any] = []  # callables, run in reverse order
         try:
             # 1. swap memory-saving layers (first: regions and flags apply to the new modules)
             if self.memsave:
                 from memsave_nb.layers import convert, revert
 
-                include = None if ALL in self.memsave or "" in self.memsave else list(self.memsave)
-                conversion = convert(model, include=include)
+                conversion = convert(model, include=memsave_include(self.memsave))
                 undo.append(lambda conversion=conversion: revert(conversion))
             # 2. freezing
             self._apply_flags(model)
@@ -365,7 +378,7 @@ class Plan:
         needs_selects = bool(self.frozen or self.trainable or self.bn_eval)
         if self.memsave:
             imports.append("from memsave_nb.layers import convert")
-            include = None if ALL in self.memsave or "" in self.memsave else list(self.memsave)
+            include = memsave_include(self.memsave)
             body += ["", "# memory-saving layers, swapped in place", f"convert({m}, include={include!r})"]
         if self.frozen or self.trainable:
             body += [
@@ -467,14 +480,25 @@ def _policy_code(policy: RegionPolicy, fn_name: str) -> str:
         "",
         "",
         f"def {fn_name}(ctx, op, *args, **kwargs):",
+        "    if op._schema.is_mutable:  # in-place ops (batch-norm statistics): never cache a changing tensor",
+        "        return CheckpointPolicy.PREFER_RECOMPUTE",
         "    # op is an OpOverload (aten.mm.default): compare its overload packet (aten.mm)",
         '    packet = getattr(op, "overloadpacket", None)',
         f"    if packet in {upper}_SAVE:",
         "        return CheckpointPolicy.MUST_SAVE",
         f"    if packet in {upper}_RECOMPUTE:",
         "        return CheckpointPolicy.PREFER_RECOMPUTE",
-        f"    return {default}",
     ]
+    if policy.default.value == "save":
+        from memsave_nb.checkpointing import CREATION_OPS
+
+        out[3:3] = ["", f"# fresh buffers later filled in place (dropout masks) and views: cheap, never cached",
+                    f"CHEAP_OPS = {ops_literal(CREATION_OPS)}"]
+        out += [
+            "    if packet in CHEAP_OPS or op.is_view:",
+            "        return CheckpointPolicy.PREFER_RECOMPUTE",
+        ]
+    out.append(f"    return {default}")
     return "\n".join(out)
 
 
@@ -510,7 +534,7 @@ _HOOK_DICTS = (
 _MISSING = object()
 
 
-class ModelSnapshot:
+class RestorePoint:
     """What a plan may touch on a model, taken before and put back after.
 
     Structure and flags are kept by reference (cheap): each module's class, ``training``,

@@ -1,0 +1,314 @@
+"""Measure a step whose model runs under ``torch.compile``.
+
+Inside a compiled graph allocations bypass Python dispatch, so the storage tracker sees nothing.
+Here the step runs under ``torch.profiler`` with ``profile_memory=True``: every allocation and
+free on the workload's device comes back as an event (pointer, size, time). Marks
+(``record_function``) split the step into forward, backward and optimizer; categories are decided
+as the engine decides them:
+
+- parameters, buffers and the batch exist before the step (their bytes are known from the model),
+- an allocation made during forward and still alive when forward ends is an *activation*
+  (saved for backward; the output and loss included, as in the engine),
+- allocations that are the parameters' ``.grad`` or the optimizer's state after the step are
+  *gradients* / *optimizer state*,
+- everything else is a *temporary*.
+
+On CUDA the allocator's own peak (``torch.cuda.max_memory_allocated``) is reported too.
+Per-module and per-op attribution is not available for compiled steps: module rows carry
+parameter counts and the root row the total.
+
+The first call compiles (slow); it runs untracked before the measured step. The model is left
+exactly as it was (values, grads, flags, modes), as with :func:`memsave_nb.measure.measure`.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..errors import Cancelled, MemsaveError, StepError, WorkloadError
+from ..model_state import ModelSnapshot
+from ..workload import Workload, iter_tensors
+from .result import CATEGORIES, Measurement, MemorySplit, ModuleStats, Timeline
+
+__all__ = ["measure_compiled", "original_model"]
+
+_MARK = "memsave::"
+
+
+def original_model(model: nn.Module) -> nn.Module:
+    """The user's module behind a ``torch.compile`` wrapper (the module itself otherwise)."""
+    return getattr(model, "_orig_mod", model)
+
+
+def measure_compiled(
+    workload: Workload,
+    mode: str = "real",
+    *,
+    repeats: int = 3,
+    warmup: int = 1,
+    cancel_event: threading.Event | None = None,
+) -> Measurement:
+    """Measure one training step of ``workload`` (its model compiled or not) from the profiler's
+    memory events; ``repeats`` untracked steps give the median step time.
+
+    ``warmup`` untimed steps run first so that compilation is not measured.
+    """
+    if mode != "real":
+        raise WorkloadError("a compiled step can only be measured for real (mode='real'): fake tensors do not compile")
+    model = original_model(workload.model)
+    snapshot = ModelSnapshot.capture(model, copy_values=True)
+    try:
+        for _ in range(max(0, warmup)):
+            _check(cancel_event)
+            _run_step(workload, cancel_event, profile=False)
+            snapshot.restore(model)
+        events, marks, grad_ptrs, opt_ptrs, cuda = _run_step(workload, cancel_event, profile=True)
+        snapshot.restore(model)
+        times = []
+        for _ in range(max(0, repeats)):
+            _check(cancel_event)
+            start = time.perf_counter()
+            _run_step(workload, cancel_event, profile=False)
+            times.append(time.perf_counter() - start)
+            snapshot.restore(model)
+    finally:
+        snapshot.restore(model)
+    return _summarise(workload, model, events, marks, grad_ptrs, opt_ptrs, cuda, times)
+
+
+def _check(cancel_event: threading.Event | None) -> None:
+    if cancel_event is not None and cancel_event.is_set():
+        raise Cancelled("run cancelled")
+
+
+def _run_step(workload: Workload, cancel_event: threading.Event | None, *, profile: bool) -> Any:
+    from torch.profiler import ProfilerActivity, record_function
+
+    model = original_model(workload.model)
+    for p in model.parameters():
+        p.grad = None
+    on_cuda = torch.device(workload.device).type == "cuda"
+    optimizer = workload.make_optimizer()
+    batch = workload.make_batch()
+    static = _static_bytes(model, batch)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_cuda else [])
+    cuda: dict[str, int] = {}
+    phase = "forward"
+    if on_cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        cuda["baseline"] = torch.cuda.memory_allocated()
+    prof = torch.profiler.profile(activities=activities, profile_memory=True, record_shapes=False) if profile else None
+    try:
+        if prof is not None:
+            prof.__enter__()
+        try:
+            with record_function(_MARK + "forward"):
+                output = workload.forward(batch)
+                loss = workload.compute_loss(output)
+            if not loss.requires_grad:
+                raise WorkloadError("the loss does not depend on anything that requires grad")
+            _check(cancel_event)
+            phase = "backward"
+            with record_function(_MARK + "backward"):
+                loss.backward()
+            _check(cancel_event)
+            if optimizer is not None:
+                phase = "optimizer"
+                with record_function(_MARK + "optimizer"):
+                    optimizer.step()
+            if on_cuda:
+                torch.cuda.synchronize()
+                cuda["peak"] = torch.cuda.max_memory_allocated()
+        finally:
+            if prof is not None:
+                prof.__exit__(None, None, None)
+    except (MemsaveError, KeyboardInterrupt):
+        raise
+    except Exception as exc:  # noqa: BLE001 - reworded with the phase, cause kept
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        kind = "out of memory" if isinstance(exc, torch.OutOfMemoryError) else type(exc).__name__
+        raise StepError(f"compiled step failed during {phase}: {kind}: {first}", phase=phase, cause=exc) from exc
+    if prof is None:
+        return None
+    grad_ptrs = {_ptr(p.grad) for p in model.parameters() if p.grad is not None}
+    opt_ptrs = set()
+    if optimizer is not None:
+        opt_ptrs = {_ptr(t) for s in optimizer.state.values() for t in iter_tensors(s)}
+    events, marks = _memory_events(prof, torch.device(workload.device).type)
+    cuda["static"] = static  # type: ignore[assignment]
+    del output, loss, optimizer
+    return events, marks, grad_ptrs, opt_ptrs, cuda
+
+
+def _ptr(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+def _static_bytes(model: nn.Module, batch: Any) -> dict[str, int]:
+    seen: set[int] = set()
+
+    def nbytes(tensors) -> int:
+        total = 0
+        for t in tensors:
+            if t is None:
+                continue
+            s = t.untyped_storage()
+            key = id(s) if s.data_ptr() == 0 else s.data_ptr()
+            if key in seen:
+                continue
+            seen.add(key)
+            total += s.nbytes()
+        return total
+
+    params = nbytes(list(model.parameters()) + list(model.buffers()))
+    inputs = nbytes(iter_tensors(batch))
+    return {"parameters": params, "inputs": inputs}
+
+
+def _memory_events(prof: Any, device_type: str) -> tuple[list[tuple[int, int, int]], dict[str, tuple[int, int]]]:
+    """(time ns, ptr, +/- bytes) for allocations on ``device_type``; the phase marks' (start, end)."""
+    from torch._C._profiler import _EventType
+
+    events: list[tuple[int, int, int]] = []
+    marks: dict[str, tuple[int, int]] = {}
+    stack = list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        e = stack.pop()
+        stack.extend(e.children)
+        if e.tag == _EventType.Allocation:
+            f = e.extra_fields
+            if f.device.type == device_type and f.alloc_size != 0:
+                events.append((e.start_time_ns, f.ptr, f.alloc_size))
+        elif e.name.startswith(_MARK):
+            marks[e.name[len(_MARK):]] = (e.start_time_ns, e.end_time_ns)
+    # stable in time; at equal times keep allocations after frees of the same pointer
+    events.sort(key=lambda ev: (ev[0], ev[2] > 0))
+    return events, marks
+
+
+def _summarise(
+    workload: Workload,
+    model: nn.Module,
+    events: list[tuple[int, int, int]],
+    marks: dict[str, tuple[int, int]],
+    grad_ptrs: set[int],
+    opt_ptrs: set[int],
+    cuda: dict[str, Any],
+    times: list[float],
+) -> Measurement:
+    static = cuda.pop("static")
+    fwd_start, fwd_end = marks.get("forward", (0, 0))
+
+    def phase_of(t: int) -> str:
+        for name in ("optimizer", "backward", "forward"):
+            if name in marks and t >= marks[name][0]:
+                return name
+        return "forward"
+
+    # 1. allocations: (born time, ptr, size); decide each one's category after the step
+    allocs: list[dict[str, Any]] = []
+    live: dict[int, dict[str, Any]] = {}
+    for t, ptr, size in events:
+        if size > 0:
+            rec = {"born": t, "ptr": ptr, "size": size, "died": None}
+            allocs.append(rec)
+            live[ptr] = rec
+        else:
+            rec = live.pop(ptr, None)
+            if rec is not None:
+                rec["died"] = t
+    for rec in allocs:
+        alive_at_fwd_end = rec["born"] <= fwd_end and (rec["died"] is None or rec["died"] > fwd_end)
+        if rec["died"] is None and rec["ptr"] in grad_ptrs:
+            rec["kind"] = "gradients"
+        elif rec["died"] is None and rec["ptr"] in opt_ptrs:
+            rec["kind"] = "optimizer_state"
+        elif fwd_start <= rec["born"] <= fwd_end and alive_at_fwd_end:
+            rec["kind"] = "activations"
+        else:
+            rec["kind"] = "temporaries"
+
+    # 2. replay: live bytes per category after each event
+    by_ptr_live: dict[int, dict[str, Any]] = {}
+    current = {c: 0 for c in CATEGORIES}
+    current["parameters"] = static["parameters"]
+    current["inputs"] = static["inputs"]
+    series: dict[str, list[int]] = {c: [] for c in CATEGORIES}
+    phases: list[str] = []
+    phase_starts: dict[str, int] = {}
+    peak, peak_index, peak_split = sum(current.values()), 0, dict(current)
+    fwd_end_split = dict(current)
+    alloc_iter = iter(allocs)
+    for t, ptr, size in events:
+        if size > 0:
+            rec = next(alloc_iter)
+            by_ptr_live[ptr] = rec
+            current[rec["kind"]] += size
+        else:
+            rec = by_ptr_live.pop(ptr, None)
+            if rec is None:
+                continue  # freed something born before the step: not ours to count
+            current[rec["kind"]] -= rec["size"]
+        phase = phase_of(t)
+        phase_starts.setdefault(phase, len(phases))
+        phases.append(phase)
+        for c in CATEGORIES:
+            series[c].append(current[c])
+        total = sum(current.values())
+        if total > peak:
+            peak, peak_index, peak_split = total, len(phases) - 1, dict(current)
+        if t <= fwd_end:
+            fwd_end_split = dict(current)
+    saved = sum(r["size"] for r in allocs if r["kind"] == "activations")
+
+    # 3. module rows: parameter counts; saved bytes only at the root
+    rows = []
+    for name, mod in model.named_modules():
+        own = [p for p in mod._parameters.values() if p is not None]
+        rows.append(
+            ModuleStats(
+                name=name,
+                type_name=type(mod).__name__,
+                depth=0 if name == "" else name.count(".") + 1,
+                output_shape=None,
+                trainable_params=sum(p.numel() for p in own if p.requires_grad),
+                frozen_params=sum(p.numel() for p in own if not p.requires_grad),
+                saved_bytes_own=saved if name == "" else 0,
+                saved_bytes=saved if name == "" else 0,
+                calls=0,
+                is_leaf=not any(True for _ in mod.children()),
+            )
+        )
+    compiled = hasattr(workload.model, "_orig_mod")
+    return Measurement(
+        mode="real",
+        device=str(workload.device),
+        peak_bytes=peak,
+        peak_split=MemorySplit(**peak_split),
+        peak_index=peak_index,
+        peak_phase=phases[peak_index] if phases else "",
+        saved_bytes=saved,
+        end_of_forward=MemorySplit(**fwd_end_split),
+        modules=tuple(rows),
+        ops=(),
+        module_ops=(),
+        timeline=Timeline(phase=tuple(phases), by_category={c: tuple(v) for c, v in series.items()}, phase_starts=phase_starts),
+        step_seconds=statistics.median(times) if times else None,
+        step_seconds_all=tuple(times),
+        flops=0,
+        cuda_peak_bytes=cuda.get("peak"),
+        cuda_baseline_bytes=cuda.get("baseline"),
+        compiled=compiled,
+        notes=(
+            "measured from profiler memory events"
+            + (" of a torch.compile'd model" if compiled else "")
+            + ": no per-module or per-op attribution",
+        ),
+    )

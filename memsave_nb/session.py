@@ -1,0 +1,230 @@
+"""The Session: one workload, its baseline, and the plans tried against it.
+
+The UI, magics and CLI talk only to this object. It holds no UI code. Runs are serialised by one
+lock, so a UI may call :meth:`Session.run` from a worker thread; a ``cancel_event`` stops a run
+at the next module boundary (or phase boundary), and the model is restored either way.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Sequence
+
+from torch import nn
+
+from memsave_nb.errors import Cancelled, WorkloadError
+from memsave_nb.measure import Measurement, measure
+from memsave_nb.measure.compiled import measure_compiled
+from memsave_nb.plan import Plan
+
+__all__ = ["Session", "Entry", "Delta", "BudgetPoint", "sweep_budgets", "run_plan"]
+
+MODES = ("real", "fake")
+
+
+@dataclass(frozen=True)
+class Delta:
+    """A measurement against the baseline: differences in bytes, ratios (plan / baseline)."""
+
+    saved_bytes: int
+    peak_bytes: int
+    saved_ratio: float | None
+    peak_ratio: float | None
+    time_ratio: float | None
+
+    @classmethod
+    def between(cls, m: Measurement, base: Measurement) -> "Delta":
+        def ratio(a: float | None, b: float | None) -> float | None:
+            if a is None or b is None or b == 0:
+                return None
+            return a / b
+
+        return cls(
+            saved_bytes=m.saved_bytes - base.saved_bytes,
+            peak_bytes=m.peak_bytes - base.peak_bytes,
+            saved_ratio=ratio(m.saved_bytes, base.saved_bytes),
+            peak_ratio=ratio(m.peak_bytes, base.peak_bytes),
+            time_ratio=ratio(m.step_seconds, base.step_seconds),
+        )
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One run: the plan, what it measured, the delta against the baseline, wall seconds."""
+
+    plan: Plan
+    measurement: Measurement
+    delta: Delta
+    seconds: float
+
+    def row(self) -> dict[str, Any]:
+        m, d = self.measurement, self.delta
+        return {
+            "plan": self.plan.name or self.plan.describe(),
+            "description": self.plan.describe(),
+            "saved_bytes": m.saved_bytes,
+            "peak_bytes": m.peak_bytes,
+            "step_seconds": m.step_seconds,
+            "saved_ratio": d.saved_ratio,
+            "peak_ratio": d.peak_ratio,
+            "time_ratio": d.time_ratio,
+            "compiled": m.compiled,
+        }
+
+
+def run_plan(
+    workload: Any,
+    plan: Plan,
+    *,
+    mode: str = "real",
+    repeats: int = 3,
+    cancel_event: threading.Event | None = None,
+    measure_fn: Callable[..., Measurement] | None = None,
+) -> Measurement:
+    """Apply ``plan`` to ``workload``, measure one step, undo. Compiled plans are measured from
+    the profiler's memory events (:func:`memsave_nb.measure.compiled.measure_compiled`)."""
+    if mode not in MODES:
+        raise WorkloadError(f"unknown mode {mode!r}; choose 'real' or 'fake'")
+    _check(cancel_event)
+    with plan.apply(workload) as applied:
+        if plan.compiled:
+            return measure_compiled(applied, mode=mode, repeats=repeats, cancel_event=cancel_event)
+        handles = _cancel_hooks(applied.model, cancel_event)
+        try:
+            fn = measure_fn or measure
+            return fn(applied, mode=mode, repeats=repeats, cancel_event=cancel_event)
+        finally:
+            for h in handles:
+                h.remove()
+
+
+def _check(cancel_event: threading.Event | None) -> None:
+    if cancel_event is not None and cancel_event.is_set():
+        raise Cancelled("run cancelled")
+
+
+def _cancel_hooks(model: nn.Module, cancel_event: threading.Event | None) -> list[Any]:
+    if cancel_event is None:
+        return []
+
+    def pre_hook(module: nn.Module, args: Any) -> None:
+        if cancel_event.is_set():
+            raise Cancelled("run cancelled")
+
+    return [m.register_forward_pre_hook(pre_hook) for m in model.modules()]
+
+
+class Session:
+    """A workload, its baseline measurement (the empty plan) and the history of runs."""
+
+    def __init__(self, workload: Any, mode: str = "real", *, repeats: int = 3, eager_baseline: bool = False):
+        if mode not in MODES:
+            raise WorkloadError(f"unknown mode {mode!r}; choose 'real' or 'fake'")
+        self.workload = workload
+        self.mode = mode
+        self.repeats = repeats
+        self._lock = threading.RLock()
+        self._baseline: Entry | None = None
+        self._history: list[Entry] = []
+        if eager_baseline:
+            _ = self.baseline
+
+    @property
+    def model(self) -> nn.Module:
+        return self.workload.model
+
+    @property
+    def baseline_entry(self) -> Entry:
+        with self._lock:
+            if self._baseline is None:
+                start = time.perf_counter()
+                m = run_plan(self.workload, Plan(name="baseline"), mode=self.mode, repeats=self.repeats)
+                self._baseline = Entry(Plan(name="baseline"), m, Delta.between(m, m), time.perf_counter() - start)
+            return self._baseline
+
+    @property
+    def baseline(self) -> Measurement:
+        return self.baseline_entry.measurement
+
+    @property
+    def history(self) -> list[Entry]:
+        with self._lock:
+            return list(self._history)
+
+    def run(self, plan: Plan, *, cancel_event: threading.Event | None = None) -> Entry:
+        """Measure ``plan`` against the baseline; append the entry to the history and return it.
+        Raises :class:`~memsave_nb.errors.Cancelled` when ``cancel_event`` is set (nothing is
+        recorded) and :class:`~memsave_nb.errors.StepError` when the step fails; the model is
+        restored either way."""
+        if not isinstance(plan, Plan):
+            raise TypeError(f"Session.run takes a Plan, got {type(plan).__name__}")
+        plan.validate(self.model)
+        with self._lock:
+            _check(cancel_event)
+            base = self.baseline
+            start = time.perf_counter()
+            m = run_plan(self.workload, plan, mode=self.mode, repeats=self.repeats, cancel_event=cancel_event)
+            entry = Entry(plan, m, Delta.between(m, base), time.perf_counter() - start)
+            self._history.append(entry)
+            return entry
+
+    def run_many(self, plans: Iterable[Plan], *, cancel_event: threading.Event | None = None) -> list[Entry]:
+        return [self.run(p, cancel_event=cancel_event) for p in plans]
+
+    def compare(self, entries: Sequence[Entry] | None = None) -> list[dict[str, Any]]:
+        """Rows (plain dicts): the baseline first, then each entry of the history (or ``entries``)."""
+        with self._lock:
+            chosen = list(self._history if entries is None else entries)
+            return [self.baseline_entry.row()] + [e.row() for e in chosen]
+
+    def clear(self) -> None:
+        with self._lock:
+            self._history.clear()
+
+    def sweep_budgets(
+        self,
+        budgets: Sequence[float] = (0.0, 0.25, 0.5, 0.75, 1.0),
+        plan: Plan | None = None,
+        *,
+        cancel_event: threading.Event | None = None,
+    ) -> list["BudgetPoint"]:
+        """Run ``plan`` (default: the empty plan) compiled at each budget; entries go to the history."""
+        points = []
+        for b in budgets:
+            entry = self.run(_with_budget(plan, b), cancel_event=cancel_event)
+            points.append(BudgetPoint.of(b, entry.measurement))
+        return points
+
+
+@dataclass(frozen=True)
+class BudgetPoint:
+    budget: float
+    peak_bytes: int
+    saved_bytes: int
+    step_seconds: float | None
+
+    @classmethod
+    def of(cls, budget: float, m: Measurement) -> "BudgetPoint":
+        return cls(budget, m.peak_bytes, m.saved_bytes, m.step_seconds)
+
+
+def _with_budget(plan: Plan | None, budget: float) -> Plan:
+    base = plan or Plan()
+    return base.replace(compile_budget=budget, name=f"{base.name or 'compile'} @ budget {budget:g}")
+
+
+def sweep_budgets(
+    workload: Any,
+    budgets: Sequence[float] = (0.0, 0.25, 0.5, 0.75, 1.0),
+    plan: Plan | None = None,
+    *,
+    repeats: int = 3,
+    cancel_event: threading.Event | None = None,
+) -> list[BudgetPoint]:
+    """``(budget, peak_bytes, saved_bytes, step_seconds)`` for ``plan`` compiled at each budget."""
+    return [
+        BudgetPoint.of(b, run_plan(workload, _with_budget(plan, b), repeats=repeats, cancel_event=cancel_event))
+        for b in budgets
+    ]
