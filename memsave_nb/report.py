@@ -64,12 +64,20 @@ class _BaselineEntry:
     plan: Any = None
 
 
+MAX_BARS = 40  # a 7B decoder has hundreds of layers: the bars show the largest, the table all
+
+
 def _figures(c: _Contents, top: int | None, max_points: int) -> list[tuple[str, Any]]:
     from .ui import figures as F
 
+    leaves = sum(1 for m in c.measurement.modules if m.is_leaf)
+    bars = top if top is not None else (MAX_BARS if leaves > MAX_BARS else None)
+    bars_title = "Saved activations per layer"
+    if bars is not None and bars < leaves:
+        bars_title += f" (the {bars} largest of {leaves} layers)"
     out = [
         ("Peak memory", F.peak_split(c.measurement, c.baseline).figure),
-        ("Saved activations per layer", F.layer_bars(c.measurement, c.baseline, top=top).figure),
+        (bars_title, F.layer_bars(c.measurement, c.baseline, top=bars).figure),
         ("Memory over the step", F.timeline(c.measurement, max_points).figure),
     ]
     if len(c.entries) > 1:

@@ -68,3 +68,12 @@ def test_report_of_a_real_session(tmp_path):
 def test_report_rejects_other_objects(tmp_path):
     with pytest.raises(TypeError):
         write_report(object(), tmp_path / "x.html")
+
+
+def test_report_bars_show_the_largest_layers_of_a_big_model(tmp_path, mlp):
+    leaf = next(r for r in mlp.modules if r.is_leaf)
+    many = tuple(dataclasses.replace(leaf, name=f"layer{i}", saved_bytes=1000 + i) for i in range(60))
+    big = dataclasses.replace(mlp, modules=(mlp.modules[0], *many))
+    text = write_report(big, tmp_path / "big.html").read_text(encoding="utf-8")
+    assert "the 40 largest of 60 layers" in text
+    assert ">layer0</td>" in text and ">layer59</td>" in text  # the table keeps every layer

@@ -34,6 +34,7 @@ from bokeh.models import (
     FactorRange,
     HoverTool,
     LabelSet,
+    Range1d,
     TapTool,
 )
 from bokeh.plotting import figure
@@ -251,8 +252,7 @@ def timeline_phases_data(measurement: Measurement) -> Data:
     t = measurement.timeline
     starts = sorted(t.phase_starts.items(), key=lambda kv: kv[1])
     end_of_step = max(len(t) - 1, 0)
-    totals = t.total()
-    label_y = (max(totals) if totals else measurement.peak_bytes) * 1.08
+    label_y = _timeline_top(measurement) * 1.06
     data: Data = {"phase": [], "start": [], "end": [], "mid": [], "label_y": [], "color": []}
     for i, (phase, start) in enumerate(starts):
         end = starts[i + 1][1] if i + 1 < len(starts) else end_of_step
@@ -265,6 +265,11 @@ def timeline_phases_data(measurement: Measurement) -> Data:
         data["label_y"].append(label_y)
         data["color"].append(PHASE_COLORS.get(phase, OTHER_PHASE_COLOR))
     return data
+
+
+def _timeline_top(measurement: Measurement) -> float:
+    totals = measurement.timeline.total()
+    return float(max(max(totals) if totals else 0, measurement.peak_bytes, 1))
 
 
 def timeline_peak_data(measurement: Measurement) -> Data:
@@ -286,7 +291,7 @@ def timeline(measurement: Measurement, max_points: int = MAX_TIMELINE_POINTS, *,
 
     datas = data_fn(measurement)
     sources = {k: ColumnDataSource(v, name=f"timeline_{k}") for k, v in datas.items()}
-    fig = figure(width=width, height=height, title=title, y_range=DataRange1d(start=0, range_padding=0.12),
+    fig = figure(width=width, height=height, title=title, y_range=Range1d(0, _timeline_top(measurement) * 1.15),
                  tools="xpan,xwheel_zoom,box_zoom,save,reset", toolbar_location="above", name="timeline_figure")
     fig.vstrip(x0="start", x1="end", source=sources["phases"], color="color", alpha=0.6, name="phase_bands")
     fig.vspan(x="start", source=sources["phases"], line_color="#999999", line_dash="dotted", name="phase_lines")
@@ -310,7 +315,12 @@ def timeline(measurement: Measurement, max_points: int = MAX_TIMELINE_POINTS, *,
     fig.legend.location = "top_left"
     fig.legend.label_text_font_size = "8pt"
     fig.legend.background_fill_alpha = 0.7
-    return Plot(fig, sources, data_fn)
+
+    def after(plot: Plot, new: dict[str, Data]) -> None:
+        top = max(new["peak"]["y"] + new["main"]["total"] + [1]) * 1.15
+        plot.figure.y_range.start, plot.figure.y_range.end = 0, top
+
+    return Plot(fig, sources, data_fn, after)
 
 
 # -- peak split ------------------------------------------------------------------------------

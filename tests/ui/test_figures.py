@@ -204,3 +204,11 @@ def test_budget_sweep(mlp):
     budget_point = SimpleNamespace(budget=0.25, peak_bytes=10, saved_bytes=5, step_seconds=0.002)  # session.BudgetPoint
     assert F.budget_sweep_data([budget_point])["peak_bytes"] == [10]
     assert F.budget_sweep_data([budget_point])["x"] == [pytest.approx(2.0)]
+
+
+def test_timeline_range_holds_the_peak_and_labels(mlp):
+    plot = F.timeline(mlp)
+    assert plot.figure.y_range.end > max(plot.sources["phases"].data["label_y"]) > mlp.peak_bytes
+    long = _long(mlp)
+    plot.update(long)
+    assert plot.figure.y_range.end > long.peak_bytes
