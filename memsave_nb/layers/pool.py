@@ -46,28 +46,95 @@ def _window_starts(out_shape: Sequence[int], stride: list[int], padding: list[in
     return starts
 
 
+# int64 index temporaries are bounded by working through the batch in chunks of this many
+# output elements (8 MiB of int64), so pooling never needs a full-size int64 tensor.
+_CHUNK_NUMEL = 1 << 20
+
+
+def _chunks(batch: int, per_sample: int) -> list[tuple[int, int]]:
+    step = max(1, _CHUNK_NUMEL // max(1, per_sample))
+    return [(i, min(batch, i + step)) for i in range(0, batch, step)]
+
+
+def _window_offsets(flat: Tensor, out_spatial: Sequence[int], in_spatial: Sequence[int],
+                    kernel: list[int], stride: list[int], padding: list[int],
+                    dilation: list[int], dtype: torch.dtype) -> Tensor:
+    """Flat input indices (consumed in place) -> row-major offsets inside each window."""
+    n = len(kernel)
+    starts = _window_starts(out_spatial, stride, padding, n, flat.device)
+    local: Tensor | None = None
+    mult = 1
+    for d in reversed(range(n)):
+        if d > 0:
+            coord = flat % in_spatial[d]
+            flat.div_(in_spatial[d], rounding_mode="floor")
+        else:
+            coord = flat
+        coord.sub_(starts[d]).div_(dilation[d], rounding_mode="floor")  # offset along dim d
+        if mult != 1:
+            coord.mul_(mult)
+        local = coord if local is None else local.add_(coord)
+        mult *= kernel[d]
+    assert local is not None
+    return local.to(dtype)
+
+
+def _flat_indices(local: Tensor, out_spatial: Sequence[int], in_spatial: Sequence[int],
+                  kernel: list[int], stride: list[int], padding: list[int],
+                  dilation: list[int]) -> Tensor:
+    """Window offsets -> flat int64 input indices, on two int64 temporaries."""
+    n = len(kernel)
+    starts = _window_starts(out_spatial, stride, padding, n, local.device)
+    rest = local.long()
+    flat: Tensor | None = None
+    step = 1
+    for d in reversed(range(n)):
+        if d > 0:
+            coord = rest % kernel[d]
+            rest.div_(kernel[d], rounding_mode="floor")
+        else:
+            coord = rest
+        coord.mul_(dilation[d]).add_(starts[d])  # input coordinate along dim d
+        if step != 1:
+            coord.mul_(step)
+        flat = coord if flat is None else flat.add_(coord)
+        step *= in_spatial[d]
+    assert flat is not None
+    return flat
+
+
 class _MaxPool(torch.autograd.Function):
+    """Max pooling keeping only the argmax offset inside its window."""
+
     @staticmethod
     def forward(ctx: Any, x: Tensor, kernel: list[int], stride: list[int], padding: list[int],
                 dilation: list[int], ceil_mode: bool) -> Tensor:
         n = len(kernel)
-        out, flat = _POOL[n](x, kernel, stride, padding, dilation, ceil_mode, return_indices=True)
-        in_spatial = x.shape[-n:]
-        starts = _window_starts(out.shape[-n:], stride, padding, n, x.device)
-        # flat index -> per-dim coordinate -> offset inside the window (row-major over kernel)
-        local = torch.zeros_like(flat)
-        rest = flat
-        coords = []
-        for d in reversed(range(n)):
-            coords.append(rest % in_spatial[d])
-            rest = rest // in_spatial[d]
-        coords.reverse()
-        for d in range(n):
-            local = local * kernel[d] + (coords[d] - starts[d]) // dilation[d]
         window = 1
         for k in kernel:
             window *= k
-        ctx.save_for_backward(local.to(window_index_dtype(window)))
+        dtype = window_index_dtype(window)
+        in_spatial = x.shape[-n:]
+        pool = _POOL[n]
+        if x.dim() == n + 1:  # unbatched: one chunk
+            out, flat = pool(x, kernel, stride, padding, dilation, ceil_mode, return_indices=True)
+            local = _window_offsets(flat, out.shape[-n:], in_spatial, kernel, stride, padding,
+                                    dilation, dtype)
+        else:
+            out_chunks, local_chunks = [], []
+            per_sample = x[0].numel()
+            for lo, hi in _chunks(x.shape[0], per_sample):
+                o, flat = pool(x[lo:hi], kernel, stride, padding, dilation, ceil_mode,
+                               return_indices=True)
+                local_chunks.append(_window_offsets(flat, o.shape[-n:], in_spatial, kernel,
+                                                    stride, padding, dilation, dtype))
+                out_chunks.append(o)
+                del flat
+            if len(out_chunks) == 1:
+                out, local = out_chunks[0], local_chunks[0]
+            else:
+                out, local = _cat(out_chunks), torch.cat(local_chunks)
+        ctx.save_for_backward(local)
         ctx.params = (kernel, stride, padding, dilation)
         ctx.x_shape = x.shape
         return out
@@ -77,34 +144,41 @@ class _MaxPool(torch.autograd.Function):
         (local,) = ctx.saved_tensors
         kernel, stride, padding, dilation = ctx.params
         n = len(kernel)
-        in_spatial = ctx.x_shape[-n:]
-        starts = _window_starts(grad.shape[-n:], stride, padding, n, grad.device)
-        # window offset -> flat input index, in place on two int64 temporaries
-        rest = local.long()
-        flat: Tensor | None = None
-        for d in reversed(range(n)):
-            if d > 0:
-                coord = rest % kernel[d]
-                rest.div_(kernel[d], rounding_mode="floor")
-            else:
-                coord = rest
-            coord.mul_(dilation[d]).add_(starts[d])  # input coordinate along dim d
-            if flat is None:
-                flat = coord
-            else:
-                stride_d = 1
-                for s in in_spatial[d + 1:]:
-                    stride_d *= s
-                flat.add_(coord.mul_(stride_d))
-                del coord
-        assert flat is not None
-        lead = ctx.x_shape[:-n]
+        x_shape = ctx.x_shape
+        in_spatial = x_shape[-n:]
         spatial_numel = 1
         for s in in_spatial:
             spatial_numel *= s
-        grad_x = grad.new_zeros((*lead, spatial_numel))
-        grad_x.scatter_add_(-1, flat.reshape(*lead, -1), grad.reshape(*lead, -1))
-        return grad_x.view(ctx.x_shape), None, None, None, None, None
+        grad_x = grad.new_zeros((*x_shape[:-n], spatial_numel))
+        if len(x_shape) == n + 1:
+            spans = [(None, None)]
+        else:
+            spans = _chunks(x_shape[0], grad[0].numel())
+        for lo, hi in spans:
+            g, loc, gx = grad[lo:hi], local[lo:hi], grad_x[lo:hi]
+            flat = _flat_indices(loc, g.shape[-n:], in_spatial, kernel, stride, padding, dilation)
+            gx.scatter_add_(-1, flat.reshape(*gx.shape[:-1], -1), g.reshape(*gx.shape[:-1], -1))
+            del flat
+        return grad_x.view(x_shape), None, None, None, None, None
+
+
+def _cat(chunks: list[Tensor]) -> Tensor:
+    """Concatenate along the batch keeping the chunks' memory format (cat may not)."""
+    first = chunks[0]
+    shape = (sum(c.shape[0] for c in chunks), *first.shape[1:])
+    fmt = torch.preserve_format
+    if first.dim() == 4 and first.is_contiguous(memory_format=torch.channels_last):
+        fmt = torch.channels_last
+    elif first.dim() == 5 and first.is_contiguous(memory_format=torch.channels_last_3d):
+        fmt = torch.channels_last_3d
+    out = first.new_empty(shape)
+    if fmt is not torch.preserve_format:
+        out = out.contiguous(memory_format=fmt)
+    lo = 0
+    for c in chunks:
+        out[lo:lo + c.shape[0]].copy_(c)
+        lo += c.shape[0]
+    return out
 
 
 def max_pool(x: Tensor, n: int, kernel_size: int | Sequence[int], stride: int | Sequence[int] | None,
