@@ -89,3 +89,9 @@ def test_no_traceback_from_a_real_process():
     assert proc.returncode == 2
     assert proc.stdout == ""
     assert proc.stderr.strip().splitlines() == ["memsave-nb: error: unknown demo model 'nope'; choose from cnn, gpt, mlp, gpt-7b"]
+
+
+def test_help_exits_0(capsys):
+    assert cli.main(["report", "--help"]) == 0
+    assert "--model NAME" in capsys.readouterr().out
+    assert cli.main([]) == 2

@@ -248,12 +248,12 @@ def timeline_data(measurement: Measurement, max_points: int = MAX_TIMELINE_POINT
 
 
 def timeline_phases_data(measurement: Measurement) -> Data:
-    """One row per phase: ``start``/``end`` event indices, the label's position and colour."""
+    """One row per phase: ``start``/``end`` event indices, the label's height and the band's colour."""
     t = measurement.timeline
     starts = sorted(t.phase_starts.items(), key=lambda kv: kv[1])
     end_of_step = max(len(t) - 1, 0)
     label_y = _timeline_top(measurement) * 1.06
-    data: Data = {"phase": [], "start": [], "end": [], "mid": [], "label_y": [], "color": []}
+    data: Data = {"phase": [], "start": [], "end": [], "label_y": [], "color": []}
     for i, (phase, start) in enumerate(starts):
         end = starts[i + 1][1] if i + 1 < len(starts) else end_of_step
         if end <= start and phase not in PHASE_COLORS:
@@ -261,7 +261,6 @@ def timeline_phases_data(measurement: Measurement) -> Data:
         data["phase"].append(phase)
         data["start"].append(start)
         data["end"].append(end)
-        data["mid"].append(start)
         data["label_y"].append(label_y)
         data["color"].append(PHASE_COLORS.get(phase, OTHER_PHASE_COLOR))
     return data
@@ -295,9 +294,9 @@ def timeline(measurement: Measurement, max_points: int = MAX_TIMELINE_POINTS, *,
                  tools="xpan,xwheel_zoom,box_zoom,save,reset", toolbar_location="above", name="timeline_figure")
     fig.vstrip(x0="start", x1="end", source=sources["phases"], color="color", alpha=0.6, name="phase_bands")
     fig.vspan(x="start", source=sources["phases"], line_color="#999999", line_dash="dotted", name="phase_lines")
-    fig.add_layout(LabelSet(x="mid", y="label_y", text="phase", source=sources["phases"], x_offset=3,
+    fig.add_layout(LabelSet(x="start", y="label_y", text="phase", source=sources["phases"], x_offset=3,
                             text_font_size="9pt", text_color="#555555"))
-    areas = fig.varea_stack(stackers=list(CATEGORIES), x="x", source=sources["main"],
+    fig.varea_stack(stackers=list(CATEGORIES), x="x", source=sources["main"],
                             color=[CATEGORY_COLORS[c] for c in CATEGORIES],
                             legend_label=[c.replace("_", " ") for c in CATEGORIES], fill_alpha=0.85)
     total_line = fig.line(x="x", y="total", source=sources["main"], color="#333333", line_width=1, name="total_line")
@@ -308,7 +307,6 @@ def timeline(measurement: Measurement, max_points: int = MAX_TIMELINE_POINTS, *,
     fig.add_tools(HoverTool(renderers=[total_line], mode="vline", tooltips=[
         ("event", "@x"), ("phase", "@phase"), ("total", "@total_label"),
     ]))
-    del areas
     _bytes_axis(fig.yaxis[0])
     fig.xaxis.axis_label = "allocation / free events"
     fig.yaxis.axis_label = "live bytes"

@@ -212,3 +212,13 @@ def test_timeline_range_holds_the_peak_and_labels(mlp):
     long = _long(mlp)
     plot.update(long)
     assert plot.figure.y_range.end > long.peak_bytes
+
+
+def test_empty_timeline_draws(mlp):
+    empty = dataclasses.replace(mlp, timeline=Timeline(phase=(), by_category={c: () for c in CATEGORIES}, phase_starts={}),
+                                peak_index=0)
+    plot = F.timeline(empty)
+    assert plot.source.data["x"] == [] and plot.sources["phases"].data["phase"] == []
+    assert plot.sources["peak"].data["y"] == [empty.peak_bytes]
+    plot.update(mlp)
+    assert len(plot.source.data["x"]) == len(mlp.timeline)
