@@ -105,7 +105,7 @@ class _Step:
 
 def _tracked_step(workload: Workload, *, fake_mode, flops: bool, cancel_event) -> tuple[MemoryTracker, dict]:
     model = workload.model
-    tracker = MemoryTracker(model)
+    tracker = MemoryTracker(model, count_flops=flops)
     tracker.register_existing(model.parameters(), PARAMETER)
     tracker.register_existing((b for b in model.buffers() if b is not None), PARAMETER)
     for p in model.parameters():
@@ -113,11 +113,9 @@ def _tracked_step(workload: Workload, *, fake_mode, flops: bool, cancel_event) -
     cuda: dict[str, int] = {}
     on_cuda = torch.device(workload.device).type == "cuda" and fake_mode is None
     step = _Step(workload, tracker, cancel_event)
-    flop_counter = None
-    if flops:
-        from torch.utils.flop_counter import FlopCounterMode
-
-        flop_counter = FlopCounterMode(display=False)
+    grad_records: set[int | None] = set()
+    opt_records: set[int | None] = set()
+    end_of_forward: dict[str, Any] = {}
     try:
         with fake_mode if fake_mode is not None else contextlib.nullcontext():
             batch = _make_batch(workload, fake_mode)
@@ -126,13 +124,12 @@ def _tracked_step(workload: Workload, *, fake_mode, flops: bool, cancel_event) -
                 torch.cuda.synchronize()
                 torch.cuda.reset_peak_memory_stats()
                 cuda["baseline"] = torch.cuda.memory_allocated()
-            end_of_forward: dict[str, Any] = {}
 
             def mark_forward_end(loss: torch.Tensor) -> None:
                 end_of_forward["event"] = len(tracker.events)
                 end_of_forward["live"] = tracker.live_records()
 
-            with flop_counter if flop_counter is not None else contextlib.nullcontext(), tracker:
+            with tracker:
                 state = step.run(batch, mark_forward_end)
                 grad_records = {tracker.record_of(g) for g in state["grads"]}
                 opt_records = {tracker.record_of(t) for t in state.get("optimizer_state", [])}
@@ -152,7 +149,6 @@ def _tracked_step(workload: Workload, *, fake_mode, flops: bool, cancel_event) -
     tracker.grad_records = grad_records - {None}  # type: ignore[attr-defined]
     tracker.opt_records = opt_records - {None}  # type: ignore[attr-defined]
     tracker.forward_end = end_of_forward  # type: ignore[attr-defined]
-    tracker.flop_counts = _flops_by_op(flop_counter) if flop_counter is not None else {}  # type: ignore[attr-defined]
     return tracker, cuda
 
 
@@ -247,11 +243,6 @@ def _fake_model(model: nn.Module) -> Iterator[Any]:
 # -- summary -----------------------------------------------------------------------------------
 
 
-def _flops_by_op(counter) -> dict[str, int]:
-    counts = counter.get_flop_counts().get("Global", {})
-    return {str(op): int(n) for op, n in counts.items()}
-
-
 def _categorise(tracker: MemoryTracker) -> list[str]:
     """Each storage's category, decided once the step is over."""
     fwd_end = tracker.forward_end.get("event")  # type: ignore[attr-defined]
@@ -260,6 +251,8 @@ def _categorise(tracker: MemoryTracker) -> list[str]:
     for i, rec in enumerate(tracker.records):
         if rec.kind is not None:
             kinds.append(rec.kind)
+        elif rec.late:  # made outside the tracker's view: pre-existing if it outlives the step
+            kinds.append(INPUT if rec.died is None else "temporaries")
         elif i in tracker.grad_records:  # type: ignore[attr-defined]
             kinds.append("gradients")
         elif i in tracker.opt_records:  # type: ignore[attr-defined]
@@ -279,8 +272,14 @@ def _summarise(tracker: MemoryTracker, workload: Workload, mode: str, times: lis
     phase_starts: dict[str, int] = {}
     fwd_end_split = dict(live)
     fwd_end = tracker.forward_end.get("event")  # type: ignore[attr-defined]
+    # Late-seen storages that outlive the step existed before it (a target tensor held by the loss
+    # closure): count them from the first event, like parameters, not from their first use.
+    preexisting = {i for i, rec in enumerate(tracker.records) if rec.late and rec.died is None}
+    for i in preexisting:
+        live[kinds[i]] += tracker.records[i].nbytes
     for i, ((idx, delta), phase) in enumerate(zip(tracker.events, tracker.event_phase)):
-        live[kinds[idx]] += delta
+        if not (idx in preexisting and delta > 0 and i == tracker.records[idx].born):
+            live[kinds[idx]] += delta
         for c in CATEGORIES:
             series[c].append(live[c])
         phase_starts.setdefault(phase, i)

@@ -12,8 +12,8 @@ storages counts AC, SAC, views, in-place ops and reused modules the same way.
 
 from __future__ import annotations
 
+import functools
 import weakref
-from dataclasses import dataclass
 from typing import Any, Iterable
 
 import torch
@@ -23,32 +23,85 @@ from torch.utils._pytree import tree_flatten
 
 # Pre-existing storages get these kinds; the rest are decided after the step.
 PARAMETER, INPUT = "parameters", "inputs"
+_LISTS = (list, tuple)
 
 
-@dataclass
 class StorageRecord:
-    """One storage: when it was born and died (event indices), where and by what."""
+    """One storage: when it was born and died (event indices), where and by what.
 
-    nbytes: int
-    module: str
-    op: str
-    phase: str
-    born: int
-    died: int | None = None
-    kind: str | None = None  # set for pre-existing storages (parameters, inputs)
+    ``kind`` is set for storages registered before the step (parameters, inputs). ``late`` marks a
+    storage first met as an op *input*, never as an output: it was made outside the tracker's view
+    (a target tensor held by the loss closure, a plain tensor attribute, or a 0-dim "wrapped
+    number" that C++ builds from a Python scalar below the dispatcher).
+    """
+
+    __slots__ = ("nbytes", "module", "op", "phase", "born", "died", "kind", "late")
+
+    def __init__(self, nbytes: int, module: str, op: str, phase: str, born: int, died: int | None = None,
+                 kind: str | None = None, late: bool = False):
+        self.nbytes = nbytes
+        self.module = module
+        self.op = op
+        self.phase = phase
+        self.born = born
+        self.died = died
+        self.kind = kind
+        self.late = late
+
+    def __repr__(self) -> str:
+        return (f"StorageRecord(nbytes={self.nbytes}, module={self.module!r}, op={self.op!r}, phase={self.phase!r}, "
+                f"born={self.born}, died={self.died}, kind={self.kind!r}, late={self.late})")
 
 
 class _DispatchWatcher(TorchDispatchMode):
-    """Private mode: hands every op's outputs to the tracker."""
+    """Private mode: hands every op's inputs and outputs to the tracker (and counts FLOPs)."""
 
     def __init__(self, tracker: "MemoryTracker"):
         super().__init__()
         self.tracker = tracker
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # TorchDispatchMode wraps __torch_dispatch__ in torch._dynamo.disable by default: two extra
+        # Python frames per op. The tracker measures eager steps only (compiled graphs bypass
+        # Python dispatch altogether, see measure/compiled.py), so it does without the wrapper.
+        return False
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        self.tracker._observe(func, out)
+        out = func(*args, **kwargs) if kwargs else func(*args)
+        self.tracker._observe(func, args, kwargs, out)
         return out
+
+
+def _flop_registry() -> dict[Any, Any]:
+    """``torch.utils.flop_counter``'s formulas by overload packet, unwrapped from their pytree shim.
+
+    The registered formulas take shapes; ``shape_wrapper`` converts tensors with ``tree_map``,
+    which costs more than the formula. ``_shapes`` does the same conversion for the tuples and
+    lists that aten ops take.
+    """
+    from torch.utils.flop_counter import flop_registry
+
+    table: dict[Any, Any] = {}
+    for packet, fn in flop_registry.items():
+        raw = getattr(fn, "__wrapped__", None)
+        if raw is not None and getattr(fn, "__name__", "") == getattr(raw, "__name__", None):
+            table[packet] = functools.partial(_call_with_shapes, raw)
+        else:
+            table[packet] = fn
+    return table
+
+
+def _shapes(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return x.shape
+    if type(x) in _LISTS:
+        return type(x)(_shapes(v) for v in x)
+    return x
+
+
+def _call_with_shapes(formula: Any, *args: Any, out_val: Any = None, **kwargs: Any) -> int:
+    return formula(*_shapes(args), out_shape=_shapes(out_val), **{k: _shapes(v) for k, v in kwargs.items()})
 
 
 class MemoryTracker:
@@ -56,14 +109,18 @@ class MemoryTracker:
 
     Usage::
 
-        tracker = MemoryTracker(model)
+        tracker = MemoryTracker(model, count_flops=True)
         tracker.register_existing(model.parameters(), "parameters")
         with tracker:
             tracker.phase = "forward"; ...
         tracker.records  # list of StorageRecord
+        tracker.flop_counts  # {"aten.mm": n, ...}, the same formulas as torch.utils.flop_counter
+
+    FLOPs are counted in the same dispatch pass with ``torch.utils.flop_counter``'s formula
+    registry, so a step is not walked twice by two Python modes.
     """
 
-    def __init__(self, model: nn.Module | None = None):
+    def __init__(self, model: nn.Module | None = None, *, count_flops: bool = False):
         self.records: list[StorageRecord] = []
         self.events: list[tuple[int, int]] = []  # (record index, +bytes or -bytes)
         self.event_phase: list[str] = []
@@ -72,10 +129,12 @@ class MemoryTracker:
         self.module_calls: dict[str, int] = {}
         self.module_output_shapes: dict[str, tuple[int, ...] | None] = {}
         self.op_calls: dict[tuple[str, str], int] = {}  # (module, op) -> forward calls
+        self.flop_counts: dict[str, int] = {}
         self.failed_in_module: str | None = None
         self._refs: dict[int, weakref.ref] = {}
         self._index: dict[int, int] = {}
         self._op_names: dict[Any, str] = {}
+        self._flop_fns: dict[Any, Any] | None = _flop_registry() if count_flops else None
         self._model = model
         self._names: dict[int, str] = {}
         self._handles: list[Any] = []
@@ -90,18 +149,19 @@ class MemoryTracker:
         idx = len(self.records)
         self.records.append(record)
         self._index[key] = idx
-        self._event(idx, record.nbytes)
+        self.events.append((idx, record.nbytes))
+        self.event_phase.append(self.phase)
+        self._refs[key] = weakref.ref(storage, functools.partial(self._on_free, key, idx))
 
-        def on_free(_ref: weakref.ref, key: int = key, idx: int = idx) -> None:
-            if self._index.get(key) == idx:
-                del self._index[key]
-                self._refs.pop(key, None)
-            rec = self.records[idx]
-            if rec.died is None:
-                rec.died = len(self.events)
-                self._event(idx, -rec.nbytes)
-
-        self._refs[key] = weakref.ref(storage, on_free)
+    def _on_free(self, key: int, idx: int, _ref: weakref.ref) -> None:
+        if self._index.get(key) == idx:
+            del self._index[key]
+            self._refs.pop(key, None)
+        rec = self.records[idx]
+        if rec.died is None:
+            rec.died = len(self.events)
+            self.events.append((idx, -rec.nbytes))
+            self.event_phase.append(self.phase)
 
     def _event(self, idx: int, delta: int) -> None:
         self.events.append((idx, delta))
@@ -117,33 +177,67 @@ class MemoryTracker:
                 continue
             self._add(st, StorageRecord(st.nbytes(), "", "", "setup", len(self.events), kind=kind))
 
-    def _observe(self, func: Any, out: Any) -> None:
-        leaves = out if isinstance(out, torch.Tensor) else tree_flatten(out)[0]
-        if isinstance(leaves, torch.Tensor):
-            leaves = (leaves,)
+    def _observe(self, func: Any, args: tuple, kwargs: dict | None, out: Any) -> None:
         op = self._op_names.get(func)
         if op is None:
             op = self._op_names[func] = str(func.overloadpacket)
         module = self.module_stack[-1] if self.module_stack else ""
-        if self.phase == "forward":
+        phase = self.phase
+        index = self._index
+        if phase == "forward":
             k = (module, op)
             self.op_calls[k] = self.op_calls.get(k, 0) + 1
-        for t in leaves:
-            if not isinstance(t, torch.Tensor):
-                continue
-            try:
-                st = t.untyped_storage()
-            except (RuntimeError, NotImplementedError):  # sparse / nested / no storage
-                continue
-            idx = self._index.get(id(st))
-            nbytes = st.nbytes()
-            if idx is None:
-                self._add(st, StorageRecord(nbytes, module, op, self.phase, len(self.events)))
-            else:
-                rec = self.records[idx]
-                if nbytes != rec.nbytes and rec.died is None:  # resize_ / out= grew a storage
-                    self._event(idx, nbytes - rec.nbytes)
-                    rec.nbytes = nbytes
+            # Inputs first: a storage never seen as an output existed before the op (see
+            # StorageRecord). Only in forward, where the loss and model meet outside tensors.
+            for a in args:
+                if type(a) in _LISTS:
+                    for b in a:
+                        if isinstance(b, torch.Tensor):
+                            self._see_input(b, module, op)
+                elif isinstance(a, torch.Tensor):
+                    try:
+                        if id(a.untyped_storage()) not in index:
+                            self._see_input(a, module, op)
+                    except (RuntimeError, NotImplementedError):
+                        pass
+        if type(out) is torch.Tensor or isinstance(out, torch.Tensor):
+            self._see_output(out, module, op, phase)
+        elif type(out) in _LISTS:
+            for t in out:
+                if isinstance(t, torch.Tensor):
+                    self._see_output(t, module, op, phase)
+        elif out is not None:
+            for t in tree_flatten(out)[0]:
+                if isinstance(t, torch.Tensor):
+                    self._see_output(t, module, op, phase)
+        if self._flop_fns is not None:
+            fn = self._flop_fns.get(func._overloadpacket)
+            if fn is not None:
+                n = fn(*args, **(kwargs or {}), out_val=out)
+                self.flop_counts[op] = self.flop_counts.get(op, 0) + n
+
+    def _see_input(self, t: torch.Tensor, module: str, op: str) -> None:
+        try:
+            st = t.untyped_storage()
+        except (RuntimeError, NotImplementedError):
+            return
+        if id(st) not in self._index:
+            self._add(st, StorageRecord(st.nbytes(), module, op, self.phase, len(self.events), late=True))
+
+    def _see_output(self, t: torch.Tensor, module: str, op: str, phase: str) -> None:
+        try:
+            st = t.untyped_storage()
+        except (RuntimeError, NotImplementedError):  # sparse / nested / no storage
+            return
+        idx = self._index.get(id(st))
+        nbytes = st.nbytes()
+        if idx is None:
+            self._add(st, StorageRecord(nbytes, module, op, phase, len(self.events)))
+        else:
+            rec = self.records[idx]
+            if nbytes != rec.nbytes and rec.died is None:  # resize_ / out= grew a storage
+                self._event(idx, nbytes - rec.nbytes)
+                rec.nbytes = nbytes
 
     def is_live(self, tensor: torch.Tensor) -> bool:
         return id(tensor.untyped_storage()) in self._index
