@@ -379,7 +379,8 @@ class Plan:
         if self.memsave:
             imports.append("from memsave_nb.layers import convert")
             include = memsave_include(self.memsave)
-            body += ["", "# memory-saving layers, swapped in place", f"convert({m}, include={include!r})"]
+            call = f"convert({m})" if include is None else f"convert({m}, include={include!r})"
+            body += ["", "# memory-saving layers, swapped in place", call]
         if self.frozen or self.trainable:
             body += [
                 "",
@@ -416,14 +417,12 @@ class Plan:
                 "from torch.utils.checkpoint import CheckpointPolicy, checkpoint, "
                 "create_selective_checkpoint_contexts"
             )
-            body += ["", "# activation checkpointing per region", *_CHECKPOINT_HELPER.splitlines()]
-            policies: dict[RegionPolicy, str] = {}
-            for policy in regions.values():
-                if policy.kind is RegionKind.SELECTIVE and policy not in policies:
-                    policies[policy] = f"policy_{len(policies)}" if len(set(regions.values())) > 1 else "policy_fn"
+            body += ["", "", "# activation checkpointing per region", *_CHECKPOINT_HELPER.splitlines(), ""]
+            selective = list(dict.fromkeys(p for p in regions.values() if p.kind is RegionKind.SELECTIVE))
+            policies = {p: "policy_fn" if len(selective) == 1 else f"policy_{i}" for i, p in enumerate(selective)}
             for policy, fn_name in policies.items():
                 body += [""] + _policy_code(policy, fn_name).splitlines()
-            body.append("")
+            body += ["", ""]
             for region, policy in regions.items():
                 target = f"{m}.get_submodule({region!r})" if region else m
                 if policy.kind is RegionKind.FULL:
@@ -440,8 +439,12 @@ class Plan:
             ]
         if needs_selects:
             imports.append("import fnmatch")
-            body = ["", *inspect.getsource(selects).splitlines()] + body
-        return "\n".join(lines + sorted(set(imports), key=imports.index) + body) + "\n"
+            source = inspect.getsource(selects).splitlines()
+            source[0] = "def selects(name, patterns):"  # no annotations: the snippet runs anywhere
+            body = ["", "", *source, ""] + body
+        order = ("import fnmatch", "import functools", "import torch", "import torch._functorch.config")
+        imports = sorted(set(imports), key=lambda line: (order.index(line) if line in order else len(order), line))
+        return "\n".join(lines + imports + body) + "\n"
 
 
 _CHECKPOINT_HELPER = textwrap.dedent(
@@ -538,7 +541,8 @@ class RestorePoint:
     """What a plan may touch on a model, taken before and put back after.
 
     Structure and flags are kept by reference (cheap): each module's class, ``training``,
-    child/parameter/buffer dicts, instance ``forward`` and hook dicts; each parameter's
+    child/parameter/buffer dicts, instance ``forward``, hook dicts and the set of instance
+    attribute names (ones added meanwhile are removed); each parameter's
     ``requires_grad`` and ``.grad`` object. Buffers are copied (they are small: running
     statistics) and written back when their version counter moved. Parameters are not copied
     (the measuring engine undoes its own optimizer step); with ``copy_parameters=True`` they are,
@@ -557,6 +561,7 @@ class RestorePoint:
                 "_buffers": dict(module._buffers),
                 "forward": module.__dict__.get("forward", _MISSING),
                 "_compiled_call_impl": module.__dict__.get("_compiled_call_impl", _MISSING),
+                "attrs": frozenset(module.__dict__),
             }
             for hooks in _HOOK_DICTS:
                 d = module.__dict__.get(hooks, _MISSING)
@@ -586,6 +591,8 @@ class RestorePoint:
                 if current != record[key] or list(current) != list(record[key]):
                     current.clear()
                     current.update(record[key])
+            for key in set(module.__dict__) - record["attrs"]:
+                del module.__dict__[key]  # e.g. torch.compile marks the module it wraps
             for key in ("forward", "_compiled_call_impl"):
                 if record[key] is _MISSING:
                     module.__dict__.pop(key, None)
