@@ -46,6 +46,38 @@ def _window_starts(out_shape: Sequence[int], stride: list[int], padding: list[in
     return starts
 
 
+def _window_base(out_spatial: Sequence[int], in_spatial: Sequence[int], stride: list[int],
+                 padding: list[int], device: torch.device) -> Tensor:
+    """Flat input index of each window's first element (it may lie in the padding)."""
+    n = len(in_spatial)
+    starts = _window_starts(out_spatial, stride, padding, n, device)
+    base = starts[n - 1]
+    step = 1
+    for d in reversed(range(n - 1)):
+        step *= in_spatial[d + 1]
+        base = base + starts[d] * step
+    return base
+
+
+def _kernel_deltas(in_spatial: Sequence[int], kernel: list[int],
+                   dilation: list[int]) -> list[int] | None:
+    """Flat-index distance from a window's first element to each kernel position (row-major),
+    or None when two positions share a distance (a window wider than the input) or the
+    lookup table would be large: then offsets are computed by division instead."""
+    deltas = [0]
+    step = 1
+    steps = []
+    for d in reversed(range(len(kernel))):
+        steps.append(step)
+        step *= in_spatial[d]
+    steps.reverse()
+    for k, dil, st in zip(kernel, dilation, steps):
+        deltas = [base + i * dil * st for base in deltas for i in range(k)]
+    if len(set(deltas)) != len(deltas) or len(deltas) > 4096 or max(deltas) >= 1 << 20:
+        return None
+    return deltas
+
+
 # int64 index temporaries are bounded by working through the batch in chunks of this many
 # output elements (8 MiB of int64), so pooling never needs a full-size int64 tensor.
 _CHUNK_NUMEL = 1 << 20
@@ -116,18 +148,30 @@ class _MaxPool(torch.autograd.Function):
         dtype = window_index_dtype(window)
         in_spatial = x.shape[-n:]
         pool = _POOL[n]
+        deltas = _kernel_deltas(in_spatial, kernel, dilation)
+        table = None
+        if deltas is not None:  # delta -> window offset by one lookup, no integer division
+            table = torch.zeros(max(deltas) + 1, dtype=dtype, device=x.device)
+            table[torch.tensor(deltas, device=x.device)] = torch.arange(
+                len(deltas), device=x.device).to(dtype)
+
+        def offsets(flat: Tensor, out_spatial: Sequence[int]) -> Tensor:
+            if table is None:
+                return _window_offsets(flat, out_spatial, in_spatial, kernel, stride, padding,
+                                       dilation, dtype)
+            flat.sub_(_window_base(out_spatial, in_spatial, stride, padding, flat.device))
+            return table[flat]
+
         if x.dim() == n + 1:  # unbatched: one chunk
             out, flat = pool(x, kernel, stride, padding, dilation, ceil_mode, return_indices=True)
-            local = _window_offsets(flat, out.shape[-n:], in_spatial, kernel, stride, padding,
-                                    dilation, dtype)
+            local = offsets(flat, out.shape[-n:])
         else:
             out_chunks, local_chunks = [], []
             per_sample = x[0].numel()
             for lo, hi in _chunks(x.shape[0], per_sample):
                 o, flat = pool(x[lo:hi], kernel, stride, padding, dilation, ceil_mode,
                                return_indices=True)
-                local_chunks.append(_window_offsets(flat, o.shape[-n:], in_spatial, kernel,
-                                                    stride, padding, dilation, dtype))
+                local_chunks.append(offsets(flat, o.shape[-n:]))
                 out_chunks.append(o)
                 del flat
             if len(out_chunks) == 1:
@@ -136,6 +180,7 @@ class _MaxPool(torch.autograd.Function):
                 out, local = _cat(out_chunks), torch.cat(local_chunks)
         ctx.save_for_backward(local)
         ctx.params = (kernel, stride, padding, dilation)
+        ctx.deltas = deltas
         ctx.x_shape = x.shape
         return out
 
@@ -150,13 +195,21 @@ class _MaxPool(torch.autograd.Function):
         for s in in_spatial:
             spatial_numel *= s
         grad_x = grad.new_zeros((*x_shape[:-n], spatial_numel))
+        deltas_t = None
+        if ctx.deltas is not None:
+            deltas_t = torch.tensor(ctx.deltas, dtype=torch.int64, device=grad.device)
         if len(x_shape) == n + 1:
             spans = [(None, None)]
         else:
             spans = _chunks(x_shape[0], grad[0].numel())
         for lo, hi in spans:
             g, loc, gx = grad[lo:hi], local[lo:hi], grad_x[lo:hi]
-            flat = _flat_indices(loc, g.shape[-n:], in_spatial, kernel, stride, padding, dilation)
+            if deltas_t is None:
+                flat = _flat_indices(loc, g.shape[-n:], in_spatial, kernel, stride, padding,
+                                     dilation)
+            else:
+                flat = deltas_t.index_select(0, loc.reshape(-1).int()).view(loc.shape)
+                flat.add_(_window_base(g.shape[-n:], in_spatial, stride, padding, g.device))
             gx.scatter_add_(-1, flat.reshape(*gx.shape[:-1], -1), g.reshape(*gx.shape[:-1], -1))
             del flat
         return grad_x.view(x_shape), None, None, None, None, None
