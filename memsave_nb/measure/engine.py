@@ -132,6 +132,8 @@ def _tracked_step(workload: Workload, *, fake_mode, flops: bool, cancel_event) -
             with tracker:
                 state = step.run(batch, mark_forward_end)
                 grad_records = {tracker.record_of(g) for g in state["grads"]}
+                # an input that requires grad keeps its .grad too: a gradient, not a temporary
+                grad_records |= {tracker.record_of(t.grad) for t in iter_tensors(batch) if t.grad is not None}
                 opt_records = {tracker.record_of(t) for t in state.get("optimizer_state", [])}
                 if on_cuda:
                     torch.cuda.synchronize()
@@ -307,7 +309,7 @@ def _summarise(tracker: MemoryTracker, workload: Workload, mode: str, times: lis
     flop_counts = tracker.flop_counts  # type: ignore[attr-defined]
     ops = tuple(
         OpStats(op=op, count=op_counts.get(op, 0), saved_bytes=saved_by_op.get(op, 0), flops=flop_counts.get(op, 0))
-        for op in sorted(set(op_counts) | set(saved_by_op), key=lambda o: (-saved_by_op.get(o, 0), o))
+        for op in sorted(set(op_counts) | set(saved_by_op) | set(flop_counts), key=lambda o: (-saved_by_op.get(o, 0), o))
     )
     module_ops = tuple(
         (m, op, n, saved_by_module_op.get((m, op), 0))

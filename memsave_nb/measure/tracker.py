@@ -24,6 +24,7 @@ from torch.utils._pytree import tree_flatten
 # Pre-existing storages get these kinds; the rest are decided after the step.
 PARAMETER, INPUT = "parameters", "inputs"
 _LISTS = (list, tuple)
+_METADATA_OPS = frozenset({torch.ops.prim.device.default, torch.ops.prim.layout.default})
 
 
 class StorageRecord:
@@ -139,6 +140,7 @@ class MemoryTracker:
         self._names: dict[int, str] = {}
         self._handles: list[Any] = []
         self._mode: _DispatchWatcher | None = None
+        self._closed = False
 
     # -- storages ---------------------------------------------------------------------------
     def _key(self, storage: torch.UntypedStorage) -> int:
@@ -154,6 +156,8 @@ class MemoryTracker:
         self._refs[key] = weakref.ref(storage, functools.partial(self._on_free, key, idx))
 
     def _on_free(self, key: int, idx: int, _ref: weakref.ref) -> None:
+        if self._closed:  # the step is over: what dies later (grads at restore, fake params) is not in it
+            return
         if self._index.get(key) == idx:
             del self._index[key]
             self._refs.pop(key, None)
@@ -180,6 +184,8 @@ class MemoryTracker:
     def _observe(self, func: Any, args: tuple, kwargs: dict | None, out: Any) -> None:
         op = self._op_names.get(func)
         if op is None:
+            if func in _METADATA_OPS:  # fake tensors dispatch their device queries: no storage, not an op
+                return
             op = self._op_names[func] = str(func.overloadpacket)
         module = self.module_stack[-1] if self.module_stack else ""
         phase = self.phase
@@ -290,6 +296,7 @@ class MemoryTracker:
                 self._mode.__exit__(*exc)
         finally:
             self._mode = None
+            self._closed = True
             for h in self._handles:
                 h.remove()
             self._handles.clear()
