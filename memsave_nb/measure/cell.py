@@ -1,0 +1,153 @@
+"""Measure code that runs a training step itself (a notebook cell, a function).
+
+``measure()`` drives the step from a Workload. Here the code does forward, loss, backward and
+maybe an optimizer step on its own; :func:`measure_callable` runs it once, for real, under the
+same tracker, and finds the phases as they happen:
+
+- ``setup`` until the first module's forward (storages born here count as inputs),
+- ``forward`` until the first ``torch.autograd.backward``/``grad`` call on this thread (the
+  storages alive then are the saved activations),
+- ``backward``, then ``optimizer`` from the first ``Optimizer.step``.
+
+Parameters and buffers of ``models`` that exist before the run count as parameters; their
+``.grad`` after the run as gradients; the state of every optimizer stepped as optimizer state.
+The code's side effects are kept (it runs exactly once). This is what ``%%memsave`` uses.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from types import SimpleNamespace
+from typing import Any, Callable, Iterable
+
+import torch
+from torch import nn
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+from ..workload import iter_tensors
+from .engine import _summarise
+from .result import Measurement
+from .tracker import INPUT, PARAMETER, MemoryTracker
+
+__all__ = ["measure_callable"]
+
+
+def measure_callable(
+    run: Callable[[], Any],
+    models: nn.Module | Iterable[nn.Module] = (),
+    *,
+    flops: bool = True,
+) -> tuple[Measurement, Any]:
+    """Run ``run()`` once under the tracker; return ``(measurement, run's return value)``.
+
+    ``models``: the module (or modules) the code trains; the first gives the per-module rows.
+    ``measurement.step_seconds`` holds the wall time of this one tracked run (tracking slows it).
+    """
+    model_list = [models] if isinstance(models, nn.Module) else [m for m in models if isinstance(m, nn.Module)]
+    root = model_list[0] if model_list else nn.Module()
+    tracker = _tracker(root if model_list else None, flops)
+    for m in model_list:
+        tracker.register_existing(m.parameters(), PARAMETER)
+        tracker.register_existing((b for b in m.buffers() if b is not None), PARAMETER)
+    device = _device_of(model_list)
+    on_cuda = device.startswith("cuda")
+    thread = threading.get_ident()
+    forward_end: dict[str, Any] = {}
+    optimizers: list[torch.optim.Optimizer] = []
+    grad_records: set[int | None] = set()
+
+    def note_grads(params: Iterable[torch.Tensor]) -> None:
+        # gradients may be freed before the code ends (zero_grad): note them while they live
+        grad_records.update(tracker.record_of(p.grad) for p in params if p.grad is not None)
+
+    def to_forward() -> None:
+        if threading.get_ident() == thread and tracker.phase == "setup":
+            tracker.phase = "forward"
+
+    def to_backward() -> None:
+        if threading.get_ident() != thread:
+            return
+        if "event" not in forward_end:
+            forward_end["event"] = len(tracker.events)
+            forward_end["live"] = tracker.live_records()
+        if tracker.phase in ("setup", "forward"):
+            tracker.phase = "backward"
+
+    def on_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if threading.get_ident() != thread:
+            return
+        if all(o is not optimizer for o in optimizers):
+            optimizers.append(optimizer)
+        note_grads(p for group in optimizer.param_groups for p in group["params"])
+        tracker.phase = "optimizer"
+
+    original_backward, original_grad = torch.autograd.backward, torch.autograd.grad
+
+    def backward(*args: Any, **kwargs: Any) -> Any:
+        to_backward()
+        out = original_backward(*args, **kwargs)
+        if threading.get_ident() == thread:
+            note_grads(p for m in model_list for p in m.parameters())
+        return out
+
+    def grad(*args: Any, **kwargs: Any) -> Any:
+        to_backward()
+        return original_grad(*args, **kwargs)
+
+    handles = [
+        nn.modules.module.register_module_forward_pre_hook(lambda module, args: to_forward()),
+        register_optimizer_step_pre_hook(on_step),
+    ]
+    cuda: dict[str, int] = {}
+    torch.autograd.backward, torch.autograd.grad = backward, grad
+    start = time.perf_counter()
+    try:
+        if on_cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            cuda["baseline"] = torch.cuda.memory_allocated()
+        with tracker:
+            tracker.phase = "setup"
+            result = run()
+            if "event" not in forward_end:  # no backward in the code: the end is the end of forward
+                forward_end["event"] = len(tracker.events)
+                forward_end["live"] = tracker.live_records()
+            note_grads(p for m in model_list for p in m.parameters())
+            states = [t for o in optimizers for s in o.state.values() for t in iter_tensors(s)]
+            tracker.grad_records = grad_records - {None}  # type: ignore[attr-defined]
+            tracker.opt_records = {tracker.record_of(t) for t in states} - {None}  # type: ignore[attr-defined]
+            if on_cuda:
+                torch.cuda.synchronize()
+                cuda["peak"] = torch.cuda.max_memory_allocated()
+            del states
+            tracker.phase = "done"
+    finally:
+        elapsed = time.perf_counter() - start
+        torch.autograd.backward, torch.autograd.grad = original_backward, original_grad
+        for h in handles:
+            h.remove()
+        tracker.module_stack.clear()
+    for rec in tracker.records:  # built before any module ran: data the code made for the step
+        if rec.kind is None and rec.phase == "setup":
+            rec.kind = INPUT
+    tracker.forward_end = forward_end  # type: ignore[attr-defined]
+    if not hasattr(tracker, "flop_counts"):
+        tracker.flop_counts = {}  # type: ignore[attr-defined]
+    workload = SimpleNamespace(model=root, device=device)
+    measurement = _summarise(tracker, workload, "real", [elapsed], cuda)  # type: ignore[arg-type]
+    return measurement, result
+
+
+def _tracker(model: nn.Module | None, flops: bool) -> MemoryTracker:
+    try:
+        return MemoryTracker(model, count_flops=flops)
+    except TypeError:  # a tracker without FLOP counting
+        return MemoryTracker(model)
+
+
+def _device_of(models: list[nn.Module]) -> str:
+    for m in models:
+        for t in m.parameters():
+            return str(t.device)
+    return "cpu"

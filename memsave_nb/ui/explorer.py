@@ -1,0 +1,484 @@
+"""The notebook explorer: edit a Plan with widgets, watch the Session measure it.
+
+``explore(model, batch)`` (or ``explore(workload)``) opens it. Every control edits a
+:class:`~memsave_nb.ui.editor.PlanEditor`; a change schedules a rerun after a short debounce on
+a worker thread (the kernel stays responsive), shows progress, can be cancelled, and shows a
+failure inside the widget while the model stays as it was (the Session and Plan guarantee that).
+The explorer holds no measurement logic: numbers come from the Session's Measurements.
+
+Hooks for scripts and tests: ``explorer.wait()`` blocks until the reruns are done,
+``explorer.run_now()`` measures the current plan synchronously, ``live=False`` turns automatic
+reruns off. DOM classes for browser tests: ``.memsave-explorer`` (the whole widget),
+``.memsave-saved-total`` (saved activations, formatted), ``.memsave-saved-bytes`` (the same in
+bytes, ``"27,028,744 B"``), ``.memsave-peak-total`` / ``.memsave-peak-bytes``,
+``.memsave-status`` (``idle``, ``running``, ``done``, ``cancelled``, ``error`` as its first word),
+``.memsave-error``, ``.memsave-cancel``, ``.memsave-run``, ``.memsave-plan-code``, and per module
+``.memsave-freeze-<slug>`` (see :mod:`memsave_nb.ui.layer_table`).
+"""
+
+from __future__ import annotations
+
+import html
+import threading
+import time
+import traceback
+from typing import Any, Callable
+
+import ipywidgets as W
+from torch import nn
+
+from memsave_nb.errors import Cancelled, MemsaveError, StepError, WorkloadError
+from memsave_nb.measure import Measurement
+from memsave_nb.plan import Plan
+from memsave_nb.session import Entry, Session
+from memsave_nb.workload import Workload
+
+from .budget_panel import BudgetPanel
+from .editor import PlanEditor
+from .format import format_bytes, format_delta_bytes, format_seconds
+from .layer_table import LayerTable
+from .plots import load_bokehjs
+from .results_panel import ResultsPanel
+from .runner import Runner
+from .sac_panel import SacPanel
+
+__all__ = ["Explorer", "explore"]
+
+TAB_TITLES = ("Layers", "Selective checkpointing", "Compile budget", "Results", "Plan as code")
+
+
+def _label(value: str, cls: str, **layout: Any) -> W.Label:
+    w = W.Label(value=value, layout=W.Layout(**layout))
+    w.add_class(cls)
+    return w
+
+
+class Explorer(W.VBox):
+    """Widgets over a :class:`~memsave_nb.session.Session`.
+
+    Parameters: ``session``; ``live`` (rerun on every change, default True); ``debounce_s``
+    (quiet time before a rerun starts); ``max_open_rows`` (rows shown expanded at first).
+    """
+
+    def __init__(self, session: Session, *, live: bool = True, debounce_s: float = 0.3, max_open_rows: int = 40):
+        self.session = session
+        self.model: nn.Module = session.workload.model
+        self.editor = PlanEditor(self.model)
+        self.runner = Runner(debounce_s)
+        self.error: str | None = None
+        self.entry: Entry | None = None
+        self.sweep_points: list[tuple[float, Measurement]] = []
+        self._ui_lock = threading.RLock()
+        self._user_cancelled = False
+        self._restoring = False
+        self._syncing = False
+        self._listeners: list[Callable[[Entry], None]] = []
+
+        load_bokehjs()
+        base_entry = session.baseline_entry
+        self.baseline: Measurement = base_entry.measurement
+
+        # -- header: numbers, status, controls -------------------------------------------------
+        wl = session.workload
+        self.title = W.HTML(
+            f"<b>memsave explorer</b> &mdash; {html.escape(getattr(wl, 'name', 'workload'))}: "
+            f"{html.escape(type(self.model).__name__)}, {html.escape(session.mode)} mode on "
+            f"{html.escape(str(getattr(wl, 'device', 'cpu')))}"
+        )
+        self.saved_total = _label("-", "memsave-saved-total", min_width="80px")
+        self.saved_bytes = _label("-", "memsave-saved-bytes", min_width="120px")
+        self.saved_delta = _label("", "memsave-saved-delta", min_width="90px")
+        self.peak_total = _label("-", "memsave-peak-total", min_width="80px")
+        self.peak_bytes = _label("-", "memsave-peak-bytes", min_width="120px")
+        self.peak_delta = _label("", "memsave-peak-delta", min_width="90px")
+        self.step_time = _label("-", "memsave-step-time", min_width="80px")
+        self.cuda_peak = _label("", "memsave-cuda-peak", min_width="80px")
+        self.summary = W.HBox([
+            W.HTML("<b>saved activations</b>"), self.saved_total, self.saved_bytes, self.saved_delta,
+            W.HTML("<b>peak</b>"), self.peak_total, self.peak_bytes, self.peak_delta,
+            W.HTML("<b>step</b>"), self.step_time, self.cuda_peak,
+        ], layout=W.Layout(flex_flow="row wrap", align_items="center", grid_gap="6px"))
+        self.summary.add_class("memsave-summary")
+
+        self.status = W.HTML("idle")
+        self.status.add_class("memsave-status")
+        self.progress = W.IntProgress(value=0, min=0, max=1, layout=W.Layout(width="160px", visibility="hidden"))
+        self.progress.add_class("memsave-progress")
+        self.cancel_button = W.Button(description="cancel", icon="stop", disabled=True, layout=W.Layout(width="100px"))
+        self.cancel_button.add_class("memsave-cancel")
+        self.run_button = W.Button(description="run", icon="play", layout=W.Layout(width="90px"),
+                                   tooltip="measure the current plan now")
+        self.run_button.add_class("memsave-run")
+        self.live = W.Checkbox(value=live, description="live reruns", indent=False, layout=W.Layout(width="120px"))
+        self.live.add_class("memsave-live")
+        self.status_bar = W.HBox([self.run_button, self.cancel_button, self.live, self.progress, self.status],
+                                 layout=W.Layout(align_items="center"))
+        self.error_box = W.HTML("", layout=W.Layout(display="none"))
+        self.error_box.add_class("memsave-error")
+
+        # -- whole-model toolbar -------------------------------------------------------------------
+        try:
+            from memsave_nb.presets import presets_for
+
+            self._presets = presets_for(self.model)
+        except Exception:  # noqa: BLE001 - presets are a convenience; the explorer works without
+            self._presets = {}
+        self.preset = W.Dropdown(options=[("plan preset…", "")] + [(k, k) for k in self._presets], value="",
+                                 layout=W.Layout(width="220px"))
+        self.preset.add_class("memsave-preset")
+        self.input_grad = W.Checkbox(value=bool(getattr(wl, "input_requires_grad", False)),
+                                     description="input requires grad", indent=False, layout=W.Layout(width="160px"))
+        self.input_grad.add_class("memsave-input-grad")
+        self.bn_eval = W.Checkbox(value=False, description="batch norm in eval mode", indent=False,
+                                  layout=W.Layout(width="190px"))
+        self.bn_eval.add_class("memsave-bn-eval")
+        self.reset_button = W.Button(description="reset plan", icon="undo", layout=W.Layout(width="110px"))
+        self.reset_button.add_class("memsave-reset")
+
+        # -- panels ------------------------------------------------------------------------------
+        self.table = LayerTable(self.editor, max_open_rows=max_open_rows, on_select=self._on_select)
+        self.sac = SacPanel(self.editor)
+        self.budget = BudgetPanel(self.editor, on_sweep=self.sweep)
+        self.results = ResultsPanel(self.baseline, on_pick=self._on_pick)
+        self.code = W.HTML()
+        self.code.add_class("memsave-plan-code")
+        self.plan_json = W.Textarea(layout=W.Layout(width="100%", height="120px"))
+        self.plan_json.add_class("memsave-plan-json")
+        layers_tab = W.VBox([
+            W.HBox([self.preset, self.input_grad, self.bn_eval, self.reset_button,
+                    self.table.expand_all, self.table.collapse_all], layout=W.Layout(flex_flow="row wrap")),
+            self.table,
+        ])
+        code_tab = W.VBox([
+            W.HTML("<small>Run this once after building the model (before building the optimizer):</small>"),
+            self.code,
+            W.HTML("<small>The plan as JSON (<code>Plan.from_json</code> reads it back):</small>"),
+            self.plan_json,
+        ])
+        self.tabs = W.Tab(children=[layers_tab, self.sac, self.budget, self.results, code_tab])
+        for i, t in enumerate(TAB_TITLES):
+            self.tabs.set_title(i, t)
+
+        super().__init__([self.title, self.summary, self.status_bar, self.error_box, self.tabs])
+        self.add_class("memsave-explorer")
+
+        # -- wiring ------------------------------------------------------------------------------
+        self.editor.on_change(self._on_edit)
+        self.run_button.on_click(lambda _b: self.rerun())
+        self.cancel_button.on_click(lambda _b: self.cancel())
+        self.preset.observe(self._user_preset, "value")
+        self.input_grad.observe(self._user_input_grad, "value")
+        self.bn_eval.observe(lambda ch: None if self._syncing else self.editor.set_bn_eval(ch["new"]), "value")
+        self.reset_button.on_click(lambda _b: self.set_plan(Plan()))
+
+        self._show(base_entry)
+        self._show_code()
+        self._set_status("idle", "baseline measured")
+
+    # -- public API ----------------------------------------------------------------------------
+    @property
+    def plan(self) -> Plan:
+        """The plan the controls describe now."""
+        return self.editor.plan()
+
+    @property
+    def measurement(self) -> Measurement:
+        """The measurement on display."""
+        return self.entry.measurement if self.entry is not None else self.baseline
+
+    @property
+    def busy(self) -> bool:
+        return self.runner.busy
+
+    def set_plan(self, plan: Plan) -> None:
+        """Set every control from ``plan`` (and rerun when live)."""
+        self.editor.load(plan)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until scheduled and running reruns are done; False on timeout."""
+        return self.runner.wait(timeout)
+
+    def run_now(self, *, raise_errors: bool = False) -> Entry | None:
+        """Measure the current plan in this thread and show it; returns the Entry (None when it
+        failed or was cancelled; the message is in ``explorer.error`` and in the widget)."""
+        plan = self.plan
+        result = self.runner.run_sync(lambda ev: self._run_job(plan, ev))
+        if raise_errors and result is None and self.error:
+            raise MemsaveError(self.error)
+        return result
+
+    def rerun(self) -> None:
+        """Schedule a measurement of the current plan (what a change does when live)."""
+        plan = self.plan
+        self._set_status("waiting", plan.describe())
+        self.runner.submit(lambda ev: self._run_job(plan, ev))
+
+    def cancel(self) -> None:
+        """Stop the scheduled and the running measurement; the numbers on screen stay."""
+        self._user_cancelled = True
+        if self.runner.cancel():
+            self._set_status("cancelled", "cancel requested")
+
+    def on_result(self, fn: Callable[[Entry], None]) -> None:
+        """Call ``fn(entry)`` after each successful run is shown."""
+        self._listeners.append(fn)
+
+    def sweep(self, budgets: list[float] | None = None) -> None:
+        """Measure the current plan compiled at each budget (on the worker; plotted as they come)."""
+        from .budget_panel import DEFAULT_BUDGETS
+
+        budgets = list(budgets if budgets is not None else DEFAULT_BUDGETS)
+        plan = self.plan
+        self._set_status("waiting", f"sweep over {len(budgets)} budgets")
+        self.runner.submit(lambda ev: self._sweep_job(plan, budgets, ev), delay_s=0)
+
+    # -- edits ---------------------------------------------------------------------------------
+    def _on_edit(self) -> None:
+        with self._ui_lock:
+            self.table.sync_controls()
+            self.sac._rebuild()
+            self.budget.sync_controls()
+            self._sync_toolbar()
+            self._show_code()
+        if self._restoring:
+            return
+        if self.live.value:
+            self.rerun()
+        else:
+            self._set_status("changed", "press run to measure")
+
+    def _sync_toolbar(self) -> None:
+        self._syncing = True
+        try:
+            irg = self.editor.input_requires_grad
+            self.input_grad.value = bool(irg) if irg is not None else bool(getattr(self.session.workload, "input_requires_grad", False))
+            self.bn_eval.value = bool(self.editor.bn_eval)
+            self.preset.value = ""
+        finally:
+            self._syncing = False
+
+    def _user_preset(self, change) -> None:
+        if self._syncing or not change["new"]:
+            return
+        self.editor.load(self._presets[change["new"]])
+
+    def _user_input_grad(self, change) -> None:
+        if self._syncing:
+            return
+        default = bool(getattr(self.session.workload, "input_requires_grad", False))
+        self.editor.set_input_requires_grad(None if change["new"] == default else bool(change["new"]))
+
+    def _on_select(self, module: str) -> None:
+        self.sac.show_module(module)
+
+    def _on_pick(self, index: int) -> None:
+        """A point of the history was clicked: restore that plan and show its numbers."""
+        entries = self._history_entries()
+        if not 0 <= index < len(entries):
+            return
+        entry = entries[index]
+        self._restoring = True
+        try:
+            self.editor.load(entry.plan)
+        finally:
+            self._restoring = False
+        self.runner.cancel()
+        self._show(entry)
+        self._set_status("done", f"restored {entry.plan.name or entry.plan.describe()}")
+
+    # -- runs ----------------------------------------------------------------------------------
+    def _run_job(self, plan: Plan, cancel_event: threading.Event) -> Entry | None:
+        self._user_cancelled = False
+        self._begin(f"running: {plan.describe()}", steps=1)
+        start = time.perf_counter()
+        try:
+            entry = self.session.run(plan, cancel_event=cancel_event)
+        except Cancelled:
+            if self._user_cancelled:
+                self._end("cancelled", "the model is unchanged; the numbers shown are from the last run")
+            return None
+        except BaseException as exc:  # noqa: BLE001 - shown in the widget, not lost in a thread
+            self._fail(plan, exc)
+            return None
+        self._show(entry)
+        self._end("done", f"{plan.describe()} in {time.perf_counter() - start:.2f} s")
+        return entry
+
+    def _sweep_job(self, plan: Plan, budgets: list[float], cancel_event: threading.Event) -> None:
+        self._user_cancelled = False
+        self._begin(f"sweep: {len(budgets)} budgets", steps=len(budgets))
+        points: list[tuple[float, Measurement]] = []
+        try:
+            for i, b in enumerate(budgets):
+                if cancel_event.is_set():
+                    raise Cancelled("sweep cancelled")
+                self._set_status("running", f"sweep: budget {b:g} ({i + 1}/{len(budgets)})")
+                entry = self.session.run(
+                    plan.replace(compile_budget=b, name=f"{plan.name or 'compile'} @ budget {b:g}"),
+                    cancel_event=cancel_event,
+                )
+                points.append((b, entry.measurement))
+                self.sweep_points = list(points)
+                with self._ui_lock:
+                    self.budget.show_sweep(points)
+                    self.progress.value = i + 1
+                    self.results.show_history(self._history_entries(), self._current_index())
+        except Cancelled:
+            self._end("cancelled", f"sweep stopped after {len(points)} of {len(budgets)} budgets")
+            return
+        except BaseException as exc:  # noqa: BLE001
+            self._fail(plan.replace(compile_budget=budgets[len(points)]), exc)
+            return
+        self._end("done", f"sweep over {len(budgets)} budgets")
+
+    def _begin(self, text: str, steps: int) -> None:
+        with self._ui_lock:
+            self.progress.max = max(1, steps)
+            self.progress.value = 0
+            self.progress.bar_style = "info"
+            self.progress.layout.visibility = "visible"
+            self.cancel_button.disabled = False
+            self._set_status("running", text)
+
+    def _end(self, state: str, text: str) -> None:
+        with self._ui_lock:
+            self.progress.value = self.progress.max
+            self.progress.layout.visibility = "hidden"
+            self.cancel_button.disabled = True
+            self._set_status(state, text)
+
+    def _fail(self, plan: Plan, exc: BaseException) -> None:
+        if isinstance(exc, MemsaveError):
+            message = str(exc)
+        else:
+            message = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
+        kind = "out of memory" if "out of memory" in message.lower() else (
+            "the step failed" if isinstance(exc, StepError) else "the run failed")
+        self.error = message
+        cause = getattr(exc, "cause", None) or exc
+        tb = "".join(traceback.format_exception(type(cause), cause, cause.__traceback__))
+        with self._ui_lock:
+            self.error_box.value = (
+                "<div style='border:1px solid #d62728;background:#fdecea;padding:6px 8px;border-radius:3px'>"
+                f"<b>{html.escape(kind.capitalize())}</b> for plan <i>{html.escape(plan.describe())}</i>: "
+                f"{html.escape(message)}<br><small>The model is as it was; the numbers shown are from the last "
+                "successful run.</small>"
+                f"<details><summary><small>traceback</small></summary><pre style='font-size:80%'>{html.escape(tb)}</pre>"
+                "</details></div>"
+            )
+            self.error_box.layout.display = ""
+            self.progress.bar_style = "danger"
+        self._end("error", message)
+
+    # -- display -------------------------------------------------------------------------------
+    def _history_entries(self) -> list[Entry]:
+        return [self.session.baseline_entry] + self.session.history
+
+    def _current_index(self) -> int | None:
+        entries = self._history_entries()
+        for i in range(len(entries) - 1, -1, -1):
+            if entries[i] is self.entry:
+                return i
+        return None
+
+    def _show(self, entry: Entry) -> None:
+        m, base = entry.measurement, self.baseline
+        with self._ui_lock:
+            self.entry = entry
+            self.error = None
+            self.error_box.value = ""
+            self.error_box.layout.display = "none"
+            self.saved_total.value = format_bytes(m.saved_bytes)
+            self.saved_bytes.value = f"{m.saved_bytes:,} B"
+            self.saved_delta.value = _delta_text(m.saved_bytes, base.saved_bytes)
+            self.peak_total.value = format_bytes(m.peak_bytes)
+            self.peak_bytes.value = f"{m.peak_bytes:,} B"
+            self.peak_delta.value = _delta_text(m.peak_bytes, base.peak_bytes)
+            self.step_time.value = format_seconds(m.step_seconds)
+            self.cuda_peak.value = (
+                f"CUDA allocator peak {format_bytes(m.cuda_peak_bytes)}" if m.cuda_peak_bytes is not None else ""
+            )
+            self.table.show(m, base)
+            self.sac.show(m, base)
+            self.results.show(m, base)
+            self.results.show_history(self._history_entries(), self._current_index())
+        for fn in list(self._listeners):
+            fn(entry)
+
+    def _show_code(self) -> None:
+        plan = self.plan
+        try:
+            code = plan.to_code()
+        except MemsaveError as exc:
+            code = f"# cannot write this plan as code: {exc}"
+        self.code.value = (
+            "<pre style='font-size:85%;background:#f7f7f7;padding:6px;white-space:pre;overflow-x:auto'>"
+            f"{html.escape(code)}</pre>"
+        )
+        self.code_text = code
+        self.plan_json.value = plan.to_json(indent=1)
+
+    def _set_status(self, state: str, text: str = "") -> None:
+        color = {"running": "#1f77b4", "waiting": "#1f77b4", "error": "#d62728", "cancelled": "#b8860b",
+                 "done": "#2ca02c", "changed": "#b8860b"}.get(state, "#555")
+        icon = "⏳ " if state in ("running", "waiting") else ""
+        self.state = state
+        self.status.value = (
+            f"<span style='color:{color}'>{icon}<b>{html.escape(state)}</b></span> "
+            f"<small>{html.escape(text)}</small>"
+        )
+
+
+def _delta_text(now: int, before: int) -> str:
+    if now == before:
+        return "(= baseline)"
+    pct = f", {100.0 * (now - before) / before:+.1f}%" if before else ""
+    return f"({format_delta_bytes(now - before)}{pct})"
+
+
+# -- the public front door -------------------------------------------------------------------------
+
+
+def explore(
+    model_or_workload: nn.Module | Workload | Session | str,
+    batch: Any = None,
+    loss: Callable[[Any], Any] | None = None,
+    optimizer: Any = "adamw",
+    device: str = "cpu",
+    mode: str = "real",
+    *,
+    live: bool = True,
+    debounce_s: float = 0.3,
+    repeats: int = 3,
+) -> Explorer:
+    """Open the explorer on a model and batch, a :class:`~memsave_nb.workload.Workload`, a
+    :class:`~memsave_nb.session.Session`, or a demo name (``"cnn"``, ``"gpt"``, ``"mlp"``).
+
+    ``mode="fake"`` measures with fake tensors (sizes without memory or compute, for models too
+    large to run here); ``device="cuda"`` runs on the GPU and also shows the allocator's peak.
+    """
+    if isinstance(model_or_workload, Session):
+        session = model_or_workload
+    else:
+        if isinstance(model_or_workload, str):
+            from memsave_nb import zoo
+
+            workload = zoo.make(model_or_workload, device=device)
+            if batch is not None or loss is not None:
+                raise WorkloadError("a demo name brings its own batch and loss; pass a model to use yours")
+        elif isinstance(model_or_workload, Workload):
+            workload = model_or_workload
+            if batch is not None or loss is not None:
+                raise WorkloadError("a Workload brings its own batch and loss; pass the model to use other ones")
+        elif isinstance(model_or_workload, nn.Module):
+            if batch is None:
+                raise WorkloadError("pass a batch: explore(model, batch) (a tensor, tuple, dict or a function making one)")
+            workload = Workload(model_or_workload, batch, loss=loss, optimizer=optimizer, device=device,
+                                name=type(model_or_workload).__name__)
+        else:
+            raise WorkloadError(
+                f"explore() takes a torch.nn.Module, a Workload, a Session or a demo name, "
+                f"got {type(model_or_workload).__name__}"
+            )
+        session = Session(workload, mode, repeats=repeats)
+    return Explorer(session, live=live, debounce_s=debounce_s)

@@ -1,0 +1,337 @@
+"""The per-layer table: a collapsible module tree with saved activations and per-row controls.
+
+Each row shows name, type, output shape, trainable/frozen parameters, saved activations as a bar
+with bytes and share of the total, and the change against the baseline; and carries a freeze
+checkbox (ticking a parent ticks its children), a memory-saving-layer switch and a
+checkpoint-region menu. Rows are built the first time their parent is expanded, so a 7B-shaped
+model does not cost thousands of widgets up front.
+
+DOM hooks (for browser tests): every row is ``.memsave-row.memsave-row-<slug>``; its controls are
+``.memsave-freeze-<slug>``, ``.memsave-swap-<slug>`` and ``.memsave-region-<slug>``, where
+``<slug>`` is the module name with dots as dashes and ``root`` for the model itself
+(see :func:`memsave_nb.ui.tree.slug`).
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Callable
+
+import ipywidgets as W
+
+from memsave_nb.measure import Measurement
+
+from .editor import REGION_CHOICES, PlanEditor
+from .format import format_bytes, format_count, format_delta_bytes, format_share, format_shape
+from .tree import ROOT, slug
+
+ROW_HEIGHT = "26px"
+NAME_WIDTH = 230
+INDENT_PX = 14
+BAR_PX = 90
+_COLUMNS = (  # (header, width px) of the info cell
+    ("type", 110),
+    ("output", 120),
+    ("trainable", 82),
+    ("frozen", 72),
+    ("saved activations", BAR_PX + 150),
+    ("vs baseline", 90),
+)
+_CONTROLS = (("freeze", 54), ("memsave", 64), ("checkpoint", 170))
+
+
+def _cell(text: str, width: int, *, align: str = "left", title: str = "", style: str = "") -> str:
+    t = f' title="{html.escape(title)}"' if title else ""
+    return (
+        f'<span{t} style="display:inline-block;width:{width}px;text-align:{align};overflow:hidden;'
+        f'white-space:nowrap;text-overflow:ellipsis;vertical-align:middle;{style}">{text}</span>'
+    )
+
+
+def info_html(
+    type_name: str,
+    output_shape: tuple[int, ...] | None,
+    trainable: int,
+    frozen: int,
+    saved: int | None,
+    share: float | None,
+    delta: int | None,
+) -> str:
+    """The read-only cells of one row (type ... vs baseline) as one HTML snippet."""
+    widths = [w for _, w in _COLUMNS]
+    frac = 0.0 if share is None else max(0.0, min(1.0, share))
+    bar = (
+        f'<span style="display:inline-block;width:{BAR_PX}px;height:10px;background:#eee;vertical-align:middle">'
+        f'<span class="memsave-bar" style="display:block;width:{frac * BAR_PX:.1f}px;height:10px;background:#54a24b">'
+        "</span></span>"
+    )
+    saved_text = f"{bar} {format_bytes(saved)} <small>{format_share(share)}</small>" if saved is not None else "-"
+    if delta is None:
+        delta_text, color = "-", "#888"
+    else:
+        delta_text = format_delta_bytes(delta) if delta else "="
+        color = "#2ca02c" if delta < 0 else ("#d62728" if delta > 0 else "#888")
+    cells = [
+        _cell(html.escape(type_name), widths[0], title=type_name),
+        _cell(html.escape(format_shape(output_shape)), widths[1], title=format_shape(output_shape)),
+        _cell(format_count(trainable), widths[2], align="right"),
+        _cell(format_count(frozen), widths[3], align="right"),
+        _cell(saved_text, widths[4], style="padding-left:8px"),
+        _cell(delta_text, widths[5], align="right", style=f"color:{color}"),
+    ]
+    return "".join(cells)
+
+
+class LayerRow:
+    """The widgets of one module's row."""
+
+    def __init__(self, table: "LayerTable", name: str):
+        self.name = name
+        tree = table.editor.tree
+        s = slug(name)
+        depth = tree.depth(name)
+        has_children = bool(tree.children[name])
+        self.expand = W.Button(
+            description="▸" if has_children else "",
+            disabled=not has_children,
+            tooltip="expand / collapse" if has_children else "",
+            layout=W.Layout(width="26px", height=ROW_HEIGHT, padding="0", margin=f"0 0 0 {depth * INDENT_PX}px"),
+        )
+        self.expand.add_class("memsave-expand")
+        short = name.rpartition(".")[2] if name else "(model)"
+        self.select = W.Button(
+            description=short,
+            tooltip=f"{name or '(model)'}: show its ops in the selective-checkpointing panel",
+            layout=W.Layout(width=f"{NAME_WIDTH - depth * INDENT_PX}px", height=ROW_HEIGHT, padding="0 4px"),
+        )
+        self.select.style.button_color = "transparent"
+        self.select.add_class("memsave-row-name")
+        self.info = W.HTML(layout=W.Layout(height=ROW_HEIGHT))
+        self.freeze = W.Checkbox(value=False, indent=False, description="", layout=W.Layout(width=f"{_CONTROLS[0][1]}px"))
+        self.freeze.add_class("memsave-freeze")
+        self.freeze.add_class(f"memsave-freeze-{s}")
+        if not tree.params[name]:
+            self.freeze.disabled = True
+            self.freeze.layout.visibility = "hidden"
+        self.memsave = W.Checkbox(value=False, indent=False, description="", layout=W.Layout(width=f"{_CONTROLS[1][1]}px"))
+        self.memsave.add_class("memsave-swap")
+        self.memsave.add_class(f"memsave-swap-{s}")
+        if not tree.swappable[name]:
+            self.memsave.disabled = True
+            self.memsave.layout.visibility = "hidden"
+        self.region = W.Dropdown(options=list(REGION_CHOICES), value="none", layout=W.Layout(width=f"{_CONTROLS[2][1]}px"))
+        self.region.add_class("memsave-region")
+        self.region.add_class(f"memsave-region-{s}")
+        if not has_children and not tree.params[name]:
+            self.region.disabled = True
+            self.region.layout.visibility = "hidden"
+        self.box = W.HBox(
+            [self.expand, self.select, self.info, self.freeze, self.memsave, self.region],
+            layout=W.Layout(align_items="center", min_height=ROW_HEIGHT),
+        )
+        self.box.add_class("memsave-row")
+        self.box.add_class(f"memsave-row-{s}")
+
+        self.expand.on_click(lambda _b: table.toggle_expanded(name))
+        self.select.on_click(lambda _b: table.select(name))
+        self.freeze.observe(lambda ch: table._user_freeze(name, ch["new"]), "value")
+        self.memsave.observe(lambda ch: table._user_memsave(name, ch["new"]), "value")
+        self.region.observe(lambda ch: table._user_region(name, ch["new"]), "value")
+
+
+class LayerTable(W.VBox):
+    """The module tree as rows of widgets, bound to a :class:`PlanEditor`."""
+
+    def __init__(self, editor: PlanEditor, *, max_open_rows: int = 40, on_select: Callable[[str], None] | None = None):
+        self.editor = editor
+        self.rows: dict[str, LayerRow] = {}
+        self.expanded: set[str] = set()
+        self.selected: str | None = None
+        self.on_select = on_select
+        self._syncing = False
+        self._measurement: Measurement | None = None
+        self._baseline: Measurement | None = None
+        header_cells = "".join(_cell(f"<b>{h}</b>", w) for h, w in _COLUMNS)
+        controls = "".join(_cell(f"<b>{h}</b>", w) for h, w in _CONTROLS)
+        self.header = W.HTML(
+            _cell("<b>module</b>", NAME_WIDTH + 26) + header_cells + controls, layout=W.Layout(height=ROW_HEIGHT)
+        )
+        self.header.add_class("memsave-table-header")
+        self.rows_box = W.VBox()
+        self.rows_box.add_class("memsave-rows")
+        self.expand_all = W.Button(description="expand all", layout=W.Layout(width="110px"))
+        self.collapse_all = W.Button(description="collapse", layout=W.Layout(width="110px"))
+        self.expand_all.on_click(lambda _b: self.set_expanded([n for n in editor.tree.names if editor.tree.children[n]]))
+        self.collapse_all.on_click(lambda _b: self.set_expanded([ROOT]))
+        super().__init__([self.header, self.rows_box])
+        self.add_class("memsave-layer-table")
+        self.set_expanded(self._default_expanded(max_open_rows))
+
+    # -- tree --------------------------------------------------------------------------------
+    def _default_expanded(self, max_rows: int) -> list[str]:
+        """Open level after level while the visible rows stay under ``max_rows``."""
+        tree = self.editor.tree
+        opened = [ROOT]
+        visible = 1 + len(tree.children[ROOT])
+        frontier = list(tree.children[ROOT])
+        while frontier:
+            nxt = [c for n in frontier for c in tree.children[n]]
+            if not nxt or visible + len(nxt) > max_rows:
+                break
+            opened += [n for n in frontier if tree.children[n]]
+            visible += len(nxt)
+            frontier = nxt
+        return opened
+
+    def visible_names(self) -> list[str]:
+        tree = self.editor.tree
+        out: list[str] = []
+
+        def visit(name: str) -> None:
+            out.append(name)
+            if name in self.expanded:
+                for c in tree.children[name]:
+                    visit(c)
+
+        visit(ROOT)
+        return out
+
+    def row(self, name: str) -> LayerRow:
+        """The row of ``name`` (built on first use)."""
+        r = self.rows.get(name)
+        if r is None:
+            if name not in self.editor.tree.children:
+                raise KeyError(f"no module named {name!r}")
+            r = LayerRow(self, name)
+            self.rows[name] = r
+            self._sync_row(r)
+        return r
+
+    def set_expanded(self, names) -> None:
+        self.expanded = set(names)
+        self._relayout()
+
+    def toggle_expanded(self, name: str) -> None:
+        if name in self.expanded:
+            self.expanded.discard(name)
+        else:
+            self.expanded.add(name)
+        self._relayout()
+
+    def reveal(self, name: str) -> LayerRow:
+        """Expand the ancestors of ``name`` so its row shows; return the row."""
+        parts = name.split(".") if name else []
+        opened = {ROOT} | {".".join(parts[:k]) for k in range(1, len(parts))}
+        if not opened <= self.expanded:
+            self.expanded |= opened
+            self._relayout()
+        return self.row(name)
+
+    def _relayout(self) -> None:
+        names = self.visible_names()
+        rows = [self.row(n) for n in names]
+        for r in rows:
+            if not r.expand.disabled:
+                r.expand.description = "▾" if r.name in self.expanded else "▸"
+        self.rows_box.children = tuple(r.box for r in rows)
+
+    # -- selection ---------------------------------------------------------------------------
+    def select(self, name: str) -> None:
+        if self.selected is not None and self.selected in self.rows:
+            self.rows[self.selected].select.style.font_weight = ""
+            self.rows[self.selected].box.remove_class("memsave-selected")
+        self.selected = name
+        r = self.reveal(name)
+        r.select.style.font_weight = "bold"
+        r.box.add_class("memsave-selected")
+        if self.on_select is not None:
+            self.on_select(name)
+
+    # -- user edits -> editor -----------------------------------------------------------------
+    def _user_freeze(self, name: str, value: bool) -> None:
+        if not self._syncing:
+            self.editor.set_frozen(name, value)
+
+    def _user_memsave(self, name: str, value: bool) -> None:
+        if not self._syncing:
+            self.editor.set_memsave(name, value)
+
+    def _user_region(self, name: str, value: str) -> None:
+        if self._syncing:
+            return
+        self.editor.set_region(name, value)
+        self.select(name)
+
+    # -- editor / measurement -> widgets ------------------------------------------------------
+    def sync_controls(self) -> None:
+        """Put every built row's controls in line with the editor (after any edit or a load)."""
+        frozen = self.editor.frozen_boxes()
+        swapped = self.editor.memsave_boxes()
+        self._syncing = True
+        try:
+            for r in self.rows.values():
+                self._set_controls(r, frozen, swapped)
+        finally:
+            self._syncing = False
+
+    def _set_controls(self, r: LayerRow, frozen: dict[str, bool], swapped: dict[str, bool]) -> None:
+        if r.freeze.value != frozen[r.name]:
+            r.freeze.value = frozen[r.name]
+        if r.memsave.value != swapped[r.name]:
+            r.memsave.value = swapped[r.name]
+        key = self.editor.region_key(r.name)
+        if r.region.value != key:
+            r.region.value = key
+
+    def show(self, measurement: Measurement, baseline: Measurement | None) -> None:
+        """Fill the read-only cells from a measurement (deltas against ``baseline``)."""
+        self._measurement, self._baseline = measurement, baseline
+        self._by_name = {m.name: m for m in measurement.modules}
+        self._base_by_name = {m.name: m for m in baseline.modules} if baseline is not None else {}
+        self._params = _rolled_params(measurement)
+        for r in self.rows.values():
+            self._fill(r)
+
+    def _sync_row(self, r: LayerRow) -> None:
+        self._syncing = True
+        try:
+            self._set_controls(r, self.editor.frozen_boxes(), self.editor.memsave_boxes())
+        finally:
+            self._syncing = False
+        if self._measurement is not None:
+            self._fill(r)
+
+    def _fill(self, r: LayerRow) -> None:
+        tree = self.editor.tree
+        m = self._by_name.get(r.name)
+        base = self._base_by_name.get(r.name)
+        total = self._measurement.saved_bytes if self._measurement is not None else 0
+        if m is None:  # e.g. a compiled run that saw no module boundaries
+            value = info_html(tree.type_names[r.name], None, 0, 0, None, None, None)
+        else:
+            delta = (m.saved_bytes - base.saved_bytes) if base is not None else None
+            share = (m.saved_bytes / total) if total else 0.0
+            trainable, frozen = self._params.get(r.name, (m.trainable_params, m.frozen_params))
+            value = info_html(m.type_name, m.output_shape, trainable, frozen, m.saved_bytes, share, delta)
+        if r.info.value != value:
+            r.info.value = value
+
+    def displayed_saved_bytes(self, name: str) -> int | None:
+        """The saved bytes the row of ``name`` shows (from the measurement it was filled from)."""
+        m = getattr(self, "_by_name", {}).get(name)
+        return None if m is None else m.saved_bytes
+
+
+def _rolled_params(measurement: Measurement) -> dict[str, tuple[int, int]]:
+    """(trainable, frozen) parameter counts per module over its whole subtree (the rows hold own counts)."""
+    out: dict[str, list[int]] = {m.name: [0, 0] for m in measurement.modules}
+    for m in measurement.modules:
+        if not (m.trainable_params or m.frozen_params):
+            continue
+        parts = m.name.split(".") if m.name else []
+        for k in range(len(parts) + 1):
+            key = ".".join(parts[:k])
+            if key in out:
+                out[key][0] += m.trainable_params
+                out[key][1] += m.frozen_params
+    return {k: (v[0], v[1]) for k, v in out.items()}

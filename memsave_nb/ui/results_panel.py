@@ -1,0 +1,104 @@
+"""Results of the current plan: the peak and its split with deltas, step time, the memory
+timeline, saved activations per layer, and the history of plans tried (click a point to
+restore that plan).
+
+DOM hooks: ``.memsave-results-table`` (the split table), and the Bokeh figures named
+``peak_split_figure``, ``timeline_figure``, ``layer_bars_figure``, ``history_figure``.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Any, Callable, Sequence
+
+import ipywidgets as W
+
+from memsave_nb.measure import CATEGORIES, Measurement
+
+from . import figures
+from .format import format_bytes, format_delta_bytes, format_seconds
+from .plots import bokeh_widget
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    if a is None or b is None or not b:
+        return ""
+    return f" ({a / b:.2f}x)"
+
+
+def results_html(m: Measurement, base: Measurement) -> str:
+    """The table of the peak's split, saved activations, step time and FLOPs against the baseline."""
+
+    def row(label: str, now: int | None, before: int | None, cls: str = "") -> str:
+        delta = None if now is None or before is None else now - before
+        color = "#888" if not delta else ("#2ca02c" if delta < 0 else "#d62728")
+        c = f' class="{cls}"' if cls else ""
+        return (
+            f"<tr{c}><td>{html.escape(label)}</td><td style='text-align:right'>{format_bytes(now)}</td>"
+            f"<td style='text-align:right'>{format_bytes(before)}</td>"
+            f"<td style='text-align:right;color:{color}'>{format_delta_bytes(delta) if delta else '='}</td></tr>"
+        )
+
+    rows = [row("peak", m.peak_bytes, base.peak_bytes, "memsave-row-peak")]
+    for c in CATEGORIES:
+        rows.append(row(f"  {c.replace('_', ' ')} at peak", getattr(m.peak_split, c), getattr(base.peak_split, c)))
+    rows.append(row("saved activations", m.saved_bytes, base.saved_bytes, "memsave-row-saved"))
+    if m.cuda_peak_bytes is not None or base.cuda_peak_bytes is not None:
+        rows.append(row("CUDA allocator peak", m.cuda_peak_bytes, base.cuda_peak_bytes, "memsave-row-cuda"))
+    step = (
+        f"<tr><td>step time</td><td style='text-align:right'>{format_seconds(m.step_seconds)}</td>"
+        f"<td style='text-align:right'>{format_seconds(base.step_seconds)}</td>"
+        f"<td style='text-align:right'>{_ratio(m.step_seconds, base.step_seconds).strip(' ()')}</td></tr>"
+    )
+    flops = (
+        f"<tr><td>FLOPs</td><td style='text-align:right'>{m.flops:.3g}</td>"
+        f"<td style='text-align:right'>{base.flops:.3g}</td>"
+        f"<td style='text-align:right'>{_ratio(m.flops, base.flops).strip(' ()')}</td></tr>"
+    )
+    head = "<tr><th></th><th>this plan</th><th>baseline</th><th>change</th></tr>"
+    notes = "".join(f"<li>{html.escape(n)}</li>" for n in m.notes)
+    return (
+        f"<table style='border-collapse:collapse;font-size:90%'>{head}{''.join(rows)}{step}{flops}</table>"
+        + (f"<ul style='font-size:85%;color:#555'>{notes}</ul>" if notes else "")
+        + f"<div style='font-size:85%;color:#555'>peak during {html.escape(m.peak_phase or '-')}; "
+        f"{html.escape(m.mode)} mode on {html.escape(m.device)}</div>"
+    )
+
+
+class ResultsPanel(W.VBox):
+    def __init__(self, baseline: Measurement, on_pick: Callable[[int], None] | None = None):
+        self._on_pick = on_pick
+        self._picking = False
+        self.table = W.HTML()
+        self.table.add_class("memsave-results-table")
+        self.peak_plot = figures.peak_split(baseline, baseline)
+        self.timeline_plot = figures.timeline(baseline)
+        self.layers_plot = figures.layer_bars(baseline, baseline)
+        self.history_plot = figures.history([])
+        self.history_plot.source.selected.on_change("indices", self._tapped)
+        super().__init__([
+            W.HBox([self.table, bokeh_widget(self.history_plot.figure)], layout=W.Layout(align_items="flex-start")),
+            bokeh_widget(self.peak_plot.figure),
+            bokeh_widget(self.timeline_plot.figure),
+            bokeh_widget(self.layers_plot.figure),
+        ])
+        self.add_class("memsave-results")
+
+    def show(self, m: Measurement, base: Measurement) -> None:
+        self.table.value = results_html(m, base)
+        self.peak_plot.update(m, base)
+        self.timeline_plot.update(m)
+        self.layers_plot.update(m, base)
+
+    def show_history(self, entries: Sequence[Any], current: int | None) -> None:
+        self._picking = True
+        try:
+            self.history_plot.update(list(entries), current)
+            self.history_plot.source.selected.indices = []
+        finally:
+            self._picking = False
+
+    def _tapped(self, _attr: str, _old: list[int], new: list[int]) -> None:
+        if self._picking or not new or self._on_pick is None:
+            return
+        self._on_pick(int(new[0]))

@@ -1,0 +1,140 @@
+"""Selective activation checkpointing for the selected region: one row per op type.
+
+For the module selected in the layer table the panel lists each op type run in its forward with
+its count, the bytes it kept in the baseline (eager) and under the current plan, its FLOPs, and a
+save/recompute toggle; the region presets sit on top. Edits go to the :class:`PlanEditor`.
+
+DOM hooks: ``.memsave-sac`` (the panel), ``.memsave-sac-title``, ``.memsave-sac-presets``,
+``.memsave-sac-op-<op slug>`` (one toggle per op, ``aten.mm`` -> ``aten-mm``).
+"""
+
+from __future__ import annotations
+
+import html
+
+import ipywidgets as W
+
+from memsave_nb.measure import Measurement
+
+from .editor import REGION_CHOICES, PlanEditor, op_choice
+from .format import format_bytes, format_count
+from .tree import slug
+
+_COLS = (("op", 300), ("count", 60), ("kept (baseline)", 120), ("kept (now)", 120), ("FLOPs (op type, step)", 150))
+
+
+def _cell(text: str, width: int, align: str = "left") -> str:
+    return (
+        f'<span style="display:inline-block;width:{width}px;text-align:{align};overflow:hidden;'
+        f'white-space:nowrap;text-overflow:ellipsis">{text}</span>'
+    )
+
+
+class _OpRow:
+    def __init__(self, panel: "SacPanel", op: str):
+        self.op = op
+        self.info = W.HTML()
+        self.toggle = W.ToggleButtons(
+            options=[("save", "save"), ("recompute", "recompute")],
+            value="save",
+            style={"button_width": "80px"},
+            tooltips=["keep this op's outputs for backward", "recompute them in backward"],
+        )
+        self.toggle.add_class("memsave-sac-op")
+        self.toggle.add_class(f"memsave-sac-op-{slug(op)}")
+        self.box = W.HBox([self.info, self.toggle], layout=W.Layout(align_items="center"))
+        self.toggle.observe(lambda ch: panel._user_op(op, ch["new"]), "value")
+
+
+class SacPanel(W.VBox):
+    def __init__(self, editor: PlanEditor):
+        self.editor = editor
+        self.module: str | None = None
+        self._rows: dict[str, _OpRow] = {}
+        self._syncing = False
+        self._baseline: Measurement | None = None
+        self._measurement: Measurement | None = None
+        self.title = W.HTML("<i>Select a module in the layer table (click its name) to tune its checkpointing per op.</i>")
+        self.title.add_class("memsave-sac-title")
+        self.presets = W.ToggleButtons(options=list(REGION_CHOICES), value="none", style={"button_width": "150px"})
+        self.presets.add_class("memsave-sac-presets")
+        self.presets.observe(self._user_preset, "value")
+        self.header = W.HTML("".join(_cell(f"<b>{h}</b>", w) for h, w in _COLS))
+        self.ops_box = W.VBox()
+        self.note = W.HTML(
+            "<small>Save keeps an op's outputs for backward; recompute runs the op again in backward. "
+            "FLOPs are the op type's total over the whole step (not split per module).</small>"
+        )
+        super().__init__([self.title, self.presets, self.header, self.ops_box, self.note])
+        self.add_class("memsave-sac")
+        self._set_enabled(False)
+
+    def _set_enabled(self, on: bool) -> None:
+        self.presets.disabled = not on
+        for r in self._rows.values():
+            r.toggle.disabled = not on
+
+    # -- what to show ----------------------------------------------------------------------
+    def show_module(self, module: str) -> None:
+        self.module = module
+        self._rebuild()
+
+    def show(self, measurement: Measurement, baseline: Measurement) -> None:
+        self._measurement, self._baseline = measurement, baseline
+        self._rebuild()
+
+    def op_names(self) -> list[str]:
+        if self.module is None or self._baseline is None:
+            return []
+        return [o.op for o in self._baseline.ops_in(self.module)]
+
+    def _rebuild(self) -> None:
+        if self.module is None or self._baseline is None:
+            return
+        name = self.module or "(model)"
+        key = self.editor.region_key(self.module)
+        label = dict((v, k) for k, v in REGION_CHOICES).get(key, key)
+        self.title.value = f"<b>Region <code>{html.escape(name)}</code></b>: {html.escape(label)}"
+        base_ops = self._baseline.ops_in(self.module)
+        now = {o.op: o for o in (self._measurement or self._baseline).ops_in(self.module)}
+        rows = []
+        policy = self.editor.regions.get(self.module)
+        self._syncing = True
+        try:
+            if self.presets.value != key:
+                self.presets.value = key
+            for o in base_ops:
+                r = self._rows.get(o.op)
+                if r is None:
+                    r = self._rows[o.op] = _OpRow(self, o.op)
+                cur = now.get(o.op)
+                r.info.value = "".join([
+                    _cell(f"<code>{html.escape(o.op)}</code>", _COLS[0][1]),
+                    _cell(format_count(o.count), _COLS[1][1], "right"),
+                    _cell(format_bytes(o.saved_bytes), _COLS[2][1], "right"),
+                    _cell(format_bytes(cur.saved_bytes if cur else 0), _COLS[3][1], "right"),
+                    _cell(f"{o.flops:.3g}" if o.flops else "-", _COLS[4][1], "right"),
+                ])
+                choice = op_choice(policy, o.op)
+                if r.toggle.value != choice:
+                    r.toggle.value = choice
+                rows.append(r.box)
+        finally:
+            self._syncing = False
+        self.ops_box.children = tuple(rows)
+        self._set_enabled(True)
+
+    def toggle(self, op: str) -> W.ToggleButtons:
+        """The save/recompute toggle of ``op`` in the current region."""
+        return self._rows[op].toggle
+
+    # -- user edits ------------------------------------------------------------------------
+    def _user_preset(self, change) -> None:
+        if self._syncing or self.module is None:
+            return
+        self.editor.set_region(self.module, change["new"])
+
+    def _user_op(self, op: str, choice: str) -> None:
+        if self._syncing or self.module is None:
+            return
+        self.editor.set_op(self.module, op, choice)

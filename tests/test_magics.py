@@ -1,0 +1,137 @@
+"""The magics through IPython's own InteractiveShell: load, open, measure a cell, report, unload."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell
+
+from memsave_nb import Workload, measure
+from memsave_nb.magics import MemsaveMagics
+from memsave_nb.measure import Measurement
+from memsave_nb.ui.explorer import Explorer
+
+pytestmark = pytest.mark.timeout(300)
+
+SETUP = """
+import torch
+import torch.nn.functional as F
+from memsave_nb import zoo
+torch.manual_seed(0)
+model = zoo.mlp((64, 128, 128, 10))
+x = torch.randn(16, 64)
+y = torch.randint(0, 10, (16,))
+opt = torch.optim.AdamW(model.parameters())
+"""
+
+STEP = """\
+out = model(x)
+loss = F.cross_entropy(out, y)
+loss.backward()
+opt.step()
+opt.zero_grad()
+"""
+
+
+@pytest.fixture()
+def ip():
+    shell = InteractiveShell.instance()
+    shell.run_cell(SETUP)
+    shell.run_line_magic("load_ext", "memsave_nb")
+    yield shell
+    shell.run_line_magic("unload_ext", "memsave_nb")
+
+
+def test_load_registers_and_unload_removes_the_magics():
+    shell = InteractiveShell.instance()
+    shell.run_line_magic("load_ext", "memsave_nb")
+    magics = shell.magics_manager.magics
+    assert {"memsave", "memsave_report"} <= set(magics["line"]) and "memsave" in magics["cell"]
+    shell.run_line_magic("unload_ext", "memsave_nb")
+    assert "memsave" not in magics["line"] and "memsave_report" not in magics["line"]
+    assert "memsave" not in magics["cell"]
+    shell.run_line_magic("load_ext", "memsave_nb")  # and again
+    assert "memsave" in shell.magics_manager.magics["line"]
+    shell.run_line_magic("unload_ext", "memsave_nb")
+
+
+def test_cell_magic_measures_the_step_the_cell_runs(ip, capsys):
+    m = ip.run_cell_magic("memsave", "-r", STEP)
+    assert isinstance(m, Measurement)
+    printed = capsys.readouterr().out
+    assert "peak memory:" in printed and "saved activations:" in printed
+    # the same step driven by the engine gives the same bytes
+    ns = ip.user_ns
+    ref = measure(Workload(ns["model"], ns["x"], loss=lambda o: F.cross_entropy(o, ns["y"])), repeats=0)
+    assert m.saved_bytes == ref.saved_bytes > 0
+    assert m.peak_bytes == ref.peak_bytes
+    assert m.peak_split == ref.peak_split
+    assert m.module("1").saved_bytes == ref.module("1").saved_bytes
+    assert m.peak_phase == "optimizer" and m.peak_split.optimizer_state > 0
+    # the cell really ran: its names are in the namespace, the optimizer stepped once
+    assert "loss" in ns and len(ns["opt"].state) == len(list(ns["model"].parameters()))
+
+
+def test_cell_magic_without_r_returns_nothing_and_takes_a_model(ip, capsys):
+    assert ip.run_cell_magic("memsave", "-m model", STEP) is None
+    assert "saved activations" in capsys.readouterr().out
+    with pytest.raises(UsageError, match="not a torch.nn.Module"):
+        ip.run_cell_magic("memsave", "-m x", STEP)
+
+
+def test_line_magic_opens_the_explorer_on_notebook_objects(ip):
+    ex = ip.run_line_magic("memsave", "model x --loss 'F.cross_entropy(out, y)' --optimizer sgd")
+    assert isinstance(ex, Explorer)
+    ns = ip.user_ns
+    ref = measure(Workload(ns["model"], ns["x"], loss=lambda o: F.cross_entropy(o, ns["y"]), optimizer="sgd"), repeats=0)
+    assert ex.baseline.saved_bytes == ref.saved_bytes
+    assert ex.baseline.peak_bytes == ref.peak_bytes
+    # a loss given as a function works too; --fake measures with fake tensors
+    ip.run_cell("def my_loss(out):\n    return out.pow(2).mean()")
+    ex2 = ip.run_line_magic("memsave", "model x --loss my_loss --fake --optimizer none")
+    assert ex2.session.mode == "fake" and ex2.baseline.step_seconds is None
+    assert ex2.baseline.peak_split.optimizer_state == 0
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("nomodel x", "nomodel"),
+        ("model", "required"),
+        ("x x", "not a torch.nn.Module"),
+        ("model x --optimizer rmsprop", "--optimizer"),
+        ("model x --loss 3", "not a function"),
+        ("model x --loss 'out +'", "not a Python expression"),
+        ("model x --bogus", "unrecognized"),
+    ],
+)
+def test_line_magic_mistakes_are_one_line_usage_errors(ip, line, message):
+    with pytest.raises(UsageError, match=message) as info:
+        ip.run_line_magic("memsave", line)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
+def test_asking_for_cuda_without_one_is_a_usage_error(ip):
+    with pytest.raises(UsageError, match="not available"):
+        ip.run_line_magic("memsave", "model x --device cuda")
+
+
+def test_report_writes_the_html_of_the_explorers_session(ip, tmp_path):
+    magics = ip.magics_manager.registry["MemsaveMagics"]
+    assert isinstance(magics, MemsaveMagics)
+    with pytest.raises(UsageError, match="nothing to report"):
+        magics.session = magics.last_measurement = None
+        ip.run_line_magic("memsave_report", str(tmp_path / "r.html"))
+    ex = ip.run_line_magic("memsave", "model x --static")
+    ex.table.row("0").freeze.value = True
+    ex.run_now()
+    path = tmp_path / "report.html"
+    ip.run_line_magic("memsave_report", str(path))
+    text = path.read_text()
+    assert text.startswith("<!DOCTYPE html>") and "cdn.bokeh.org" not in text
+    assert "freeze 0" in text  # the plan tried is in it
+    with pytest.raises(UsageError, match="html"):
+        ip.run_line_magic("memsave_report", str(tmp_path / "r.txt"))
