@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .errors import WorkloadError
-from .workload import Workload
+from .workload import Workload, check_device
 
 
 # -- CNN ------------------------------------------------------------------------------------------
@@ -266,9 +266,11 @@ def make(name: str, batch_size: int | None = None, *, seed: int = 0, device: str
     """A demo workload by name; an unknown name is a one-line error listing the known ones."""
     if name not in _BUILDERS:
         raise WorkloadError(f"unknown demo model {name!r}; choose from {', '.join(NAMES)}")
+    device = check_device(device)  # before building: a missing GPU is a one-line error, not an assert
     return _BUILDERS[name](batch_size or DEFAULT_BATCH[name], seed, device)
 
 
 def gpt(config: GPTConfig | None = None, batch_size: int = 8, *, seed: int = 0, device: str = "cpu") -> Workload:
     """A GPT-style workload with a custom config (e.g. a GPT-2-small shape for fake mode)."""
+    device = check_device(device)
     return _gpt(batch_size, seed, device, config or GPTConfig())

@@ -41,6 +41,10 @@ def measure(
     if mode not in MODES:
         raise WorkloadError(f"unknown mode {mode!r}; choose 'real' or 'fake'")
     model = workload.model
+    if mode == "real" and _has_fake_tensors(model):
+        raise WorkloadError(
+            f"the model of {workload.name!r} holds fake or meta tensors (built under FakeTensorMode or on the meta device): measure it with mode='fake'"
+        )
     snapshot = ModelSnapshot.capture(model, copy_values=(mode == "real"))
     try:
         if mode == "fake":
@@ -203,6 +207,15 @@ def _is_fake(t: torch.Tensor) -> bool:
     from torch._subclasses.fake_tensor import FakeTensor
 
     return isinstance(t, FakeTensor)
+
+
+def _has_fake_tensors(model: nn.Module) -> bool:
+    return any(_is_fake(t) or t.device.type == "meta" for t in _params_and_buffers(model))
+
+
+def _params_and_buffers(model: nn.Module) -> Iterator[torch.Tensor]:
+    yield from model.parameters()
+    yield from (b for b in model.buffers() if b is not None)
 
 
 @contextlib.contextmanager
