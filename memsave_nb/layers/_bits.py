@@ -30,12 +30,14 @@ def pack_bits(mask: Tensor) -> Tensor:
     return packed
 
 
-def unpack_bits(packed: Tensor, shape: torch.Size | tuple[int, ...]) -> Tensor:
-    """Inverse of :func:`pack_bits`: a contiguous bool tensor of ``shape``."""
+def unpack_bits(packed: Tensor, shape: torch.Size | tuple[int, ...], dtype: torch.dtype = torch.bool
+                ) -> Tensor:
+    """Inverse of :func:`pack_bits`: a contiguous tensor of ``shape`` holding 0/1, as bool or
+    (``dtype=torch.uint8``, which the stock backward kernels take directly) as uint8."""
     shifts = torch.arange(_BITS, device=packed.device, dtype=torch.uint8)
     bits = packed.unsqueeze(1) >> shifts  # (numel / 8, 8); one byte per element, then in place
     bits &= 1
     numel = 1
     for size in shape:
         numel *= size
-    return bits.view(-1)[:numel].view(torch.bool).view(shape)
+    return bits.view(-1)[:numel].view(dtype).view(shape)

@@ -33,9 +33,10 @@ _SOLE_HOLDER_USES = 2
 class OutputHolder:
     """A detached alias of an output, or (after compaction) its packed positive mask."""
 
-    __slots__ = ("output", "version", "packed", "shape", "__weakref__")
+    __slots__ = ("output", "version", "packed", "shape", "relu", "__weakref__")
 
-    def __init__(self, output: Tensor) -> None:
+    def __init__(self, output: Tensor, relu: bool = True) -> None:
+        self.relu = relu
         self.output: Tensor | None = output.detach()
         self.version = output._version
         self.packed: Tensor | None = None
@@ -51,7 +52,9 @@ class OutputHolder:
         uses = torch._C._storage_Use_Count(output.untyped_storage()._cdata)
         if uses > _SOLE_HOLDER_USES:
             return False
-        self.packed = pack_bits(output > 0)
+        # a ReLU output is >= 0 (or NaN, which backward lets through): nonzero is the test;
+        # a leaky output (slope > 0) is positive exactly where its input was
+        self.packed = pack_bits(output.bool() if self.relu else output > 0)
         self.output = None
         return True
 
@@ -68,13 +71,13 @@ class OutputHolder:
             )
         return output
 
-    def positive_mask(self) -> Tensor:
-        """The bool mask ``output > 0`` (from the packed bits once compacted)."""
+    def mask_uint8(self) -> Tensor:
+        """The 0/1 mask of where the output passed the gradient, as uint8."""
         if self.packed is not None:
-            return unpack_bits(self.packed, self.shape)
+            return unpack_bits(self.packed, self.shape, torch.uint8)
         output = self.held_output()
         assert output is not None
-        return output > 0
+        return (output.bool() if self.relu else output > 0).view(torch.uint8)
 
 
 _pending: list[weakref.ref[OutputHolder]] = []

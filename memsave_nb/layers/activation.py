@@ -13,30 +13,31 @@ from ._bits import pack_bits, unpack_bits
 
 
 class _MaskedLeakyReLU(torch.autograd.Function):
-    """``y = x if x > 0 else slope * x``; backward needs only the sign mask (slope 0 is ReLU)."""
+    """``y = x if x > 0 else slope * x`` (``slope=None``: ReLU); backward needs only a mask."""
 
     @staticmethod
-    def forward(ctx: Any, x: Tensor, slope: float, inplace: bool, lazy: bool) -> Tensor:
+    def forward(ctx: Any, x: Tensor, slope: float | None, inplace: bool, lazy: bool) -> Tensor:
         ctx.slope = slope
         ctx.shape = x.shape
         # With slope < 0 the output's sign no longer tells the input's: mask from the input.
-        lazy = lazy and slope >= 0
-        mask = None if lazy else x > 0
-        if slope == 0.0:
+        lazy = lazy and (slope is None or slope > 0)
+        # Leaky: the input's sign, taken before an in-place op. ReLU: from the output below,
+        # ``out != 0``, which lets NaN through as stock's ``not (out <= 0)`` does.
+        mask = x > 0 if (not lazy and slope is not None) else None
+        if slope is None:
             out = torch.relu_(x) if inplace else torch.relu(x)
         else:
             out = F.leaky_relu_(x, slope) if inplace else F.leaky_relu(x, slope)
         if inplace:
             ctx.mark_dirty(x)
         if lazy:
-            holder = _holder.OutputHolder(out)
+            holder = _holder.OutputHolder(out, relu=slope is None)
             ctx.holder = holder
             _holder.register(holder)
             ctx.save_for_backward()
         else:
             ctx.holder = None
-            assert mask is not None
-            ctx.save_for_backward(pack_bits(mask))
+            ctx.save_for_backward(pack_bits(out.bool() if mask is None else mask))
         return x if inplace else out  # the very input object: what dynamo checks for mark_dirty
 
     @staticmethod
@@ -44,24 +45,26 @@ class _MaskedLeakyReLU(torch.autograd.Function):
         if ctx.holder is not None:
             output = ctx.holder.held_output()
             if output is not None:  # stock's own kernels on the very output: no mask built
-                if ctx.slope == 0.0:
+                if ctx.slope is None:
                     return torch.ops.aten.threshold_backward(grad, output, 0), None, None, None
                 return (torch.ops.aten.leaky_relu_backward(grad, output, ctx.slope, True),
                         None, None, None)
-            mask = ctx.holder.positive_mask()
+            mask = ctx.holder.mask_uint8()
         else:
             (packed,) = ctx.saved_tensors
-            mask = unpack_bits(packed, ctx.shape)
-        if ctx.slope == 0.0:
-            return torch.where(mask, grad, 0), None, None, None
-        return torch.where(mask, grad, grad * ctx.slope), None, None, None
+            mask = unpack_bits(packed, ctx.shape, torch.uint8)
+        # stock's kernels read a 0/1 uint8 mask as the (output > 0) test they normally do
+        if ctx.slope is None:
+            return torch.ops.aten.threshold_backward(grad, mask, 0), None, None, None
+        return (torch.ops.aten.leaky_relu_backward(grad, mask, ctx.slope, False),
+                None, None, None)
 
 
-def masked_leaky_relu(x: Tensor, slope: float = 0.0, inplace: bool = False) -> Tensor:
-    """Leaky ReLU (ReLU for ``slope == 0``) keeping a 1-bit mask, or nothing new when the
+def masked_leaky_relu(x: Tensor, slope: float | None = None, inplace: bool = False) -> Tensor:
+    """Leaky ReLU (ReLU for ``slope=None``) keeping a 1-bit mask, or nothing new when the
     output is kept by someone else anyway (see :mod:`._holder`)."""
     if not (torch.is_grad_enabled() and x.requires_grad):
-        if slope == 0.0:
+        if slope is None:
             return F.relu(x, inplace=inplace)
         return F.leaky_relu(x, slope, inplace=inplace)
     _holder.compact()
@@ -77,7 +80,7 @@ class MemSaveReLU(nn.ReLU):
     """``nn.ReLU`` keeping ceil(N/8) bytes for backward (stock keeps the float output)."""
 
     def forward(self, input: Tensor) -> Tensor:
-        return masked_leaky_relu(input, 0.0, self.inplace)
+        return masked_leaky_relu(input, None, self.inplace)
 
 
 class MemSaveLeakyReLU(nn.LeakyReLU):

@@ -45,12 +45,12 @@ class _Dropout(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, None, None]:
         (packed,) = ctx.saved_tensors
-        mask = unpack_bits(packed, ctx.shape)
         if ctx.fused:  # stock's own backward kernel there
+            mask = unpack_bits(packed, ctx.shape)
             return torch.ops.aten.native_dropout_backward(grad, mask, 1.0 / (1 - ctx.p)), None, None
-        # the kept elements' noise value, computed as the forward computed it
+        # grad * noise as stock, with noise = scale * mask; scale computed as forward did
         scale = torch.ones((), dtype=grad.dtype, device=grad.device).div_(1 - ctx.p)
-        return torch.where(mask, grad * scale, 0), None, None
+        return grad.mul(scale).mul_(unpack_bits(packed, ctx.shape, torch.uint8)), None, None
 
 
 def dropout(x: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> Tensor:

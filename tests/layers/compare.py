@@ -58,7 +58,7 @@ def assert_same(a: Result, b: Result, exact_output: bool = True, exact_grads: bo
     """Outputs, gradients and state equal: bit for bit where asked, else within dtype tolerance."""
     tol = TOLERANCE[a.output.dtype]
     if exact_output:
-        assert torch.equal(a.output, b.output)
+        torch.testing.assert_close(b.output, a.output, rtol=0, atol=0, equal_nan=True)
     else:
         torch.testing.assert_close(b.output, a.output, **tol)
     assert a.grads.keys() == b.grads.keys()
@@ -69,7 +69,7 @@ def assert_same(a: Result, b: Result, exact_output: bool = True, exact_grads: bo
             continue
         assert ga.dtype == gb.dtype and ga.shape == gb.shape, name
         if exact_grads:
-            assert torch.equal(ga, gb), name
+            torch.testing.assert_close(gb, ga, rtol=0, atol=0, equal_nan=True, msg=name)
         else:
             torch.testing.assert_close(gb, ga, **TOLERANCE[ga.dtype], msg=name)
     assert a.state.keys() == b.state.keys()

@@ -39,6 +39,9 @@ def test_activation_matches_stock(slope: float | None, inplace: bool, shape: lis
     torch.manual_seed(seed)
     x = torch.randn(shape, dtype=dtype)
     x.view(-1)[0] = 0.0  # the kink: both must route the gradient the same way
+    if x.numel() > 2:
+        x.view(-1)[1] = float("nan")  # NaN passes or stops the gradient exactly as in stock
+        x.view(-1)[2] = -0.0
     stock = make(slope, inplace)
     a = run(stock, x, {"input": True})
     if hooks:  # a saved-tensor hook active: the mask is packed at once
