@@ -1,0 +1,115 @@
+"""Workload: batches of every shape a model takes, the default loss, optimizers, devices."""
+
+from __future__ import annotations
+
+from collections import namedtuple
+from dataclasses import dataclass
+
+import pytest
+import torch
+from torch import nn
+
+from memsave_nb import Workload, WorkloadError
+from memsave_nb.workload import default_loss, iter_tensors, map_tensors
+
+
+class TwoArgs(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(3, 2)
+
+    def forward(self, a, b=None):
+        return self.fc(a) + (0 if b is None else b)
+
+
+@dataclass
+class Out:
+    loss: torch.Tensor
+    logits: torch.Tensor
+
+
+Pair = namedtuple("Pair", "a b")
+
+BATCHES = {
+    "tensor": lambda: torch.ones(4, 3),
+    "tuple": lambda: (torch.ones(4, 3), torch.zeros(4, 2)),
+    "list": lambda: [torch.ones(4, 3), torch.zeros(4, 2)],
+    "dict": lambda: {"a": torch.ones(4, 3), "b": torch.zeros(4, 2)},
+    "factory": lambda: (lambda: torch.ones(4, 3)),
+}
+
+
+@pytest.mark.parametrize("kind", list(BATCHES))
+def test_forward_takes_each_batch_kind(kind):
+    wl = Workload(TwoArgs(), BATCHES[kind]())
+    out = wl.forward(wl.make_batch())
+    assert out.shape == (4, 2)
+    assert wl.compute_loss(out).shape == ()
+
+
+def test_factory_makes_a_fresh_batch_each_time():
+    wl = Workload(TwoArgs(), lambda: torch.randn(4, 3))
+    assert wl.make_batch() is not wl.make_batch()
+
+
+def test_dtype_and_input_grad_apply_to_floating_tensors_only():
+    wl = Workload(nn.Embedding(5, 3), {"input": torch.tensor([1, 2]), "x": torch.ones(2)}, dtype=torch.float64, input_requires_grad=True)
+    b = wl.make_batch()
+    assert b["input"].dtype == torch.int64 and not b["input"].requires_grad
+    assert b["x"].dtype == torch.float64 and b["x"].requires_grad
+
+
+def test_default_loss():
+    t = torch.arange(3.0)
+    assert default_loss(t).item() == 3.0
+    assert default_loss(Out(loss=torch.tensor(2.0), logits=t)).item() == 2.0
+    assert default_loss({"loss": torch.tensor(5.0), "logits": t}).item() == 5.0
+    assert default_loss((t, t)).item() == 6.0
+    with pytest.raises(WorkloadError, match="no floating-point tensor"):
+        default_loss((torch.tensor([1, 2]),))
+
+
+def test_non_scalar_loss_is_one_line():
+    wl = Workload(TwoArgs(), torch.ones(4, 3), loss=lambda out: out)
+    with pytest.raises(WorkloadError, match=r"the loss must be a scalar, got shape \(4, 2\)"):
+        wl.compute_loss(wl.forward(wl.make_batch()))
+
+
+@pytest.mark.parametrize("spec,kind", [("adamw", torch.optim.AdamW), ("sgd", torch.optim.SGD), ("adam", torch.optim.Adam)])
+def test_optimizer_over_trainable_parameters_only(spec, kind):
+    model = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 2))
+    model[0].requires_grad_(False)
+    opt = Workload(model, torch.ones(1, 3), optimizer=spec).make_optimizer()
+    assert isinstance(opt, kind)
+    assert {id(p) for g in opt.param_groups for p in g["params"]} == {id(p) for p in model[1].parameters()}
+
+
+def test_no_optimizer_cases():
+    model = nn.Linear(3, 2)
+    assert Workload(model, torch.ones(1, 3), optimizer=None).make_optimizer() is None
+    assert Workload(model, torch.ones(1, 3), optimizer="none").make_optimizer() is None
+    assert Workload(model.requires_grad_(False), torch.ones(1, 3)).make_optimizer() is None
+    factory = Workload(nn.Linear(3, 2), torch.ones(1, 3), optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1)).make_optimizer()
+    assert isinstance(factory, torch.optim.SGD)
+
+
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+def test_devices_that_exist(device):
+    assert Workload(nn.Linear(3, 2), torch.ones(1, 3), device=device).device == device
+
+
+@pytest.mark.parametrize("device,message", [("tpu9", "unknown device"), ("cuda:7", "not available")])
+def test_devices_that_do_not(device, message):
+    if device.startswith("cuda") and torch.cuda.device_count() > 7:
+        pytest.skip("this machine has 8 GPUs")
+    with pytest.raises(WorkloadError, match=message):
+        Workload(nn.Linear(3, 2), torch.ones(1, 3), device=device)
+
+
+def test_map_and_iter_tensors_keep_structure():
+    nested = {"a": [torch.ones(1), (torch.zeros(2), 3)], "p": Pair(torch.ones(3), "x")}
+    mapped = map_tensors(nested, lambda t: t + 1)
+    assert isinstance(mapped["p"], Pair) and mapped["p"].b == "x"
+    assert mapped["a"][1][1] == 3 and torch.equal(mapped["a"][1][0], torch.ones(2))
+    assert [t.numel() for t in iter_tensors(nested)] == [1, 2, 3]
+    assert [t.numel() for t in iter_tensors(Out(torch.ones(1), torch.ones(4)))] == [1, 4]
