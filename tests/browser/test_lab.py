@@ -117,30 +117,87 @@ COURSE_01 = [Path(p) for p in [os.environ.get("MEMSAVE_COURSE_NB", "")] if p] or
 )
 needs_course = pytest.mark.skipif(not COURSE_01, reason="notebooks/01*.ipynb does not exist yet")
 
+# Notebook 01 explores the demo CNN on a batch of 8 (zoo.make("cnn", batch_size=8)); the test
+# freezes the stem in the explorer and expects what the engine measures for that plan.
+COURSE_01_MODEL, COURSE_01_BATCH = "cnn", 8
+FREEZE = "stem"
+
+
+@pytest.fixture(scope="module")
+def course_01_expected():
+    """Saved-activation bytes the engine gives for the baseline and for the stem frozen."""
+    from memsave_nb import zoo
+    from memsave_nb.plan import Plan
+    from memsave_nb.session import Session
+
+    session = Session(zoo.make(COURSE_01_MODEL, batch_size=COURSE_01_BATCH), repeats=1)
+    frozen = session.run(Plan(frozen=(FREEZE,))).measurement.saved_bytes
+    base = session.baseline.saved_bytes
+    assert frozen < base, "freezing the stem must change the figure, or the click proves nothing"
+    return {"baseline": base, "frozen": frozen}
+
+
+def _saved_texts(nbytes: int) -> tuple[str, str]:
+    """The two header labels as the explorer writes them (memsave_nb.ui.format)."""
+    from memsave_nb.ui.format import format_bytes
+
+    return format_bytes(nbytes), f"{nbytes:,} B"
+
+
+def _check_explorer_shows(page, nbytes: int, *, timeout: float = 120) -> None:
+    total, exact = _saved_texts(nbytes)
+    explorer = page.locator(".memsave-explorer").first
+    explorer.wait_for(state="visible", timeout=timeout * 1000)
+    lh.wait_for_text(explorer.locator(".memsave-saved-bytes").first, exact, timeout=timeout)
+    lh.wait_for_text(explorer.locator(".memsave-saved-total").first, total, timeout=timeout)
+
 
 @needs_course
 @pytest.mark.timeout(420)
-def test_course_notebook_01_runs_in_lab(lab, lab_root, page):
+def test_course_notebook_01_runs_in_lab(lab, lab_root, page, course_01_expected):
     nb = lh.copy_notebook(COURSE_01[0], lab_root)
     lh.open_notebook(page, lab, nb.name)
+    start = time.monotonic()
     lh.run_all(page, via="menu", timeout=300)
+    print(f"notebook 01 ran in Lab in {time.monotonic() - start:.1f} s")
     lh.assert_no_cell_errors(page)
-    page.locator(".jp-NotebookPanel .jp-OutputArea .jupyter-widgets").first.wait_for(state="visible", timeout=60_000)
-    # Explorer check, to add once its widgets have stable CSS classes, e.g.:
-    #   total = page.locator(".memsave-saved-total").first
-    #   before = lh.wait_for_text(total, re.compile(r"\d"))
-    #   lh.widget_checkbox(page, "layer1").click()
-    #   after = lh.wait_for_text_change(total, before)   # then compare with the engine's number
+
+    # The explorer shows the engine's baseline ...
+    _check_explorer_shows(page, course_01_expected["baseline"])
+    explorer = page.locator(".memsave-explorer").first
+    box = explorer.locator(f".memsave-freeze-{FREEZE} input[type=checkbox]").first
+    box.scroll_into_view_if_needed()
+    assert not box.is_checked()
+    # ... a click on the stem's freeze box reruns the step ...
+    start = time.monotonic()
+    box.click()
+    assert box.is_checked()
+    # ... and the saved-activation figure becomes what the engine gives for that plan.
+    _check_explorer_shows(page, course_01_expected["frozen"])
+    print(f"toggle to updated figure: {time.monotonic() - start:.1f} s")
+    lh.wait_for_text(explorer.locator(".memsave-status").first, re.compile(r"^\s*done"))
+    assert "-" in explorer.locator(".memsave-saved-delta").first.inner_text()  # a drop against the baseline
+    lh.assert_no_cell_errors(page)
+    explorer.scroll_into_view_if_needed()
     lh.screenshot(page, ARTIFACTS / "browser-lab-course-01.png")
 
 
 @needs_course
 @pytest.mark.timeout(420)
-def test_course_notebook_01_as_voila_app(voila_factory, tmp_path, page):
+def test_course_notebook_01_as_voila_app(voila_factory, tmp_path, page, course_01_expected):
     nb = lh.copy_notebook(COURSE_01[0], tmp_path)
     server = voila_factory(nb)
     page.goto(server.url(), wait_until="domcontentloaded", timeout=90_000)
-    page.locator(".jupyter-widgets").first.wait_for(state="visible", timeout=300_000)
+    # App mode: the whole notebook runs, then the explorer renders with the engine's numbers.
+    _check_explorer_shows(page, course_01_expected["baseline"], timeout=300)
+    explorer = page.locator(".memsave-explorer").first
     assert page.locator(".cm-editor, .CodeMirror").count() == 0, "Voila shows code"
     assert "Traceback" not in page.locator("body").inner_text()
+    # The app is live: its kernel reruns the step on a click, as in Lab.
+    box = explorer.locator(f".memsave-freeze-{FREEZE} input[type=checkbox]").first
+    box.scroll_into_view_if_needed()
+    box.click()
+    _check_explorer_shows(page, course_01_expected["frozen"])
+    assert "Traceback" not in page.locator("body").inner_text()
+    explorer.scroll_into_view_if_needed()
     lh.screenshot(page, ARTIFACTS / "browser-voila-course-01.png")
