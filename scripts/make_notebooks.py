@@ -7,6 +7,7 @@ asserts its key claim from measured numbers, so the notebook test catches a regr
 
 from __future__ import annotations
 
+import copy
 import sys
 from pathlib import Path
 
@@ -195,7 +196,9 @@ NOTEBOOKS: dict[str, list] = {
 
 
 def build(name: str, cells: list) -> nbformat.NotebookNode:
-    nb = new_notebook(cells=cells)
+    nb = new_notebook(cells=copy.deepcopy(cells))
+    for i, cell in enumerate(nb.cells):  # stable ids: regenerating gives the same file
+        cell["id"] = f"cell-{i:02d}"
     nb.metadata["kernelspec"] = dict(KERNELSPEC)
     nb.metadata["language_info"] = {"name": "python"}
     nbformat.validate(nb)
