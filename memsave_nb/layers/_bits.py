@@ -39,7 +39,7 @@ def pack_bits(mask: Tensor) -> Tensor:
         if flat.storage_offset() % _BITS:
             flat = flat.clone()
         words = flat.view(torch.int64)  # 8 elements (0/1 bytes) per word
-        return ((words * _GATHER) >> 56).to(torch.uint8)
+        return (words * _GATHER).view(torch.uint8)[7::8].clone()  # each word's top byte
     cols = flat.view(-1, _BITS).view(torch.uint8)  # portable path: one shift per bit
     packed = cols[:, 0].clone()
     for bit in range(1, _BITS):

@@ -179,7 +179,7 @@ class _MaxPool(torch.autograd.Function):
             else:
                 out, local = _cat(out_chunks), torch.cat(local_chunks)
         ctx.save_for_backward(local)
-        ctx.params = (kernel, stride, padding, dilation)
+        ctx.params = (kernel, stride, padding, dilation, ceil_mode)
         ctx.deltas = deltas
         ctx.x_shape = x.shape
         return out
@@ -187,21 +187,18 @@ class _MaxPool(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
         (local,) = ctx.saved_tensors
-        kernel, stride, padding, dilation = ctx.params
+        kernel, stride, padding, dilation, ceil_mode = ctx.params
         n = len(kernel)
         x_shape = ctx.x_shape
         in_spatial = x_shape[-n:]
-        spatial_numel = 1
-        for s in in_spatial:
-            spatial_numel *= s
-        grad_x = grad.new_zeros((*x_shape[:-n], spatial_numel))
         deltas_t = None
         if ctx.deltas is not None:
             deltas_t = torch.tensor(ctx.deltas, dtype=torch.int64, device=grad.device)
+        grad_x = grad.new_empty(x_shape)
         if len(x_shape) == n + 1:
-            spans = [(None, None)]
+            spans: list[tuple[int | None, int | None]] = [(None, None)]
         else:
-            spans = _chunks(x_shape[0], grad[0].numel())
+            spans = list(_chunks(x_shape[0], grad[0].numel()))
         for lo, hi in spans:
             g, loc, gx = grad[lo:hi], local[lo:hi], grad_x[lo:hi]
             if deltas_t is None:
@@ -210,9 +207,25 @@ class _MaxPool(torch.autograd.Function):
             else:
                 flat = deltas_t.index_select(0, loc.reshape(-1).int()).view(loc.shape)
                 flat.add_(_window_base(g.shape[-n:], in_spatial, stride, padding, g.device))
-            gx.scatter_add_(-1, flat.reshape(*gx.shape[:-1], -1), g.reshape(*gx.shape[:-1], -1))
+            _stock_backward(g, gx, flat, kernel, stride, padding, dilation, ceil_mode)
             del flat
-        return grad_x.view(x_shape), None, None, None, None, None
+        return grad_x, None, None, None, None, None
+
+
+def _stock_backward(grad: Tensor, grad_x: Tensor, flat: Tensor, kernel: list[int],
+                    stride: list[int], padding: list[int], dilation: list[int],
+                    ceil_mode: bool) -> None:
+    """Stock's max-pool backward kernel, writing into ``grad_x`` (which it zero-fills); the
+    input it asks for only lends its shape, so a one-element stand-in serves."""
+    if len(kernel) == 1:  # 1d runs as 2d over a height of one
+        grad, grad_x, flat = grad.unsqueeze(-2), grad_x.unsqueeze(-2), flat.unsqueeze(-2)
+        kernel, stride = [1, *kernel], [1, *stride]
+        padding, dilation = [0, *padding], [1, *dilation]
+    backward = (torch.ops.aten.max_pool2d_with_indices_backward if len(kernel) == 2
+                else torch.ops.aten.max_pool3d_with_indices_backward)
+    stand_in = grad.new_empty(1).expand(grad_x.shape)
+    backward.grad_input(grad, stand_in, kernel, stride, padding, dilation, ceil_mode, flat,
+                        grad_input=grad_x)
 
 
 def _cat(chunks: list[Tensor]) -> Tensor:
