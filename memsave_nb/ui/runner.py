@@ -1,7 +1,9 @@
 """Debounced background runs: the newest request wins, one worker thread at a time.
 
-A widget change calls :meth:`Runner.submit`; after ``debounce_s`` of quiet the job starts on a
-worker thread, so the kernel stays responsive. A new request while a job runs cancels that job
+A widget change calls :meth:`Runner.submit`; the job runs on a worker thread, so the kernel
+stays responsive. A request while the runner is idle starts at once (``leading=True``); requests that come while
+one is scheduled or running form a burst: the running job is cancelled and only the last
+request starts, ``debounce_s`` after the burst ends. A new request while a job runs cancels that job
 (its ``threading.Event`` is set) and starts once it has stopped. :meth:`wait` blocks until
 nothing is scheduled or running; :meth:`run_sync` runs a job in the calling thread.
 
@@ -18,8 +20,9 @@ Job = Callable[[threading.Event], Any]
 
 
 class Runner:
-    def __init__(self, debounce_s: float = 0.3, *, name: str = "memsave-run"):
+    def __init__(self, debounce_s: float = 0.3, *, leading: bool = True, name: str = "memsave-run"):
         self.debounce_s = debounce_s
+        self.leading = leading
         self.name = name
         self.last_exception: BaseException | None = None
         self._lock = threading.RLock()
@@ -47,6 +50,9 @@ class Runner:
         cancels the one running."""
         delay = self.debounce_s if delay_s is None else delay_s
         with self._lock:
+            idle = self._thread is None and self._timer is None and self._pending is None
+            if self.leading and idle:
+                delay = 0
             self._pending = job
             self._idle.clear()
             if self._timer is not None:

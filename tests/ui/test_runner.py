@@ -9,13 +9,31 @@ from memsave_nb.ui.runner import Runner
 
 
 def test_debounce_runs_only_the_last_request():
-    runner = Runner(debounce_s=0.1)
+    runner = Runner(debounce_s=0.1, leading=False)
     ran = []
     for i in range(5):
         runner.submit(lambda ev, i=i: ran.append(i))
     assert runner.busy
     assert runner.wait(5)
     assert ran == [4] and not runner.busy
+
+
+def test_leading_edge_starts_at_once_then_coalesces_the_burst():
+    runner = Runner(debounce_s=0.2)
+    ran, started = [], threading.Event()
+
+    def first(ev):
+        started.set()
+        ev.wait(5)
+        ran.append(("first", ev.is_set()))
+
+    t0 = time.monotonic()
+    runner.submit(first)
+    assert started.wait(5) and time.monotonic() - t0 < 0.15  # no debounce after a quiet spell
+    for i in range(3):
+        runner.submit(lambda ev, i=i: ran.append(i))
+    assert runner.wait(5)
+    assert ran == [("first", True), 2]  # the burst cancelled the first and ran only its last
 
 
 def test_a_new_request_cancels_the_running_job_then_runs():

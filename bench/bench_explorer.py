@@ -1,0 +1,162 @@
+"""Toggle-to-updated-numbers in the explorer, as a user feels it.
+
+For each case the explorer is built, then a freeze checkbox is clicked several times (each click a
+new plan, and every click is a real rerun: the explorer keeps no cache) and the time from the click to the new
+saved-activation total on display is taken: the explorer's own path (debounce, worker thread,
+Session.run, widget and Bokeh source updates). Reported: the median and the worst click, and
+the median of the part spent in ``Session.run`` (the engine) and in updating the display.
+
+Goals: under 1 s for the CNN demo in real mode on this CPU; under 0.5 s for a
+GPT-2-small-shaped model (12 layers, d=768, vocab 50257, sequence 1024) in fake mode.
+
+    python bench/bench_explorer.py              # both cases, 7 clicks each
+    python bench/bench_explorer.py --clicks 3   # quicker
+    python bench/bench_explorer.py --threads 1  # torch intra-op threads (default: torch's own)
+
+Prints a table and writes ``bench/results/explorer.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from memsave_nb import zoo
+from memsave_nb.session import Session
+from memsave_nb.ui.explorer import Explorer
+from memsave_nb.zoo import GPTConfig
+
+RESULTS = Path(__file__).resolve().parent / "results" / "explorer.json"
+GPT2_SMALL = GPTConfig(vocab_size=50257, block_size=1024, n_layer=12, n_head=12, n_embd=768)
+
+
+def _cases(names: list[str]) -> list[dict]:
+    all_cases = {
+        "cnn-real": dict(
+            name="cnn-real", goal_s=1.0, mode="real",
+            make=lambda: zoo.make("cnn"),
+            describe="ResNet-style CNN demo, batch 32, 3x32x32, real mode (1 tracked + 3 timed steps)",
+            toggles=["stem", "layers.0", "layers.1", "layers.2", "layers.0.0", "layers.1.0", "layers.2.0"],
+        ),
+        "gpt2-small-fake": dict(
+            name="gpt2-small-fake", goal_s=0.5, mode="fake",
+            make=lambda: zoo.gpt(GPT2_SMALL, batch_size=8),
+            describe="GPT-2-small shape (12 x 768, vocab 50257, seq 1024), batch 8, fake mode",
+            toggles=[f"blocks.{i}" for i in range(12)],
+        ),
+    }
+    return [all_cases[n] for n in names]
+
+
+def run_case(case: dict, clicks: int, repeats: int) -> dict:
+    workload = case["make"]()
+    t0 = time.perf_counter()
+    explorer = Explorer(Session(workload, case["mode"], repeats=repeats))
+    build_s = time.perf_counter() - t0
+    shown: dict[str, float] = {}
+    explorer.on_result(lambda entry: shown.__setitem__("t", time.perf_counter()))
+
+    # warm-up click (first-run costs: lazy imports, allocator, autograd graph caches)
+    box = explorer.table.reveal(case["toggles"][0]).freeze
+    box.value = not box.value
+    explorer.wait()
+
+    rows = []
+    names = case["toggles"][1:]
+    for i in range(clicks):
+        name = names[i % len(names)]
+        box = explorer.table.reveal(name).freeze
+        before_label = explorer.saved_total.value
+        shown.clear()
+        start = time.perf_counter()
+        box.value = not box.value  # the click
+        explorer.wait()
+        end = shown.get("t", time.perf_counter())
+        entry = explorer.entry
+        if explorer.state != "done":
+            raise RuntimeError(f"{case['name']}: click {i} ended in {explorer.state}: {explorer.error}")
+        rows.append({
+            "module": name,
+            "frozen": bool(box.value),
+            "click_to_numbers_s": end - start,
+            "session_run_s": entry.seconds,
+            "saved_bytes": entry.measurement.saved_bytes,
+            "label_before": before_label,
+            "label_after": explorer.saved_total.value,
+        })
+    clicks_s = [r["click_to_numbers_s"] for r in rows]
+    runs_s = [r["session_run_s"] for r in rows]
+    overhead = [c - r for c, r in zip(clicks_s, runs_s)]
+    median = statistics.median(clicks_s)
+    return {
+        "case": case["name"],
+        "describe": case["describe"],
+        "mode": case["mode"],
+        "clicks": len(rows),
+        "goal_s": case["goal_s"],
+        "median_s": median,
+        "max_s": max(clicks_s),
+        "median_session_run_s": statistics.median(runs_s),
+        "median_ui_overhead_s": statistics.median(overhead),
+        "explorer_build_s": build_s,
+        "debounce_s": explorer.runner.debounce_s,
+        "meets_goal": median < case["goal_s"],
+        "rows": rows,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", nargs="+", default=["cnn-real", "gpt2-small-fake"])
+    parser.add_argument("--clicks", type=int, default=7)
+    parser.add_argument("--repeats", type=int, default=3, help="timed steps per real-mode run (Session repeats)")
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    results = [run_case(c, args.clicks, args.repeats) for c in _cases(args.cases)]
+
+    print(f"{'case':<18} {'clicks':>6} {'median':>8} {'max':>8} {'engine':>8} {'ui':>7} {'goal':>6}  ok")
+    for r in results:
+        print(
+            f"{r['case']:<18} {r['clicks']:>6} {r['median_s']:>7.3f}s {r['max_s']:>7.3f}s "
+            f"{r['median_session_run_s']:>7.3f}s {r['median_ui_overhead_s']:>6.3f}s {r['goal_s']:>5.1f}s  "
+            f"{'yes' if r['meets_goal'] else 'NO'}"
+        )
+    print("median/max: click to new numbers on display; engine: Session.run; ui: the rest (thread, widgets, Bokeh)")
+    try:
+        import os
+
+        load = os.getloadavg()
+    except (AttributeError, OSError):
+        load = None
+    payload = {
+        "benchmark": "explorer toggle-to-updated-numbers",
+        "when": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "machine": {
+            "platform": platform.platform(),
+            "python": sys.version.split()[0],
+            "torch": torch.__version__,
+            "torch_threads": torch.get_num_threads(),
+            "cpu_count": __import__("os").cpu_count(),
+            "load_average": load,
+        },
+        "results": results,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(payload, indent=1) + "\n")
+    print(f"written {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
