@@ -19,6 +19,7 @@ from .conv import (
 )
 from .convert import MEMSAVE_LAYERS, Conversion, Swap, convert, revert
 from .dropout import MemSaveDropout, dropout
+from .norm import MemSaveRMSNorm
 from .pool import MemSaveMaxPool1d, MemSaveMaxPool2d, MemSaveMaxPool3d, max_pool
 
 __all__ = [
@@ -39,6 +40,7 @@ __all__ = [
     "MemSaveMaxPool2d",
     "MemSaveMaxPool3d",
     "MemSaveReLU",
+    "MemSaveRMSNorm",
     "Swap",
     "compact",
     "convert",

@@ -27,6 +27,7 @@ from .conv import (
     MemSaveConvTranspose3d,
 )
 from .dropout import MemSaveDropout
+from .norm import MemSaveRMSNorm
 from .pool import MemSaveMaxPool1d, MemSaveMaxPool2d, MemSaveMaxPool3d
 
 #: stock class -> memory-saving subclass. Exact types only: a user's subclass of a stock
@@ -44,6 +45,7 @@ MEMSAVE_LAYERS: dict[type[nn.Module], type[nn.Module]] = {
     nn.ReLU: MemSaveReLU,
     nn.LeakyReLU: MemSaveLeakyReLU,
     nn.Dropout: MemSaveDropout,
+    nn.RMSNorm: MemSaveRMSNorm,
     nn.MaxPool1d: MemSaveMaxPool1d,
     nn.MaxPool2d: MemSaveMaxPool2d,
     nn.MaxPool3d: MemSaveMaxPool3d,
