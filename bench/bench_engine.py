@@ -1,0 +1,210 @@
+"""How much the engine costs, side by side with PyTorch's MemTracker, in one run.
+
+1. The CNN demo step (``zoo.make("cnn")``, batch 32): a plain step, the tracked step without and
+   with FLOP counting, a whole ``measure(repeats=0)`` (tracked step + summary), and the same step
+   under ``torch.distributed._tools.mem_tracker.MemTracker``. Repeats are interleaved (plain,
+   tracked, ..., plain, tracked, ...) so a noisy neighbour slows all of them alike; medians and
+   ratios to the plain step are reported, in wall time and in process CPU time.
+2. The Llama-7B shape in fake mode (``zoo.make("gpt-7b")``): ``measure(mode="fake")`` against
+   MemTracker under the same FakeTensorMode, each in a fresh subprocess (alternating), reporting
+   the call's wall time and the process's peak RSS (``ru_maxrss``, torch import included).
+
+    python bench/bench_engine.py [--repeats 9] [--big-repeats 2] [--threads 1]
+
+Writes ``bench/results/engine.json`` and prints a Markdown table (pasted into README.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from memsave_nb import measure, zoo  # noqa: E402
+from memsave_nb.measure.engine import _Step, _tracked_step  # noqa: E402
+from memsave_nb.model_state import ModelSnapshot  # noqa: E402
+from memsave_nb.workload import iter_tensors  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results" / "engine.json"
+
+
+# -- 1. the CNN step ------------------------------------------------------------------------------
+def _plain(wl) -> None:
+    for p in wl.model.parameters():
+        p.grad = None
+    _Step(wl, None, None).run(wl.make_batch())
+
+
+def _tracked(wl, flops: bool) -> None:
+    _tracked_step(wl, fake_mode=None, flops=flops, cancel_event=None)
+
+
+def _measure(wl) -> None:
+    measure(wl, repeats=0)
+
+
+def _memtracker(wl) -> None:
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    for p in wl.model.parameters():
+        p.grad = None
+    batch = wl.make_batch()
+    tracker = MemTracker()
+    tracker.track_external(wl.model, *iter_tensors(batch))
+    with tracker:
+        _Step(wl, None, None).run(batch)
+    tracker.get_tracker_snapshot("peak")
+
+
+def bench_cnn(repeats: int) -> dict:
+    wl = zoo.make("cnn")
+    snapshot = ModelSnapshot.capture(wl.model)
+    variants: dict[str, Callable[[], None]] = {
+        "plain step": lambda: _plain(wl),
+        "tracker": lambda: _tracked(wl, False),
+        "tracker + FLOPs": lambda: _tracked(wl, True),
+        "measure(repeats=0)": lambda: _measure(wl),
+        "MemTracker": lambda: _memtracker(wl),
+    }
+    wall: dict[str, list[float]] = {k: [] for k in variants}
+    cpu: dict[str, list[float]] = {k: [] for k in variants}
+    for fn in variants.values():  # warm-up: first calls pay for lazy imports and allocator growth
+        fn()
+        snapshot.restore(wl.model)
+    for _ in range(repeats):
+        for name, fn in variants.items():
+            w0, c0 = time.perf_counter(), time.process_time()
+            fn()
+            wall[name].append(time.perf_counter() - w0)
+            cpu[name].append(time.process_time() - c0)
+            snapshot.restore(wl.model)
+    base_wall, base_cpu = statistics.median(wall["plain step"]), statistics.median(cpu["plain step"])
+    rows = []
+    for name in variants:
+        w, c = statistics.median(wall[name]), statistics.median(cpu[name])
+        rows.append({"variant": name, "wall_seconds": w, "cpu_seconds": c, "wall_ratio": w / base_wall, "cpu_ratio": c / base_cpu})
+    return {"workload": "cnn", "batch": zoo.DEFAULT_BATCH["cnn"], "repeats": repeats, "rows": rows}
+
+
+# -- 2. the 7B shape in fake mode, each run in a fresh process --------------------------------------
+_CHILD = r"""
+import json, resource, sys, time
+sys.path.insert(0, {root!r})
+import torch
+torch.set_num_threads({threads})
+from memsave_nb import measure, zoo
+rss_after_import = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+wl = zoo.make("gpt-7b")
+start = time.perf_counter()
+if {which!r} == "memsave":
+    m = measure(wl, "fake")
+    peak = m.peak_bytes
+else:
+    from torch.distributed._tools.mem_tracker import MemTracker
+    fake_mode = next(wl.model.parameters()).fake_mode
+    with fake_mode:
+        batch = wl.make_batch()
+        tracker = MemTracker()
+        tracker.track_external(wl.model, *batch.values())
+        with tracker:
+            opt = torch.optim.AdamW(wl.model.parameters(), lr=1e-3)
+            out = wl.model(**batch)
+            out.loss.backward()
+            opt.step()
+            del out, opt
+        peak = sum(d["Total"] for d in tracker.get_tracker_snapshot("peak").values())
+seconds = time.perf_counter() - start
+print(json.dumps({{"seconds": seconds, "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                  "rss_after_import_bytes": rss_after_import, "predicted_peak_bytes": peak}}))
+"""
+
+
+def bench_7b(repeats: int, threads: int) -> dict:
+    runs: dict[str, list[dict]] = {"memsave": [], "MemTracker": []}
+    for _ in range(repeats):
+        for which in runs:
+            code = _CHILD.format(root=str(ROOT), which=which, threads=threads)
+            out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, check=False)
+            if out.returncode != 0:
+                raise RuntimeError(f"{which} 7B run failed: {out.stderr.strip().splitlines()[-1:]}")
+            runs[which].append(json.loads(out.stdout.strip().splitlines()[-1]))
+    rows = []
+    for which, rs in runs.items():
+        rows.append(
+            {
+                "tool": "memsave measure(mode='fake')" if which == "memsave" else "MemTracker + FakeTensorMode",
+                "seconds": statistics.median(r["seconds"] for r in rs),
+                "peak_rss_bytes": max(r["peak_rss_bytes"] for r in rs),
+                "rss_after_import_bytes": max(r["rss_after_import_bytes"] for r in rs),
+                "predicted_peak_bytes": rs[0]["predicted_peak_bytes"],
+            }
+        )
+    return {"workload": "gpt-7b (32 layers, d=4096, bf16, batch 1, seq 2048, AdamW)", "repeats": repeats, "rows": rows}
+
+
+# -- output ---------------------------------------------------------------------------------------
+def table(result: dict) -> str:
+    cnn, big = result["cnn"], result["gpt_7b"]
+    lines = [
+        f"CNN demo step (batch {cnn['batch']}), median of {cnn['repeats']} interleaved repeats, "
+        f"{result['threads']} torch thread(s); goal: tracker <= 1.3x a plain step",
+        "",
+        "| variant | wall ms | x plain (wall) | CPU ms | x plain (CPU) |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for r in cnn["rows"]:
+        lines.append(
+            f"| {r['variant']} | {r['wall_seconds'] * 1e3:.1f} | {r['wall_ratio']:.2f} | {r['cpu_seconds'] * 1e3:.1f} | {r['cpu_ratio']:.2f} |"
+        )
+    lines += [
+        "",
+        f"Llama-7B shape in fake mode, median of {big['repeats']} fresh processes each; goal: < 3 s and < 1 GB",
+        "",
+        "| tool | seconds | peak RSS (MB) | RSS after `import torch` (MB) | predicted peak (GiB) |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for r in big["rows"]:
+        lines.append(
+            f"| {r['tool']} | {r['seconds']:.2f} | {r['peak_rss_bytes'] / 1e6:.0f} | {r['rss_after_import_bytes'] / 1e6:.0f} | {r['predicted_peak_bytes'] / 2**30:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=9, help="interleaved repeats of the CNN step")
+    parser.add_argument("--big-repeats", type=int, default=2, help="fresh processes per tool for the 7B shape")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1: steadier on shared cores)")
+    parser.add_argument("--skip-7b", action="store_true")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    result = {
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "machine": f"{platform.machine()}, {torch.get_num_threads()} torch thread(s), {__import__('os').cpu_count()} CPUs",
+        "threads": args.threads,
+        "cnn": bench_cnn(args.repeats),
+        "gpt_7b": bench_7b(args.big_repeats, args.threads) if not args.skip_7b else {"repeats": 0, "rows": []},
+    }
+    result["table_markdown"] = table(result)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(result["table_markdown"])
+    print(f"\nwrote {args.out.relative_to(ROOT) if args.out.is_relative_to(ROOT) else args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
