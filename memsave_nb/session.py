@@ -119,7 +119,17 @@ def _cancel_hooks(model: nn.Module, cancel_event: threading.Event | None) -> lis
 class Session:
     """A workload, its baseline measurement (the empty plan) and the history of runs."""
 
-    def __init__(self, workload: Any, mode: str = "real", *, repeats: int = 3, eager_baseline: bool = False):
+    def __init__(
+        self,
+        workload: Any,
+        mode: str = "real",
+        *,
+        repeats: int = 3,
+        eager_baseline: bool = False,
+        baseline: Measurement | None = None,
+    ):
+        """``baseline``: a measurement of the empty plan made elsewhere (same workload and mode),
+        reused instead of measuring again."""
         if mode not in MODES:
             raise WorkloadError(f"unknown mode {mode!r}; choose 'real' or 'fake'")
         self.workload = workload
@@ -127,6 +137,8 @@ class Session:
         self.repeats = repeats
         self._lock = threading.RLock()
         self._baseline: Entry | None = None
+        if baseline is not None:
+            self._baseline = Entry(Plan(name="baseline"), baseline, Delta.between(baseline, baseline), 0.0)
         self._history: list[Entry] = []
         if eager_baseline:
             _ = self.baseline

@@ -74,3 +74,17 @@ def test_compiled_plan_in_a_session_and_as_code():
     torch._dynamo.reset()
     assert original_model(namespace["model"]) is fresh.model
     assert scripted.saved_bytes == entry.measurement.saved_bytes
+
+
+def test_gpt_budget_zero_keeps_less_than_budget_one():
+    """The issue's ordering on the GPT-style demo (a small config: two compiles on a small CPU)."""
+    from plan_cases import TINY_GPT
+
+    from memsave_nb import zoo
+
+    config = TINY_GPT.__class__(**{**TINY_GPT.__dict__, "dropout": 0.0})
+    workload = zoo.gpt(config, batch_size=2)
+    before = ModelSnapshot.capture(workload.model)
+    one, zero = sweep_budgets(workload, budgets=(1.0, 0.0), repeats=0)
+    assert zero.saved_bytes < one.saved_bytes
+    assert before.differences(workload.model) == []
