@@ -11,6 +11,7 @@ import sys
 
 import torch
 from torch import Tensor
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 _BITS = 8
 # w * _GATHER puts byte i's low bit at bit 56 + i (little-endian words); the other partial
@@ -49,11 +50,15 @@ def pack_bits(mask: Tensor) -> Tensor:
 
 def _spread_table(device: torch.device) -> Tensor:
     """(256,) int64: the 8 bytes of word ``b`` are the bits of ``b``, lowest first."""
-    table = _SPREAD.get(device)
+    # Under a dispatch mode (FakeTensorMode, a tracker) or a compiler, build it afresh: a
+    # cached real tensor is foreign there, and a tensor made there must not leak out.
+    plain = _get_current_dispatch_mode() is None and not torch.compiler.is_compiling()
+    table = _SPREAD.get(device) if plain else None
     if table is None:
         bits = torch.arange(256, device=device).unsqueeze(1) >> torch.arange(8, device=device)
         table = (bits & 1).to(torch.uint8).view(torch.int64).view(-1)
-        _SPREAD[device] = table
+        if plain and type(table) is Tensor:
+            _SPREAD[device] = table
     return table
 
 

@@ -98,3 +98,19 @@ def test_inplace_returns_the_input_tensor() -> None:
     x = torch.randn(5, requires_grad=True)
     h = x * 1
     assert MemSaveReLU(inplace=True)(h) is h
+
+
+def test_fake_tensor_run_leaves_no_fake_state_behind() -> None:
+    """A step under FakeTensorMode (how the engine sizes big models) must not cache fake
+    tensors that a later real step would then compute with."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    layer = MemSaveReLU()
+    with FakeTensorMode():
+        x = torch.randn(64, requires_grad=True)
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+            layer(x * 1).sum().backward()
+    stock = run(nn.ReLU(), torch.randn(64), {"input": True})
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+        ours = run(layer, torch.randn(64), {"input": True})
+    assert type(ours.grads["input"]) is torch.Tensor
