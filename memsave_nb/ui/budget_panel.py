@@ -10,6 +10,7 @@ DOM hooks: ``.memsave-compile`` (checkbox), ``.memsave-budget`` (slider), ``.mem
 
 from __future__ import annotations
 
+import html
 from typing import Callable
 
 import ipywidgets as W
@@ -61,6 +62,8 @@ class BudgetPanel(W.VBox):
             "<small>0 recomputes what it can (like full checkpointing), 1 is default compile. "
             "Compiling takes a while on the first run of each budget; real mode only.</small>"
         )
+        self.message = W.HTML("")
+        self.message.add_class("memsave-budget-error")
         self.plot = figures.budget_sweep([])
         self.points: list = []
         self.enable.observe(self._user_change, "value")
@@ -68,7 +71,7 @@ class BudgetPanel(W.VBox):
         self.sweep_button.on_click(self._user_sweep)
         super().__init__([
             W.HBox([self.enable, self.slider]),
-            W.HBox([self.budgets, self.sweep_button]),
+            W.HBox([self.budgets, self.sweep_button, self.message]),
             self.note,
             bokeh_widget(self.plot.figure),
         ])
@@ -80,7 +83,13 @@ class BudgetPanel(W.VBox):
         self.editor.set_compile_budget(float(self.slider.value) if self.enable.value else None)
 
     def _user_sweep(self, _button=None) -> None:
-        self._on_sweep(parse_budgets(self.budgets.value))
+        try:
+            budgets = parse_budgets(self.budgets.value)
+        except MemsaveError as exc:  # a callback's exception would vanish: say it here
+            self.message.value = f"<span style='color:#d62728'>{html.escape(str(exc))}</span>"
+            return
+        self.message.value = ""
+        self._on_sweep(budgets)
 
     def sync_controls(self) -> None:
         self._syncing = True

@@ -44,7 +44,7 @@ from .sac_panel import SacPanel
 
 __all__ = ["Explorer", "explore"]
 
-TAB_TITLES = ("Layers", "Selective checkpointing", "Compile budget", "Results", "Plan as code")
+TAB_TITLES = ("Layers", "SAC per op", "Compile budget", "Results", "Plan as code")
 
 
 def _label(value: str, cls: str, **layout: Any) -> W.Label:
@@ -92,7 +92,7 @@ class Explorer(W.VBox):
         self.peak_bytes = _label("-", "memsave-peak-bytes", min_width="120px")
         self.peak_delta = _label("", "memsave-peak-delta", min_width="90px")
         self.step_time = _label("-", "memsave-step-time", min_width="80px")
-        self.cuda_peak = _label("", "memsave-cuda-peak", min_width="80px")
+        self.cuda_peak = _label("", "memsave-cuda-peak", min_width="80px", display="none")
         self.summary = W.HBox([
             W.HTML("<b>saved activations</b>"), self.saved_total, self.saved_bytes, self.saved_delta,
             W.HTML("<b>peak</b>"), self.peak_total, self.peak_bytes, self.peak_delta,
@@ -139,7 +139,7 @@ class Explorer(W.VBox):
         self.table = LayerTable(self.editor, max_open_rows=max_open_rows, on_select=self._on_select)
         self.sac = SacPanel(self.editor)
         self.budget = BudgetPanel(self.editor, on_sweep=self.sweep)
-        self.results = ResultsPanel(self.baseline, on_pick=self._on_pick)
+        self.results = ResultsPanel(base_entry, on_pick=self._on_pick)
         self.code = W.HTML()
         self.code.add_class("memsave-plan-code")
         self.plan_json = W.Textarea(layout=W.Layout(width="100%", height="120px"))
@@ -234,18 +234,21 @@ class Explorer(W.VBox):
 
     # -- edits ---------------------------------------------------------------------------------
     def _on_edit(self) -> None:
-        with self._ui_lock:
-            self.table.sync_controls()
-            self.sac._rebuild()
-            self.budget.sync_controls()
-            self._sync_toolbar()
-            self._show_code()
-        if self._restoring:
-            return
-        if self.live.value:
-            self.rerun()
-        else:
-            self._set_status("changed", "press run to measure")
+        try:
+            with self._ui_lock:
+                self.table.sync_controls()
+                self.sac._rebuild()
+                self.budget.sync_controls()
+                self._sync_toolbar()
+                self._show_code()
+            if self._restoring:
+                return
+            if self.live.value:
+                self.rerun()
+            else:
+                self._set_status("changed", "press run to measure")
+        except Exception as exc:  # noqa: BLE001 - a widget callback's error would vanish: show it
+            self._fail(None, exc)
 
     def _sync_toolbar(self) -> None:
         self._syncing = True
@@ -260,7 +263,10 @@ class Explorer(W.VBox):
     def _user_preset(self, change) -> None:
         if self._syncing or not change["new"]:
             return
-        self.editor.load(self._presets[change["new"]])
+        try:
+            self.editor.load(self._presets[change["new"]])
+        except Exception as exc:  # noqa: BLE001
+            self._fail(self._presets[change["new"]], exc)
 
     def _user_input_grad(self, change) -> None:
         if self._syncing:
@@ -347,7 +353,7 @@ class Explorer(W.VBox):
             self.cancel_button.disabled = True
             self._set_status(state, text)
 
-    def _fail(self, plan: Plan, exc: BaseException) -> None:
+    def _fail(self, plan: Plan | None, exc: BaseException) -> None:
         if isinstance(exc, MemsaveError):
             message = str(exc)
         else:
@@ -360,7 +366,9 @@ class Explorer(W.VBox):
         with self._ui_lock:
             self.error_box.value = (
                 "<div style='border:1px solid #d62728;background:#fdecea;padding:6px 8px;border-radius:3px'>"
-                f"<b>{html.escape(kind.capitalize())}</b> for plan <i>{html.escape(plan.describe())}</i>: "
+                f"<b>{html.escape(kind.capitalize())}</b>"
+                + (f" for plan <i>{html.escape(plan.describe())}</i>" if plan is not None else "")
+                + f": "
                 f"{html.escape(message)}<br><small>The model is as it was; the numbers shown are from the last "
                 "successful run.</small>"
                 f"<details><summary><small>traceback</small></summary><pre style='font-size:80%'>{html.escape(tb)}</pre>"
@@ -398,6 +406,7 @@ class Explorer(W.VBox):
             self.cuda_peak.value = (
                 f"CUDA allocator peak {format_bytes(m.cuda_peak_bytes)}" if m.cuda_peak_bytes is not None else ""
             )
+            self.cuda_peak.layout.display = "" if m.cuda_peak_bytes is not None else "none"
             self.table.show(m, base)
             self.sac.show(m, base)
             self.results.show(m, base)

@@ -26,18 +26,26 @@ from .format import format_bytes, format_count, format_delta_bytes, format_share
 from .tree import ROOT, slug
 
 ROW_HEIGHT = "26px"
-NAME_WIDTH = 230
+NAME_WIDTH = 200
 INDENT_PX = 14
-BAR_PX = 90
-_COLUMNS = (  # (header, width px) of the info cell
-    ("type", 110),
-    ("output", 120),
-    ("trainable", 82),
-    ("frozen", 72),
-    ("saved activations", BAR_PX + 150),
-    ("vs baseline", 90),
-)
-_CONTROLS = (("freeze", 54), ("memsave", 64), ("checkpoint", 170))
+BAR_PX = 70
+# read-only cells: the numbers first (saved activations, change), then the controls, then details
+_SAVED_COLUMNS = (("saved activations", BAR_PX + 140), ("vs baseline", 84))
+_CONTROLS = (("freeze", 52), ("memsave", 72), ("checkpoint", 160))
+_DETAIL_COLUMNS = (("type", 110), ("output", 120), ("params: trainable / frozen", 170))
+SAVED_WIDTH = sum(w for _, w in _SAVED_COLUMNS)
+DETAIL_WIDTH = sum(w for _, w in _DETAIL_COLUMNS)
+_SLACK = 8  # the HTML widget's own padding
+
+#: table styles, shown once per explorer (ipywidgets has no trait for a button's text alignment)
+TABLE_CSS = """<style>
+.memsave-row-name.jupyter-button, .memsave-row-name.widget-button {
+  text-align: left; overflow: hidden; text-overflow: ellipsis; white-space: nowrap; }
+.memsave-row { border-bottom: 1px solid #f2f2f2; }
+.memsave-row.memsave-selected { background: #eaf2fb; }
+.memsave-expand.jupyter-button, .memsave-expand.widget-button { background: transparent; }
+.memsave-table-header { border-bottom: 1px solid #ccc; }
+</style>"""
 
 
 def _cell(text: str, width: int, *, align: str = "left", title: str = "", style: str = "") -> str:
@@ -48,17 +56,13 @@ def _cell(text: str, width: int, *, align: str = "left", title: str = "", style:
     )
 
 
-def info_html(
-    type_name: str,
-    output_shape: tuple[int, ...] | None,
-    trainable: int,
-    frozen: int,
-    saved: int | None,
-    share: float | None,
-    delta: int | None,
-) -> str:
-    """The read-only cells of one row (type ... vs baseline) as one HTML snippet."""
-    widths = [w for _, w in _COLUMNS]
+def _nowrap(cells: list[str]) -> str:
+    return '<div style="white-space:nowrap">' + "".join(cells) + "</div>"
+
+
+def saved_html(saved: int | None, share: float | None, delta: int | None) -> str:
+    """The row's saved activations (a bar, bytes, share of the total) and change against the baseline."""
+    widths = [w for _, w in _SAVED_COLUMNS]
     frac = 0.0 if share is None else max(0.0, min(1.0, share))
     bar = (
         f'<span style="display:inline-block;width:{BAR_PX}px;height:10px;background:#eee;vertical-align:middle">'
@@ -71,15 +75,21 @@ def info_html(
     else:
         delta_text = format_delta_bytes(delta) if delta else "="
         color = "#2ca02c" if delta < 0 else ("#d62728" if delta > 0 else "#888")
-    cells = [
-        _cell(html.escape(type_name), widths[0], title=type_name),
-        _cell(html.escape(format_shape(output_shape)), widths[1], title=format_shape(output_shape)),
-        _cell(format_count(trainable), widths[2], align="right"),
-        _cell(format_count(frozen), widths[3], align="right"),
-        _cell(saved_text, widths[4], style="padding-left:8px"),
-        _cell(delta_text, widths[5], align="right", style=f"color:{color}"),
-    ]
-    return "".join(cells)
+    return _nowrap([
+        _cell(saved_text, widths[0]),
+        _cell(delta_text, widths[1], align="right", style=f"color:{color};padding-right:6px"),
+    ])
+
+
+def details_html(type_name: str, output_shape: tuple[int, ...] | None, trainable: int, frozen: int) -> str:
+    """The row's type, output shape and parameter counts (over its whole subtree)."""
+    widths = [w for _, w in _DETAIL_COLUMNS]
+    shape = format_shape(output_shape)
+    return _nowrap([
+        _cell(html.escape(type_name), widths[0], title=type_name, style="padding-left:6px"),
+        _cell(html.escape(shape), widths[1], title=shape),
+        _cell(f"{format_count(trainable)} / {format_count(frozen)}", widths[2]),
+    ])
 
 
 class LayerRow:
@@ -95,38 +105,44 @@ class LayerRow:
             description="▸" if has_children else "",
             disabled=not has_children,
             tooltip="expand / collapse" if has_children else "",
-            layout=W.Layout(width="26px", height=ROW_HEIGHT, padding="0", margin=f"0 0 0 {depth * INDENT_PX}px"),
+            layout=W.Layout(width="26px", height=ROW_HEIGHT, padding="0", margin=f"0 0 0 {depth * INDENT_PX}px",
+                            flex="0 0 auto", visibility="visible" if has_children else "hidden"),
         )
         self.expand.add_class("memsave-expand")
         short = name.rpartition(".")[2] if name else "(model)"
         self.select = W.Button(
             description=short,
             tooltip=f"{name or '(model)'}: show its ops in the selective-checkpointing panel",
-            layout=W.Layout(width=f"{NAME_WIDTH - depth * INDENT_PX}px", height=ROW_HEIGHT, padding="0 4px"),
+            layout=W.Layout(width=f"{NAME_WIDTH - depth * INDENT_PX}px", height=ROW_HEIGHT, padding="0 4px",
+                            flex="0 0 auto"),
         )
         self.select.style.button_color = "transparent"
         self.select.add_class("memsave-row-name")
-        self.info = W.HTML(layout=W.Layout(height=ROW_HEIGHT))
-        self.freeze = W.Checkbox(value=False, indent=False, description="", layout=W.Layout(width=f"{_CONTROLS[0][1]}px"))
+        self.info = W.HTML(layout=W.Layout(height=ROW_HEIGHT, width=f"{SAVED_WIDTH + _SLACK}px", flex="0 0 auto"))
+        self.details = W.HTML(layout=W.Layout(height=ROW_HEIGHT, width=f"{DETAIL_WIDTH + _SLACK}px", flex="0 0 auto"))
+        self.freeze = W.Checkbox(value=False, indent=False, description="",
+                                 layout=W.Layout(width=f"{_CONTROLS[0][1]}px", flex="0 0 auto"))
         self.freeze.add_class("memsave-freeze")
         self.freeze.add_class(f"memsave-freeze-{s}")
         if not tree.params[name]:
             self.freeze.disabled = True
             self.freeze.layout.visibility = "hidden"
-        self.memsave = W.Checkbox(value=False, indent=False, description="", layout=W.Layout(width=f"{_CONTROLS[1][1]}px"))
+        self.memsave = W.Checkbox(value=False, indent=False, description="",
+                                  layout=W.Layout(width=f"{_CONTROLS[1][1]}px", flex="0 0 auto"))
         self.memsave.add_class("memsave-swap")
         self.memsave.add_class(f"memsave-swap-{s}")
         if not tree.swappable[name]:
             self.memsave.disabled = True
             self.memsave.layout.visibility = "hidden"
-        self.region = W.Dropdown(options=list(REGION_CHOICES), value="none", layout=W.Layout(width=f"{_CONTROLS[2][1]}px"))
+        self.region = W.Dropdown(options=list(REGION_CHOICES), value="none",
+                                 layout=W.Layout(width=f"{_CONTROLS[2][1]}px", flex="0 0 auto"))
         self.region.add_class("memsave-region")
         self.region.add_class(f"memsave-region-{s}")
         if not has_children and not tree.params[name]:
             self.region.disabled = True
             self.region.layout.visibility = "hidden"
         self.box = W.HBox(
-            [self.expand, self.select, self.info, self.freeze, self.memsave, self.region],
+            [self.expand, self.select, self.info, self.freeze, self.memsave, self.region, self.details],
             layout=W.Layout(align_items="center", min_height=ROW_HEIGHT),
         )
         self.box.add_class("memsave-row")
@@ -151,10 +167,19 @@ class LayerTable(W.VBox):
         self._syncing = False
         self._measurement: Measurement | None = None
         self._baseline: Measurement | None = None
-        header_cells = "".join(_cell(f"<b>{h}</b>", w) for h, w in _COLUMNS)
-        controls = "".join(_cell(f"<b>{h}</b>", w) for h, w in _CONTROLS)
-        self.header = W.HTML(
-            _cell("<b>module</b>", NAME_WIDTH + 26) + header_cells + controls, layout=W.Layout(height=ROW_HEIGHT)
+        def head(text: str, width: int) -> W.HTML:
+            return W.HTML(f"<b>{text}</b>", layout=W.Layout(width=f"{width}px", flex="0 0 auto"))
+
+        # the header is laid out like a row, so its columns line up with the rows' widgets
+        def heads(columns, width: int) -> W.HTML:
+            return W.HTML(_nowrap([_cell(f"<b>{h}</b>", w) for h, w in columns]),
+                          layout=W.Layout(width=f"{width + _SLACK}px", flex="0 0 auto"))
+
+        self.header = W.HBox(
+            [head("module", 26 + NAME_WIDTH + 4), heads(_SAVED_COLUMNS, SAVED_WIDTH)]
+            + [head(h, w) for h, w in _CONTROLS]
+            + [heads(_DETAIL_COLUMNS, DETAIL_WIDTH)],
+            layout=W.Layout(min_height=ROW_HEIGHT, align_items="center"),
         )
         self.header.add_class("memsave-table-header")
         self.rows_box = W.VBox()
@@ -163,7 +188,7 @@ class LayerTable(W.VBox):
         self.collapse_all = W.Button(description="collapse", layout=W.Layout(width="110px"))
         self.expand_all.on_click(lambda _b: self.set_expanded([n for n in editor.tree.names if editor.tree.children[n]]))
         self.collapse_all.on_click(lambda _b: self.set_expanded([ROOT]))
-        super().__init__([self.header, self.rows_box])
+        super().__init__([W.HTML(TABLE_CSS), self.header, self.rows_box], layout=W.Layout(overflow_x="auto"))
         self.add_class("memsave-layer-table")
         self.set_expanded(self._default_expanded(max_open_rows))
 
@@ -307,14 +332,18 @@ class LayerTable(W.VBox):
         base = self._base_by_name.get(r.name)
         total = self._measurement.saved_bytes if self._measurement is not None else 0
         if m is None:  # e.g. a compiled run that saw no module boundaries
-            value = info_html(tree.type_names[r.name], None, 0, 0, None, None, None)
+            value = saved_html(None, None, None)
+            details = details_html(tree.type_names[r.name], None, 0, 0)
         else:
             delta = (m.saved_bytes - base.saved_bytes) if base is not None else None
             share = (m.saved_bytes / total) if total else 0.0
             trainable, frozen = self._params.get(r.name, (m.trainable_params, m.frozen_params))
-            value = info_html(m.type_name, m.output_shape, trainable, frozen, m.saved_bytes, share, delta)
+            value = saved_html(m.saved_bytes, share, delta)
+            details = details_html(m.type_name, m.output_shape, trainable, frozen)
         if r.info.value != value:
             r.info.value = value
+        if r.details.value != details:
+            r.details.value = details
 
     def displayed_saved_bytes(self, name: str) -> int | None:
         """The saved bytes the row of ``name`` shows (from the measurement it was filled from)."""

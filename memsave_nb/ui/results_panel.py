@@ -66,7 +66,10 @@ def results_html(m: Measurement, base: Measurement) -> str:
 
 
 class ResultsPanel(W.VBox):
-    def __init__(self, baseline: Measurement, on_pick: Callable[[int], None] | None = None):
+    def __init__(self, baseline_entry: Any, on_pick: Callable[[int], None] | None = None):
+        # Figures start with the data they first show: BokehModel renders its document as it was
+        # when the widget was made, and a change sent before the front end has a view is lost.
+        baseline = baseline_entry.measurement
         self._on_pick = on_pick
         self._picking = False
         self.table = W.HTML()
@@ -74,7 +77,7 @@ class ResultsPanel(W.VBox):
         self.peak_plot = figures.peak_split(baseline, baseline)
         self.timeline_plot = figures.timeline(baseline)
         self.layers_plot = figures.layer_bars(baseline, baseline)
-        self.history_plot = figures.history([])
+        self.history_plot = figures.history([baseline_entry], 0)
         self.history_plot.source.selected.on_change("indices", self._tapped)
         super().__init__([
             W.HBox([self.table, bokeh_widget(self.history_plot.figure)], layout=W.Layout(align_items="flex-start")),

@@ -20,7 +20,7 @@ from .editor import REGION_CHOICES, PlanEditor, op_choice
 from .format import format_bytes, format_count
 from .tree import slug
 
-_COLS = (("op", 300), ("count", 60), ("kept (baseline)", 120), ("kept (now)", 120), ("FLOPs (op type, step)", 150))
+_COLS = (("op", 280), ("count", 60), ("kept (baseline)", 120), ("kept (now)", 110), ("FLOPs (op, step)", 130))
 
 
 def _cell(text: str, width: int, align: str = "left") -> str:
@@ -37,7 +37,7 @@ class _OpRow:
         self.toggle = W.ToggleButtons(
             options=[("save", "save"), ("recompute", "recompute")],
             value="save",
-            style={"button_width": "80px"},
+            style={"button_width": "96px"},
             tooltips=["keep this op's outputs for backward", "recompute them in backward"],
         )
         self.toggle.add_class("memsave-sac-op")

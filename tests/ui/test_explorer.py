@@ -326,3 +326,28 @@ def test_explore_takes_a_model_and_batch_and_refuses_nonsense():
     ex = explore(model, torch.randn(2, 4), optimizer="sgd", live=False)
     assert ex.session.workload.optimizer == "sgd" and not ex.live.value
     assert ex.baseline.saved_bytes >= 0
+
+
+# -- compile budget ---------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_budget_slider_and_sweep():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 32), nn.GELU(), nn.Linear(32, 4))
+    ex = explore(model, torch.randn(8, 16), repeats=1, debounce_s=0.01)
+    ex.budget.budgets.value = "1, 0"
+    ex.budget.sweep_button.click()
+    assert ex.wait(300) and ex.state == "done", ex.status.value
+    sweep = ex.budget.plot.source.data
+    assert sweep["budget"] == [0.0, 1.0]
+    entries = ex.session.history
+    assert [e.plan.compile_budget for e in entries] == [0.0, 1.0]
+    assert sweep["saved_bytes"] == [e.measurement.saved_bytes for e in entries]
+    assert sweep["saved_bytes"][0] < sweep["saved_bytes"][1]  # budget 0 recomputes, 1 keeps
+    assert ex.plan.compile_budget is None  # a sweep does not change the plan
+    ex.budget.enable.value = True  # compile the plan itself at the slider's budget
+    assert ex.wait(300) and ex.state == "done", ex.status.value
+    assert ex.plan.compile_budget == 0.5 and ex.measurement.compiled
+    assert "activation_memory_budget = 0.5" in ex.code_text
+    ex.budget.budgets.value = "2"
+    ex.budget.sweep_button.click()  # a mistake is said in the panel, nothing runs
+    assert "outside [0, 1]" in ex.budget.message.value and not ex.busy
