@@ -27,7 +27,8 @@ class _RMSNorm(torch.autograd.Function):
     def forward(ctx: Any, x: Tensor, weight: Tensor, shape: tuple[int, ...],
                 eps: float | None) -> Tensor:
         dims = tuple(range(x.dim() - len(shape), x.dim()))
-        eps_value = torch.finfo(x.dtype).eps if eps is None else eps
+        # stock defaults eps to the machine epsilon of the compute (opmath) dtype
+        eps_value = torch.finfo(_opmath(x.dtype)).eps if eps is None else eps
         xf = x.to(_opmath(x.dtype))
         rstd = torch.rsqrt(xf.pow(2).mean(dims, keepdim=True).add_(eps_value))  # (..., 1)
         del xf
