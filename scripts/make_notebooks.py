@@ -522,10 +522,495 @@ print("all claims hold")
 ]
 
 
+# -- 4. The memory budget of torch.compile --------------------------------------------
+NB04 = [
+    md(r"""
+# 4. The memory budget of `torch.compile`
+
+`torch.compile` does its own activation checkpointing. Its partitioner splits the compiled
+graph into forward and backward and decides which intermediate tensors to keep; with
+`torch._functorch.config.activation_memory_budget` (a number from 0 to 1) you tell it how much
+to keep. **0** behaves like full checkpointing (recompute whatever can be recomputed), **1** like
+default compile; in between it solves a knapsack: keep the tensors that are most expensive to
+recompute per byte until the budget is used. The budget is a *ratio between those two ends*,
+not bytes.
+
+A plan's `compile_budget` compiles the model with that budget (CPU inductor here; it needs a C
+compiler). Compiling takes a while, so this notebook uses a tiny decoder (2 blocks, width 32, 2
+sequences of 32 tokens) and three budgets. Inside a compiled graph allocations bypass Python, so
+compiled steps are measured from the profiler's memory events: totals only, no per-layer rows.
+"""),
+    code(r"""
+import pandas as pd
+from bokeh.io import output_notebook, show
+from bokeh.models import ColumnDataSource, HoverTool, LabelSet
+from bokeh.plotting import figure
+from bokeh.resources import INLINE
+
+from memsave_nb import zoo
+from memsave_nb.checkpointing import RegionPolicy, suggest_regions
+from memsave_nb.plan import Plan
+from memsave_nb.session import Session
+from memsave_nb.ui.explorer import explore
+from memsave_nb.ui.format import format_bytes, format_seconds
+
+output_notebook(INLINE, hide_banner=True)
+
+config = zoo.GPTConfig(vocab_size=128, block_size=32, n_layer=2, n_head=2, n_embd=32, dropout=0.0)
+workload = zoo.gpt(config, batch_size=2)
+session = Session(workload, repeats=3)
+blocks = suggest_regions(workload.model)
+baseline = session.baseline
+"""),
+    md("## The eager choices"),
+    code(r"""
+eager = {
+    "eager": baseline,
+    "eager, full AC": session.run(Plan(name="full AC", regions={b: RegionPolicy.full() for b in blocks})).measurement,
+    "eager, save matmuls": session.run(Plan(name="save matmuls", regions={b: "save_matmuls" for b in blocks})).measurement,
+}
+for name, m in eager.items():
+    print(f"{name:22s} keeps {format_bytes(m.saved_bytes):>10s}, step {format_seconds(m.step_seconds)}")
+"""),
+    md(r"""
+## The budget sweep
+
+`Session.sweep_budgets` runs the same plan compiled at each budget (each budget compiles afresh:
+this cell takes the longest).
+"""),
+    code(r"""
+BUDGETS = (0.0, 0.5, 1.0)
+points = session.sweep_budgets(BUDGETS)
+compiled = {p.budget: p for p in points}
+compile_seconds = [e.seconds for e in session.history[-len(BUDGETS):]]
+pd.DataFrame([
+    {"budget": p.budget, "saved": format_bytes(p.saved_bytes), "saved / eager": round(p.saved_bytes / baseline.saved_bytes, 3),
+     "step": format_seconds(p.step_seconds), "compile + measure": f"{s:.0f} s"}
+    for p, s in zip(points, compile_seconds)
+]).set_index("budget")
+"""),
+    md(r"""
+## Memory against time
+
+Each point is one way to run the same step: the line is the compiled sweep, the squares are the
+eager choices. Down is less memory kept for backward, left is a faster step. (Step times on a
+busy 2-core CPU are noisy; the memory axis is exact.)
+"""),
+    code(r"""
+def ms(seconds):
+    return 1e3 * seconds if seconds is not None else float("nan")
+
+sweep_src = ColumnDataSource(dict(
+    x=[ms(p.step_seconds) for p in points], y=[p.saved_bytes / 1024 for p in points],
+    label=[f"budget {p.budget:g}" for p in points],
+))
+eager_src = ColumnDataSource(dict(
+    x=[ms(m.step_seconds) for m in eager.values()], y=[m.saved_bytes / 1024 for m in eager.values()],
+    label=list(eager),
+))
+fig = figure(width=700, height=380, title="Saved activations vs step time",
+             x_axis_label="step time (ms)", y_axis_label="saved activations (KiB)", toolbar_location=None)
+fig.line("x", "y", source=sweep_src, line_width=2, color="#1f77b4", legend_label="torch.compile, budget sweep")
+fig.scatter("x", "y", source=sweep_src, size=10, color="#1f77b4")
+fig.scatter("x", "y", source=eager_src, size=11, marker="square", color="#ff7f0e", legend_label="eager")
+for src in (sweep_src, eager_src):
+    fig.add_layout(LabelSet(x="x", y="y", text="label", source=src, x_offset=6, y_offset=4, text_font_size="9pt"))
+fig.add_tools(HoverTool(tooltips=[("", "@label"), ("KiB", "@y{0.0}"), ("ms", "@x{0.00}")]))
+fig.y_range.start = 0
+fig.legend.location = "top_right"
+show(fig)
+"""),
+    md(r"""
+## Your turn
+
+The explorer's **Compile budget** tab has the same controls: tick *compile with a memory
+budget*, move the slider (each new budget compiles, give it half a minute here), or press
+*sweep*.
+
+**Question.** Compare the compiled step at budget 0 with eager full checkpointing of both blocks
+(Layers tab, *full checkpoint* on `blocks.0` and `blocks.1`). Both "recompute everything they
+can": why does the compiled one keep less?
+"""),
+    code(r"""
+explorer = explore(session)
+explorer
+"""),
+    md("**Answer** (open the hidden cell below)."),
+    code(r"""
+print(f"compiled, budget 0: {format_bytes(compiled[0.0].saved_bytes)}; "
+      f"eager full AC: {format_bytes(eager['eager, full AC'].saved_bytes)}; eager: {format_bytes(baseline.saved_bytes)}")
+print('''
+Eager checkpointing works at module boundaries: each block keeps its input, and everything
+outside the blocks (embeddings, the final norm, the head and the loss) is kept as eager keeps it.
+The compiler sees the whole step as one graph: at budget 0 its partitioner keeps only what cannot
+be recomputed cheaply anywhere in the model, and fuses the recomputation into the backward
+kernels. The budget turns that into a dial instead of an on/off per module.''')
+""", hidden=True),
+    md("## What this notebook claims"),
+    code(r"""
+s0, s5, s1 = (compiled[b].saved_bytes for b in BUDGETS)
+# the budget is a dial: less budget, fewer bytes kept (budget 0 keeps under half of budget 1)
+assert s0 <= s5 <= s1 and s0 < 0.5 * s1, (s0, s5, s1)
+# default compile (budget 1) keeps no more than eager
+assert s1 <= baseline.saved_bytes, (s1, baseline.saved_bytes)
+# budget 0 keeps less than eager full checkpointing of the blocks
+assert s0 < eager["eager, full AC"].saved_bytes, (s0, eager["eager, full AC"].saved_bytes)
+# and eager full AC keeps less than eager
+assert eager["eager, full AC"].saved_bytes < baseline.saved_bytes
+print("all claims hold")
+"""),
+]
+
+
+# -- 5. Tuning a fine-tuning setup ----------------------------------------------------
+NB05 = [
+    md(r"""
+# 5. Tuning a fine-tuning setup
+
+You have a pretrained transformer and a budget. Which parameters should train? Each choice
+changes three parts of the peak at once:
+
+- **gradients**: one per trainable parameter;
+- **optimizer state**: AdamW keeps two more tensors per trainable parameter (first and second
+  moments), often the largest single item of a full fine-tuning step;
+- **saved activations**: a frozen layer with nothing trainable before it keeps nothing.
+
+This notebook compares full fine-tuning, the last block only, bias-only (BitFit) and LoRA-style
+adapters on a small decoder, then exports the winning plan as code for a training script. With
+Hugging Face `transformers` installed it uses a small, randomly initialised Llama (nothing is
+downloaded); otherwise the GPT-style demo model.
+"""),
+    code(r"""
+import copy
+import importlib.util
+
+import pandas as pd
+import torch
+from torch import nn
+
+from memsave_nb import presets, zoo
+from memsave_nb.session import Session
+from memsave_nb.ui.explorer import explore
+from memsave_nb.ui.format import format_bytes
+from memsave_nb.workload import Workload
+
+torch.manual_seed(0)
+USE_HF = importlib.util.find_spec("transformers") is not None
+if USE_HF:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    hf_config = LlamaConfig(vocab_size=512, hidden_size=128, intermediate_size=344, num_hidden_layers=4,
+                            num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=128,
+                            attention_bias=True, mlp_bias=True, use_cache=False)
+    model = LlamaForCausalLM(hf_config)  # random weights
+    ids = torch.randint(0, hf_config.vocab_size, (4, 64))
+    batch = {"input_ids": ids, "labels": ids}  # the model computes its own loss (output.loss)
+    ADAPT = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+else:
+    config = zoo.GPTConfig(vocab_size=512, block_size=64, n_layer=4, n_head=4, n_embd=128, dropout=0.0)
+    demo = zoo.gpt(config, batch_size=4)
+    model, batch = demo.model, demo.batch  # {"idx": ..., "targets": ...}; output.loss is the loss
+    ADAPT = ("qkv", "proj", "fc")
+print(type(model).__name__, f"{sum(p.numel() for p in model.parameters()):,} parameters")
+"""),
+    md(r"""
+## LoRA-style adapters
+
+LoRA freezes a linear layer `W` and learns a low-rank update beside it:
+`y = W x + (B A x) * alpha / r`, with `A` (r x in) and `B` (out x r), `B` starting at zero so the
+model is unchanged at first. The adapter below wraps every linear layer named in `ADAPT`; its
+parameters are named `lora_a` / `lora_b`, which is how `presets.lora_only` finds them.
+"""),
+    code(r"""
+class LoRALinear(nn.Module):
+    def __init__(self, base: nn.Linear, rank: int = 4, alpha: float = 8.0):
+        super().__init__()
+        self.base = base
+        self.lora_a = nn.Linear(base.in_features, rank, bias=False)
+        self.lora_b = nn.Linear(rank, base.out_features, bias=False)
+        nn.init.zeros_(self.lora_b.weight)
+        self.scale = alpha / rank
+
+    def forward(self, x):
+        return self.base(x) + self.lora_b(self.lora_a(x)) * self.scale
+
+
+def add_adapters(model, names, rank=4):
+    targets = [(n, m) for n, m in model.named_modules()
+               if isinstance(m, nn.Linear) and n.rsplit(".", 1)[-1] in names]
+    for name, module in targets:
+        parent_name, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent_name), child, LoRALinear(module, rank))
+    return len(targets)
+
+
+print("adapted", add_adapters(model, ADAPT), "linear layers")
+workload = Workload(model, batch, optimizer="adamw", name="fine-tune")
+session = Session(workload, repeats=1)
+"""),
+    md(r"""
+## Four ways to fine-tune
+
+Presets build each plan from the model's own names: `all_trainable`, `last_blocks(n=1)`,
+`bias_only` and `lora_only`. Every run includes an AdamW step, so the optimizer's state is part
+of the peak.
+"""),
+    code(r"""
+PLANS = {
+    "full fine-tuning": presets.all_trainable(model),
+    "last block": presets.last_blocks(model, 1),
+    "bias only (BitFit)": presets.bias_only(model),
+    "LoRA adapters": presets.lora_only(model),
+}
+entries = {label: session.run(plan.replace(name=label)) for label, plan in PLANS.items()}
+
+
+def trainable_bytes(plan):
+    names = set(plan.trainable_parameter_names(model))
+    return sum(p.numel() * p.element_size() for n, p in model.named_parameters() if n in names)
+
+
+def optimizer_state_max(m):
+    # the largest optimizer state live at any moment of the step (from the measured timeline)
+    return max(m.timeline.by_category["optimizer_state"], default=0)
+
+
+rows = []
+for label, e in entries.items():
+    m, split = e.measurement, e.measurement.peak_split
+    rows.append({
+        "plan": label,
+        "trainable": format_bytes(trainable_bytes(e.plan)),
+        "peak": format_bytes(m.peak_bytes),
+        "peak during": m.peak_phase,
+        "params at peak": format_bytes(split.parameters),
+        "grads at peak": format_bytes(split.gradients),
+        "optimizer state at peak": format_bytes(split.optimizer_state),
+        "activations + temps at peak": format_bytes(split.activations + split.temporaries),
+        "optimizer state (largest)": format_bytes(optimizer_state_max(m)),
+        "saved for backward": format_bytes(m.saved_bytes),
+        "peak vs full": round(m.peak_bytes / entries["full fine-tuning"].measurement.peak_bytes, 3),
+    })
+pd.DataFrame(rows).set_index("plan")
+"""),
+    md(r"""
+Full fine-tuning pays for gradients and two AdamW moments for every parameter, and its peak is
+in the optimizer step, when all of them are live at once. The partial plans shrink those in
+proportion to what trains, and their peak moves into forward/backward: AdamW creates its state
+in the first `step()`, after the activations are gone, so at *their* peak it is 0 (the
+"largest" column shows how big it gets). Activations behave differently: freezing all
+but the last block leaves nothing to differentiate before it, so the earlier blocks keep
+nothing; bias-only and LoRA still need gradients to flow through every block, so most
+activations stay (a LoRA adapter even keeps its layer's input for `A`'s gradient).
+"""),
+    md(r"""
+## Your turn
+
+**Question.** In the explorer pick the presets *adapters only (LoRA)* and *bias only (BitFit)*
+from the menu and compare their peak split (Results tab). Which part differs most between them,
+and which would you pick if the peak must drop below half of full fine-tuning's?
+"""),
+    code(r"""
+explorer = explore(session)
+explorer
+"""),
+    md("**Answer** (open the hidden cell below)."),
+    code(r"""
+full = entries["full fine-tuning"].measurement.peak_bytes
+for label in ("LoRA adapters", "bias only (BitFit)", "last block"):
+    m = entries[label].measurement
+    print(f"{label:20s} peak {format_bytes(m.peak_bytes):>10s} ({m.peak_bytes / full:.0%} of full), "
+          f"optimizer state up to {format_bytes(optimizer_state_max(m))}, saved {format_bytes(m.saved_bytes)}")
+print('''
+Both train very few parameters, so gradients and optimizer state nearly vanish in both; what
+differs is the activations. Bias-only needs no layer inputs (a bias gradient is a sum of the
+output gradient), while every LoRA adapter keeps its input for the gradient of A. The cheapest
+plan is the one at the top of the next cell's ranking.''')
+""", hidden=True),
+    md(r"""
+## Export the winner
+
+The plan with the smallest peak, written as a standalone snippet for a training script: run it
+after building the model, before building the optimizer (which should get only the trainable
+parameters).
+"""),
+    code(r"""
+ranking = sorted((e.measurement.peak_bytes, label) for label, e in entries.items())
+winner_label = ranking[0][1]
+winner = entries[winner_label].plan
+print("winner:", winner_label, format_bytes(ranking[0][0]))
+code = winner.to_code()
+print(code)
+"""),
+    md("## What this notebook claims"),
+    code(r"""
+full_m = entries["full fine-tuning"].measurement
+param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+# AdamW keeps two moments per trainable parameter: in full fine-tuning that is twice the parameters
+assert full_m.peak_split.optimizer_state >= 2 * param_bytes, (full_m.peak_split.optimizer_state, param_bytes)
+# full fine-tuning peaks in the optimizer step; LoRA's optimizer state is under 10% of full's
+assert full_m.peak_phase == "optimizer", full_m.peak_phase
+assert 0 < optimizer_state_max(entries["LoRA adapters"].measurement) < 0.1 * optimizer_state_max(full_m)
+# every partial plan has a lower peak than full fine-tuning, and the winner is below 60% of it
+for label, e in entries.items():
+    if label != "full fine-tuning":
+        assert e.measurement.peak_bytes < full_m.peak_bytes, label
+assert ranking[0][0] < 0.6 * full_m.peak_bytes, (winner_label, ranking[0][0], full_m.peak_bytes)
+# the exported code, run on a fresh copy of the model, trains exactly what was measured
+fresh = copy.deepcopy(model)
+exec(code, {"model": fresh})
+assert [n for n, p in fresh.named_parameters() if p.requires_grad] == winner.trainable_parameter_names(model)
+print("all claims hold")
+"""),
+]
+
+
+# -- 6. Sizing a model you cannot run ------------------------------------------------
+NB06 = [
+    md(r"""
+# 6. Sizing a model you cannot run
+
+Will fine-tuning a 7B model fit on a 24, 40 or 80 GB GPU, and with which choices? You do not
+need the GPU to find out. Under PyTorch's `FakeTensorMode` tensors have shapes, dtypes and
+devices but no data: every op computes only the shapes of its results. memsave_nb's tracker
+still sees every storage born and freed, so `mode="fake"` measures a whole training step of a
+Llama-7B-shaped decoder (32 blocks, width 4096, bf16, 2048 tokens) in seconds on this CPU with a
+few hundred MB of RAM.
+
+(A CPU-only PyTorch cannot make fake CUDA tensors; sizes on a fake CPU device are the same.
+What fake mode cannot see: the CUDA context, allocator fragmentation and kernel workspaces, so
+the table below keeps 10% of each GPU free.)
+"""),
+    code(r"""
+import dataclasses
+
+import pandas as pd
+import torch
+
+from memsave_nb import presets, zoo
+from memsave_nb.checkpointing import RegionPolicy, suggest_regions
+from memsave_nb.session import Session, run_plan
+from memsave_nb.ui.explorer import explore
+
+GiB = 2**30
+GPUS = (24, 40, 80)  # GiB
+HEADROOM = 0.9       # usable share of a GPU
+
+workload = zoo.make("gpt-7b")                    # batch 1 x 2048 tokens, built under FakeTensorMode
+workload8 = zoo.make("gpt-7b", batch_size=8)
+model = workload.model
+n_params = sum(p.numel() for p in model.parameters())
+blocks = suggest_regions(model)
+ac = {b: RegionPolicy.full() for b in blocks}   # full activation checkpointing of every block
+
+
+def plain_sgd(params):
+    return torch.optim.SGD(params, lr=1e-4)    # no momentum: no optimizer state
+
+
+print(f"{n_params / 1e9:.2f} B parameters, {len(blocks)} blocks")
+"""),
+    md(r"""
+## Plans against GPU sizes
+
+Each row is one fake training step (forward, backward, optimizer step).
+"""),
+    code(r"""
+from memsave_nb.plan import Plan
+
+CASES = {
+    "full fine-tuning, AdamW": (workload, Plan()),
+    "full fine-tuning, AdamW, AC": (workload, Plan(regions=ac)),
+    "full fine-tuning, plain SGD, AC": (dataclasses.replace(workload, optimizer=plain_sgd), Plan(regions=ac)),
+    "last 4 blocks, AdamW, AC": (workload, presets.last_blocks(model, 4).replace(regions=ac)),
+    "batch 8, full, AdamW": (workload8, Plan()),
+    "batch 8, full, AdamW, AC": (workload8, Plan(regions=ac)),
+}
+results = {label: run_plan(wl, plan, mode="fake") for label, (wl, plan) in CASES.items()}
+
+
+def gib(n):
+    return round(n / GiB, 1)
+
+
+rows = []
+for label, m in results.items():
+    s = m.peak_split
+    row = {"plan": label, "peak GiB": gib(m.peak_bytes), "params": gib(s.parameters), "grads": gib(s.gradients),
+           "optimizer": gib(s.optimizer_state), "activations + temps": gib(s.activations + s.temporaries),
+           "saved for backward": gib(m.saved_bytes), "peak during": m.peak_phase}
+    for gpu in GPUS:
+        row[f"{gpu} GB"] = "fits" if m.peak_bytes <= HEADROOM * gpu * GiB else "-"
+    rows.append(row)
+pd.DataFrame(rows).set_index("plan")
+"""),
+    md(r"""
+Reading the table:
+
+- The weights alone are 2 bytes x 6.7 B = 12.6 GiB in bf16; gradients are as much again, and
+  AdamW's two moments twice that. Full fine-tuning with AdamW peaks in the **optimizer step**, at
+  about 4x the weights: an 80 GB card, nothing smaller.
+- At batch 1, **activation checkpointing does not move that peak**: it shrinks what backward
+  keeps, but the peak is not in backward. At batch 8 the activations dominate and AC is what
+  brings the step back under 80 GB.
+- **Optimizer choice** is worth as much as AC here: plain SGD keeps no state.
+- **Freezing** most of the model removes its gradients and optimizer state *and*, with nothing
+  trainable before the last blocks, their activations: a 24 GB card is enough.
+"""),
+    md(r"""
+## Your turn
+
+The explorer works on the fake model too (sizes only, no step time).
+
+**Question.** Pick the preset *last block* from the menu. Which of the three GPUs does full
+fine-tuning of only the last block fit, and which part of the peak is now the largest?
+"""),
+    code(r"""
+session = Session(workload, mode="fake")
+explorer = explore(session)
+explorer
+"""),
+    md("**Answer** (open the hidden cell below)."),
+    code(r"""
+last = session.run(presets.last_blocks(model, 1)).measurement
+fits = [g for g in GPUS if last.peak_bytes <= HEADROOM * g * GiB]
+split = last.peak_split.as_dict()
+largest = max(split, key=split.get)
+print(f"last block: peak {gib(last.peak_bytes)} GiB, fits {fits} GB; largest part: {largest} "
+      f"({gib(split[largest])} GiB)")
+print('''
+The frozen weights themselves (12.6 GiB in bf16) are now most of the peak: one block's gradients
+and AdamW state are small, and nothing before the last block keeps activations. To go lower
+you would quantise the frozen weights (QLoRA-style), which this sizing leaves out.''')
+""", hidden=True),
+    md("## What this notebook claims"),
+    code(r"""
+full = results["full fine-tuning, AdamW"]
+# bf16: 2 bytes per parameter; AdamW: two moments per parameter
+assert full.peak_split.parameters == 2 * n_params
+assert full.peak_split.optimizer_state >= 2 * full.peak_split.parameters
+# full fine-tuning with AdamW fits an 80 GB GPU and not a 40 GB one
+assert 40 * HEADROOM * GiB < full.peak_bytes <= 80 * HEADROOM * GiB, gib(full.peak_bytes)
+# at batch 1 AC leaves the peak (in the optimizer step) within 2% ...
+assert abs(results["full fine-tuning, AdamW, AC"].peak_bytes - full.peak_bytes) <= 0.02 * full.peak_bytes
+# ... at batch 8 it cuts the peak by more than a third and brings it under 80 GB
+b8, b8_ac = results["batch 8, full, AdamW"].peak_bytes, results["batch 8, full, AdamW, AC"].peak_bytes
+assert b8_ac < 0.67 * b8 and b8_ac <= 80 * HEADROOM * GiB < b8, (gib(b8), gib(b8_ac))
+# plain SGD with AC fits 40 GB; the last 4 blocks with AC fit 24 GB
+assert results["full fine-tuning, plain SGD, AC"].peak_bytes <= 40 * HEADROOM * GiB
+assert results["last 4 blocks, AdamW, AC"].peak_bytes <= 24 * HEADROOM * GiB
+print("all claims hold")
+"""),
+]
+
+
 NOTEBOOKS: dict[str, list] = {
     "01-what-backward-keeps.ipynb": NB01,
     "02-freezing-and-selective-differentiation.ipynb": NB02,
     "03-checkpointing-and-sac.ipynb": NB03,
+    "04-compile-memory-budget.ipynb": NB04,
+    "05-tuning-a-fine-tuning-setup.ipynb": NB05,
+    "06-sizing-a-model-you-cannot-run.ipynb": NB06,
 }
 
 
