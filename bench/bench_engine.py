@@ -7,7 +7,8 @@
    ratios to the plain step are reported, in wall time and in process CPU time.
 2. The Llama-7B shape in fake mode (``zoo.make("gpt-7b")``): ``measure(mode="fake")`` against
    MemTracker under the same FakeTensorMode, each in a fresh subprocess (alternating), reporting
-   the call's wall time and the process's peak RSS (``ru_maxrss``, torch import included).
+   the call's wall time and the process's peak RSS (``VmHWM``, torch import included) beside
+   its RSS just before the call (``VmRSS``, torch and the fake model loaded).
 
     python bench/bench_engine.py [--repeats 9] [--big-repeats 2] [--threads 1]
 
@@ -104,8 +105,12 @@ sys.path.insert(0, {root!r})
 import torch
 torch.set_num_threads({threads})
 from memsave_nb import measure, zoo
-rss_after_import = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+def vm(field):
+    for line in open("/proc/self/status"):
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
 wl = zoo.make("gpt-7b")
+rss_after_import = vm("VmRSS")
 start = time.perf_counter()
 if {which!r} == "memsave":
     m = measure(wl, "fake")
@@ -125,7 +130,7 @@ else:
             del out, opt
         peak = sum(d["Total"] for d in tracker.get_tracker_snapshot("peak").values())
 seconds = time.perf_counter() - start
-print(json.dumps({{"seconds": seconds, "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+print(json.dumps({{"seconds": seconds, "peak_rss_bytes": vm("VmHWM"),
                   "rss_after_import_bytes": rss_after_import, "predicted_peak_bytes": peak}}))
 """
 
@@ -171,7 +176,7 @@ def table(result: dict) -> str:
         "",
         f"Llama-7B shape in fake mode, median of {big['repeats']} fresh processes each; goal: < 3 s and < 1 GB",
         "",
-        "| tool | seconds | peak RSS (MB) | RSS after `import torch` (MB) | predicted peak (GiB) |",
+        "| tool | seconds | peak RSS (MB) | RSS before the run (MB) | predicted peak (GiB) |",
         "|---|---:|---:|---:|---:|",
     ]
     for r in big["rows"]:
