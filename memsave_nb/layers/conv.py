@@ -53,29 +53,55 @@ class _Convolution(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        need_b = need_b and ctx.bias_sizes is not None
         x, weight = ctx.saved_tensors
-        if x is None:
-            x = grad.new_empty(1).expand(ctx.x_shape)
-        if weight is None:
-            weight = grad.new_empty(1).expand(ctx.w_shape)
         stride, padding, dilation, transposed, output_padding, groups = ctx.params
-        grad_x, grad_w, grad_b = torch.ops.aten.convolution_backward(
-            grad,
-            x,
-            weight,
-            ctx.bias_sizes,
-            stride,
-            padding,
-            dilation,
-            transposed,
-            output_padding,
-            groups,
-            [need_x, need_w, need_b and ctx.bias_sizes is not None],
-        )
+        grad_x = grad_w = grad_b = None
+        if need_x and not need_w:
+            # The input gradient alone is the adjoint convolution run forward: as fast as
+            # stock's backward kernel, and it needs no stand-in for the input.
+            grad_x = _adjoint(grad, weight, ctx.x_shape, stride, padding, dilation, transposed,
+                              output_padding, groups)
+        if (need_x and grad_x is None) or need_w or need_b:
+            if x is None:
+                x = grad.new_empty(1).expand(ctx.x_shape)  # shape only: not read
+            if weight is None:
+                weight = grad.new_empty(1).expand(ctx.w_shape)
+            mask = [need_x and grad_x is None, need_w, need_b]
+            gx, grad_w, grad_b = torch.ops.aten.convolution_backward(
+                grad, x, weight, ctx.bias_sizes, stride, padding, dilation, transposed,
+                output_padding, groups, mask,
+            )
+            if mask[0]:
+                grad_x = gx
         if grad_x is not None and ctx.x_channels_last and not _channels_last(grad_x):
-            # the stand-in has no layout; give the gradient the input's, as stock does
+            # give the gradient the input's layout, as stock does
             grad_x = grad_x.contiguous(memory_format=_layout(grad_x))
         return grad_x, grad_w, grad_b, None, None, None, None, None, None
+
+
+def _adjoint(grad: Tensor, weight: Tensor, x_shape: torch.Size, stride: list[int],
+             padding: list[int], dilation: list[int], transposed: bool,
+             output_padding: list[int], groups: int) -> Tensor | None:
+    """Input gradient of a (transposed) convolution as the forward of its adjoint, or None
+    when the adjoint cannot reproduce the input size (then the caller uses the backward op)."""
+    n = len(stride)
+    k = weight.shape[2:]
+    out = grad.shape[2:]
+    if transposed:
+        # the adjoint is a plain convolution; it lands on the input size iff output_padding < stride
+        if any(op >= s for op, s in zip(output_padding, stride)):
+            return None
+        return torch.ops.aten.convolution(grad, weight, None, stride, padding, dilation, False,
+                                          [0] * n, groups)
+    extra = [
+        x_shape[2 + d] - ((out[d] - 1) * stride[d] - 2 * padding[d] + dilation[d] * (k[d] - 1) + 1)
+        for d in range(n)
+    ]
+    if any(e < 0 or e >= max(stride[d], dilation[d]) for d, e in enumerate(extra)):
+        return None
+    return torch.ops.aten.convolution(grad, weight, None, stride, padding, dilation, True, extra,
+                                      groups)
 
 
 def _channels_last(x: Tensor) -> bool:
