@@ -172,6 +172,24 @@ class HFStyle(nn.Module):
         return {"loss": loss, "logits": logits}
 
 
+class TiedAndMasked(nn.Module):
+    """Tied weights (the head reuses the embedding matrix) and a causal mask kept as a plain tensor
+    attribute, not a buffer: the tracker meets it first as an op input and counts it as an input."""
+
+    def __init__(self, vocab: int = 40, d: int = 16, t: int = 6):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.mix = nn.Linear(d, d)
+        self.head = nn.Linear(d, vocab, bias=False)
+        self.head.weight = self.emb.weight  # tied
+        self.mask = torch.tril(torch.ones(t, t))  # plain attribute
+
+    def forward(self, idx):
+        h = self.emb(idx)  # (B, T, d)
+        att = (h @ h.transpose(1, 2)).masked_fill(self.mask == 0, float("-inf")).softmax(-1)
+        return self.head(self.mix(att @ h))
+
+
 # -- builders -----------------------------------------------------------------------------------------
 def linear_relu() -> Workload:
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8))
@@ -232,6 +250,10 @@ def hf_dict() -> Workload:
     return Workload(HFStyle(), batch, name="hf_dict")
 
 
+def tied_masked() -> Workload:
+    return Workload(TiedAndMasked(), torch.randint(0, 40, (2, 6)), name="tied_masked")
+
+
 def input_grad() -> Workload:
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8))
     for p in model.parameters():
@@ -261,6 +283,7 @@ CASES: tuple[Case, ...] = (
     Case("frozen_cnn", _seeded(frozen_cnn), all_trainable=False, targets=True),
     Case("hf_dict", _seeded(hf_dict)),
     Case("input_grad", _seeded(input_grad), all_trainable=False),
+    Case("tied_masked", _seeded(tied_masked)),
     Case("zoo_cnn", _zoo("cnn", 2), targets=True),
     Case("zoo_gpt", _zoo("gpt", 1)),
     Case("zoo_mlp", _zoo("mlp", 8), targets=True),

@@ -27,12 +27,15 @@ class OracleCount:
 
 
 def closure_tensors(wl: Workload) -> list[torch.Tensor]:
-    """Tensors the loss closure holds (targets); the tracker counts them as inputs."""
+    """Pre-existing tensors the step uses besides parameters, buffers and batch: targets the loss
+    closure holds, plain tensor attributes of modules. The tracker counts them as inputs."""
     targets = getattr(wl.loss, "targets", None)
-    if targets is not None:
-        return [targets]
+    found = [targets] if targets is not None else []
     cells = getattr(wl.loss, "__closure__", None) or ()
-    return [c.cell_contents for c in cells if isinstance(c.cell_contents, torch.Tensor)]
+    found += [c.cell_contents for c in cells if isinstance(c.cell_contents, torch.Tensor) and c.cell_contents is not targets]
+    for module in wl.model.modules():
+        found += [v for v in vars(module).values() if isinstance(v, torch.Tensor) and not isinstance(v, torch.nn.Parameter)]
+    return found
 
 
 def _step(wl: Workload, at_forward_end=None) -> None:
