@@ -130,3 +130,18 @@ def test_model_restored_after_failure(mode):
     assert before.differences(model) == []
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in state.items())
     handle.remove()
+
+
+@pytest.mark.parametrize("mode", ["real", "fake"])
+def test_cancelled_run_restores_model(mode):
+    import threading
+
+    from memsave_nb import Cancelled
+
+    wl = zoo.make("cnn", 2)
+    before = ModelSnapshot.capture(wl.model)
+    event = threading.Event()
+    event.set()
+    with pytest.raises(Cancelled):
+        measure(wl, mode, repeats=0, cancel_event=event)
+    assert before.differences(wl.model) == []
