@@ -25,7 +25,6 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
-import torch
 from torch import nn
 from torch.utils.checkpoint import (
     CheckpointPolicy,

@@ -51,7 +51,7 @@ def measure_compiled(
     mode: str = "real",
     *,
     repeats: int = 3,
-    warmup: int = 1,
+    warmup: int = 2,
     cancel_event: threading.Event | None = None,
 ) -> Measurement:
     """Measure one training step of ``workload`` (its model compiled or not) from the profiler's
