@@ -12,6 +12,7 @@ GPT-2-small-shaped model (12 layers, d=768, vocab 50257, sequence 1024) in fake 
     python bench/bench_explorer.py              # both cases, 7 clicks each
     python bench/bench_explorer.py --clicks 3   # quicker
     python bench/bench_explorer.py --threads 1  # torch intra-op threads (default: torch's own)
+    python bench/bench_explorer.py --cuda-check # on a CUDA machine: allocator vs tracker peaks, 3 plans
 
 Prints a table and writes ``bench/results/explorer.json``.
 """
@@ -113,6 +114,43 @@ def run_case(case: dict, clicks: int, repeats: int) -> dict:
     }
 
 
+def cuda_check(out: Path, device: str = "cuda") -> int:
+    """Drive the explorer headlessly on CUDA: three plans clicked through its widgets, and for
+    each the tracker's peak against the CUDA caching allocator's ``max_memory_allocated``."""
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        print("no CUDA device: nothing to check")
+        return 0
+    explorer = Explorer(Session(zoo.make("cnn", 64, device=device), "real", repeats=3))
+    steps = [
+        ("baseline", lambda: None),
+        ("freeze stem", lambda: setattr(explorer.table.reveal("stem").freeze, "value", True)),
+        ("+ checkpoint layers.1 full, memsave all", lambda: (
+            setattr(explorer.table.reveal("layers.1").region, "value", "full"),
+            setattr(explorer.table.reveal("").memsave, "value", True),
+        )),
+    ]
+    rows = []
+    print(f"{'plan':<42} {'tracker peak':>14} {'allocator peak':>15} {'ratio':>6} {'saved':>12} {'step':>9}")
+    for label, click in steps:
+        click()
+        explorer.wait()
+        if explorer.state not in ("done", "idle"):
+            raise RuntimeError(f"{label}: {explorer.state}: {explorer.error}")
+        m = explorer.measurement
+        ratio = m.cuda_peak_bytes / m.peak_bytes if m.cuda_peak_bytes and m.peak_bytes else float("nan")
+        rows.append({"plan": label, "description": explorer.plan.describe(), "peak_bytes": m.peak_bytes,
+                     "cuda_peak_bytes": m.cuda_peak_bytes, "saved_bytes": m.saved_bytes,
+                     "step_seconds": m.step_seconds, "shown_cuda_label": explorer.cuda_peak.value})
+        print(f"{label:<42} {m.peak_bytes:>14,} {m.cuda_peak_bytes or 0:>15,} {ratio:>6.3f} {m.saved_bytes:>12,} "
+              f"{(m.step_seconds or 0) * 1e3:>7.1f}ms")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    name = torch.cuda.get_device_name(0) if device.startswith("cuda") else device
+    out.write_text(json.dumps({"benchmark": "explorer on CUDA: tracker vs allocator peak",
+                               "device": name, "rows": rows}, indent=1) + "\n")
+    print(f"written {out}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", nargs="+", default=["cnn-real", "gpt2-small-fake"])
@@ -120,7 +158,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="timed steps per real-mode run (Session repeats)")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--cuda-check", action="store_true", help="allocator vs tracker peaks on CUDA, 3 plans")
+    parser.add_argument("--check-device", default="cuda", help=argparse.SUPPRESS)  # "cpu" dry-runs the check
     args = parser.parse_args(argv)
+    if args.cuda_check:
+        return cuda_check(args.out.with_name("explorer_cuda.json"), args.check_device)
     if args.threads:
         torch.set_num_threads(args.threads)
     results = [run_case(c, args.clicks, args.repeats) for c in _cases(args.cases)]

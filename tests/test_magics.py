@@ -135,3 +135,12 @@ def test_report_writes_the_html_of_the_explorers_session(ip, tmp_path):
     assert "freeze 0" in text  # the plan tried is in it
     with pytest.raises(UsageError, match="html"):
         ip.run_line_magic("memsave_report", str(tmp_path / "r.txt"))
+
+
+def test_a_failing_cell_raises_its_own_error_and_leaves_torch_as_it_was(ip):
+    backward, grad = torch.autograd.backward, torch.autograd.grad
+    result = ip.run_cell("%%memsave\nout = model(x)\nraise ValueError('my cell failed')\n")
+    assert isinstance(result.error_in_exec, ValueError) and "my cell failed" in str(result.error_in_exec)
+    assert torch.autograd.backward is backward and torch.autograd.grad is grad
+    # and the next measured cell works
+    assert ip.run_cell_magic("memsave", "-r -q", STEP).saved_bytes > 0

@@ -73,6 +73,7 @@ class Explorer(W.VBox):
         self._restoring = False
         self._syncing = False
         self._listeners: list[Callable[[Entry], None]] = []
+        self._generation = 0  # bumped by every request; a run shows its result only if still the newest
 
         load_bokehjs()
         base_entry = session.baseline_entry
@@ -201,17 +202,17 @@ class Explorer(W.VBox):
     def run_now(self, *, raise_errors: bool = False) -> Entry | None:
         """Measure the current plan in this thread and show it; returns the Entry (None when it
         failed or was cancelled; the message is in ``explorer.error`` and in the widget)."""
-        plan = self.plan
-        result = self.runner.run_sync(lambda ev: self._run_job(plan, ev))
+        plan, gen = self.plan, self._next_generation()
+        result = self.runner.run_sync(lambda ev: self._run_job(plan, ev, gen))
         if raise_errors and result is None and self.error:
             raise MemsaveError(self.error)
         return result
 
     def rerun(self) -> None:
         """Schedule a measurement of the current plan (what a change does when live)."""
-        plan = self.plan
+        plan, gen = self.plan, self._next_generation()
         self._set_status("waiting", plan.describe())
-        self.runner.submit(lambda ev: self._run_job(plan, ev))
+        self.runner.submit(lambda ev: self._run_job(plan, ev, gen))
 
     def cancel(self) -> None:
         """Stop the scheduled and the running measurement; the numbers on screen stay."""
@@ -229,6 +230,7 @@ class Explorer(W.VBox):
 
         budgets = list(budgets if budgets is not None else DEFAULT_BUDGETS)
         plan = self.plan
+        self._next_generation()
         self._set_status("waiting", f"sweep over {len(budgets)} budgets")
         self.runner.submit(lambda ev: self._sweep_job(plan, budgets, ev), delay_s=0)
 
@@ -288,12 +290,20 @@ class Explorer(W.VBox):
             self.editor.load(entry.plan)
         finally:
             self._restoring = False
+        self._next_generation()  # a run still going must not overwrite what was picked
         self.runner.cancel()
         self._show(entry)
-        self._set_status("done", f"restored {entry.plan.name or entry.plan.describe()}")
+        self._end("done", f"restored {entry.plan.name or entry.plan.describe()}")
 
     # -- runs ----------------------------------------------------------------------------------
-    def _run_job(self, plan: Plan, cancel_event: threading.Event) -> Entry | None:
+    def _next_generation(self) -> int:
+        with self._ui_lock:
+            self._generation += 1
+            return self._generation
+
+    def _run_job(self, plan: Plan, cancel_event: threading.Event, generation: int) -> Entry | None:
+        if generation != self._generation:
+            return None  # superseded before it started
         self._user_cancelled = False
         self._begin(f"running: {plan.describe()}", steps=1)
         start = time.perf_counter()
@@ -304,8 +314,11 @@ class Explorer(W.VBox):
                 self._end("cancelled", "the model is unchanged; the numbers shown are from the last run")
             return None
         except BaseException as exc:  # noqa: BLE001 - shown in the widget, not lost in a thread
-            self._fail(plan, exc)
+            if generation == self._generation:
+                self._fail(plan, exc)
             return None
+        if generation != self._generation:
+            return entry  # in the history now, but a newer request owns the display
         self._show(entry)
         self._end("done", f"{plan.describe()} in {time.perf_counter() - start:.2f} s")
         return entry

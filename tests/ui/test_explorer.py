@@ -252,6 +252,23 @@ def test_cancel_stops_the_run_and_leaves_the_model_as_it_was():
     assert before.differences(model) == []
 
 
+def test_a_run_overtaken_by_a_history_click_does_not_overwrite_it():
+    torch.manual_seed(0)
+    model = nn.Sequential(*[Slow(seconds=0.1) for _ in range(4)])
+    ex = explore(model, torch.randn(4, 8), repeats=0, debounce_s=0.01)
+    ex.table.row("0").freeze.value = True
+    assert ex.wait(60) and ex.state == "done"
+    first = ex.entry
+    ex.table.row("1").freeze.value = True  # a slow run starts ...
+    deadline = time.monotonic() + 30
+    while ex.state != "running" and time.monotonic() < deadline:
+        time.sleep(0.01)
+    ex.results.history_plot.source.selected.indices = [1]  # ... and the user picks the first plan
+    assert ex.wait(60)
+    assert ex.entry is first and ex.plan == first.plan and ex.state == "done"
+    assert ex.progress.layout.visibility == "hidden" and ex.cancel_button.disabled
+
+
 class Flaky(nn.Module):
     """Fails in forward when its weight is frozen: a failing step the user can cause."""
 
