@@ -246,8 +246,15 @@ def wrap_region(module: nn.Module, policy: RegionPolicy) -> Callable[[], None]:
     inner = module.forward  # bound method, or a previous instance attribute
     context_fn = context_fn_for(policy)
 
-    def forward(*args: Any, **kwargs: Any) -> Any:
-        return checkpoint(inner, *args, use_reentrant=False, context_fn=context_fn, **kwargs)
+    if context_fn is noop_context_fn:  # torch.compile traces checkpoint only without a no-op context_fn
+
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            return checkpoint(inner, *args, use_reentrant=False, **kwargs)
+
+    else:
+
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            return checkpoint(inner, *args, use_reentrant=False, context_fn=context_fn, **kwargs)
 
     setattr(forward, _WRAPPED_MARK, policy)
     module.forward = forward  # type: ignore[method-assign]

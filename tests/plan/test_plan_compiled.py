@@ -88,3 +88,35 @@ def test_gpt_budget_zero_keeps_less_than_budget_one():
     one, zero = sweep_budgets(workload, budgets=(1.0, 0.0), repeats=0)
     assert zero.saved_bytes < one.saved_bytes
     assert before.differences(workload.model) == []
+
+
+def test_compiled_plan_with_regions_restores_after_a_failing_step():
+    workload = tiny()
+    before = ModelSnapshot.capture(workload.model)
+    plan = Plan(frozen="0", regions={"2": "save_matmuls"}, compile_budget=0.5)
+
+    def boom(module, args):
+        raise RuntimeError("simulated out of memory")
+
+    with pytest.raises(Exception, match="simulated out of memory"):
+        with plan.apply(workload) as applied:
+            assert original_model(applied.model) is workload.model
+            workload.model[3].register_forward_pre_hook(boom)
+            measure_compiled(applied, repeats=0, warmup=0)
+    assert before.differences(workload.model) == []
+    assert all("forward" not in vars(m) for m in workload.model.modules())
+    assert functorch_config.activation_memory_budget == 1.0
+
+
+def test_checkpointed_regions_compile_and_keep_less():
+    """Regions and a budget together: dynamo traces the non-reentrant checkpoint (full: no
+    context_fn; selective: the SAC context) and the compiled step keeps less than compile alone."""
+    from memsave_nb.session import run_plan
+
+    workload = tiny()
+    alone = run_plan(workload, Plan(compile_budget=1.0), repeats=0)
+    full = run_plan(workload, Plan(regions={"0": "full", "2": "full"}, compile_budget=1.0), repeats=0)
+    selective = run_plan(workload, Plan(regions={"0": "save_matmuls"}, compile_budget=1.0), repeats=0)
+    assert full.compiled and selective.compiled
+    assert full.saved_bytes < alone.saved_bytes
+    assert selective.saved_bytes <= alone.saved_bytes
