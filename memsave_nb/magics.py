@@ -10,6 +10,10 @@
 - ``%memsave_report FILE.html`` writes the HTML report of the explorer's session
   (:func:`memsave_nb.report.write_report`).
 
+MODEL, BATCH and ``--loss`` are Python expressions in the notebook's namespace; quote one that
+holds spaces: ``%memsave model "(x, mask)" --loss "F.cross_entropy(out, y)"``. A ``--loss`` that
+uses the name ``out`` is an expression in the model's output; otherwise it must be a function.
+
 Mistakes (an unknown name, a bad option, no session yet) raise ``UsageError`` with one line.
 """
 
@@ -38,6 +42,7 @@ class MemsaveMagics(Magics):
 
     # -- helpers --------------------------------------------------------------------------------
     def _eval(self, expr: str, what: str) -> Any:
+        expr = _unquote(expr)
         try:
             return self.shell.ev(expr)
         except NameError as exc:
@@ -52,7 +57,7 @@ class MemsaveMagics(Magics):
         expression in ``out``, the model's output: ``--loss "F.cross_entropy(out, y)"``."""
         if expr is None:
             return None
-        expr = expr.strip().strip("'\"")
+        expr = _unquote(expr)
         try:
             code = compile(expr, "<--loss>", "eval")
         except SyntaxError as exc:
@@ -153,7 +158,7 @@ class MemsaveMagics(Magics):
         target = self.session if self.session is not None else self.last_measurement
         if target is None:
             raise UsageError("nothing to report yet: open an explorer with %memsave MODEL BATCH (or run %%memsave)")
-        path = args.path.strip("'\"")
+        path = _unquote(args.path)
         if not path.lower().endswith((".html", ".htm")):
             raise UsageError(f"{path!r}: the report is HTML; name the file *.html")
         try:
@@ -168,6 +173,14 @@ class MemsaveMagics(Magics):
             return parse_argstring(fn, line)
         except UsageError as exc:
             raise UsageError(str(exc).splitlines()[-1] if str(exc) else "bad arguments") from None
+
+
+def _unquote(expr: str) -> str:
+    """IPython's argument splitter keeps the quotes around an argument that has spaces."""
+    expr = expr.strip()
+    if len(expr) >= 2 and expr[0] == expr[-1] and expr[0] in "'\"":
+        return expr[1:-1].strip()
+    return expr
 
 
 def _top_level_modules(namespace: dict[str, Any]) -> list[Any]:

@@ -144,3 +144,11 @@ def test_a_failing_cell_raises_its_own_error_and_leaves_torch_as_it_was(ip):
     assert torch.autograd.backward is backward and torch.autograd.grad is grad
     # and the next measured cell works
     assert ip.run_cell_magic("memsave", "-r -q", STEP).saved_bytes > 0
+
+
+def test_quoted_expressions_with_spaces(ip):
+    ip.run_cell("bil = torch.nn.Bilinear(4, 4, 2)\na = torch.randn(3, 4)\nb = torch.randn(3, 4)\nt = torch.randint(0, 2, (3,))")
+    ex = ip.run_line_magic("memsave", '''bil "(a, b)" --loss "F.cross_entropy(out, t)" --static''')
+    ns = ip.user_ns
+    ref = measure(Workload(ns["bil"], (ns["a"], ns["b"]), loss=lambda o: F.cross_entropy(o, ns["t"])), repeats=0)
+    assert ex.baseline.saved_bytes == ref.saved_bytes

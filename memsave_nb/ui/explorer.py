@@ -461,6 +461,25 @@ def _delta_text(now: int, before: int) -> str:
 # -- the public front door -------------------------------------------------------------------------
 
 
+def _check_model_device(model: nn.Module, device: str, mode: str) -> None:
+    """The model must already be where the step runs: the explorer never moves a user's model."""
+    import torch
+
+    if mode == "fake":
+        return  # fake mode makes fake twins of the parameters; the device only names the batch's
+    want = torch.device(device)
+    for p in model.parameters():
+        have = p.device
+        if have.type == "meta":
+            return
+        if have.type != want.type or (want.index is not None and have.index != want.index):
+            raise WorkloadError(
+                f"the model is on {have} but device={device!r}: move it first (model.to({device!r})) "
+                "or pass the device it is on"
+            )
+        return
+
+
 def explore(
     model_or_workload: nn.Module | Workload | Session | str,
     batch: Any = None,
@@ -495,6 +514,7 @@ def explore(
         elif isinstance(model_or_workload, nn.Module):
             if batch is None:
                 raise WorkloadError("pass a batch: explore(model, batch) (a tensor, tuple, dict or a function making one)")
+            _check_model_device(model_or_workload, device, mode)
             workload = Workload(model_or_workload, batch, loss=loss, optimizer=optimizer, device=device,
                                 name=type(model_or_workload).__name__)
         else:

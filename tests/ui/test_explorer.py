@@ -340,6 +340,8 @@ def test_explore_takes_a_model_and_batch_and_refuses_nonsense():
         explore(model)
     with pytest.raises(WorkloadError, match="explore\\(\\) takes"):
         explore(42)
+    with pytest.raises(WorkloadError, match="model is on cpu but device='meta'"):
+        explore(model, torch.randn(2, 4), device="meta")
     ex = explore(model, torch.randn(2, 4), optimizer="sgd", live=False)
     assert ex.session.workload.optimizer == "sgd" and not ex.live.value
     assert ex.baseline.saved_bytes >= 0
