@@ -88,13 +88,27 @@ def register(holder: OutputHolder) -> None:
     _pending.append(weakref.ref(holder))
 
 
-def compact() -> int:
-    """Shrink every held output that no one else keeps to a packed mask; returns how many."""
+# Layers look back this many holders: an output dropped by the model's code is usually
+# released within a few layers; older ones are kept by a saver (or a long skip connection)
+# and are left to the full sweep after the root forward. Keeps forward O(layers).
+RECENT = 8
+_PRUNE_AT = 4096
+
+
+def compact(recent: int | None = None) -> int:
+    """Shrink held outputs that no one else keeps to packed masks; returns how many.
+
+    ``recent`` limits the sweep to the latest holders (what layers do at each forward);
+    ``None`` sweeps all (what :func:`memsave_nb.layers.convert`'s root hook does).
+    """
     if torch.compiler.is_compiling() or not _pending:
         return 0
+    if recent is not None and len(_pending) > _PRUNE_AT:
+        recent = None  # without convert's root sweep, dead entries would pile up
+    start = 0 if recent is None else max(0, len(_pending) - recent)
     done = 0
-    still: list[weakref.ref[OutputHolder]] = []
-    for ref in _pending:
+    still: list[weakref.ref[OutputHolder]] = _pending[:start]
+    for ref in _pending[start:]:
         holder = ref()
         if holder is None:
             continue

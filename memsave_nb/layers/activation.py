@@ -67,7 +67,7 @@ def masked_leaky_relu(x: Tensor, slope: float | None = None, inplace: bool = Fal
         if slope is None:
             return F.relu(x, inplace=inplace)
         return F.leaky_relu(x, slope, inplace=inplace)
-    _holder.compact()
+    _holder.compact(_holder.RECENT)
     lazy = _holder.lazy_allowed()
     out = _MaskedLeakyReLU.apply(x, slope, inplace, lazy)
     if lazy and inplace and out.grad_fn.holder is not None:

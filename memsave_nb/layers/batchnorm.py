@@ -64,7 +64,7 @@ class _MemSaveBatchNormMixin:
         )
         if use_running and grads and not (weight is not None and weight.requires_grad):
             mod._check_input_dim(input)
-            _holder.compact()
+            _holder.compact(_holder.RECENT)
             out = _FrozenAffineBatchNorm.apply(
                 input, weight, bias, mod.running_mean, mod.running_var, mod.eps
             )

@@ -142,7 +142,7 @@ def convolution(
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or (
         bias is not None and bias.requires_grad
     )):
-        _holder.compact()
+        _holder.compact(_holder.RECENT)
         out = _Convolution.apply(
             x, weight, bias, stride_l, padding_l, dilation_l, transposed, out_pad, groups
         )

@@ -59,7 +59,7 @@ def dropout(x: Tensor, p: float = 0.5, training: bool = True, inplace: bool = Fa
     if not (training and 0.0 < p < 1.0 and torch.is_grad_enabled() and x.requires_grad
             and x.numel() > 0):
         return F.dropout(x, p, training, inplace)
-    _holder.compact()
+    _holder.compact(_holder.RECENT)
     return _Dropout.apply(x, p, inplace)
 
 

@@ -62,6 +62,6 @@ class MemSaveRMSNorm(nn.RMSNorm):
         weight = self.weight
         if (torch.is_grad_enabled() and weight is not None and weight.requires_grad
                 and x.requires_grad):
-            _holder.compact()
+            _holder.compact(_holder.RECENT)
             return _RMSNorm.apply(x, weight, tuple(self.normalized_shape), self.eps)
         return super().forward(x)

@@ -255,7 +255,7 @@ def max_pool(x: Tensor, n: int, kernel_size: int | Sequence[int], stride: int | 
     padding_l, dilation_l = _tuple(padding, n), _tuple(dilation, n)
     if not (torch.is_grad_enabled() and x.requires_grad):
         return _POOL[n](x, kernel, stride_l, padding_l, dilation_l, ceil_mode)
-    _holder.compact()
+    _holder.compact(_holder.RECENT)
     return _MaxPool.apply(x, kernel, stride_l, padding_l, dilation_l, ceil_mode)
 
 

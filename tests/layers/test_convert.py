@@ -111,3 +111,19 @@ def test_freezing_between_steps_just_works() -> None:
     model.requires_grad_(True)
     x.requires_grad_(False)
     model(x).sum().backward()
+
+
+def test_root_hook_shrinks_what_is_left_after_forward() -> None:
+    """After a converted model's forward, no ReLU output is held that only its holder keeps."""
+    from counting import LiveStorages
+
+    from memsave_nb.layers import _holder
+
+    model = small_cnn().eval().requires_grad_(False)
+    convert(model)
+    x = torch.randn(2, 3, 8, 8, requires_grad=True)
+    with LiveStorages():
+        out = model(x * 1)
+    live = [ref() for ref in _holder._pending if ref() is not None]
+    assert all(h.output is None for h in live)
+    out.sum().backward()
