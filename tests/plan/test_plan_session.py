@@ -97,3 +97,15 @@ def test_fake_mode_session_runs_plans():
     entry = session.run(Plan(regions={"blocks.0": "full", "blocks.1": "full"}))
     assert entry.measurement.mode == "fake" and entry.measurement.step_seconds is None
     assert entry.delta.saved_bytes < 0 and entry.delta.time_ratio is None
+
+
+@pytest.mark.slow
+def test_fake_mode_plans_on_a_7b_decoder():
+    """A 7B-parameter decoder in fake mode: checkpointing every block keeps less, SAC in between."""
+    from memsave_nb import zoo
+
+    session = Session(zoo.make("gpt-7b"), mode="fake")
+    blocks = [f"blocks.{i}" for i in range(32)]
+    full = session.run(Plan(regions={b: "full" for b in blocks})).measurement
+    sac = session.run(Plan(regions={b: "save_matmuls" for b in blocks})).measurement
+    assert full.saved_bytes < sac.saved_bytes < session.baseline.saved_bytes
