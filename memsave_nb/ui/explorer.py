@@ -465,6 +465,9 @@ def _check_model_device(model: nn.Module, device: str, mode: str) -> None:
     """The model must already be where the step runs: the explorer never moves a user's model."""
     import torch
 
+    from memsave_nb.workload import check_device
+
+    device = check_device(device)  # an unavailable device is its own one-line error
     if mode == "fake":
         return  # fake mode makes fake twins of the parameters; the device only names the batch's
     want = torch.device(device)
