@@ -172,3 +172,20 @@ def test_describe_reads_like_a_sentence():
     assert Plan().is_empty and Plan(regions={"a": "none"}).is_empty
     text = Plan(frozen="*", trainable="head", regions={"b.0": "full", "b.1": "full"}, compile_budget=0.25).describe()
     assert text == "freeze *; train head; checkpoint 2 regions (full); compile budget 0.25"
+
+
+def test_random_plans_survive_json_and_validate():
+    from hypothesis import given, settings
+    from test_plan_apply import plans
+
+    model = TinyCNN()
+
+    @settings(max_examples=50, deadline=None, derandomize=True)
+    @given(plan=plans(model))
+    def check(plan):
+        plan.validate(model)
+        again = Plan.from_json(plan.to_json())
+        assert again == plan and again.describe() == plan.describe()
+        compile(plan.to_code(), "<plan>", "exec", dont_inherit=True)  # the snippet is valid Python
+
+    check()
