@@ -1,10 +1,12 @@
 """The per-layer table: a collapsible module tree with saved activations and per-row controls.
 
-Each row shows name, type, output shape, trainable/frozen parameters, saved activations as a bar
-with bytes and share of the total, and the change against the baseline; and carries a freeze
-checkbox (ticking a parent ticks its children), a memory-saving-layer switch and a
-checkpoint-region menu. Rows are built the first time their parent is expanded, so a 7B-shaped
-model does not cost thousands of widgets up front.
+Each row, left to right: the module's name (click it to show its ops in the SAC panel), its saved
+activations as a bar with bytes and share of the total, the change against the baseline, a
+freeze checkbox (ticking a parent ticks its children), a memory-saving-layer switch, a
+checkpoint-region menu, then type, output shape and trainable / frozen parameters (over the
+subtree). The numbers and controls come first so they stay in view in a narrow notebook; the
+table scrolls sideways for the rest. Rows are built the first time their parent is expanded, so
+a 7B-shaped model does not cost thousands of widgets up front.
 
 DOM hooks (for browser tests): every row is ``.memsave-row.memsave-row-<slug>``; its controls are
 ``.memsave-freeze-<slug>``, ``.memsave-swap-<slug>`` and ``.memsave-region-<slug>``, where
