@@ -139,9 +139,11 @@ def convolution(
     else:
         padding_l = _tuple(padding, n)
     out_pad = [0] * n if output_padding is None else _tuple(output_padding, n)
-    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or (
-        bias is not None and bias.requires_grad
-    )):
+    bias_grad = bias is not None and bias.requires_grad
+    if torch.is_grad_enabled() and not weight.requires_grad and (x.requires_grad or bias_grad):
+        # Only with a frozen weight does stock keep more than needed (the input); with a
+        # trainable weight it keeps the input and the weight (a parameter), the minimum,
+        # so stock's op runs then and costs nothing extra.
         _holder.compact(_holder.RECENT)
         out = _Convolution.apply(
             x, weight, bias, stride_l, padding_l, dilation_l, transposed, out_pad, groups
