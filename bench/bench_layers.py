@@ -198,10 +198,83 @@ def bench_case(model: nn.Module, batch: Tensor, case: str, repeats: int, bytes_m
     return row
 
 
+# -- transformers (the demo decoders): token input, so no input-gradient cases -------------
+GPT_CASES = ("all", "norm", "first_quarter", "last_quarter")
+
+
+def gpt_model(variant: str) -> tuple[nn.Module, dict]:
+    from memsave_nb.zoo import GPTConfig, gpt
+
+    cfg = GPTConfig() if variant == "gpt" else GPTConfig(mlp="swiglu", norm="rmsnorm")
+    workload = gpt(cfg, batch_size=8)
+    return workload.model, workload.batch
+
+
+def apply_gpt_case(model: nn.Module, case: str) -> None:
+    model.train()
+    model.requires_grad_(case == "all")
+    owners = [m for m in model.modules() if any(True for _ in m.parameters(recurse=False))]
+    quarter = max(1, len(owners) // 4)
+    if case == "norm":
+        for m in owners:
+            if isinstance(m, (nn.LayerNorm, nn.RMSNorm)):
+                m.requires_grad_(True)
+    elif case == "first_quarter":
+        for m in owners[:quarter]:
+            m.requires_grad_(True)
+    elif case == "last_quarter":
+        for m in owners[-quarter:]:
+            m.requires_grad_(True)
+
+
+def bench_gpt_case(model: nn.Module, batch: dict, case: str, repeats: int) -> dict:
+    apply_gpt_case(model, case)
+    row: dict = {"case": case}
+    workload = Workload(model, batch, optimizer=None, name="bench")
+    for label in ("stock", "ours"):
+        conversion = convert(model) if label == "ours" else None
+        try:
+            torch.manual_seed(0)
+            m = measure(workload, mode="real", repeats=0, flops=False)
+            row[f"{label}_saved_bytes"] = m.saved_bytes
+            row[f"{label}_peak_bytes"] = m.peak_bytes
+        finally:
+            if conversion is not None:
+                revert(conversion)
+
+    def step() -> float:
+        start = time.process_time()
+        model(**batch).loss.backward()
+        seconds = time.process_time() - start
+        model.zero_grad(set_to_none=True)
+        return seconds
+
+    times: dict[str, list[float]] = {"stock": [], "ours": []}
+    step()
+    for _ in range(repeats):
+        times["stock"].append(step())
+        conversion = convert(model)
+        try:
+            if not times["ours"]:
+                step()
+            times["ours"].append(step())
+        finally:
+            revert(conversion)
+    for label in ("stock", "ours"):
+        row[f"{label}_step_seconds"] = statistics.median(times[label])
+    row["saved_ratio"] = row["ours_saved_bytes"] / row["stock_saved_bytes"]
+    row["peak_ratio"] = row["ours_peak_bytes"] / row["stock_peak_bytes"]
+    row["time_ratio"] = row["ours_step_seconds"] / row["stock_step_seconds"]
+    row["reference_saved_ratio"] = None
+    return row
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", default="resnet18,resnet101,demo_cnn")
     parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument("--gpts", default="gpt,gpt_rmsnorm_swiglu",
+                        help="demo decoders to run ('' for none)")
     parser.add_argument("--size", type=int, default=64, help="image side for timing")
     parser.add_argument("--batch", type=int, default=2, help="batch for timing")
     parser.add_argument("--bytes-size", type=int, default=224, help="image side for bytes")
@@ -228,6 +301,14 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
             print(_format_row(name, row), flush=True)
         results["models"][name] = rows
+    for name in filter(None, args.gpts.split(",")):
+        model, batch = gpt_model(name)
+        rows = []
+        for case in GPT_CASES:
+            row = bench_gpt_case(model, batch, case, args.repeats)
+            rows.append(row)
+            print(_format_row(name, row), flush=True)
+        results["models"][name] = rows
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2))
@@ -235,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-HEADER = (f"{'model':10s} {'case':19s} {'stock saved MB':>14s} {'saved ours/stock':>16s} "
+HEADER = (f"{'model':18s} {'case':19s} {'stock saved MB':>14s} {'saved ours/stock':>16s} "
           f"{'reference':>9s} {'peak ours/stock':>15s} {'time ours/stock':>15s}")
 
 
@@ -244,7 +325,7 @@ def _format_row(model: str, row: dict) -> str:
         print(HEADER)
         _format_row.printed = True  # type: ignore[attr-defined]
     ref = row["reference_saved_ratio"]
-    return (f"{model:10s} {row['case']:19s} {row['stock_saved_bytes'] / 2**20:14.1f} "
+    return (f"{model:18s} {row['case']:19s} {row['stock_saved_bytes'] / 2**20:14.1f} "
             f"{row['saved_ratio']:16.3f} {('' if ref is None else f'{ref:.3f}'):>9s} "
             f"{row['peak_ratio']:15.3f} {row['time_ratio']:15.3f}")
 

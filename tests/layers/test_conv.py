@@ -122,3 +122,26 @@ def test_conv_transposed_rejects_padding_mode_like_stock() -> None:
     ours = twin(layer, MEMSAVE_LAYERS[nn.ConvTranspose2d])
     with pytest.raises(ValueError):
         ours(torch.randn(1, 2, 5, 5))
+
+
+@pytest.mark.parametrize("make,shape", [
+    (lambda: nn.Conv2d(8, 4, 1, stride=2, bias=False), (2, 8, 7, 9)),
+    (lambda: nn.Conv2d(8, 4, 1), (2, 8, 7, 9)),
+    (lambda: nn.Conv2d(8, 4, 1), (8, 7, 9)),
+    (lambda: nn.Conv1d(8, 4, 1, stride=3), (2, 8, 10)),
+    (lambda: nn.Conv3d(8, 4, 1, stride=2), (2, 8, 5, 4, 3)),
+    (lambda: nn.ConvTranspose2d(8, 4, 1), (2, 8, 5, 5)),
+    (lambda: nn.ConvTranspose2d(8, 4, 1, stride=2), (2, 8, 5, 5)),
+], ids=["2d-s2", "2d", "2d-unbatched", "1d-s3", "3d-s2", "t2d", "t2d-s2"])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_pointwise_conv_input_grad(make, shape: tuple, channels_last: bool) -> None:
+    """1x1 convolutions compute the input gradient as a matmul: check every stride layout."""
+    stock = make()
+    ours = twin(stock, MEMSAVE_LAYERS[type(stock)])
+    x = torch.randn(shape)
+    if channels_last and len(shape) == 4:
+        x = x.to(memory_format=torch.channels_last)
+    requires = {"input": True, "weight": False, "bias": True}
+    b = run(ours, x, requires)
+    a = run(stock, x, requires)
+    assert_same(a, b, exact_output=True, exact_grads=False)
