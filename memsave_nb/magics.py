@@ -139,7 +139,12 @@ class MemsaveMagics(Magics):
             models = _top_level_modules(self.shell.user_ns)
         code = self.shell.transform_cell(cell)
         compiled = compile(code, "<%%memsave cell>", "exec")
-        measurement, _ = measure_callable(lambda: exec(compiled, self.shell.user_ns), models)  # noqa: S102
+        ns = self.shell.user_ns
+        measurement, _ = measure_callable(
+            lambda: exec(compiled, ns),  # noqa: S102 - the user's own cell
+            models,
+            data=lambda: [v for k, v in ns.items() if not k.startswith("_")],
+        )
         self.last_measurement = measurement
         if not args.quiet:
             print(cell_summary(measurement))

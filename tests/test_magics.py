@@ -152,3 +152,20 @@ def test_quoted_expressions_with_spaces(ip):
     ns = ip.user_ns
     ref = measure(Workload(ns["bil"], (ns["a"], ns["b"]), loss=lambda o: F.cross_entropy(o, ns["t"])), repeats=0)
     assert ex.baseline.saved_bytes == ref.saved_bytes
+
+
+def test_a_cell_without_modules(ip):
+    cell = (
+        "w = torch.randn(100, 100, requires_grad=True)\n"
+        "xx = torch.randn(64, 100)\n"
+        "l2 = (xx @ w).relu().sum()\n"
+        "l2.backward()\n"
+    )
+    ip.run_cell("for _k in ('model', 'opt'): globals().pop(_k, None)")
+    m = ip.run_cell_magic("memsave", "-r -q", cell)
+    # relu keeps its output (64 x 100 float32) and the loss scalar; the data the cell made are
+    # inputs (xx) and parameters (w), w.grad a gradient
+    assert m.saved_bytes == 64 * 100 * 4 + 4
+    assert m.peak_split.inputs >= 64 * 100 * 4
+    assert m.peak_split.parameters >= 100 * 100 * 4  # w, and any module left in the namespace
+    assert m.peak_split.gradients == 100 * 100 * 4

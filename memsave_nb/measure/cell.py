@@ -37,11 +37,16 @@ def measure_callable(
     run: Callable[[], Any],
     models: nn.Module | Iterable[nn.Module] = (),
     *,
+    data: Callable[[], Iterable[Any]] | None = None,
     flops: bool = True,
 ) -> tuple[Measurement, Any]:
     """Run ``run()`` once under the tracker; return ``(measurement, run's return value)``.
 
     ``models``: the module (or modules) the code trains; the first gives the per-module rows.
+    ``data``: called after the run, returns objects the code keeps (a notebook's variables); the
+    tensors among them that autograd did not make (no ``grad_fn``) are the step's inputs, or
+    parameters when they require grad, whenever the code made them. When no module runs, the
+    forward is everything before the first backward.
     ``measurement.step_seconds`` holds the wall time of this one tracked run (tracking slows it).
     """
     model_list = [models] if isinstance(models, nn.Module) else [m for m in models if isinstance(m, nn.Module)]
@@ -61,9 +66,12 @@ def measure_callable(
         # gradients may be freed before the code ends (zero_grad): note them while they live
         grad_records.update(tracker.record_of(p.grad) for p in params if p.grad is not None)
 
+    saw_module: list[bool] = []
+
     def to_forward() -> None:
         if threading.get_ident() == thread and tracker.phase == "setup":
             tracker.phase = "forward"
+            saw_module.append(True)
 
     def to_backward() -> None:
         if threading.get_ident() != thread:
@@ -128,15 +136,34 @@ def measure_callable(
         for h in handles:
             h.remove()
         tracker.module_stack.clear()
-    for rec in tracker.records:  # built before any module ran: data the code made for the step
-        if rec.kind is None and rec.phase == "setup":
-            rec.kind = INPUT
+    if saw_module:
+        for rec in tracker.records:  # built before any module ran: data the code made for the step
+            if rec.kind is None and rec.phase == "setup":
+                rec.kind = INPUT
+    else:  # no module ran: the forward is whatever came before the first backward
+        for rec in tracker.records:
+            if rec.phase == "setup" and rec.kind is None:
+                rec.phase = "forward"
+        tracker.event_phase[:] = ["forward" if p == "setup" else p for p in tracker.event_phase]
+    for t in (data() if data is not None else ()):
+        if isinstance(t, torch.Tensor) and t.grad_fn is None and not _is_param_of(t, model_list):
+            idx = tracker.record_of(t)
+            if idx is not None and tracker.records[idx].kind is None:
+                tracker.records[idx].kind = PARAMETER if t.requires_grad else INPUT
+            if t.requires_grad and t.grad is not None:  # a leaf the code trains by hand
+                g = tracker.record_of(t.grad)
+                if g is not None:
+                    tracker.grad_records.add(g)  # type: ignore[attr-defined]
     tracker.forward_end = forward_end  # type: ignore[attr-defined]
     if not hasattr(tracker, "flop_counts"):
         tracker.flop_counts = {}  # type: ignore[attr-defined]
     workload = SimpleNamespace(model=root, device=device)
     measurement = _summarise(tracker, workload, "real", [elapsed], cuda)  # type: ignore[arg-type]
     return measurement, result
+
+
+def _is_param_of(t: torch.Tensor, models: list[nn.Module]) -> bool:
+    return isinstance(t, nn.Parameter) and any(t is p for m in models for p in m.parameters())
 
 
 def _tracker(model: nn.Module | None, flops: bool) -> MemoryTracker:
