@@ -30,6 +30,21 @@ def code(text: str, hidden: bool = False):
     return cell
 
 
+ANSWER_FOOTER = r"""
+from IPython.display import HTML, display
+import html
+display(HTML("<details><summary><b>Show the answer</b></summary><pre style='white-space:pre-wrap'>"
+             + html.escape("\n".join(out)) + "</pre></details>"))
+"""
+
+
+def answer(text: str):
+    """The answer to a notebook's question: a collapsed cell that appends lines to ``out`` and
+    shows them folded in a <details> element (Lab expands a hidden cell's outputs when it runs;
+    the fold keeps the answer closed in Lab, Voila and a static render alike)."""
+    return code("out = []  # the answer, shown folded\n" + text.strip() + "\n" + ANSWER_FOOTER.strip(), hidden=True)
+
+
 # -- 1. What backward keeps ------------------------------------------------------------
 NB01 = [
     md(r"""
@@ -150,14 +165,14 @@ nothing with stock PyTorch layers?
 explorer = explore(session)
 explorer
 """),
-    md("**Answer** (open the hidden cell below)."),
-    code(r"""
+    md("**Answer**, folded: run the cell below (its code is collapsed), then click *Show the answer*."),
+    answer(r"""
 stem = session.run(Plan(name="freeze stem", frozen=("stem",))).measurement
 stage = session.run(Plan(name="freeze layers.0", frozen=("layers.0",))).measurement
-print(f"baseline          {format_bytes(baseline.saved_bytes)}")
-print(f"freeze stem       {format_bytes(stem.saved_bytes)} ({stem.saved_bytes / baseline.saved_bytes:.0%})")
-print(f"freeze layers.0   {format_bytes(stage.saved_bytes)} ({stage.saved_bytes / baseline.saved_bytes:.0%})")
-print('''
+out.append(f"baseline          {format_bytes(baseline.saved_bytes)}")
+out.append(f"freeze stem       {format_bytes(stem.saved_bytes)} ({stem.saved_bytes / baseline.saved_bytes:.0%})")
+out.append(f"freeze layers.0   {format_bytes(stage.saved_bytes)} ({stage.saved_bytes / baseline.saved_bytes:.0%})")
+out.append('''
 Freezing the stem saves the most. Nothing before the stem needs a gradient (the images do not),
 so once its own parameters are frozen autograd records nothing there: no input kept for a weight
 gradient, no batch-norm input, no max-pool indices.
@@ -165,7 +180,7 @@ Freezing layers.0 saves (almost) nothing: the stem before it still trains, so th
 flow back through layers.0, and stock convolution and batch norm keep their inputs whenever
 anything in them needs a gradient -- even though, with frozen weights, those inputs are only ever
 needed for the weight gradient that is no longer computed. Notebook 2 fixes exactly that.''')
-""", hidden=True),
+"""),
     md(r"""
 ## What this notebook claims
 
@@ -211,17 +226,17 @@ memory-saving layers, as a table and a plot.
 """),
     code(r"""
 import pandas as pd
-from bokeh.io import output_notebook, show
+from bokeh.io import show
 from bokeh.models import ColumnDataSource, FactorRange, HoverTool
 from bokeh.plotting import figure
-from bokeh.resources import INLINE
 
 from memsave_nb import presets, zoo
 from memsave_nb.session import Session
 from memsave_nb.ui.explorer import explore
 from memsave_nb.ui.format import format_bytes
+from memsave_nb.ui.plots import load_bokehjs
 
-output_notebook(INLINE, hide_banner=True)  # BokehJS from the installed package: works offline
+load_bokehjs()  # BokehJS from the installed package, once per kernel: works offline
 
 workload = zoo.make("cnn", batch_size=8)
 model = workload.model
@@ -321,20 +336,20 @@ weight and bias are frozen?
 explorer = explore(session)
 explorer
 """),
-    md("**Answer** (open the hidden cell below)."),
-    code(r"""
+    md("**Answer**, folded: run the cell below (its code is collapsed), then click *Show the answer*."),
+    answer(r"""
 train_bn = saved["input only", "memsave"]
 eval_bn = saved["input only, BN eval", "memsave"]
-print(f"input only, memsave layers: {format_bytes(train_bn)}; with BN eval: {format_bytes(eval_bn)} "
+out.append(f"input only, memsave layers: {format_bytes(train_bn)}; with BN eval: {format_bytes(eval_bn)} "
       f"({eval_bn / train_bn:.0%} of it)")
-print('''
+out.append('''
 In training mode batch norm normalises with the batch's own mean and variance, which depend on
 every input; the gradient with respect to the input runs through them, so it needs the
 (normalised) input whatever the weight does. In eval mode the statistics are constants: batch
 norm is a fixed per-channel affine map whose input gradient needs only the weight and the running
 variance. Then a frozen network keeps almost nothing: per-channel statistics, ReLU bit masks and
 the max-pool indices.''')
-""", hidden=True),
+"""),
     md("## What this notebook claims"),
     code(r"""
 def ratio(case, layers):
@@ -490,18 +505,18 @@ memory against full checkpointing, and what does it buy?
 explorer = explore(session)
 explorer
 """),
-    md("**Answer** (open the hidden cell below)."),
-    code(r"""
+    md("**Answer**, folded: run the cell below (its code is collapsed), then click *Show the answer*."),
+    answer(r"""
 full, rec, mm = (results[k] for k in ("full", "recompute_all", "save_matmuls"))
-print(f"full {format_bytes(full.saved_bytes)}, recompute all {format_bytes(rec.saved_bytes)}, "
+out.append(f"full {format_bytes(full.saved_bytes)}, recompute all {format_bytes(rec.saved_bytes)}, "
       f"save matmuls {format_bytes(mm.saved_bytes)}, eager {format_bytes(baseline.saved_bytes)}")
-print('''
+out.append('''
 A selective region that recomputes every op keeps exactly what full checkpointing keeps: the
 region's inputs. "save matmuls" also keeps each matmul's output, so backward does not have to
 run the matmuls again (the expensive part of the recomputation) and only redoes the cheap
 pointwise ops; it costs the bytes of those outputs. On this tiny model on a CPU the step times
 are too close to call; on a GPU-sized model the recomputed matmuls are most of AC's overhead.''')
-""", hidden=True),
+"""),
     md("## What this notebook claims"),
     code(r"""
 eager, full = baseline.saved_bytes, results["full"].saved_bytes
@@ -542,10 +557,9 @@ compiled steps are measured from the profiler's memory events: totals only, no p
 """),
     code(r"""
 import pandas as pd
-from bokeh.io import output_notebook, show
+from bokeh.io import show
 from bokeh.models import ColumnDataSource, HoverTool, LabelSet
 from bokeh.plotting import figure
-from bokeh.resources import INLINE
 
 from memsave_nb import zoo
 from memsave_nb.checkpointing import RegionPolicy, suggest_regions
@@ -553,8 +567,9 @@ from memsave_nb.plan import Plan
 from memsave_nb.session import Session
 from memsave_nb.ui.explorer import explore
 from memsave_nb.ui.format import format_bytes, format_seconds
+from memsave_nb.ui.plots import load_bokehjs
 
-output_notebook(INLINE, hide_banner=True)
+load_bokehjs()  # BokehJS from the installed package, once per kernel: works offline
 
 config = zoo.GPTConfig(vocab_size=128, block_size=32, n_layer=2, n_head=2, n_embd=32, dropout=0.0)
 workload = zoo.gpt(config, batch_size=2)
@@ -635,17 +650,17 @@ can": why does the compiled one keep less?
 explorer = explore(session)
 explorer
 """),
-    md("**Answer** (open the hidden cell below)."),
-    code(r"""
-print(f"compiled, budget 0: {format_bytes(compiled[0.0].saved_bytes)}; "
+    md("**Answer**, folded: run the cell below (its code is collapsed), then click *Show the answer*."),
+    answer(r"""
+out.append(f"compiled, budget 0: {format_bytes(compiled[0.0].saved_bytes)}; "
       f"eager full AC: {format_bytes(eager['eager, full AC'].saved_bytes)}; eager: {format_bytes(baseline.saved_bytes)}")
-print('''
+out.append('''
 Eager checkpointing works at module boundaries: each block keeps its input, and everything
 outside the blocks (embeddings, the final norm, the head and the loss) is kept as eager keeps it.
 The compiler sees the whole step as one graph: at budget 0 its partitioner keeps only what cannot
 be recomputed cheaply anywhere in the model, and fuses the recomputation into the backward
 kernels. The budget turns that into a dial instead of an on/off per module.''')
-""", hidden=True),
+"""),
     md("## What this notebook claims"),
     code(r"""
 s0, s5, s1 = (compiled[b].saved_bytes for b in BUDGETS)
@@ -815,19 +830,19 @@ and which would you pick if the peak must drop below half of full fine-tuning's?
 explorer = explore(session)
 explorer
 """),
-    md("**Answer** (open the hidden cell below)."),
-    code(r"""
+    md("**Answer**, folded: run the cell below (its code is collapsed), then click *Show the answer*."),
+    answer(r"""
 full = entries["full fine-tuning"].measurement.peak_bytes
 for label in ("LoRA adapters", "bias only (BitFit)", "last block"):
     m = entries[label].measurement
-    print(f"{label:20s} peak {format_bytes(m.peak_bytes):>10s} ({m.peak_bytes / full:.0%} of full), "
+    out.append(f"{label:20s} peak {format_bytes(m.peak_bytes):>10s} ({m.peak_bytes / full:.0%} of full), "
           f"optimizer state up to {format_bytes(optimizer_state_max(m))}, saved {format_bytes(m.saved_bytes)}")
-print('''
+out.append('''
 Both train very few parameters, so gradients and optimizer state nearly vanish in both; what
 differs is the activations. Bias-only needs no layer inputs (a bias gradient is a sum of the
 output gradient), while every LoRA adapter keeps its input for the gradient of A. The cheapest
 plan is the one at the top of the next cell's ranking.''')
-""", hidden=True),
+"""),
     md(r"""
 ## Export the winner
 
@@ -970,19 +985,19 @@ session = Session(workload, mode="fake")
 explorer = explore(session)
 explorer
 """),
-    md("**Answer** (open the hidden cell below)."),
-    code(r"""
+    md("**Answer**, folded: run the cell below (its code is collapsed), then click *Show the answer*."),
+    answer(r"""
 last = session.run(presets.last_blocks(model, 1)).measurement
 fits = [g for g in GPUS if last.peak_bytes <= HEADROOM * g * GiB]
 split = last.peak_split.as_dict()
 largest = max(split, key=split.get)
-print(f"last block: peak {gib(last.peak_bytes)} GiB, fits {fits} GB; largest part: {largest} "
+out.append(f"last block: peak {gib(last.peak_bytes)} GiB, fits {fits} GB; largest part: {largest} "
       f"({gib(split[largest])} GiB)")
-print('''
+out.append('''
 The frozen weights themselves (12.6 GiB in bf16) are now most of the peak: one block's gradients
 and AdamW state are small, and nothing before the last block keeps activations. To go lower
 you would quantise the frozen weights (QLoRA-style), which this sizing leaves out.''')
-""", hidden=True),
+"""),
     md("## What this notebook claims"),
     code(r"""
 full = results["full fine-tuning, AdamW"]
