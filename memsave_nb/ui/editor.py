@@ -77,8 +77,9 @@ class PlanEditor:
     def on_change(self, fn: Callable[[], None]) -> None:
         self._listeners.append(fn)
 
-    def _changed(self) -> None:
-        self.name = ""  # an edited plan is no longer the named one it was loaded from
+    def _changed(self, *, keep_name: bool = False) -> None:
+        if not keep_name:
+            self.name = ""  # an edited plan is no longer the named one it was loaded from
         for fn in list(self._listeners):
             fn()
 
@@ -189,6 +190,6 @@ class PlanEditor:
         self.input_requires_grad = plan.input_requires_grad
         self.bn_eval = tuple(plan.bn_eval)
         self.compile_budget = plan.compile_budget
-        if notify:
-            self._changed()
         self.name = plan.name
+        if notify:
+            self._changed(keep_name=True)

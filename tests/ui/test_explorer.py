@@ -139,6 +139,21 @@ def test_memory_saving_switch_and_bn_eval(cnn):
     assert expected.saved_bytes < 0.5 * cnn.baseline.saved_bytes  # the paper's "input only, BN eval" case
 
 
+def test_a_plan_preset_sets_every_control(cnn):
+    from memsave_nb.presets import presets_for
+
+    wl = cnn.session.workload
+    cnn.preset.value = "input only, BN eval"
+    assert cnn.wait(120) and cnn.state == "done", cnn.status.value
+    expected_plan = presets_for(wl.model)["input only, BN eval"]
+    assert cnn.entry.plan.name == "input only, BN eval"
+    assert set(cnn.plan.trainable_parameter_names(wl.model)) == set(expected_plan.trainable_parameter_names(wl.model))
+    assert cnn.plan.input_requires_grad is True and cnn.plan.bn_eval == expected_plan.bn_eval
+    assert cnn.input_grad.value and cnn.bn_eval.value and cnn.table.row("").freeze.value
+    assert cnn.preset.value == ""  # the menu is an action, not a state
+    assert_shows(cnn, engine(wl, expected_plan))
+
+
 # -- selective checkpointing ---------------------------------------------------------------------
 def test_switching_a_region_to_save_matmuls(gpt):
     wl = gpt.session.workload
