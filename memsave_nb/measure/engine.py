@@ -40,6 +40,14 @@ def measure(
     """
     if mode not in MODES:
         raise WorkloadError(f"unknown mode {mode!r}; choose 'real' or 'fake'")
+    if _is_compiled(workload.model):
+        # Inside a compiled graph allocations bypass Python dispatch: count them from the
+        # profiler's memory events instead (no per-module rows there).
+        if mode == "fake":
+            raise WorkloadError("a torch.compile'd model cannot be measured in fake mode; measure it in real mode")
+        from .compiled import measure_compiled
+
+        return measure_compiled(workload, mode=mode, repeats=repeats, cancel_event=cancel_event)
     model = workload.model
     if mode == "real" and _has_fake_tensors(model):
         raise WorkloadError(
@@ -58,6 +66,15 @@ def measure(
     finally:
         snapshot.restore(model)
     return _summarise(tracker, workload, mode, times, cuda)
+
+
+def _is_compiled(model: nn.Module) -> bool:
+    """A ``torch.compile``'d module (an ``OptimizedModule`` wrapper)."""
+    try:
+        from torch._dynamo.eval_frame import OptimizedModule
+    except ImportError:  # pragma: no cover
+        return False
+    return isinstance(model, OptimizedModule)
 
 
 # -- the step ----------------------------------------------------------------------------------
