@@ -166,14 +166,25 @@ def convolution(
         # trainable weight it keeps the input and the weight (a parameter), the minimum,
         # so stock's op runs then and costs nothing extra.
         _holder.compact(_holder.RECENT)
+        device = x.device.type
+        if torch.is_autocast_enabled(device):
+            # cast as autocast casts convolutions, so that what is kept and what backward
+            # computes with share one dtype (backward runs outside autocast)
+            low = torch.get_autocast_dtype(device)
+            x, weight = x.to(low), weight.to(low)
+            bias = None if bias is None else bias.to(low)
         out = _Convolution.apply(
             x, weight, bias, stride_l, padding_l, dilation_l, transposed, out_pad, groups
         )
+    elif transposed:  # the stock functionals: autocast wraps them (not aten.convolution)
+        out = _CONV_T[n](x, weight, bias, stride_l, padding_l, out_pad, groups, dilation_l)
     else:
-        out = torch.ops.aten.convolution(
-            x, weight, bias, stride_l, padding_l, dilation_l, transposed, out_pad, groups
-        )
+        out = _CONV[n](x, weight, bias, stride_l, padding_l, dilation_l, groups)
     return out.squeeze(0) if unbatched else out
+
+
+_CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
+_CONV_T = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
 
 
 def _string_padding(
