@@ -355,7 +355,8 @@ class Explorer(W.VBox):
             self.progress.max = max(1, steps)
             self.progress.value = 0
             self.progress.bar_style = "info"
-            self.progress.layout.visibility = "visible"
+            # one run: the spinner in the status says it; a sweep also counts its budgets here
+            self.progress.layout.visibility = "visible" if steps > 1 else "hidden"
             self.cancel_button.disabled = False
             self._set_status("running", text)
 
@@ -443,7 +444,7 @@ class Explorer(W.VBox):
     def _set_status(self, state: str, text: str = "") -> None:
         color = {"running": "#1f77b4", "waiting": "#1f77b4", "error": "#d62728", "cancelled": "#b8860b",
                  "done": "#2ca02c", "changed": "#b8860b"}.get(state, "#555")
-        icon = "⏳ " if state in ("running", "waiting") else ""
+        icon = "<span class='memsave-spinner'></span>" if state in ("running", "waiting") else ""
         self.state = state
         self.status.value = (
             f"<span style='color:{color}'>{icon}<b>{html.escape(state)}</b></span> "

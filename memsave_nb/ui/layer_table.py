@@ -47,6 +47,10 @@ TABLE_CSS = """<style>
 .memsave-row.memsave-selected { background: #eaf2fb; }
 .memsave-expand.jupyter-button, .memsave-expand.widget-button { background: transparent; }
 .memsave-table-header { border-bottom: 1px solid #ccc; }
+.memsave-spinner { display: inline-block; width: 10px; height: 10px; margin-right: 4px;
+  border: 2px solid #c6dbef; border-top-color: #1f77b4; border-radius: 50%;
+  animation: memsave-spin 0.8s linear infinite; vertical-align: middle; }
+@keyframes memsave-spin { to { transform: rotate(360deg); } }
 </style>"""
 
 
