@@ -160,7 +160,7 @@ class _MaxPool(torch.autograd.Function):
                 return _window_offsets(flat, out_spatial, in_spatial, kernel, stride, padding,
                                        dilation, dtype)
             flat.sub_(_window_base(out_spatial, in_spatial, stride, padding, flat.device))
-            return table[flat]
+            return table.index_select(0, flat.reshape(-1)).view(flat.shape)
 
         if x.dim() == n + 1:  # unbatched: one chunk
             out, flat = pool(x, kernel, stride, padding, dilation, ceil_mode, return_indices=True)
