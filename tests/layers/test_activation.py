@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from compare import assert_same, run, twin
-from counting import module_saved_bytes, saved_bytes
+from layer_compare import assert_same, run, twin
+from layer_counting import module_saved_bytes, saved_bytes
 from memsave_nb.layers import MemSaveConv2d, MemSaveLeakyReLU, MemSaveReLU, compact
 
 

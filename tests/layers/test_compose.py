@@ -14,8 +14,8 @@ from torch.utils.checkpoint import (
     create_selective_checkpoint_contexts,
 )
 
-from counting import saved_bytes
-from models import small_cnn
+from layer_counting import saved_bytes
+from layer_models import small_cnn
 from memsave_nb.layers import convert
 
 

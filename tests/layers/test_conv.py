@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from compare import assert_same, run, twin
-from counting import module_saved_bytes
+from layer_compare import assert_same, run, twin
+from layer_counting import module_saved_bytes
 from memsave_nb.layers import MEMSAVE_LAYERS
 
 CONV = {1: nn.Conv1d, 2: nn.Conv2d, 3: nn.Conv3d}

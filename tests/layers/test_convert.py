@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from models import small_cnn
+from layer_models import small_cnn
 from memsave_nb.layers import MEMSAVE_LAYERS, Conversion, convert, revert
 
 
@@ -115,7 +115,7 @@ def test_freezing_between_steps_just_works() -> None:
 
 def test_root_hook_shrinks_what_is_left_after_forward() -> None:
     """After a converted model's forward, no ReLU output is held that only its holder keeps."""
-    from counting import LiveStorages
+    from layer_counting import LiveStorages
 
     from memsave_nb.layers import _holder
 

@@ -8,8 +8,8 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from compare import assert_same, run, twin
-from counting import module_saved_bytes
+from layer_compare import assert_same, run, twin
+from layer_counting import module_saved_bytes
 from memsave_nb.layers import MEMSAVE_LAYERS
 from memsave_nb.layers import pool
 from memsave_nb.layers.pool import window_index_dtype
