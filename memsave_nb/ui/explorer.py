@@ -167,6 +167,7 @@ class Explorer(W.VBox):
         self.editor.on_change(self._on_edit)
         self.run_button.on_click(lambda _b: self.rerun())
         self.cancel_button.on_click(lambda _b: self.cancel())
+        self.live.observe(lambda ch: self.rerun() if ch["new"] and self.state == "changed" else None, "value")
         self.preset.observe(self._user_preset, "value")
         self.input_grad.observe(self._user_input_grad, "value")
         self.bn_eval.observe(lambda ch: None if self._syncing else self.editor.set_bn_eval(ch["new"]), "value")

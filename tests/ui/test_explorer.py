@@ -233,6 +233,10 @@ def test_static_mode_measures_on_request():
     assert_shows(ex, engine(wl, ex.plan))
     ex.run_button.click()  # the "run" button schedules the same
     assert ex.wait(120) and len(ex.session.history) == 2
+    ex.table.row("layers.0").freeze.value = True
+    assert ex.state == "changed"
+    ex.live.value = True  # turning live reruns on measures what changed meanwhile
+    assert ex.wait(120) and ex.session.history[-1].plan == ex.plan and ex.state == "done"
 
 
 class Slow(nn.Module):
