@@ -194,7 +194,7 @@ class LayerTable(W.VBox):
         self.collapse_all = W.Button(description="collapse", layout=W.Layout(width="110px"))
         self.expand_all.on_click(lambda _b: self.set_expanded([n for n in editor.tree.names if editor.tree.children[n]]))
         self.collapse_all.on_click(lambda _b: self.set_expanded([ROOT]))
-        super().__init__([W.HTML(TABLE_CSS), self.header, self.rows_box], layout=W.Layout(overflow_x="auto"))
+        super().__init__([W.HTML(TABLE_CSS), self.header, self.rows_box], layout=W.Layout(overflow="auto hidden"))
         self.add_class("memsave-layer-table")
         self.set_expanded(self._default_expanded(max_open_rows))
 
