@@ -275,12 +275,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cases", default=",".join(CASES))
     parser.add_argument("--gpts", default="gpt,gpt_rmsnorm_swiglu",
                         help="demo decoders to run ('' for none)")
-    parser.add_argument("--size", type=int, default=64, help="image side for timing")
-    parser.add_argument("--batch", type=int, default=2, help="batch for timing")
+    parser.add_argument("--size", type=int, default=112, help="image side for timing")
+    parser.add_argument("--batch", type=int, default=4, help="batch for timing")
     parser.add_argument("--bytes-size", type=int, default=224, help="image side for bytes")
     parser.add_argument("--bytes-batch", type=int, default=8, help="batch for bytes")
     parser.add_argument("--bytes-mode", default="fake", choices=("fake", "real"))
-    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads for timing (1: steadier on a shared machine)")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "layers.json"))

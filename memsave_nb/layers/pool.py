@@ -79,8 +79,9 @@ def _kernel_deltas(in_spatial: Sequence[int], kernel: list[int],
 
 
 # int64 index temporaries are bounded by working through the batch in chunks of this many
-# output elements (8 MiB of int64), so pooling never needs a full-size int64 tensor.
-_CHUNK_NUMEL = 1 << 20
+# output elements (32 MiB of int64; stock keeps int64 indices of the full output), so
+# pooling never needs a huge int64 temporary.
+_CHUNK_NUMEL = 1 << 22
 
 
 def _chunks(batch: int, per_sample: int) -> list[tuple[int, int]]:
