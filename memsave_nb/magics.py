@@ -7,7 +7,8 @@
 - ``%%memsave [-r] [-m MODEL]`` runs the cell once as a training step under the tracker
   (:func:`memsave_nb.measure.cell.measure_callable`) and prints peak and saved activations;
   ``-r`` returns the Measurement;
-- ``%memsave_report FILE.html`` writes the HTML report of the explorer's session
+- ``%memsave_report FILE.html`` writes the HTML report of the session of the explorer opened
+  last (by ``%memsave`` or ``explore()``), else of the last ``%%memsave`` measurement
   (:func:`memsave_nb.report.write_report`).
 
 MODEL, BATCH and ``--loss`` are Python expressions in the notebook's namespace; quote one that
@@ -160,7 +161,12 @@ class MemsaveMagics(Magics):
         args = self._parse(self.memsave_report, line)
         from .report import write_report
 
-        target = self.session if self.session is not None else self.last_measurement
+        target = self.session
+        if target is None:
+            from .ui.explorer import last_explorer
+
+            latest = last_explorer()
+            target = latest.session if latest is not None else self.last_measurement
         if target is None:
             raise UsageError("nothing to report yet: open an explorer with %memsave MODEL BATCH (or run %%memsave)")
         path = _unquote(args.path)

@@ -122,6 +122,9 @@ def test_asking_for_cuda_without_one_is_a_usage_error(ip):
 def test_report_writes_the_html_of_the_explorers_session(ip, tmp_path):
     magics = ip.magics_manager.registry["MemsaveMagics"]
     assert isinstance(magics, MemsaveMagics)
+    import memsave_nb.ui.explorer as explorer_module
+
+    explorer_module._last_explorer = None
     with pytest.raises(UsageError, match="nothing to report"):
         magics.session = magics.last_measurement = None
         ip.run_line_magic("memsave_report", str(tmp_path / "r.html"))
@@ -169,3 +172,16 @@ def test_a_cell_without_modules(ip):
     assert m.peak_split.inputs >= 64 * 100 * 4
     assert m.peak_split.parameters >= 100 * 100 * 4  # w, and any module left in the namespace
     assert m.peak_split.gradients == 100 * 100 * 4
+
+
+def test_report_of_an_explorer_opened_without_the_magic(ip, tmp_path):
+    from memsave_nb.ui.explorer import explore
+
+    magics = ip.magics_manager.registry["MemsaveMagics"]
+    magics.session = None
+    ns = ip.user_ns
+    ex = explore(ns["model"], ns["x"], live=False, repeats=0)
+    ex.table.row("2").freeze.value = True
+    ex.run_now()
+    ip.run_line_magic("memsave_report", str(tmp_path / "mine.html"))
+    assert "freeze 2" in (tmp_path / "mine.html").read_text()

@@ -22,6 +22,7 @@ import html
 import threading
 import time
 import traceback
+import weakref
 from typing import Any, Callable
 
 import ipywidgets as W
@@ -42,7 +43,15 @@ from .results_panel import ResultsPanel
 from .runner import Runner
 from .sac_panel import SacPanel
 
-__all__ = ["Explorer", "explore"]
+__all__ = ["Explorer", "explore", "last_explorer"]
+
+_last_explorer: "weakref.ref[Explorer] | None" = None
+
+
+def last_explorer() -> "Explorer | None":
+    """The explorer made last in this process (``%memsave_report`` reports its session)."""
+    return _last_explorer() if _last_explorer is not None else None
+
 
 TAB_TITLES = ("Layers", "SAC per op", "Compile budget", "Results", "Plan as code")
 
@@ -176,6 +185,8 @@ class Explorer(W.VBox):
         self._show(base_entry)
         self._show_code()
         self._set_status("idle", "baseline measured")
+        global _last_explorer
+        _last_explorer = weakref.ref(self)
 
     # -- public API ----------------------------------------------------------------------------
     @property
