@@ -2,7 +2,8 @@
 
 Stock autograd keeps the input and int64 flat indices. Backward needs only where each
 maximum sat: within a window of ``k`` elements that fits in uint8 when ``k <= 256``.
-The input's shape suffices to scatter the gradient back.
+Forward turns stock's flat indices into window offsets (one table lookup); backward turns
+them back and runs stock's backward kernel, for which the input's shape is enough.
 """
 
 from __future__ import annotations
