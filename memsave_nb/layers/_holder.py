@@ -18,6 +18,7 @@ and not while ``torch.compile`` traces.
 
 from __future__ import annotations
 
+import threading
 import weakref
 
 import torch
@@ -81,11 +82,13 @@ class OutputHolder:
 
 
 _pending: list[weakref.ref[OutputHolder]] = []
+_lock = threading.RLock()  # a UI thread and a measuring thread may both run models
 
 
 def register(holder: OutputHolder) -> None:
     """Remember a holder so that a later :func:`compact` can shrink it."""
-    _pending.append(weakref.ref(holder))
+    with _lock:
+        _pending.append(weakref.ref(holder))
 
 
 # Layers look back this many holders: an output dropped by the model's code is usually
@@ -103,20 +106,21 @@ def compact(recent: int | None = None) -> int:
     """
     if torch.compiler.is_compiling() or not _pending:
         return 0
-    if recent is not None and len(_pending) > _PRUNE_AT:
-        recent = None  # without convert's root sweep, dead entries would pile up
-    start = 0 if recent is None else max(0, len(_pending) - recent)
-    done = 0
-    still: list[weakref.ref[OutputHolder]] = _pending[:start]
-    for ref in _pending[start:]:
-        holder = ref()
-        if holder is None:
-            continue
-        if holder.try_compact():
-            done += 1
-        else:
-            still.append(ref)
-    _pending[:] = still
+    with _lock:
+        if recent is not None and len(_pending) > _PRUNE_AT:
+            recent = None  # without convert's root sweep, dead entries would pile up
+        start = 0 if recent is None else max(0, len(_pending) - recent)
+        done = 0
+        still: list[weakref.ref[OutputHolder]] = _pending[:start]
+        for ref in _pending[start:]:
+            holder = ref()
+            if holder is None:
+                continue
+            if holder.try_compact():
+                done += 1
+            else:
+                still.append(ref)
+        _pending[:] = still
     return done
 
 
