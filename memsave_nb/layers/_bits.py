@@ -37,7 +37,7 @@ def pack_bits(mask: Tensor) -> Tensor:
     if pad:
         flat = torch.cat([flat, flat.new_zeros(pad)])
     if _LITTLE_ENDIAN:
-        if flat.storage_offset() % _BITS:
+        if not torch.compiler.is_compiling() and flat.storage_offset() % _BITS:
             flat = flat.clone()
         words = flat.view(torch.int64)  # 8 elements (0/1 bytes) per word
         return (words * _GATHER).view(torch.uint8)[7::8].clone()  # each word's top byte
@@ -52,7 +52,7 @@ def _spread_table(device: torch.device) -> Tensor:
     """(256,) int64: the 8 bytes of word ``b`` are the bits of ``b``, lowest first."""
     # Under a dispatch mode (FakeTensorMode, a tracker) or a compiler, build it afresh: a
     # cached real tensor is foreign there, and a tensor made there must not leak out.
-    plain = _get_current_dispatch_mode() is None and not torch.compiler.is_compiling()
+    plain = not torch.compiler.is_compiling() and _get_current_dispatch_mode() is None
     table = _SPREAD.get(device) if plain else None
     if table is None:
         bits = torch.arange(256, device=device).unsqueeze(1) >> torch.arange(8, device=device)

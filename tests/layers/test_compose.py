@@ -121,3 +121,13 @@ def test_autocast_is_as_accurate_as_stock(frozen: bool) -> None:
             stock_error = (a - ref).norm() / ref.norm()
             ours_error = (b - ref).norm() / ref.norm()
             assert ours_error <= 2 * stock_error + 1e-2
+
+
+@pytest.mark.parametrize("train,frozen", [(False, True), (True, False), (True, True)])
+def test_no_graph_breaks(train: bool, frozen: bool) -> None:
+    model = small_cnn().train(train)
+    model.requires_grad_(not frozen)
+    convert(model)
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(model)(torch.randn(2, 3, 8, 8, requires_grad=True))
+    assert explained.graph_break_count == 0, [b.reason for b in explained.break_reasons]
