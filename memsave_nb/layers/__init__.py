@@ -18,7 +18,7 @@ from .conv import (
     convolution,
 )
 from .convert import MEMSAVE_LAYERS, Conversion, Swap, convert, revert
-from .dropout import MemSaveDropout, dropout
+from .dropout import MemSaveDropout, masked_dropout
 from .norm import MemSaveRMSNorm
 from .pool import MemSaveMaxPool1d, MemSaveMaxPool2d, MemSaveMaxPool3d, max_pool
 
@@ -45,7 +45,7 @@ __all__ = [
     "compact",
     "convert",
     "convolution",
-    "dropout",
+    "masked_dropout",
     "masked_leaky_relu",
     "max_pool",
     "revert",

@@ -53,7 +53,8 @@ class _Dropout(torch.autograd.Function):
         return grad.mul(scale).mul_(unpack_bits(packed, ctx.shape, torch.uint8)), None, None
 
 
-def dropout(x: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> Tensor:
+def masked_dropout(x: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False
+                   ) -> Tensor:
     """``F.dropout`` keeping a 1-bit mask; the trivial cases (eval, p in {0, 1}, no grad) are
     stock, where nothing or no mask is kept anyway."""
     if not (training and 0.0 < p < 1.0 and torch.is_grad_enabled() and x.requires_grad
@@ -67,4 +68,4 @@ class MemSaveDropout(nn.Dropout):
     """``nn.Dropout`` keeping ceil(N/8) bytes for backward."""
 
     def forward(self, input: Tensor) -> Tensor:
-        return dropout(input, self.p, self.training, self.inplace)
+        return masked_dropout(input, self.p, self.training, self.inplace)

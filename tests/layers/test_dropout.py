@@ -46,3 +46,26 @@ def test_dropout_eval_is_identity_and_keeps_nothing() -> None:
     x = torch.randn(100, requires_grad=True)
     assert torch.equal(layer(x), x)
     assert module_saved_bytes(layer, x) == 0
+
+
+@pytest.mark.parametrize("inplace", [False, True])
+def test_fused_device_path_matches_native_dropout(inplace: bool, monkeypatch) -> None:
+    """The CUDA path (stock's fused ``native_dropout``), run on the CPU: same draw, same
+    gradient as ``native_dropout`` / ``native_dropout_backward``, 1 bit kept."""
+    import importlib
+
+    dropout_module = importlib.import_module("memsave_nb.layers.dropout")
+
+    monkeypatch.setattr(dropout_module, "_FUSED_DEVICES", {"cpu"})
+    x = torch.randn(7, 9)
+    g = torch.randn(7, 9)
+    torch.manual_seed(5)
+    ref_out, ref_mask = torch.native_dropout(x, 0.3, True)
+    ref_grad = torch.ops.aten.native_dropout_backward(g, ref_mask, 1 / 0.7)
+    torch.manual_seed(5)
+    leaf = x.clone().requires_grad_(True)
+    out = MemSaveDropout(0.3, inplace)(leaf * 1)
+    (grad,) = torch.autograd.grad(out, leaf, g)
+    assert torch.equal(out, ref_out) and torch.equal(grad, ref_grad)
+    torch.manual_seed(5)
+    assert module_saved_bytes(MemSaveDropout(0.3, inplace), x.requires_grad_(True)) == -(-63 // 8)
