@@ -44,7 +44,9 @@ HEAD_NAMES = ("head", "lm_head", "classifier", "fc", "output", "out_proj", "scor
 
 
 def _model(obj: Any) -> nn.Module:
-    model = getattr(obj, "model", obj)
+    # A module is taken as it is: Hugging Face models have a ``.model`` attribute of their own
+    # (the inner decoder), which must not be mistaken for a Workload's model.
+    model = obj if isinstance(obj, nn.Module) else getattr(obj, "model", obj)
     if not isinstance(model, nn.Module):
         raise PlanError(f"a preset needs a model or a workload, got {type(obj).__name__}")
     return model
