@@ -67,11 +67,16 @@ def format_shape(shape: tuple[int, ...] | None) -> str:
 
 # JavaScript twin of format_bytes for Bokeh axes (CustomJSTickFormatter).
 BYTES_TICK_JS = """
+// One unit for the whole axis (from its largest tick) and enough decimals to tell neighbouring
+// ticks apart: close peaks (11.85 vs 11.90 MiB) must not all read "11.9 MiB".
 const units = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
-let v = Math.abs(tick), u = 0;
-while (v >= 1024 && u < units.length - 1) { v /= 1024; u += 1; }
+const top = Math.max(...ticks.map(t => Math.abs(t)));
+let u = 0, d = 1;
+while (top / d >= 1024 && u < units.length - 1) { d *= 1024; u += 1; }
+const step = ticks.length > 1 ? Math.abs(ticks[1] - ticks[0]) / d : 1;
+const dec = u == 0 ? 0 : Math.max(1, Math.min(6, Math.ceil(-Math.log10(step || 1))));
 const sign = tick < 0 ? "-" : "";
-return u == 0 ? sign + v.toFixed(0) + " B" : sign + v.toFixed(1) + " " + units[u];
+return sign + (Math.abs(tick) / d).toFixed(dec) + " " + units[u];
 """
 
 
