@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import enum
 import functools
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
+import torch
 from torch import nn
 from torch.utils.checkpoint import (
     CheckpointPolicy,
@@ -47,6 +49,7 @@ __all__ = [
     "op_name",
     "make_policy_fn",
     "wrap_region",
+    "check_nesting",
     "unwrap_region",
     "suggest_regions",
 ]
@@ -201,32 +204,80 @@ def _cheap(op: Any) -> bool:
     return op_name(op) in CREATION_OPS or bool(getattr(op, "is_view", False))
 
 
-def make_policy_fn(policy: RegionPolicy) -> Callable[..., CheckpointPolicy]:
-    """A SAC ``policy_fn(ctx, op, *args, **kwargs)`` for a selective region policy."""
+def make_policy_fn(policy: RegionPolicy, region: str = "") -> Callable[..., CheckpointPolicy]:
+    """A SAC ``policy_fn(ctx, op, *args, **kwargs)`` for a selective region policy.
+
+    Besides deciding, it remembers the storages of the outputs it told SAC to cache during
+    forward. An op that then writes into one of them (an in-place ReLU after a saved batch norm,
+    a memory-saving max-pool shifting its saved indices) would make SAC fail in backward with
+    "cached tensor has been mutated", or hand back the changed values: it is refused there and
+    then with a :class:`PlanError` naming the region and both ops. Build one per checkpointed
+    call (:func:`context_fn_for` does), so the record lives as long as that call's cache.
+    """
     saved = policy.saved_ops
     recomputed = policy.recomputed_ops
     default = (
         CheckpointPolicy.MUST_SAVE if policy.default is OpChoice.SAVE else CheckpointPolicy.PREFER_RECOMPUTE
     )
+    cached: dict[int, str] = {}  # storage address -> op whose output SAC keeps (alive while cached)
 
     def policy_fn(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+        forward = ctx is not None and not ctx.is_recompute and not torch.compiler.is_compiling()
         if _mutates(op):
+            if forward and cached:
+                _refuse_write_into_cached(op, args, kwargs, cached, region)
             # an in-place op (batch-norm statistics, counters): a cached tensor that changes
             # afterwards makes backward fail; recompute it, as full checkpointing does
             return CheckpointPolicy.PREFER_RECOMPUTE
         name = op_name(op)  # compares the packet, never the OpOverload
         if name in saved:
-            return CheckpointPolicy.MUST_SAVE
-        if name in recomputed or _cheap(op):
-            return CheckpointPolicy.PREFER_RECOMPUTE
-        return default
+            decision = CheckpointPolicy.MUST_SAVE
+        elif name in recomputed or _cheap(op):
+            decision = CheckpointPolicy.PREFER_RECOMPUTE
+        else:
+            decision = default
+        if decision is CheckpointPolicy.MUST_SAVE and forward:
+            for t in _tensors(getattr(ctx, "op_output", None)):
+                cached.setdefault(_storage_key(t), name)
+        return decision
 
     return policy_fn
 
 
-def context_fn_for(policy: RegionPolicy) -> Callable[[], Any]:
+def _tensors(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in _tensors(v)]
+    return []
+
+
+def _storage_key(t: torch.Tensor) -> int:
+    return t.untyped_storage()._cdata
+
+
+def _refuse_write_into_cached(op: Any, args: tuple, kwargs: dict, cached: dict[int, str], region: str) -> None:
+    schema = op._schema
+    for i, arg in enumerate(schema.arguments):
+        if arg.alias_info is None or not arg.alias_info.is_write:
+            continue
+        value = kwargs.get(arg.name) if arg.kwarg_only or i >= len(args) else args[i]
+        for t in _tensors(value):
+            source = cached.get(_storage_key(t))
+            if source is not None:
+                raise PlanError(
+                    f"region {region!r}: {op_name(op)} writes in place into the output of {source}, which the "
+                    f"policy saves; recompute {source} (or use full checkpointing) for this region"
+                )
+
+
+def context_fn_for(policy: RegionPolicy, region: str = "") -> Callable[[], Any]:
     if policy.kind is RegionKind.SELECTIVE:
-        return functools.partial(create_selective_checkpoint_contexts, make_policy_fn(policy))
+
+        def context_fn() -> Any:  # a fresh policy_fn (and its record of cached storages) per call
+            return create_selective_checkpoint_contexts(make_policy_fn(policy, region))
+
+        return context_fn
     return noop_context_fn
 
 
@@ -234,27 +285,69 @@ _MISSING = object()
 _WRAPPED_MARK = "__memsave_region__"
 
 
-def wrap_region(module: nn.Module, policy: RegionPolicy) -> Callable[[], None]:
+def wrap_region(module: nn.Module, policy: RegionPolicy, name: str = "") -> Callable[[], None]:
     """Make ``module``'s forward run checkpointed under ``policy``; returns the undo function.
 
     The wrapper is an instance attribute ``forward``; undo deletes it (or puts back an instance
     ``forward`` the module had before). A ``none`` policy changes nothing.
+
+    Refused with :class:`PlanError` (``name`` is the module's name, for the message): a module
+    that writes into its own input (``nn.ReLU(inplace=True)``, or a ``Sequential`` starting with
+    one) at wrapping; any other forward that changes the region's input in place at its first
+    call, before backward could fail or go wrong.
+
+    Before each checkpointed call, memory-saving layers' pending outputs are compacted (outside
+    the region: inside, :func:`memsave_nb.layers.compact` does nothing, since its ops would
+    land in selective checkpointing's op-ordered cache).
     """
     if policy.kind is RegionKind.NONE:
         return lambda: None
+    culprit = _writes_into_input(module)
+    if culprit is not None:
+        raise PlanError(
+            f"region {name!r}: {culprit} changes the region's input in place, which checkpointing "
+            f"cannot recompute; make a module around it the region"
+        )
     previous = module.__dict__.get("forward", _MISSING)
     inner = module.forward  # bound method, or a previous instance attribute
-    context_fn = context_fn_for(policy)
+    context_fn = context_fn_for(policy, name)
+    label = type(module).__name__
 
     if context_fn is noop_context_fn:  # torch.compile traces checkpoint only without a no-op context_fn
 
-        def forward(*args: Any, **kwargs: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
             return checkpoint(inner, *args, use_reentrant=False, **kwargs)
 
     else:
 
-        def forward(*args: Any, **kwargs: Any) -> Any:
-            return checkpoint(inner, *args, use_reentrant=False, context_fn=context_fn, **kwargs)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return inner(*args, **kwargs)
+            except RuntimeError as exc:  # raised by SAC's cache while recomputing, in backward
+                if "selective activation checkpoint has been mutated" in str(exc):
+                    raise PlanError(
+                        f"region {name!r}: a tensor its policy saves was changed in place after the "
+                        f"region (an in-place op such as ReLU(inplace=True) on its output?); "
+                        f"recompute that op's producer or use full checkpointing"
+                    ) from None
+                raise
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return checkpoint(run, *args, use_reentrant=False, context_fn=context_fn, **kwargs)
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        if torch.compiler.is_compiling():
+            return call(*args, **kwargs)
+        _flush_pending_masks()
+        inputs = _tensors(list(args) + list(kwargs.values()))
+        versions = [t._version for t in inputs]
+        out = call(*args, **kwargs)
+        if any(t._version != v for t, v in zip(inputs, versions)):
+            raise PlanError(
+                f"region {name!r}: {label}.forward changes its input in place, which checkpointing "
+                f"cannot recompute; make a module around it the region"
+            )
+        return out
 
     setattr(forward, _WRAPPED_MARK, policy)
     module.forward = forward  # type: ignore[method-assign]
@@ -263,6 +356,37 @@ def wrap_region(module: nn.Module, policy: RegionPolicy) -> Callable[[], None]:
         unwrap_region(module, previous)
 
     return undo
+
+
+def check_nesting(regions: Mapping[str, RegionPolicy]) -> None:
+    """Refuse a selective region inside another checkpointed region (names: ``a.b`` is inside
+    ``a``; everything is inside the root ``""``). Torch's recomputation of the outer region
+    replays the inner one's op cache out of order ("... not found in storage") for some models."""
+    active = {n: p for n, p in regions.items() if p.kind is not RegionKind.NONE}
+    for inner, policy in active.items():
+        if policy.kind is not RegionKind.SELECTIVE:
+            continue
+        for outer in active:
+            if outer != inner and (outer == "" or inner.startswith(outer + ".")):
+                raise PlanError(
+                    f"region {inner!r} is selective and lies inside region {outer!r}: nested "
+                    f"selective checkpointing is not supported; drop one of them or make {inner!r} full"
+                )
+
+
+def _writes_into_input(module: nn.Module) -> str | None:
+    """``"ReLU(inplace=True)"`` when the module's first step writes into its input, else None."""
+    while isinstance(module, nn.Sequential) and len(module) > 0:
+        module = module[0]
+    if getattr(module, "inplace", False) is True:
+        return f"{type(module).__name__}(inplace=True)"
+    return None
+
+
+def _flush_pending_masks() -> None:
+    holder = sys.modules.get("memsave_nb.layers._holder")  # only if memory-saving layers are in use
+    if holder is not None:
+        holder.compact()
 
 
 def unwrap_region(module: nn.Module, previous: Any = _MISSING) -> None:

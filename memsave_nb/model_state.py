@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
+_SLOTS = ("_modules", "_parameters", "_buffers")
 _HOOK_DICTS = (
     "_forward_hooks",
     "_forward_pre_hooks",
@@ -36,6 +37,9 @@ class ModelSnapshot:
     instance_attrs: dict[str, frozenset[str]]
     hook_counts: dict[str, tuple[int, ...]]
     _extra: dict[str, Any] = field(default_factory=dict)
+    #: per module object: its child, parameter and buffer dicts' items (objects, not copies), so
+    #: that a forward re-assigning one (``self.count = self.count + 1``) is undone
+    slots: list[tuple[nn.Module, tuple[dict[str, Any], ...]]] = field(default_factory=list)
 
     @classmethod
     def capture(cls, model: nn.Module, *, copy_values: bool = True) -> "ModelSnapshot":
@@ -62,10 +66,18 @@ class ModelSnapshot:
             classes={n: type(m) for n, m in modules.items()},
             instance_attrs={n: frozenset(vars(m)) for n, m in modules.items()},
             hook_counts={n: hook_counts(m) for n, m in modules.items()},
+            slots=[(m, tuple(dict(m.__dict__[k]) for k in _SLOTS)) for m in model.modules()],
         )
 
     def restore(self, model: nn.Module) -> None:
-        """Put values, grads, flags and modes back into the same tensor and module objects."""
+        """Put values, grads, flags and modes back into the same tensor and module objects;
+        put back submodules, parameters and buffers that were re-assigned meanwhile."""
+        for module, saved in self.slots:
+            for key, items in zip(_SLOTS, saved):
+                current = module.__dict__[key]
+                if list(current) != list(items) or any(current[k] is not v for k, v in items.items()):
+                    current.clear()
+                    current.update(items)
         with torch.no_grad():
             for k, saved in self.values.items():
                 t = self.tensors[k]
@@ -101,7 +113,7 @@ class ModelSnapshot:
             if now.tensors.get(k) is not t:
                 diffs.append(f"tensor {k[2:]!r} object replaced")
                 continue
-            if k in self.values and not _bits_equal(t, self.values[k]):
+            if k in self.values and not bits_equal(t, self.values[k]):
                 diffs.append(f"tensor {k[2:]!r} values changed")
             if k.startswith("p:"):
                 if t.requires_grad != self.requires_grad[k]:
@@ -115,7 +127,11 @@ def hook_counts(module: nn.Module) -> tuple[int, ...]:
     return tuple(len(getattr(module, d, {}) or {}) for d in _HOOK_DICTS)
 
 
-def _bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Same shape, dtype and bits (NaN equals NaN). Fake and meta tensors have no bits: equal
+    when shape and dtype are."""
+    if _is_fake_or_meta(a) or _is_fake_or_meta(b):
+        return a.shape == b.shape and a.dtype == b.dtype
     b = b.to(a.device)
     if a.shape != b.shape or a.dtype != b.dtype:
         return False

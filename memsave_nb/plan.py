@@ -36,10 +36,12 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Sequence
 import torch
 from torch import nn
 
+from memsave_nb.model_state import bits_equal as _bits_equal
 from memsave_nb.checkpointing import (
     PlanError,
     RegionKind,
     RegionPolicy,
+    check_nesting,
     policy_preset,
     wrap_region,
 )
@@ -135,6 +137,7 @@ class Plan:
             elif not isinstance(policy, RegionPolicy):
                 raise PlanError(f"region {module_name!r}: {policy!r} is not a region policy")
             regions[module_name] = policy
+        check_nesting(regions)
         set_(self, "regions", regions)
         budget = self.compile_budget
         if budget is not None:
@@ -299,7 +302,7 @@ class Plan:
             self._apply_bn_eval(model)
             # 4. checkpointed regions
             for region, policy in self.active_regions.items():
-                undo.append(wrap_region(model.get_submodule(region), policy))
+                undo.append(wrap_region(model.get_submodule(region), policy, region))
             # 5. what the step sees
             changes: dict[str, Any] = {}
             if self.input_requires_grad is not None and self.input_requires_grad != workload.input_requires_grad:
@@ -537,6 +540,11 @@ _HOOK_DICTS = (
 _MISSING = object()
 
 
+def _same_items(current: Mapping[str, Any], saved: Mapping[str, Any]) -> bool:
+    """Same keys in the same order, each bound to the very same object (never ``==`` on tensors)."""
+    return list(current) == list(saved) and all(current[k] is saved[k] for k in saved)
+
+
 class RestorePoint:
     """What a plan may touch on a model, taken before and put back after.
 
@@ -544,7 +552,10 @@ class RestorePoint:
     child/parameter/buffer dicts, instance ``forward``, hook dicts and the set of instance
     attribute names (ones added meanwhile are removed); each parameter's
     ``requires_grad`` and ``.grad`` object. Buffers are copied (they are small: running
-    statistics) and written back when their version counter moved. Parameters are not copied
+    statistics) and written back when their bits differ (compared by value: the CPU batch-norm
+    kernel updates running statistics without bumping their version). A buffer or parameter
+    re-assigned meanwhile (``self.count = self.count + 1`` in forward) is put back as the very
+    object it was. Parameters are not copied
     (the measuring engine undoes its own optimizer step); with ``copy_parameters=True`` they are,
     and are written back the same way.
     """
@@ -588,7 +599,7 @@ class RestorePoint:
             module.training = record["training"]
             for key in ("_modules", "_parameters", "_buffers"):
                 current = module.__dict__[key]
-                if current != record[key] or list(current) != list(record[key]):
+                if not _same_items(current, record[key]):
                     current.clear()
                     current.update(record[key])
             for key in set(module.__dict__) - record["attrs"]:
@@ -613,8 +624,10 @@ class RestorePoint:
                     p.requires_grad_(flag)
                 if p.grad is not grad:
                     p.grad = grad
-                if copy is not None and p._version != version:
+                if copy is not None and (p._version != version or not _bits_equal(p, copy)):
                     p.copy_(copy)
             for b, version, copy in self.buffers.values():
-                if b._version != version:
+                # by value, not version: native_batch_norm updates running statistics in place
+                # without bumping their version counter (CPU kernels)
+                if b._version != version or not _bits_equal(b, copy):
                     b.copy_(copy)

@@ -104,7 +104,7 @@ def compact(recent: int | None = None) -> int:
     ``recent`` limits the sweep to the latest holders (what layers do at each forward);
     ``None`` sweeps all (what :func:`memsave_nb.layers.convert`'s root hook does).
     """
-    if torch.compiler.is_compiling() or not _pending:
+    if torch.compiler.is_compiling() or not _pending or _inside_saved_tensor_hooks():
         return 0
     with _lock:
         if recent is not None and len(_pending) > _PRUNE_AT:
@@ -122,6 +122,18 @@ def compact(recent: int | None = None) -> int:
                 still.append(ref)
         _pending[:] = still
     return done
+
+
+def _inside_saved_tensor_hooks() -> bool:
+    """True inside a checkpointed forward or its recomputation (or any saved-tensor hooks).
+
+    Compacting there would run packing ops (``gt``, bit packing) of layers *outside* the region
+    inside it: selective checkpointing caches op outputs and hands them back by op order at
+    recomputation, so extra or missing ops there give wrong gradients or "not found in storage".
+    Pending holders wait for the next compaction outside (the region wrapper's flush, the next
+    layer after the region, or convert's root sweep).
+    """
+    return torch._C._autograd._top_saved_tensors_default_hooks(False) is not None
 
 
 def lazy_allowed() -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, given, reject, settings
 from hypothesis import strategies as st
 
 from memsave_nb import presets, zoo
@@ -13,7 +13,7 @@ from memsave_nb.checkpointing import POLICY_PRESETS, RegionKind, RegionPolicy, i
 from memsave_nb.errors import StepError
 from memsave_nb.measure import measure
 from memsave_nb.model_state import ModelSnapshot
-from memsave_nb.plan import Plan
+from memsave_nb.plan import Plan, PlanError
 from plan_cases import CASES, gradients, layers_available
 
 SLOW = settings(
@@ -42,6 +42,12 @@ def plans(draw, model: torch.nn.Module, *, compile_budget: bool = False) -> Plan
     called = [n for n, m in model.named_modules() if not isinstance(m, (torch.nn.ModuleList, torch.nn.ModuleDict))]
     regions = draw(st.dictionaries(st.sampled_from(called), region_policies(), max_size=3))
     memsave = draw(st.lists(st.sampled_from(modules + ["*"]), max_size=2)) if layers_available() else []
+    from memsave_nb.checkpointing import check_nesting
+
+    try:
+        check_nesting(regions)  # a selective region inside another one is refused (test_plan_property)
+    except PlanError:
+        reject()
     return Plan(
         frozen=frozen,
         trainable=trainable,
