@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import re
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
@@ -84,9 +85,26 @@ CONV_OPS: tuple[str, ...] = ("aten.convolution", "aten._convolution")
 COMPUTE_INTENSIVE_OPS: tuple[str, ...] = MATMUL_OPS + CONV_OPS + ATTENTION_OPS
 
 
+_OP_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\.[A-Za-z_][A-Za-z0-9_]*")
+
+
+def show(value: Any, limit: int = 60) -> str:
+    """``repr(value)`` cut to ``limit`` characters: one short line for an error message."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _check_op_name(name: Any) -> str:
-    if not isinstance(name, str) or name.count(".") != 1 or not all(name.split(".")):
-        raise PlanError(f"op {name!r}: name ops by overload packet, e.g. 'aten.mm' (not 'aten.mm.default')")
+    """An op's overload packet name (``"aten.mm"``) that resolves in ``torch.ops``."""
+    if not isinstance(name, str) or not _OP_NAME.fullmatch(name):
+        raise PlanError(f"op {show(name)}: name ops by overload packet, e.g. 'aten.mm' (not 'aten.mm.default')")
+    namespace, op = name.split(".")
+    try:
+        packet = getattr(getattr(torch.ops, namespace), op)
+    except (AttributeError, RuntimeError):
+        packet = None
+    if not isinstance(packet, torch._ops.OpOverloadPacket):
+        raise PlanError(f"op {name!r} is not an operator in torch.ops (load its library before the plan)")
     return name
 
 
@@ -103,14 +121,16 @@ class RegionPolicy:
     default: OpChoice = OpChoice.RECOMPUTE
 
     def __post_init__(self) -> None:
+        if not isinstance(self.ops, Mapping):
+            raise PlanError(f"region policy: ops must map op names to 'save'/'recompute', got {show(self.ops)}")
         try:
             kind = RegionKind(self.kind)
             default = OpChoice(self.default)
             ops = {_check_op_name(k): OpChoice(v) for k, v in dict(self.ops).items()}
-        except ValueError as exc:
+        except (ValueError, TypeError) as exc:
             if isinstance(exc, PlanError):
                 raise
-            raise PlanError(f"region policy: {exc}") from None
+            raise PlanError(f"region policy: {show(str(exc), 100)[1:-1]}") from None
         if kind is not RegionKind.SELECTIVE and (ops or default is not OpChoice.RECOMPUTE):
             raise PlanError(f"region policy {kind.value!r} takes no per-op choices")
         object.__setattr__(self, "kind", kind)
@@ -148,11 +168,15 @@ class RegionPolicy:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | str) -> "RegionPolicy":
+        if isinstance(data, RegionPolicy):
+            return data
         if isinstance(data, str):
             return policy_preset(data)
+        if not isinstance(data, Mapping):
+            raise PlanError(f"region policy: expected a preset name or an object, got {show(data)}")
         unknown = set(data) - {"kind", "ops", "default"}
         if unknown:
-            raise PlanError(f"region policy: unknown keys {sorted(unknown)}")
+            raise PlanError(f"region policy: unknown keys {show(sorted(map(str, unknown)))}")
         return cls(data.get("kind", "full"), data.get("ops", {}), data.get("default", "recompute"))
 
     def __hash__(self) -> int:
@@ -172,7 +196,7 @@ def policy_preset(name: str) -> RegionPolicy:
     """One of :data:`POLICY_PRESETS` by name (``-`` and spaces accepted for ``_``)."""
     key = name.strip().lower().replace("-", "_").replace(" ", "_")
     if key not in POLICY_PRESETS:
-        raise PlanError(f"region policy preset {name!r}: choose one of {sorted(POLICY_PRESETS)}")
+        raise PlanError(f"region policy preset {show(name)}: choose one of {sorted(POLICY_PRESETS)}")
     return POLICY_PRESETS[key]
 
 

@@ -27,7 +27,7 @@ import dataclasses
 import fnmatch
 import inspect
 import json
-import math
+import keyword
 import textwrap
 import warnings
 from dataclasses import dataclass, field
@@ -42,7 +42,7 @@ from memsave_nb.checkpointing import (
     RegionKind,
     RegionPolicy,
     check_nesting,
-    policy_preset,
+    show,
     wrap_region,
 )
 
@@ -89,13 +89,15 @@ def _names(value: Any, field_name: str) -> tuple[str, ...]:
         return (ALL,)
     if isinstance(value, str):
         return (value,)
+    if isinstance(value, (Mapping, bytes, bytearray)):  # a dict's keys are not a list of names
+        raise PlanError(f"plan field {field_name!r}: expected a list of names, got {show(value)}")
     try:
         names = tuple(value)
     except TypeError:
-        raise PlanError(f"plan field {field_name!r}: expected names, got {value!r}") from None
+        raise PlanError(f"plan field {field_name!r}: expected names, got {show(value)}") from None
     for n in names:
         if not isinstance(n, str):
-            raise PlanError(f"plan field {field_name!r}: {n!r} is not a name")
+            raise PlanError(f"plan field {field_name!r}: {show(n)} is not a name")
     return tuple(dict.fromkeys(names))  # drop duplicates, keep order
 
 
@@ -119,33 +121,31 @@ class Plan:
     def __post_init__(self) -> None:
         set_ = object.__setattr__
         if not isinstance(self.name, str):
-            raise PlanError(f"plan name must be a string, got {self.name!r}")
+            raise PlanError(f"plan name must be a string, got {show(self.name)}")
         for f in ("frozen", "trainable", "bn_eval", "memsave"):
             set_(self, f, _names(getattr(self, f), f))
         if self.input_requires_grad is not None and not isinstance(self.input_requires_grad, bool):
-            raise PlanError(f"input_requires_grad must be True, False or None, got {self.input_requires_grad!r}")
+            raise PlanError(f"input_requires_grad must be True, False or None, got {show(self.input_requires_grad)}")
+        if self.regions is not None and not isinstance(self.regions, Mapping):
+            raise PlanError(f"plan field 'regions' must map module names to policies, got {show(self.regions)}")
         regions: dict[str, RegionPolicy] = {}
         for module_name, policy in dict(self.regions or {}).items():
             if not isinstance(module_name, str):
-                raise PlanError(f"region name {module_name!r} is not a module name")
+                raise PlanError(f"region name {show(module_name)} is not a module name")
             if _is_pattern(module_name):
-                raise PlanError(f"region {module_name!r}: name one module, not a pattern")
-            if isinstance(policy, str):
-                policy = policy_preset(policy)
-            elif isinstance(policy, Mapping):
-                policy = RegionPolicy.from_dict(policy)
-            elif not isinstance(policy, RegionPolicy):
-                raise PlanError(f"region {module_name!r}: {policy!r} is not a region policy")
-            regions[module_name] = policy
+                raise PlanError(f"region {show(module_name)}: name one module, not a pattern")
+            if not isinstance(policy, (str, Mapping, RegionPolicy)):
+                raise PlanError(f"region {show(module_name)}: {show(policy)} is not a region policy")
+            regions[module_name] = RegionPolicy.from_dict(policy)
         check_nesting(regions)
         set_(self, "regions", regions)
         budget = self.compile_budget
         if budget is not None:
             if isinstance(budget, bool) or not isinstance(budget, (int, float)):
-                raise PlanError(f"compile_budget must be a number in [0, 1] or None, got {budget!r}")
+                raise PlanError(f"compile_budget must be a number in [0, 1] or None, got {show(budget)}")
+            if not (0 <= budget <= 1):  # before float(): a huge int would overflow; NaN fails too
+                raise PlanError(f"compile_budget must lie in [0, 1], got {show(budget)}")
             budget = float(budget)
-            if not (0.0 <= budget <= 1.0) or math.isnan(budget):
-                raise PlanError(f"compile_budget must lie in [0, 1], got {budget!r}")
             set_(self, "compile_budget", budget)
 
     def __hash__(self) -> int:
@@ -217,26 +217,32 @@ class Plan:
             raise PlanError(f"a plan is a JSON object, got {type(data).__name__}")
         data = dict(data)
         version = data.pop("version", PLAN_FORMAT_VERSION)
-        if version != PLAN_FORMAT_VERSION:
-            raise PlanError(f"plan format version {version!r} is not supported (expected {PLAN_FORMAT_VERSION})")
+        if type(version) is not int or version != PLAN_FORMAT_VERSION:
+            raise PlanError(f"plan format version {show(version)} is not supported (expected {PLAN_FORMAT_VERSION})")
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = set(data) - known
         if unknown:
-            raise PlanError(f"plan: unknown fields {sorted(unknown)}")
-        regions = data.pop("regions", {}) or {}
-        if not isinstance(regions, Mapping):
+            raise PlanError(f"plan: unknown fields {show(sorted(map(str, unknown)))}")
+        regions = data.pop("regions", None)
+        if regions is not None and not isinstance(regions, Mapping):
             raise PlanError("plan field 'regions' must be an object {module name: policy}")
-        return cls(**data, regions={k: RegionPolicy.from_dict(v) for k, v in regions.items()})
+        return cls(**data, regions=regions or {})
 
     def to_json(self, indent: int | None = None) -> str:
         return json.dumps(self.to_dict(), indent=indent, sort_keys=False)
 
     @classmethod
     def from_json(cls, text: str) -> "Plan":
+        """A plan from :meth:`to_json`'s text. Anything else -- not a string, not JSON, too deep,
+        a number too long, a field of the wrong type, an unknown op -- is a :class:`PlanError`."""
+        if not isinstance(text, str):
+            raise PlanError(f"plan JSON must be a string, got {type(text).__name__}")
         try:
             data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise PlanError(f"plan JSON does not parse: {exc}") from None
+        except RecursionError:
+            raise PlanError("plan JSON is nested too deeply") from None
+        except ValueError as exc:  # JSONDecodeError, or an integer beyond Python's digit limit
+            raise PlanError(f"plan JSON does not parse: {show(str(exc), 100)[1:-1]}") from None
         return cls.from_dict(data)
 
     # -- validation --------------------------------------------------------------------------
@@ -372,10 +378,13 @@ class Plan:
         """A standalone snippet that makes this plan's choices on ``model_var`` in a training
         script. Run it once, after building the model and before the training loop (and
         before building the optimizer, which should take the trainable parameters only)."""
-        if not model_var.isidentifier():
-            raise PlanError(f"model_var {model_var!r} is not a Python identifier")
+        if not isinstance(model_var, str) or not model_var.isidentifier() or keyword.iskeyword(model_var):
+            raise PlanError(f"model_var {show(model_var)} is not a Python identifier")
         m = model_var
-        lines: list[str] = [f"# memsave_nb plan{': ' + self.name if self.name else ''} -- {self.describe()}"]
+        # names reach the snippet only as literals (repr) or, in this comment, ASCII-escaped:
+        # no newline or other control character can end the comment
+        title = f"memsave_nb plan{': ' + self.name if self.name else ''} -- {self.describe()}"
+        lines: list[str] = [f"# {_comment(title)}"]
         imports = ["import torch"]
         body: list[str] = []
         needs_selects = bool(self.frozen or self.trainable or self.bn_eval)
@@ -423,6 +432,8 @@ class Plan:
             body += ["", "", "# activation checkpointing per region", *_CHECKPOINT_HELPER.splitlines(), ""]
             selective = list(dict.fromkeys(p for p in regions.values() if p.kind is RegionKind.SELECTIVE))
             policies = {p: "policy_fn" if len(selective) == 1 else f"policy_{i}" for i, p in enumerate(selective)}
+            if selective:
+                body += ["", "", *_OPS_HELPER.splitlines()]
             for policy, fn_name in policies.items():
                 body += [""] + _policy_code(policy, fn_name).splitlines()
             body += ["", ""]
@@ -469,12 +480,29 @@ _CHECKPOINT_HELPER = textwrap.dedent(
 )
 
 
+_OPS_HELPER = textwrap.dedent(
+    '''\
+    def ops(names):
+        """Op overload packets by name: "aten.mm" -> torch.ops.aten.mm."""
+        packets = set()
+        for name in names:
+            namespace, op = name.split(".")
+            packets.add(getattr(getattr(torch.ops, namespace), op))
+        return packets'''
+)
+
+
+def _comment(text: str) -> str:
+    """Text safe inside a ``#`` comment: printable ASCII only (``ascii()`` escapes the rest)."""
+    return ascii(text)[1:-1]
+
+
 def _policy_code(policy: RegionPolicy, fn_name: str) -> str:
-    def ops_literal(names: Iterable[str]) -> str:
+    def ops_literal(names: Iterable[str]) -> str:  # names as string literals, resolved by ops()
         items = sorted(names)
         if not items:
             return "set()"
-        return "{\n" + "".join(f"    torch.ops.{n},\n" for n in items) + "}"
+        return "ops([\n" + "".join(f"    {n!r},\n" for n in items) + "])"
 
     save = policy.saved_ops
     recompute = policy.recomputed_ops
