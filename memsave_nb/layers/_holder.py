@@ -59,6 +59,13 @@ class OutputHolder:
         self.output = None
         return True
 
+    def release(self) -> None:
+        """Drop what is held (the alias or the mask), as autograd frees saved tensors once
+        backward has used them: the graph's nodes, and this holder with them, may outlive
+        backward while the step's loss is alive."""
+        self.output = None
+        self.packed = None
+
     def held_output(self) -> Tensor | None:
         """The output if still held (checked against in-place changes), else None."""
         output = self.output

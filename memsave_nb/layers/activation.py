@@ -42,14 +42,19 @@ class _MaskedLeakyReLU(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, None, None, None]:
-        if ctx.holder is not None:
-            output = ctx.holder.held_output()
+        holder = ctx.holder
+        if holder is not None:
+            output = holder.held_output()
+            mask = holder.mask_uint8() if output is None else None
+            if not torch._C._autograd._get_current_graph_task_keep_graph():
+                # free it now, as autograd frees saved tensors (no retain_graph)
+                ctx.holder = None
+                holder.release()
             if output is not None:  # stock's own kernels on the very output: no mask built
                 if ctx.slope is None:
                     return torch.ops.aten.threshold_backward(grad, output, 0), None, None, None
                 return (torch.ops.aten.leaky_relu_backward(grad, output, ctx.slope, True),
                         None, None, None)
-            mask = ctx.holder.mask_uint8()
         else:
             (packed,) = ctx.saved_tensors
             mask = unpack_bits(packed, ctx.shape, torch.uint8)
