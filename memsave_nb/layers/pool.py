@@ -317,3 +317,112 @@ class MemSaveMaxPool3d(_MemSaveMaxPoolMixin, nn.MaxPool3d):
     """``nn.MaxPool3d`` keeping a window-local argmax (uint8 for windows up to 256)."""
 
     _n = 3
+
+
+# -- adaptive max pooling ------------------------------------------------------------------
+_ADAPTIVE = {1: F.adaptive_max_pool1d, 2: F.adaptive_max_pool2d, 3: F.adaptive_max_pool3d}
+
+
+def _adaptive_windows(in_size: int, out_size: int) -> tuple[list[int], int]:
+    """Window starts along one dim (as ATen: floor(o * in / out)) and the widest window."""
+    starts = [(o * in_size) // out_size for o in range(out_size)]
+    ends = [-(-((o + 1) * in_size) // out_size) for o in range(out_size)]
+    return starts, max((e - s for s, e in zip(starts, ends)), default=1)
+
+
+class _AdaptiveMaxPool(torch.autograd.Function):
+    """Adaptive max pooling keeping only the argmax offset inside its (variable) window."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, output_size: Any, n: int) -> Tensor:
+        out, flat = _ADAPTIVE[n](x, output_size, return_indices=True)
+        in_spatial, out_spatial = list(x.shape[-n:]), list(out.shape[-n:])
+        starts, widths = [], []
+        for d in range(n):
+            s, w = _adaptive_windows(in_spatial[d], out_spatial[d])
+            view = [1] * n
+            view[d] = out_spatial[d]
+            starts.append(torch.tensor(s, device=x.device).view(view))
+            widths.append(w)
+        window = 1
+        for w in widths:
+            window *= w
+        # window offset = row-major position inside a (widths) box; out of place throughout
+        # (inside a SAC region every op output may be cached)
+        local: Tensor | None = None
+        rest = flat
+        mult = 1
+        for d in reversed(range(n)):
+            coord = rest % in_spatial[d] if d > 0 else rest
+            if d > 0:
+                rest = rest.div(in_spatial[d], rounding_mode="floor")
+            coord = (coord - starts[d]) * mult
+            local = coord if local is None else local + coord
+            mult *= widths[d]
+        del flat, rest
+        assert local is not None
+        local = local.to(window_index_dtype(window))
+        ctx.save_for_backward(local)
+        ctx.geometry = (n, in_spatial, out_spatial, widths)  # plain numbers: no tensor kept
+        ctx.x_shape = x.shape
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, None, None]:
+        (local,) = ctx.saved_tensors
+        n, in_spatial, out_spatial, widths = ctx.geometry
+        starts = []
+        for d in range(n):
+            view = [1] * n
+            view[d] = out_spatial[d]
+            s = _adaptive_windows(in_spatial[d], out_spatial[d])[0]
+            starts.append(torch.tensor(s, device=grad.device).view(view))
+        rest = local.long()
+        flat: Tensor | None = None
+        step = 1
+        for d in reversed(range(n)):
+            coord = rest % widths[d] if d > 0 else rest
+            if d > 0:
+                rest = rest.div(widths[d], rounding_mode="floor")
+            coord = (coord + starts[d]) * step
+            flat = coord if flat is None else flat + coord
+            step *= in_spatial[d]
+        assert flat is not None
+        shape = list(ctx.x_shape)
+        if n == 1:  # 1d runs as 2d over a height of one, as ATen does
+            grad, flat = grad.unsqueeze(-2), flat.unsqueeze(-2)
+            shape = [*shape[:-1], 1, shape[-1]]
+        stand_in = grad.new_empty(1).expand(shape)  # only its shape is read
+        backward = (torch.ops.aten.adaptive_max_pool3d_backward if n == 3
+                    else torch.ops.aten.adaptive_max_pool2d_backward)
+        grad_x = backward(grad, stand_in, flat)
+        return (grad_x.squeeze(-2) if n == 1 else grad_x), None, None
+
+
+class _MemSaveAdaptiveMaxPoolMixin:
+    _n: int
+
+    def forward(self, input: Tensor) -> Tensor:
+        mod: Any = self
+        if mod.return_indices or not (torch.is_grad_enabled() and input.requires_grad):
+            return super().forward(input)  # type: ignore[misc]
+        _holder.compact(_holder.RECENT)
+        return _AdaptiveMaxPool.apply(input, mod.output_size, self._n)
+
+
+class MemSaveAdaptiveMaxPool1d(_MemSaveAdaptiveMaxPoolMixin, nn.AdaptiveMaxPool1d):
+    """``nn.AdaptiveMaxPool1d`` keeping a window-local argmax (stock: input + int64 indices)."""
+
+    _n = 1
+
+
+class MemSaveAdaptiveMaxPool2d(_MemSaveAdaptiveMaxPoolMixin, nn.AdaptiveMaxPool2d):
+    """``nn.AdaptiveMaxPool2d`` keeping a window-local argmax (stock: input + int64 indices)."""
+
+    _n = 2
+
+
+class MemSaveAdaptiveMaxPool3d(_MemSaveAdaptiveMaxPoolMixin, nn.AdaptiveMaxPool3d):
+    """``nn.AdaptiveMaxPool3d`` keeping a window-local argmax (stock: input + int64 indices)."""
+
+    _n = 3

@@ -55,6 +55,11 @@ CASES = [
     ("maxpool2d_dilated_ceil", lambda: nn.MaxPool2d(2, 2, dilation=2, ceil_mode=True),
      (1, 2, 6, 6), ()),
     ("maxpool3d", lambda: nn.MaxPool3d(2), (1, 2, 4, 4, 4), ()),
+    ("relu6", lambda: nn.ReLU6(), (2, 3, 4), ()),
+    ("hardtanh", lambda: nn.Hardtanh(-0.45, 0.66), (2, 3, 4), ()),
+    ("adaptive_maxpool1d", lambda: nn.AdaptiveMaxPool1d(3), (2, 2, 7), ()),
+    ("adaptive_maxpool2d", lambda: nn.AdaptiveMaxPool2d((2, 3)), (1, 2, 5, 7), ()),
+    ("adaptive_maxpool3d", lambda: nn.AdaptiveMaxPool3d(2), (1, 1, 3, 4, 5), ()),
 ]
 
 
@@ -90,10 +95,12 @@ def test_rmsnorm_second_order_equals_stock() -> None:
     torch.testing.assert_close(results[1], results[0], rtol=1e-10, atol=1e-10)
 
 
-def test_dropout_second_order_equals_stock() -> None:
-    x0 = _distinct((4, 6))
+@pytest.mark.parametrize("stock_cls", [nn.Dropout, nn.Dropout2d, nn.AlphaDropout,
+                                       nn.FeatureAlphaDropout])
+def test_dropout_second_order_equals_stock(stock_cls) -> None:
+    x0 = _distinct((4, 6, 2, 2))
     results = []
-    for cls in (nn.Dropout, MEMSAVE_LAYERS[nn.Dropout]):
+    for cls in (stock_cls, MEMSAVE_LAYERS[stock_cls]):
         x = x0.clone().requires_grad_(True)
         torch.manual_seed(3)
         y = cls(0.4)(x * 1)
