@@ -5,8 +5,9 @@ converted in place and reverted between runs), the saved activations and the pea
 training step with the project's engine, and the step time (median of interleaved runs),
 then prints ratios to stock and writes JSON to ``bench/results/``.
 
-    python bench/bench_layers.py                 # ResNet-18/101-shaped + demo CNN, quick
-    python bench/bench_layers.py --size 224 --batch 8 --bytes-mode fake   # the paper's shape
+    python bench/bench_layers.py                 # every model and case (long on 2 cores)
+    python bench/bench_layers.py --quick         # 3 timing repeats, AdamW peaks at batch 2
+    python bench/bench_layers.py --models mobilenet_v2 --cases all,input_bn_eval --gpts ""
 
 Reference ratios (the paper's code on this CPU, batch 8, 224x224) are printed beside ours.
 """
@@ -106,6 +107,124 @@ def resnet(depth: int, num_classes: int = 1000) -> nn.Module:
     return nn.Sequential(*layers)
 
 
+# -- today's CNN shapes (torchvision's layouts, built here: torchvision does not import) -------
+def _conv_bn_act(cin: int, cout: int, k: int, stride: int, groups: int,
+                 act: type[nn.Module] | None) -> list[nn.Module]:
+    layers: list[nn.Module] = [nn.Conv2d(cin, cout, k, stride, k // 2, groups=groups, bias=False),
+                               nn.BatchNorm2d(cout)]
+    if act is not None:
+        layers.append(act(inplace=True))
+    return layers
+
+
+class InvertedResidual(nn.Module):
+    """MobileNetV2's block (ReLU6) or, with ``se`` and SiLU, EfficientNet's MBConv."""
+
+    def __init__(self, cin: int, cout: int, stride: int, expand: int, k: int = 3,
+                 act: type[nn.Module] = nn.ReLU6, se: bool = False) -> None:
+        super().__init__()
+        hidden = cin * expand
+        layers: list[nn.Module] = []
+        if expand != 1:
+            layers += _conv_bn_act(cin, hidden, 1, 1, 1, act)
+        layers += _conv_bn_act(hidden, hidden, k, stride, hidden, act)  # depthwise
+        if se:
+            layers.append(SqueezeExcite(hidden, max(1, cin // 4)))
+        layers += _conv_bn_act(hidden, cout, 1, 1, 1, None)
+        self.block = nn.Sequential(*layers)
+        self.residual = stride == 1 and cin == cout
+
+    def forward(self, x: Tensor) -> Tensor:
+        out = self.block(x)
+        return x + out if self.residual else out
+
+
+class SqueezeExcite(nn.Module):
+    def __init__(self, channels: int, squeezed: int) -> None:
+        super().__init__()
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc1 = nn.Conv2d(channels, squeezed, 1)
+        self.act = nn.SiLU(inplace=True)
+        self.fc2 = nn.Conv2d(squeezed, channels, 1)
+        self.gate = nn.Sigmoid()
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x * self.gate(self.fc2(self.act(self.fc1(self.pool(x)))))
+
+
+def mobilenet_v2(num_classes: int = 1000) -> nn.Module:
+    """torchvision's mobilenet_v2 layout: inverted residuals, ReLU6(inplace), depthwise 3x3."""
+    settings = [(1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1),
+                (6, 160, 3, 2), (6, 320, 1, 1)]
+    layers = _conv_bn_act(3, 32, 3, 2, 1, nn.ReLU6)
+    cin = 32
+    for t, c, n, s in settings:
+        for i in range(n):
+            layers.append(InvertedResidual(cin, c, s if i == 0 else 1, t))
+            cin = c
+    layers += _conv_bn_act(cin, 1280, 1, 1, 1, nn.ReLU6)
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Dropout(0.2), nn.Linear(1280, num_classes)]
+    return nn.Sequential(*layers)
+
+
+def efficientnet_b0(num_classes: int = 1000) -> nn.Module:
+    """torchvision's efficientnet_b0 layout: MBConv with SiLU, depthwise 3x3/5x5,
+    squeeze-excite (no stochastic depth)."""
+    settings = [(1, 3, 1, 16, 1), (6, 3, 2, 24, 2), (6, 5, 2, 40, 2), (6, 3, 2, 80, 3),
+                (6, 5, 1, 112, 3), (6, 5, 2, 192, 4), (6, 3, 1, 320, 1)]
+    layers = _conv_bn_act(3, 32, 3, 2, 1, nn.SiLU)
+    cin = 32
+    for t, k, s, c, n in settings:
+        for i in range(n):
+            layers.append(InvertedResidual(cin, c, s if i == 0 else 1, t, k, nn.SiLU, se=True))
+            cin = c
+    layers += _conv_bn_act(cin, 1280, 1, 1, 1, nn.SiLU)
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Dropout(0.2), nn.Linear(1280, num_classes)]
+    return nn.Sequential(*layers)
+
+
+class ChannelsLastLayerNorm(nn.Module):
+    """LayerNorm over channels of an (N, C, H, W) tensor, as ConvNeXt's downsampling does."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(channels, eps=1e-6)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.norm(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+
+
+class ConvNeXtBlock(nn.Module):
+    """Depthwise 7x7, LayerNorm, Linear 4x, GELU, Linear, layer scale, residual."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.dwconv = nn.Conv2d(dim, dim, 7, padding=3, groups=dim)
+        self.norm = nn.LayerNorm(dim, eps=1e-6)
+        self.pwconv1 = nn.Linear(dim, 4 * dim)
+        self.act = nn.GELU()
+        self.pwconv2 = nn.Linear(4 * dim, dim)
+        self.gamma = nn.Parameter(torch.full((dim,), 1e-6))
+
+    def forward(self, x: Tensor) -> Tensor:
+        out = self.dwconv(x).permute(0, 2, 3, 1)  # (N, H, W, C)
+        out = self.pwconv2(self.act(self.pwconv1(self.norm(out))))
+        return x + (self.gamma * out).permute(0, 3, 1, 2)
+
+
+def convnext_tiny(num_classes: int = 1000) -> nn.Module:
+    """ConvNeXt-T's layout (depths 3, 3, 9, 3; widths 96..768; no stochastic depth)."""
+    dims, depths = (96, 192, 384, 768), (3, 3, 9, 3)
+    layers: list[nn.Module] = [nn.Conv2d(3, dims[0], 4, 4), ChannelsLastLayerNorm(dims[0])]
+    for i, (dim, depth) in enumerate(zip(dims, depths)):
+        if i > 0:
+            layers += [ChannelsLastLayerNorm(dims[i - 1]), nn.Conv2d(dims[i - 1], dim, 2, 2)]
+        layers += [ConvNeXtBlock(dim) for _ in range(depth)]
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.LayerNorm(dims[-1], eps=1e-6),
+               nn.Linear(dims[-1], num_classes)]
+    return nn.Sequential(*layers)
+
+
 def demo_cnn() -> nn.Module:
     from memsave_nb.zoo import make
 
@@ -116,6 +235,9 @@ MODELS: dict[str, Callable[[], nn.Module]] = {
     "resnet18": lambda: resnet(18),
     "resnet101": lambda: resnet(101),
     "demo_cnn": demo_cnn,
+    "mobilenet_v2": mobilenet_v2,
+    "efficientnet_b0": efficientnet_b0,
+    "convnext_tiny": convnext_tiny,
 }
 
 
@@ -134,7 +256,7 @@ def apply_case(model: nn.Module, case: str) -> bool:
                 m.eval()
     elif case == "norm":
         for m in owners:
-            if isinstance(m, nn.modules.batchnorm._BatchNorm):
+            if isinstance(m, (nn.modules.batchnorm._BatchNorm, nn.LayerNorm, nn.GroupNorm)):
                 m.requires_grad_(True)
     elif case == "conv":
         for m in owners:
@@ -165,10 +287,36 @@ def _step_seconds(model: nn.Module, batch: Tensor, input_grad: bool) -> float:
     return seconds
 
 
+def _adamw(params) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(params)
+
+
+def peak_ratios(model: nn.Module, input_grad: bool, batches: list[int], size: int) -> dict:
+    """Converted / stock peak of a full step with AdamW (fake mode) at each batch size."""
+    ratios = {}
+    for b in batches:
+        x = torch.randn(b, 3, size, size)
+        workload = Workload(model, x, loss=lambda out: out.sum(), optimizer=_adamw,
+                            input_requires_grad=input_grad, name="bench")
+        peaks = []
+        for label in ("stock", "ours"):
+            conversion = convert(model) if label == "ours" else None
+            try:
+                peaks.append(measure(workload, mode="fake", repeats=0, flops=False).peak_bytes)
+            finally:
+                if conversion is not None:
+                    revert(conversion)
+        ratios[str(b)] = peaks[1] / peaks[0]
+    return ratios
+
+
 def bench_case(model: nn.Module, batch: Tensor, case: str, repeats: int, bytes_mode: str,
-               bytes_batch: Tensor) -> dict:
+               bytes_batch: Tensor, peak_batches: list[int] | None = None) -> dict:
     input_grad = apply_case(model, case)
     row: dict = {"case": case}
+    if peak_batches:
+        row["peak_ratio_adamw"] = peak_ratios(model, input_grad, peak_batches,
+                                              bytes_batch.shape[-1])
     for label in ("stock", "ours"):
         conversion = convert(model) if label == "ours" else None
         try:
@@ -271,7 +419,7 @@ def bench_gpt_case(model: nn.Module, batch: dict, case: str, repeats: int) -> di
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--models", default="resnet18,resnet101,demo_cnn")
+    parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--cases", default=",".join(CASES))
     parser.add_argument("--gpts", default="gpt,gpt_rmsnorm_swiglu",
                         help="demo decoders to run ('' for none)")
@@ -283,8 +431,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads for timing (1: steadier on a shared machine)")
+    parser.add_argument("--peak-batches", default="1,2,8,32",
+                        help="batch sizes of the AdamW peak-ratio columns (fake mode; '' for none)")
+    parser.add_argument("--quick", action="store_true",
+                        help="a fast look: 3 timing repeats, AdamW peaks at batch 2 only")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "layers.json"))
     args = parser.parse_args(argv)
+    if args.quick:
+        args.repeats = min(args.repeats, 3)
+        args.peak_batches = "2" if args.peak_batches else ""
+    peak_batches = [int(b) for b in args.peak_batches.split(",") if b]
     torch.manual_seed(0)
     torch.set_num_threads(args.threads)
     results: dict = {"settings": vars(args), "torch": torch.__version__, "models": {}}
@@ -296,7 +452,8 @@ def main(argv: list[str] | None = None) -> int:
             bytes_batch = batch
         rows = []
         for case in args.cases.split(","):
-            row = bench_case(model, batch, case, args.repeats, args.bytes_mode, bytes_batch)
+            row = bench_case(model, batch, case, args.repeats, args.bytes_mode, bytes_batch,
+                             peak_batches)
             row["reference_saved_ratio"] = REFERENCE.get(name, {}).get(case)
             rows.append(row)
             print(_format_row(name, row), flush=True)
@@ -317,7 +474,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 HEADER = (f"{'model':18s} {'case':19s} {'stock saved MB':>14s} {'saved ours/stock':>16s} "
-          f"{'reference':>9s} {'peak ours/stock':>15s} {'time ours/stock':>15s}")
+          f"{'reference':>9s} {'peak ours/stock':>15s} {'time ours/stock':>15s} "
+          f"{'AdamW peak ours/stock by batch':>30s}")
 
 
 def _format_row(model: str, row: dict) -> str:
@@ -325,9 +483,10 @@ def _format_row(model: str, row: dict) -> str:
         print(HEADER)
         _format_row.printed = True  # type: ignore[attr-defined]
     ref = row["reference_saved_ratio"]
+    by_batch = " ".join(f"b{b}:{r:.3f}" for b, r in row.get("peak_ratio_adamw", {}).items())
     return (f"{model:18s} {row['case']:19s} {row['stock_saved_bytes'] / 2**20:14.1f} "
             f"{row['saved_ratio']:16.3f} {('' if ref is None else f'{ref:.3f}'):>9s} "
-            f"{row['peak_ratio']:15.3f} {row['time_ratio']:15.3f}")
+            f"{row['peak_ratio']:15.3f} {row['time_ratio']:15.3f} {by_batch:>30s}")
 
 
 if __name__ == "__main__":

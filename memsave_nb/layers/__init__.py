@@ -6,7 +6,14 @@ measurement.
 """
 
 from ._holder import compact
-from .activation import MemSaveLeakyReLU, MemSaveReLU, masked_leaky_relu
+from .activation import (
+    MemSaveHardtanh,
+    MemSaveLeakyReLU,
+    MemSaveReLU,
+    MemSaveReLU6,
+    masked_hardtanh,
+    masked_leaky_relu,
+)
 from .batchnorm import MemSaveBatchNorm1d, MemSaveBatchNorm2d, MemSaveBatchNorm3d
 from .conv import (
     MemSaveConv1d,
@@ -18,13 +25,33 @@ from .conv import (
     convolution,
 )
 from .convert import MEMSAVE_LAYERS, Conversion, Swap, convert, revert
-from .dropout import MemSaveDropout, masked_dropout
+from .dropout import (
+    MemSaveAlphaDropout,
+    MemSaveDropout,
+    MemSaveDropout1d,
+    MemSaveDropout2d,
+    MemSaveDropout3d,
+    MemSaveFeatureAlphaDropout,
+    masked_dropout,
+)
 from .norm import MemSaveRMSNorm
-from .pool import MemSaveMaxPool1d, MemSaveMaxPool2d, MemSaveMaxPool3d, max_pool
+from .pool import (
+    MemSaveAdaptiveMaxPool1d,
+    MemSaveAdaptiveMaxPool2d,
+    MemSaveAdaptiveMaxPool3d,
+    MemSaveMaxPool1d,
+    MemSaveMaxPool2d,
+    MemSaveMaxPool3d,
+    max_pool,
+)
 
 __all__ = [
-    "MEMSAVE_LAYERS",
     "Conversion",
+    "MEMSAVE_LAYERS",
+    "MemSaveAdaptiveMaxPool1d",
+    "MemSaveAdaptiveMaxPool2d",
+    "MemSaveAdaptiveMaxPool3d",
+    "MemSaveAlphaDropout",
     "MemSaveBatchNorm1d",
     "MemSaveBatchNorm2d",
     "MemSaveBatchNorm3d",
@@ -35,17 +62,24 @@ __all__ = [
     "MemSaveConvTranspose2d",
     "MemSaveConvTranspose3d",
     "MemSaveDropout",
+    "MemSaveDropout1d",
+    "MemSaveDropout2d",
+    "MemSaveDropout3d",
+    "MemSaveFeatureAlphaDropout",
+    "MemSaveHardtanh",
     "MemSaveLeakyReLU",
     "MemSaveMaxPool1d",
     "MemSaveMaxPool2d",
     "MemSaveMaxPool3d",
-    "MemSaveReLU",
     "MemSaveRMSNorm",
+    "MemSaveReLU",
+    "MemSaveReLU6",
     "Swap",
     "compact",
     "convert",
     "convolution",
     "masked_dropout",
+    "masked_hardtanh",
     "masked_leaky_relu",
     "max_pool",
     "revert",

@@ -34,10 +34,12 @@ _SOLE_HOLDER_USES = 2
 class OutputHolder:
     """A detached alias of an output, or (after compaction) its packed positive mask."""
 
-    __slots__ = ("output", "version", "packed", "shape", "relu", "__weakref__")
+    __slots__ = ("output", "version", "packed", "shape", "relu", "bounds", "__weakref__")
 
-    def __init__(self, output: Tensor, relu: bool = True) -> None:
+    def __init__(self, output: Tensor, relu: bool = True,
+                 bounds: tuple[float, float] | None = None) -> None:
         self.relu = relu
+        self.bounds = bounds  # hardtanh: the gradient passes strictly between the bounds
         self.output: Tensor | None = output.detach()
         self.version = output._version
         self.packed: Tensor | None = None
@@ -53,11 +55,27 @@ class OutputHolder:
         uses = torch._C._storage_Use_Count(output.untyped_storage()._cdata)
         if uses > _SOLE_HOLDER_USES:
             return False
-        # a ReLU output is >= 0 (or NaN, which backward lets through): nonzero is the test;
-        # a leaky output (slope > 0) is positive exactly where its input was
-        self.packed = pack_bits(output.bool() if self.relu else output > 0)
+        self.packed = pack_bits(self._passes(output))
         self.output = None
         return True
+
+    def _passes(self, output: Tensor) -> Tensor:
+        """Where the gradient passes, from the output (bool)."""
+        if self.bounds is not None:
+            # hardtanh's output lies strictly inside exactly where its input did (stock's
+            # kernel stops the gradient at NaN, as this test does)
+            low, high = self.bounds
+            return (output > low) & (output < high)
+        # a ReLU output is >= 0 (or NaN, which backward lets through): nonzero is the test;
+        # a leaky output (slope > 0) is positive exactly where its input was
+        return output.bool() if self.relu else output > 0
+
+    def release(self) -> None:
+        """Drop what is held (the alias or the mask), as autograd frees saved tensors once
+        backward has used them: the graph's nodes, and this holder with them, may outlive
+        backward while the step's loss is alive."""
+        self.output = None
+        self.packed = None
 
     def held_output(self) -> Tensor | None:
         """The output if still held (checked against in-place changes), else None."""
@@ -78,7 +96,7 @@ class OutputHolder:
             return unpack_bits(self.packed, self.shape, torch.uint8)
         output = self.held_output()
         assert output is not None
-        return (output.bool() if self.relu else output > 0).view(torch.uint8)
+        return self._passes(output).view(torch.uint8)
 
 
 _pending: list[weakref.ref[OutputHolder]] = []

@@ -42,14 +42,19 @@ class _MaskedLeakyReLU(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, None, None, None]:
-        if ctx.holder is not None:
-            output = ctx.holder.held_output()
+        holder = ctx.holder
+        if holder is not None:
+            output = holder.held_output()
+            mask = holder.mask_uint8() if output is None else None
+            if not torch._C._autograd._get_current_graph_task_keep_graph():
+                # free it now, as autograd frees saved tensors (no retain_graph)
+                ctx.holder = None
+                holder.release()
             if output is not None:  # stock's own kernels on the very output: no mask built
                 if ctx.slope is None:
                     return torch.ops.aten.threshold_backward(grad, output, 0), None, None, None
                 return (torch.ops.aten.leaky_relu_backward(grad, output, ctx.slope, True),
                         None, None, None)
-            mask = ctx.holder.mask_uint8()
         else:
             (packed,) = ctx.saved_tensors
             mask = unpack_bits(packed, ctx.shape, torch.uint8)
@@ -88,3 +93,74 @@ class MemSaveLeakyReLU(nn.LeakyReLU):
 
     def forward(self, input: Tensor) -> Tensor:
         return masked_leaky_relu(input, float(self.negative_slope), self.inplace)
+
+
+class _MaskedHardtanh(torch.autograd.Function):
+    """``y = clamp(x, low, high)``; backward needs only where ``low < x < high``: a mask."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, low: float, high: float, inplace: bool, lazy: bool
+                ) -> Tensor:
+        ctx.bounds = (low, high)
+        ctx.shape = x.shape
+        out = torch._C._nn.hardtanh_(x, low, high) if inplace else torch._C._nn.hardtanh(
+            x, low, high)
+        if inplace:
+            ctx.mark_dirty(x)
+        if lazy:
+            holder = _holder.OutputHolder(out, relu=False, bounds=(low, high))
+            ctx.holder = holder
+            _holder.register(holder)
+            ctx.save_for_backward()
+        else:
+            ctx.holder = None
+            # inside exactly where the input was (low < high); NaN stops, as in stock
+            ctx.save_for_backward(pack_bits((out > low) & (out < high)))
+        return x if inplace else out
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, None, None, None, None]:
+        low, high = ctx.bounds
+        holder = ctx.holder
+        if holder is not None:
+            output = holder.held_output()
+            mask = holder.mask_uint8() if output is None else None
+            if not torch._C._autograd._get_current_graph_task_keep_graph():
+                ctx.holder = None
+                holder.release()
+            if output is not None:  # stock's kernel on the very output
+                return (torch.ops.aten.hardtanh_backward(grad, output, low, high),
+                        None, None, None, None)
+        else:
+            (packed,) = ctx.saved_tensors
+            mask = unpack_bits(packed, ctx.shape, torch.uint8)
+        # a 0/1 uint8 mask through stock's ReLU kernel: grad where 1, exact zeros elsewhere
+        return torch.ops.aten.threshold_backward(grad, mask, 0), None, None, None, None
+
+
+def masked_hardtanh(x: Tensor, low: float = -1.0, high: float = 1.0, inplace: bool = False
+                    ) -> Tensor:
+    """Hardtanh (ReLU6 for 0, 6) keeping a 1-bit mask of the linear region, or nothing new
+    when the output is kept by someone else anyway (see :mod:`._holder`)."""
+    if not (torch.is_grad_enabled() and x.requires_grad):
+        return F.hardtanh(x, low, high, inplace)
+    _holder.compact(_holder.RECENT)
+    lazy = _holder.lazy_allowed()
+    out = _MaskedHardtanh.apply(x, float(low), float(high), inplace, lazy)
+    if lazy and inplace and out.grad_fn.holder is not None:
+        out.grad_fn.holder.version = out._version
+    return out
+
+
+class MemSaveHardtanh(nn.Hardtanh):
+    """``nn.Hardtanh`` keeping ceil(N/8) bytes for backward (stock keeps the float input)."""
+
+    def forward(self, input: Tensor) -> Tensor:
+        return masked_hardtanh(input, self.min_val, self.max_val, self.inplace)
+
+
+class MemSaveReLU6(nn.ReLU6):
+    """``nn.ReLU6`` keeping ceil(N/8) bytes for backward (stock keeps the float input)."""
+
+    def forward(self, input: Tensor) -> Tensor:
+        return masked_hardtanh(input, self.min_val, self.max_val, self.inplace)

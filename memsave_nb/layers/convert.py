@@ -16,7 +16,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from . import _holder
-from .activation import MemSaveLeakyReLU, MemSaveReLU
+from .activation import MemSaveHardtanh, MemSaveLeakyReLU, MemSaveReLU, MemSaveReLU6
 from .batchnorm import MemSaveBatchNorm1d, MemSaveBatchNorm2d, MemSaveBatchNorm3d
 from .conv import (
     MemSaveConv1d,
@@ -26,9 +26,23 @@ from .conv import (
     MemSaveConvTranspose2d,
     MemSaveConvTranspose3d,
 )
-from .dropout import MemSaveDropout
+from .dropout import (
+    MemSaveAlphaDropout,
+    MemSaveDropout,
+    MemSaveDropout1d,
+    MemSaveDropout2d,
+    MemSaveDropout3d,
+    MemSaveFeatureAlphaDropout,
+)
 from .norm import MemSaveRMSNorm
-from .pool import MemSaveMaxPool1d, MemSaveMaxPool2d, MemSaveMaxPool3d
+from .pool import (
+    MemSaveAdaptiveMaxPool1d,
+    MemSaveAdaptiveMaxPool2d,
+    MemSaveAdaptiveMaxPool3d,
+    MemSaveMaxPool1d,
+    MemSaveMaxPool2d,
+    MemSaveMaxPool3d,
+)
 
 #: stock class -> memory-saving subclass. Exact types only: a user's subclass of a stock
 #: layer may override forward, so it is left alone.
@@ -44,11 +58,21 @@ MEMSAVE_LAYERS: dict[type[nn.Module], type[nn.Module]] = {
     nn.BatchNorm3d: MemSaveBatchNorm3d,
     nn.ReLU: MemSaveReLU,
     nn.LeakyReLU: MemSaveLeakyReLU,
+    nn.ReLU6: MemSaveReLU6,
+    nn.Hardtanh: MemSaveHardtanh,
     nn.Dropout: MemSaveDropout,
+    nn.Dropout1d: MemSaveDropout1d,
+    nn.Dropout2d: MemSaveDropout2d,
+    nn.Dropout3d: MemSaveDropout3d,
+    nn.AlphaDropout: MemSaveAlphaDropout,
+    nn.FeatureAlphaDropout: MemSaveFeatureAlphaDropout,
     nn.RMSNorm: MemSaveRMSNorm,
     nn.MaxPool1d: MemSaveMaxPool1d,
     nn.MaxPool2d: MemSaveMaxPool2d,
     nn.MaxPool3d: MemSaveMaxPool3d,
+    nn.AdaptiveMaxPool1d: MemSaveAdaptiveMaxPool1d,
+    nn.AdaptiveMaxPool2d: MemSaveAdaptiveMaxPool2d,
+    nn.AdaptiveMaxPool3d: MemSaveAdaptiveMaxPool3d,
 }
 
 

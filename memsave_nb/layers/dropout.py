@@ -69,3 +69,111 @@ class MemSaveDropout(nn.Dropout):
 
     def forward(self, input: Tensor) -> Tensor:
         return masked_dropout(input, self.p, self.training, self.inplace)
+
+
+# SELU's alpha * scale, as in ATen's alpha dropout
+_SELU_ALPHA = 1.7580993408473766
+
+
+class _NoiseDropout(torch.autograd.Function):
+    """Stock's composite dropouts (feature, alpha, feature alpha): ``y = x * noise (+ b)`` with
+    ``noise = scale * bernoulli``; autograd keeps ``noise`` in float, backward needs its bits."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, p: float, feature: bool, alpha: bool, inplace: bool
+                ) -> Tensor:
+        # the draw exactly as ATen's _dropout_impl makes it: same shape, same order
+        if feature:
+            noise = x.new_empty((x.shape[0], x.shape[1]) + (1,) * (x.dim() - 2))
+        else:
+            noise = torch.empty_like(x)
+        noise.bernoulli_(1 - p)
+        mask = noise != 0
+        shift = None
+        if alpha:
+            a = 1.0 / ((_SELU_ALPHA * _SELU_ALPHA * p + 1) * (1 - p)) ** 0.5
+            shift = noise.add(-1).mul_(_SELU_ALPHA * a).add_(_SELU_ALPHA * a * p)
+            noise.mul_(a)
+            ctx.scale = ("mul", a)
+        else:
+            noise.div_(1 - p)
+            ctx.scale = ("div", 1 - p)
+        out = x.mul_(noise) if inplace else x * noise
+        del noise
+        if shift is not None:
+            out = out.add_(shift)
+        if inplace:
+            ctx.mark_dirty(x)
+        ctx.noise_shape = mask.shape
+        ctx.save_for_backward(pack_bits(mask))
+        return x if inplace else out
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, None, None, None, None]:
+        (packed,) = ctx.saved_tensors
+        how, value = ctx.scale
+        one = torch.ones((), dtype=grad.dtype, device=grad.device)
+        scale = one.mul_(value) if how == "mul" else one.div_(value)  # as forward's noise
+        mask = unpack_bits(packed, ctx.noise_shape, torch.uint8)
+        return grad.mul(scale).mul_(mask), None, None, None, None
+
+
+def masked_noise_dropout(x: Tensor, p: float, training: bool, inplace: bool, feature: bool,
+                         alpha: bool) -> Tensor | None:
+    """Feature / alpha dropout keeping 1 bit per noise element, or None where stock keeps
+    nothing (eval, p in {0, 1}, no gradient, empty input): the caller runs stock then."""
+    if not (training and 0.0 < p < 1.0 and torch.is_grad_enabled() and x.requires_grad
+            and x.numel() > 0):
+        return None
+    _holder.compact(_holder.RECENT)
+    return _NoiseDropout.apply(x, p, feature, alpha, inplace)
+
+
+class _MemSaveFeatureDropoutMixin:
+    """Channel dropout on batched input; unbatched input (stock keeps one float per channel
+    there) and the trivial cases run the stock forward."""
+
+    _batched_dim: int
+
+    def forward(self, input: Tensor) -> Tensor:
+        mod: Any = self
+        out = None
+        if input.dim() == self._batched_dim:
+            out = masked_noise_dropout(input, mod.p, mod.training, mod.inplace, True, False)
+        return super().forward(input) if out is None else out  # type: ignore[misc]
+
+
+class MemSaveDropout1d(_MemSaveFeatureDropoutMixin, nn.Dropout1d):
+    """``nn.Dropout1d`` keeping 1 bit per channel (stock: a float per channel)."""
+
+    _batched_dim = 3
+
+
+class MemSaveDropout2d(_MemSaveFeatureDropoutMixin, nn.Dropout2d):
+    """``nn.Dropout2d`` keeping 1 bit per channel (stock: a float per channel)."""
+
+    _batched_dim = 4
+
+
+class MemSaveDropout3d(_MemSaveFeatureDropoutMixin, nn.Dropout3d):
+    """``nn.Dropout3d`` keeping 1 bit per channel (stock: a float per channel)."""
+
+    _batched_dim = 5
+
+
+class MemSaveAlphaDropout(nn.AlphaDropout):
+    """``nn.AlphaDropout`` keeping ceil(N/8) bytes (stock: the float noise, N floats)."""
+
+    def forward(self, input: Tensor) -> Tensor:
+        out = masked_noise_dropout(input, self.p, self.training, self.inplace, False, True)
+        return super().forward(input) if out is None else out
+
+
+class MemSaveFeatureAlphaDropout(nn.FeatureAlphaDropout):
+    """``nn.FeatureAlphaDropout`` keeping 1 bit per channel (stock: a float per channel)."""
+
+    def forward(self, input: Tensor) -> Tensor:
+        out = None
+        if input.dim() >= 2:
+            out = masked_noise_dropout(input, self.p, self.training, self.inplace, True, True)
+        return super().forward(input) if out is None else out

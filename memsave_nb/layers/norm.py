@@ -33,6 +33,7 @@ class _RMSNorm(torch.autograd.Function):
         rstd = torch.rsqrt(xf.pow(2).mean(dims, keepdim=True).add_(eps_value))  # (..., 1)
         del xf
         ctx.dims = dims
+        ctx.eps = eps_value
         ctx.save_for_backward(x, weight, rstd)
         return F.rms_norm(x, shape, weight, eps)  # stock's own forward: identical output
 
@@ -41,6 +42,10 @@ class _RMSNorm(torch.autograd.Function):
         x, weight, rstd = ctx.saved_tensors
         need_x, need_w = ctx.needs_input_grad[:2]
         op = _opmath(x.dtype)
+        if torch.is_grad_enabled():
+            # create_graph: rstd depends on x, and the kept one was computed outside autograd;
+            # rebuild it from x so that second-order gradients see that dependence
+            rstd = torch.rsqrt(x.to(op).pow(2).mean(ctx.dims, keepdim=True) + ctx.eps)
         x_hat = x.to(op) * rstd
         g = grad.to(op)
         grad_w = None

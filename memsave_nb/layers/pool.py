@@ -86,14 +86,17 @@ _CHUNK_NUMEL = 1 << 22
 
 
 def _chunks(batch: int, per_sample: int) -> list[tuple[int, int]]:
+    if batch == 0:
+        return [(0, 0)]  # an empty batch still runs (stock does), as one empty chunk
     step = max(1, _CHUNK_NUMEL // max(1, per_sample))
     return [(i, min(batch, i + step)) for i in range(0, batch, step)]
 
 
 def _window_offsets(flat: Tensor, out_spatial: Sequence[int], in_spatial: Sequence[int],
                     kernel: list[int], stride: list[int], padding: list[int],
-                    dilation: list[int], dtype: torch.dtype) -> Tensor:
-    """Flat input indices (consumed in place) -> row-major offsets inside each window."""
+                    dilation: list[int], dtype: torch.dtype, inplace: bool = True) -> Tensor:
+    """Flat input indices (consumed in place unless ``inplace=False``: then no tensor is
+    changed in place, as a SAC region requires) -> row-major offsets inside each window."""
     n = len(kernel)
     starts = _window_starts(out_spatial, stride, padding, n, flat.device)
     local: Tensor | None = None
@@ -101,13 +104,17 @@ def _window_offsets(flat: Tensor, out_spatial: Sequence[int], in_spatial: Sequen
     for d in reversed(range(n)):
         if d > 0:
             coord = flat % in_spatial[d]
-            flat.div_(in_spatial[d], rounding_mode="floor")
+            flat = (flat.div_ if inplace else flat.div)(in_spatial[d], rounding_mode="floor")
         else:
             coord = flat
-        coord.sub_(starts[d]).div_(dilation[d], rounding_mode="floor")  # offset along dim d
-        if mult != 1:
-            coord.mul_(mult)
-        local = coord if local is None else local.add_(coord)
+        if inplace:
+            coord.sub_(starts[d]).div_(dilation[d], rounding_mode="floor")  # offset along d
+            if mult != 1:
+                coord.mul_(mult)
+            local = coord if local is None else local.add_(coord)
+        else:
+            coord = (coord - starts[d]).div(dilation[d], rounding_mode="floor") * mult
+            local = coord if local is None else local + coord
         mult *= kernel[d]
     assert local is not None
     return local.to(dtype)
@@ -153,15 +160,21 @@ class _MaxPool(torch.autograd.Function):
         deltas = _kernel_deltas(in_spatial, kernel, dilation)
         table = None
         if deltas is not None:  # delta -> window offset by one lookup, no integer division
-            table = torch.zeros(max(deltas) + 1, dtype=dtype, device=x.device)
-            table[torch.tensor(deltas, device=x.device)] = torch.arange(
-                len(deltas), device=x.device).to(dtype)
+            # built out of place: inside a SAC region every op output may be cached
+            table = torch.zeros(max(deltas) + 1, dtype=dtype, device=x.device).index_put(
+                (torch.tensor(deltas, device=x.device),),
+                torch.arange(len(deltas), device=x.device).to(dtype))
+
+        # Under saved-tensor hooks (checkpointing, SAC) the pool's indices may sit in SAC's
+        # cache, which refuses tensors changed in place: work on a copy there.
+        own_indices = _holder.lazy_allowed()
 
         def offsets(flat: Tensor, out_spatial: Sequence[int]) -> Tensor:
             if table is None:
                 return _window_offsets(flat, out_spatial, in_spatial, kernel, stride, padding,
-                                       dilation, dtype)
-            flat.sub_(_window_base(out_spatial, in_spatial, stride, padding, flat.device))
+                                       dilation, dtype, own_indices)
+            base = _window_base(out_spatial, in_spatial, stride, padding, flat.device)
+            flat = flat.sub_(base) if own_indices else flat.sub(base)
             return table.index_select(0, flat.reshape(-1)).view(flat.shape)
 
         if x.dim() == n + 1:  # unbatched: one chunk
@@ -169,7 +182,7 @@ class _MaxPool(torch.autograd.Function):
             local = offsets(flat, out.shape[-n:])
         else:
             out_chunks, local_chunks = [], []
-            per_sample = x[0].numel()
+            per_sample = x.shape[1:].numel()
             for lo, hi in _chunks(x.shape[0], per_sample):
                 o, flat = pool(x[lo:hi], kernel, stride, padding, dilation, ceil_mode,
                                return_indices=True)
@@ -179,7 +192,8 @@ class _MaxPool(torch.autograd.Function):
             if len(out_chunks) == 1:
                 out, local = out_chunks[0], local_chunks[0]
             else:
-                out, local = _cat(out_chunks), torch.cat(local_chunks)
+                out = _cat(out_chunks) if own_indices else torch.cat(out_chunks)
+                local = torch.cat(local_chunks)
         ctx.save_for_backward(local)
         ctx.params = (kernel, stride, padding, dilation, ceil_mode)
         ctx.deltas = deltas
@@ -196,11 +210,13 @@ class _MaxPool(torch.autograd.Function):
         deltas_t = None
         if ctx.deltas is not None:
             deltas_t = torch.tensor(ctx.deltas, dtype=torch.int64, device=grad.device)
+        # create_graph: one differentiable (not out=) call over the whole batch
+        differentiable = torch.is_grad_enabled()
         grad_x = grad.new_empty(x_shape)
-        if len(x_shape) == n + 1:
+        if len(x_shape) == n + 1 or differentiable:
             spans: list[tuple[int | None, int | None]] = [(None, None)]
         else:
-            spans = list(_chunks(x_shape[0], grad[0].numel()))
+            spans = list(_chunks(x_shape[0], grad.shape[1:].numel()))
         for lo, hi in spans:
             g, loc, gx = grad[lo:hi], local[lo:hi], grad_x[lo:hi]
             if deltas_t is None:
@@ -209,25 +225,38 @@ class _MaxPool(torch.autograd.Function):
             else:
                 flat = deltas_t.index_select(0, loc.reshape(-1).int()).view(loc.shape)
                 flat.add_(_window_base(g.shape[-n:], in_spatial, stride, padding, g.device))
-            _stock_backward(g, gx, flat, kernel, stride, padding, dilation, ceil_mode)
+            if differentiable:
+                grad_x = _stock_backward(g, None, flat, kernel, stride, padding, dilation,
+                                         ceil_mode, x_shape)
+            else:
+                _stock_backward(g, gx, flat, kernel, stride, padding, dilation, ceil_mode)
             del flat
         return grad_x, None, None, None, None, None
 
 
-def _stock_backward(grad: Tensor, grad_x: Tensor, flat: Tensor, kernel: list[int],
+def _stock_backward(grad: Tensor, grad_x: Tensor | None, flat: Tensor, kernel: list[int],
                     stride: list[int], padding: list[int], dilation: list[int],
-                    ceil_mode: bool) -> None:
-    """Stock's max-pool backward kernel, writing into ``grad_x`` (which it zero-fills); the
+                    ceil_mode: bool, x_shape: Sequence[int] | None = None) -> Tensor:
+    """Stock's max-pool backward kernel, writing into ``grad_x`` (which it zero-fills), or,
+    with ``grad_x=None``, returning a new (differentiable) gradient of shape ``x_shape``; the
     input it asks for only lends its shape, so a one-element stand-in serves."""
-    if len(kernel) == 1:  # 1d runs as 2d over a height of one
-        grad, grad_x, flat = grad.unsqueeze(-2), grad_x.unsqueeze(-2), flat.unsqueeze(-2)
+    shape = list(grad_x.shape) if grad_x is not None else list(x_shape or [])
+    one_d = len(kernel) == 1
+    if one_d:  # 1d runs as 2d over a height of one
+        grad, flat = grad.unsqueeze(-2), flat.unsqueeze(-2)
+        grad_x = None if grad_x is None else grad_x.unsqueeze(-2)
+        shape = [*shape[:-1], 1, shape[-1]]
         kernel, stride = [1, *kernel], [1, *stride]
         padding, dilation = [0, *padding], [1, *dilation]
     backward = (torch.ops.aten.max_pool2d_with_indices_backward if len(kernel) == 2
                 else torch.ops.aten.max_pool3d_with_indices_backward)
-    stand_in = grad.new_empty(1).expand(grad_x.shape)
-    backward.grad_input(grad, stand_in, kernel, stride, padding, dilation, ceil_mode, flat,
-                        grad_input=grad_x)
+    stand_in = grad.new_empty(1).expand(shape)
+    if grad_x is not None:
+        backward.grad_input(grad, stand_in, kernel, stride, padding, dilation, ceil_mode, flat,
+                            grad_input=grad_x)
+        return grad_x
+    out = backward.default(grad, stand_in, kernel, stride, padding, dilation, ceil_mode, flat)
+    return out.squeeze(-2) if one_d else out
 
 
 def _cat(chunks: list[Tensor]) -> Tensor:
@@ -286,5 +315,114 @@ class MemSaveMaxPool2d(_MemSaveMaxPoolMixin, nn.MaxPool2d):
 
 class MemSaveMaxPool3d(_MemSaveMaxPoolMixin, nn.MaxPool3d):
     """``nn.MaxPool3d`` keeping a window-local argmax (uint8 for windows up to 256)."""
+
+    _n = 3
+
+
+# -- adaptive max pooling ------------------------------------------------------------------
+_ADAPTIVE = {1: F.adaptive_max_pool1d, 2: F.adaptive_max_pool2d, 3: F.adaptive_max_pool3d}
+
+
+def _adaptive_windows(in_size: int, out_size: int) -> tuple[list[int], int]:
+    """Window starts along one dim (as ATen: floor(o * in / out)) and the widest window."""
+    starts = [(o * in_size) // out_size for o in range(out_size)]
+    ends = [-(-((o + 1) * in_size) // out_size) for o in range(out_size)]
+    return starts, max((e - s for s, e in zip(starts, ends)), default=1)
+
+
+class _AdaptiveMaxPool(torch.autograd.Function):
+    """Adaptive max pooling keeping only the argmax offset inside its (variable) window."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, output_size: Any, n: int) -> Tensor:
+        out, flat = _ADAPTIVE[n](x, output_size, return_indices=True)
+        in_spatial, out_spatial = list(x.shape[-n:]), list(out.shape[-n:])
+        starts, widths = [], []
+        for d in range(n):
+            s, w = _adaptive_windows(in_spatial[d], out_spatial[d])
+            view = [1] * n
+            view[d] = out_spatial[d]
+            starts.append(torch.tensor(s, device=x.device).view(view))
+            widths.append(w)
+        window = 1
+        for w in widths:
+            window *= w
+        # window offset = row-major position inside a (widths) box; out of place throughout
+        # (inside a SAC region every op output may be cached)
+        local: Tensor | None = None
+        rest = flat
+        mult = 1
+        for d in reversed(range(n)):
+            coord = rest % in_spatial[d] if d > 0 else rest
+            if d > 0:
+                rest = rest.div(in_spatial[d], rounding_mode="floor")
+            coord = (coord - starts[d]) * mult
+            local = coord if local is None else local + coord
+            mult *= widths[d]
+        del flat, rest
+        assert local is not None
+        local = local.to(window_index_dtype(window))
+        ctx.save_for_backward(local)
+        ctx.geometry = (n, in_spatial, out_spatial, widths)  # plain numbers: no tensor kept
+        ctx.x_shape = x.shape
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, None, None]:
+        (local,) = ctx.saved_tensors
+        n, in_spatial, out_spatial, widths = ctx.geometry
+        starts = []
+        for d in range(n):
+            view = [1] * n
+            view[d] = out_spatial[d]
+            s = _adaptive_windows(in_spatial[d], out_spatial[d])[0]
+            starts.append(torch.tensor(s, device=grad.device).view(view))
+        rest = local.long()
+        flat: Tensor | None = None
+        step = 1
+        for d in reversed(range(n)):
+            coord = rest % widths[d] if d > 0 else rest
+            if d > 0:
+                rest = rest.div(widths[d], rounding_mode="floor")
+            coord = (coord + starts[d]) * step
+            flat = coord if flat is None else flat + coord
+            step *= in_spatial[d]
+        assert flat is not None
+        shape = list(ctx.x_shape)
+        if n == 1:  # 1d runs as 2d over a height of one, as ATen does
+            grad, flat = grad.unsqueeze(-2), flat.unsqueeze(-2)
+            shape = [*shape[:-1], 1, shape[-1]]
+        stand_in = grad.new_empty(1).expand(shape)  # only its shape is read
+        backward = (torch.ops.aten.adaptive_max_pool3d_backward if n == 3
+                    else torch.ops.aten.adaptive_max_pool2d_backward)
+        grad_x = backward(grad, stand_in, flat)
+        return (grad_x.squeeze(-2) if n == 1 else grad_x), None, None
+
+
+class _MemSaveAdaptiveMaxPoolMixin:
+    _n: int
+
+    def forward(self, input: Tensor) -> Tensor:
+        mod: Any = self
+        if mod.return_indices or not (torch.is_grad_enabled() and input.requires_grad):
+            return super().forward(input)  # type: ignore[misc]
+        _holder.compact(_holder.RECENT)
+        return _AdaptiveMaxPool.apply(input, mod.output_size, self._n)
+
+
+class MemSaveAdaptiveMaxPool1d(_MemSaveAdaptiveMaxPoolMixin, nn.AdaptiveMaxPool1d):
+    """``nn.AdaptiveMaxPool1d`` keeping a window-local argmax (stock: input + int64 indices)."""
+
+    _n = 1
+
+
+class MemSaveAdaptiveMaxPool2d(_MemSaveAdaptiveMaxPoolMixin, nn.AdaptiveMaxPool2d):
+    """``nn.AdaptiveMaxPool2d`` keeping a window-local argmax (stock: input + int64 indices)."""
+
+    _n = 2
+
+
+class MemSaveAdaptiveMaxPool3d(_MemSaveAdaptiveMaxPoolMixin, nn.AdaptiveMaxPool3d):
+    """``nn.AdaptiveMaxPool3d`` keeping a window-local argmax (stock: input + int64 indices)."""
 
     _n = 3
