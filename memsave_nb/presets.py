@@ -44,6 +44,7 @@ NORM_TYPES: tuple[type, ...] = (
     nn.GroupNorm,
     nn.modules.instancenorm._InstanceNorm,
 ) + ((nn.RMSNorm,) if hasattr(nn, "RMSNorm") else ())
+NORM_NAME_ENDINGS = ("RMSNorm", "LayerNorm", "GroupNorm")
 ADAPTER_WORDS = ("lora", "adapter")
 HEAD_NAMES = ("head", "lm_head", "classifier", "fc", "output", "out_proj", "score")
 
@@ -126,11 +127,17 @@ def bias_only(model: Any) -> Plan:
     return _noted(Plan(name="bias only (BitFit)", frozen=(ALL,), trainable=names), m)
 
 
+def is_norm(module: nn.Module) -> bool:
+    """A normalisation layer: torch's own, or a model library's leaf layer named like one
+    (Hugging Face's ``LlamaRMSNorm``, ``T5LayerNorm``...)."""
+    if isinstance(module, NORM_TYPES):
+        return True
+    return type(module).__name__.endswith(NORM_NAME_ENDINGS) and not module._modules
+
+
 def norm_only(model: Any) -> Plan:
     m = _model(model)
-    names = tuple(
-        n for n, mod in m.named_modules() if isinstance(mod, NORM_TYPES) and any(True for _ in mod.parameters())
-    )
+    names = tuple(n for n, mod in m.named_modules() if is_norm(mod) and any(True for _ in mod.parameters()))
     if not names:
         raise PlanError(f"{type(m).__name__} has no normalisation layers with parameters")
     return _noted(Plan(name="norm layers only", frozen=(ALL,), trainable=names), m)
