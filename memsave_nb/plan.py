@@ -173,8 +173,9 @@ class Plan:
     def compiled(self) -> bool:
         return self.compile_budget is not None
 
-    def describe(self) -> str:
-        """One line a human reads: what the plan changes."""
+    def describe(self, model: nn.Module | None = None) -> str:
+        """One line a human reads: what the plan changes. Given the model, it also says when the
+        plan turns the model's KV cache off (regions on a model with ``config.use_cache`` on)."""
         parts = []
         if self.frozen:
             parts.append(f"freeze {_short(self.frozen)}")
@@ -190,6 +191,11 @@ class Plan:
         if regions:
             kinds = sorted({_policy_label(p) for p in regions.values()})
             parts.append(f"checkpoint {len(regions)} region{'s' * (len(regions) != 1)} ({', '.join(kinds)})")
+            if model is not None:
+                from memsave_nb.hf import has_kv_cache
+
+                if has_kv_cache(model):
+                    parts.append("KV cache off (use_cache=False)")
         if self.compile_budget is not None:
             parts.append(f"compile budget {self.compile_budget:g}")
         return "; ".join(parts) or "baseline (no changes)"
@@ -306,7 +312,11 @@ class Plan:
             self._apply_flags(model)
             # 3. batch norm in eval mode
             self._apply_bn_eval(model)
-            # 4. checkpointed regions
+            # 4. checkpointed regions (Hugging Face's KV cache off for the step: they do not mix)
+            if self.active_regions:
+                from memsave_nb.hf import cache_off
+
+                undo.append(cache_off(model, workload.batch))
             for region, policy in self.active_regions.items():
                 undo.append(wrap_region(model.get_submodule(region), policy, region))
             # 5. what the step sees
@@ -360,18 +370,19 @@ class Plan:
                 module.eval()
 
     def trainable_parameter_names(self, model: nn.Module) -> list[str]:
-        """Names of the parameters that require grad under this plan (without applying it)."""
-        out = []
-        for name, param in model.named_parameters():
-            flag = param.requires_grad
-            if self.frozen or self.trainable:
-                if selects(name, self.frozen):
-                    flag = False
-                if selects(name, self.trainable):
-                    flag = True
-            if flag:
-                out.append(name)
-        return out
+        """Names of the parameters that require grad under this plan (without applying it).
+
+        A tied parameter (one object under several names) is listed once, by its
+        ``named_parameters()`` name; it trains when ``trainable`` selects any of its names, and is
+        frozen when ``frozen`` selects any of them and ``trainable`` none (see :mod:`memsave_nb.hf`)."""
+        from memsave_nb.hf import parameter_names, resolve_flag
+
+        params = dict(model.named_parameters())
+        return [
+            name
+            for name, names in parameter_names(model).items()
+            if resolve_flag(names, params[name].requires_grad, self.frozen, self.trainable)
+        ]
 
     # -- code export -------------------------------------------------------------------------
     def to_code(self, model_var: str = "model") -> str:
@@ -429,6 +440,9 @@ class Plan:
                 "from torch.utils.checkpoint import CheckpointPolicy, checkpoint, "
                 "create_selective_checkpoint_contexts"
             )
+            from memsave_nb.hf import cache_off_code
+
+            body += ["", *cache_off_code(m)]
             body += ["", "", "# activation checkpointing per region", *_CHECKPOINT_HELPER.splitlines(), ""]
             selective = list(dict.fromkeys(p for p in regions.values() if p.kind is RegionKind.SELECTIVE))
             policies = {p: "policy_fn" if len(selective) == 1 else f"policy_{i}" for i, p in enumerate(selective)}

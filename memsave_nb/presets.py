@@ -4,6 +4,10 @@ Each preset takes a model (or a Workload) and returns a :class:`~memsave_nb.plan
 resolved here, so the plan is explicit and validates against the model. :func:`presets_for`
 lists the presets that make sense for a model (no "norm layers only" without norm layers, no
 LoRA without adapters), as ``{label: Plan}``.
+
+Tied parameters (GPT-2's ``lm_head.weight`` *is* ``transformer.wte.weight``) are one parameter: it
+trains when a preset selects any of its names, so "head only" on GPT-2 trains the embedding too.
+A preset whose plan trains a parameter through a tie says so in its name (:func:`memsave_nb.hf.tie_note`).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from typing import Any, Callable
 from torch import nn
 
 from memsave_nb.checkpointing import PlanError, suggest_regions
+from memsave_nb.hf import tie_note
 from memsave_nb.plan import ALL, Plan
 
 __all__ = [
@@ -39,6 +44,7 @@ NORM_TYPES: tuple[type, ...] = (
     nn.GroupNorm,
     nn.modules.instancenorm._InstanceNorm,
 ) + ((nn.RMSNorm,) if hasattr(nn, "RMSNorm") else ())
+NORM_NAME_ENDINGS = ("RMSNorm", "LayerNorm", "GroupNorm")
 ADAPTER_WORDS = ("lora", "adapter")
 HEAD_NAMES = ("head", "lm_head", "classifier", "fc", "output", "out_proj", "score")
 
@@ -82,7 +88,7 @@ def last_blocks(model: Any, n: int = 1, *, blocks: list[str] | None = None) -> P
     if n < 1:
         raise PlanError(f"last_blocks: n must be at least 1, got {n}")
     chosen = tuple(blocks[-n:])
-    return Plan(name=f"last {len(chosen)} block{'s' * (len(chosen) != 1)}", frozen=(ALL,), trainable=chosen)
+    return _noted(Plan(name=f"last {len(chosen)} block{'s' * (len(chosen) != 1)}", frozen=(ALL,), trainable=chosen), m)
 
 
 def head_name(model: nn.Module) -> str:
@@ -102,7 +108,14 @@ def head_name(model: nn.Module) -> str:
 def head_only(model: Any) -> Plan:
     m = _model(model)
     head = head_name(m)
-    return Plan(name="head only", frozen=(ALL,), trainable=(head,))
+    plan = Plan(name="head only", frozen=(ALL,), trainable=(head,))
+    return _noted(plan, m)
+
+
+def _noted(plan: Plan, model: nn.Module) -> Plan:
+    """The plan, its name saying what it trains through tied parameters."""
+    note = tie_note(plan, model)
+    return plan.replace(name=plan.name + note) if note else plan
 
 
 def bias_only(model: Any) -> Plan:
@@ -111,17 +124,23 @@ def bias_only(model: Any) -> Plan:
     names = tuple(n for n, _ in m.named_parameters() if n.rsplit(".", 1)[-1] == "bias")
     if not names:
         raise PlanError(f"{type(m).__name__} has no bias parameters")
-    return Plan(name="bias only (BitFit)", frozen=(ALL,), trainable=names)
+    return _noted(Plan(name="bias only (BitFit)", frozen=(ALL,), trainable=names), m)
+
+
+def is_norm(module: nn.Module) -> bool:
+    """A normalisation layer: torch's own, or a model library's leaf layer named like one
+    (Hugging Face's ``LlamaRMSNorm``, ``T5LayerNorm``...)."""
+    if isinstance(module, NORM_TYPES):
+        return True
+    return type(module).__name__.endswith(NORM_NAME_ENDINGS) and not module._modules
 
 
 def norm_only(model: Any) -> Plan:
     m = _model(model)
-    names = tuple(
-        n for n, mod in m.named_modules() if isinstance(mod, NORM_TYPES) and any(True for _ in mod.parameters())
-    )
+    names = tuple(n for n, mod in m.named_modules() if is_norm(mod) and any(True for _ in mod.parameters()))
     if not names:
         raise PlanError(f"{type(m).__name__} has no normalisation layers with parameters")
-    return Plan(name="norm layers only", frozen=(ALL,), trainable=names)
+    return _noted(Plan(name="norm layers only", frozen=(ALL,), trainable=names), m)
 
 
 def _quarter(model: nn.Module) -> tuple[list[str], int]:
@@ -133,18 +152,22 @@ def _quarter(model: nn.Module) -> tuple[list[str], int]:
 
 def first_quarter(model: Any, *, input_requires_grad: bool | None = None) -> Plan:
     """The paper's "surgical" case: the first quarter of the parameterised layers trains."""
-    layers, k = _quarter(_model(model))
-    return Plan(
+    m = _model(model)
+    layers, k = _quarter(m)
+    plan = Plan(
         name="first quarter", frozen=(ALL,), trainable=tuple(layers[:k]), input_requires_grad=input_requires_grad
     )
+    return _noted(plan, m)
 
 
 def last_quarter(model: Any, *, input_requires_grad: bool | None = None) -> Plan:
     """The paper's other "surgical" case: the last quarter of the parameterised layers trains."""
-    layers, k = _quarter(_model(model))
-    return Plan(
+    m = _model(model)
+    layers, k = _quarter(m)
+    plan = Plan(
         name="last quarter", frozen=(ALL,), trainable=tuple(layers[-k:]), input_requires_grad=input_requires_grad
     )
+    return _noted(plan, m)
 
 
 def _adapter_names(model: nn.Module) -> tuple[str, ...]:
@@ -176,7 +199,7 @@ def lora_only(model: Any) -> Plan:
     names = _adapter_names(m)
     if not names:
         raise PlanError(f"{type(m).__name__} has no adapter parameters (no name contains {' or '.join(ADAPTER_WORDS)})")
-    return Plan(name="adapters only (LoRA)", frozen=(ALL,), trainable=names)
+    return _noted(Plan(name="adapters only (LoRA)", frozen=(ALL,), trainable=names), m)
 
 
 PRESETS: dict[str, Callable[..., Plan]] = {
@@ -215,5 +238,5 @@ def presets_for(model: Any) -> dict[str, Plan]:
             plan = fn(m)
         except PlanError:
             continue
-        out[label] = plan.replace(name=label)
+        out[label] = plan.replace(name=label + tie_note(plan, m))
     return out
