@@ -14,7 +14,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import pytest  # noqa: E402
 
-from real_cases import CASES, RealCase, shared  # noqa: E402
+from .real_cases import CASES, RealCase, shared  # noqa: E402
 
 
 @pytest.fixture(scope="session", params=CASES, ids=lambda c: c.name)

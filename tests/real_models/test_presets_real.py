@@ -6,7 +6,7 @@ from __future__ import annotations
 from memsave_nb import presets
 from memsave_nb.measure import measure
 from memsave_nb.model_state import ModelSnapshot
-from steps import step_grads
+from .real_steps import step_grads
 
 EXPECTED = {  # the presets offered for a token-id batch (no input-only, no BN eval)
     "gpt2": {"all trainable", "last block", "head only", "bias only (BitFit)", "norm layers only", "first quarter",

@@ -11,8 +11,8 @@ from memsave_nb.errors import StepError
 from memsave_nb.measure import measure
 from memsave_nb.model_state import ModelSnapshot
 from memsave_nb.plan import Plan, PlanError
-from real_cases import case_named, shared
-from steps import assert_same_grads, step_grads
+from .real_cases import case_named, shared
+from .real_steps import assert_same_grads, step_grads
 
 
 def _config_state(model):

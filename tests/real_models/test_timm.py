@@ -11,7 +11,7 @@ from memsave_nb.checkpointing import suggest_regions
 from memsave_nb.measure import measure
 from memsave_nb.plan import Plan
 from memsave_nb.workload import Workload
-from steps import assert_same_grads, step_grads
+from .real_steps import assert_same_grads, step_grads
 
 
 def _timm():

@@ -12,8 +12,8 @@ from torch import nn
 from memsave_nb import hf, presets
 from memsave_nb.plan import Plan
 from memsave_nb.workload import Workload
-from real_cases import case_named, shared
-from steps import step_grads
+from .real_cases import case_named, shared
+from .real_steps import step_grads
 
 WTE, HEAD = "transformer.wte.weight", "lm_head.weight"
 

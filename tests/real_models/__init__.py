@@ -1,0 +1,1 @@
+"""The real-model suite: Hugging Face / peft / timm models from small configs."""
