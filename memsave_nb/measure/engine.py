@@ -80,11 +80,11 @@ def measure(
 
         return measure_compiled(workload, mode=mode, repeats=repeats, cancel_event=cancel_event)
     model = workload.model
-    if mode == "real" and _has_fake_tensors(model):
-        raise WorkloadError(
-            f"the model of {workload.name!r} holds fake or meta tensors (built under FakeTensorMode or on the meta device): measure it with mode='fake'"
-        )
-    with model_lock(model):
+    with model_lock(model):  # a concurrent fake-mode run swaps the parameters: check inside the lock
+        if mode == "real" and _has_fake_tensors(model):
+            raise WorkloadError(
+                f"the model of {workload.name!r} holds fake or meta tensors (built under FakeTensorMode or on the meta device): measure it with mode='fake'"
+            )
         snapshot = ModelSnapshot.capture(model, copy_values=(mode == "real"))
         leaves = _user_leaf_grads(workload)
         try:
@@ -114,12 +114,16 @@ def _is_compiled(model: nn.Module) -> bool:
 
 
 def _user_leaf_grads(workload: Workload) -> list[tuple[torch.Tensor, Any]]:
-    """Leaf tensors of a given batch (not a factory) that require grad, with their ``.grad``:
-    the step must not leave a gradient on the user's own tensors."""
+    """Leaf tensors of a given batch (not a factory) that require grad, with their ``.grad``
+    (cleared for the run, given back after it): the step must not leave a gradient on the
+    user's own tensors, nor add to one."""
     raw = workload.batch
     if callable(raw) and not isinstance(raw, nn.Module):
         return []
-    return [(t, t.grad) for t in iter_tensors(raw) if t.requires_grad and t.grad_fn is None]
+    leaves = [(t, t.grad) for t in iter_tensors(raw) if t.requires_grad and t.grad_fn is None]
+    for t, _ in leaves:
+        t.grad = None  # else backward would accumulate into the user's own grad
+    return leaves
 
 
 # -- the step ----------------------------------------------------------------------------------
