@@ -650,7 +650,7 @@ def _summarise(tracker: MemoryTracker, workload: Workload, mode: str, times: lis
         output_parts=parts,
         first_step_peak_bytes=first_step_peak,
         steady_state=steady_state,
-        advice=advice_for(parts, max(peak, 0)),
+        advice=advice_for(parts, saved_total + output_total, max(peak, 0)),
     )
 
 
@@ -668,16 +668,23 @@ def _output_part_bytes(parts: list[tuple[str, set[int]]], tracker: MemoryTracker
     return tuple(out)
 
 
-# A part of the output gets a hint when it holds at least this share of the peak.
-ADVICE_SHARE = 0.05
+# A part of the output gets a hint when it holds at least this share of what the step keeps at the
+# end of forward (saved for backward + outputs); a KV cache from 1% on (turning it off costs nothing
+# in training).
+ADVICE_SHARE = 0.10
+ADVICE_SHARE_CACHE = 0.01
 _CACHE_PARTS = ("past_key_values", "present_key_values", "mems", "cache")
 
 
-def advice_for(parts: tuple[tuple[str, int], ...], peak_bytes: int) -> tuple[str, ...]:
-    """One-line hints for outputs that keep much memory to the end of the step, and what frees them."""
+def advice_for(parts: tuple[tuple[str, int], ...], kept_bytes: int, peak_bytes: int) -> tuple[str, ...]:
+    """One-line hints for outputs that keep much memory to the end of the step, and what frees them.
+
+    ``kept_bytes``: saved for backward plus outputs at the end of forward; a part gets a hint when
+    it holds at least ``ADVICE_SHARE`` of it."""
     hints = []
     for name, nbytes in parts:
-        if peak_bytes <= 0 or nbytes < ADVICE_SHARE * peak_bytes:
+        share_needed = ADVICE_SHARE_CACHE if name in _CACHE_PARTS else ADVICE_SHARE
+        if peak_bytes <= 0 or kept_bytes <= 0 or nbytes < share_needed * kept_bytes:
             continue
         size = _mib(nbytes)
         share = f"{nbytes / peak_bytes:.0%} of the peak"
