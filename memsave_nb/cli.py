@@ -76,16 +76,26 @@ def format_report(measurement, *, title: str, top: int | None = None) -> str:
         "Saved activations per layer " + caption if caption else "Saved activations per layer",
         layers,
         "",
-        f"Peak memory: {format_bytes(m.peak_bytes)} during {m.peak_phase}",
+        f"Peak memory: {format_bytes(m.peak_bytes)} during {m.peak_phase}" + _step_note(m, format_bytes),
         render_table(split_headers, split_rows, right={1, 2}),
         "",
-        f"Saved activations: {format_bytes(m.saved_bytes)}   FLOPs: {format_flops(m.flops)}   "
-        f"Step time: {format_seconds(m.step_seconds)}",
+        f"Saved activations: {format_bytes(m.saved_bytes)}   Outputs kept: {format_bytes(m.output_bytes)}   "
+        f"FLOPs: {format_flops(m.flops)}   Step time: {format_seconds(m.step_seconds)}",
     ]
     if m.cuda_peak_bytes is not None:
         lines.append(f"CUDA allocator peak: {format_bytes(m.cuda_peak_bytes)} (tracker: {format_bytes(m.peak_bytes)})")
+    lines.extend(f"Advice: {a}" for a in m.advice)
     lines.extend(f"Note: {n}" for n in m.notes)
     return "\n".join(lines) + "\n"
+
+
+def _step_note(m, format_bytes) -> str:
+    """Which training step the peak is, and the first step's peak beside a steady-state one."""
+    if not m.steady_state:
+        return " (first training step)"
+    if m.first_step_peak_bytes is None:
+        return " (steady state: training's step 2 on)"
+    return f" (steady state: training's step 2 on; first step {format_bytes(m.first_step_peak_bytes)})"
 
 
 def _report(args: argparse.Namespace) -> int:

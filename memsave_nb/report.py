@@ -106,19 +106,24 @@ def _table_html(headers: Sequence[str], rows: Sequence[Sequence[str]], numeric_f
 
 def _summary_html(m: Measurement, baseline: Measurement | None) -> str:
     items = [
-        ("peak", format_bytes(m.peak_bytes) + f" ({m.peak_phase})"),
+        ("peak", format_bytes(m.peak_bytes) + f" ({m.peak_phase}"
+         + (", steady state: training's step 2 on)" if m.steady_state else ", first training step)")),
         ("saved activations", format_bytes(m.saved_bytes)),
+        ("outputs kept", format_bytes(m.output_bytes)),
         ("step time", format_seconds(m.step_seconds)),
         ("FLOPs", format_flops(m.flops)),
         ("mode", f"{m.mode} on {m.device}" + (" (compiled)" if m.compiled else "")),
     ]
+    if m.steady_state and m.first_step_peak_bytes is not None:
+        items.insert(1, ("first-step peak", format_bytes(m.first_step_peak_bytes)))
     if m.cuda_peak_bytes is not None:
         items.append(("CUDA allocator peak", format_bytes(m.cuda_peak_bytes)))
     if baseline is not None:
         items.append(("peak vs baseline", format_delta_bytes(m.peak_bytes - baseline.peak_bytes)))
         items.append(("saved vs baseline", format_delta_bytes(m.saved_bytes - baseline.saved_bytes)))
     cells = "".join(f"<div><span>{html.escape(k)}</span><b>{html.escape(v)}</b></div>" for k, v in items)
-    return f'<div class="summary">{cells}</div>'
+    advice = "".join(f'<p class="advice">{html.escape(a)}</p>' for a in m.advice)
+    return f'<div class="summary">{cells}</div>{advice}'
 
 
 def _plans_html(c: _Contents) -> str:

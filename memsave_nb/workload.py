@@ -15,6 +15,8 @@ from torch import nn
 
 from .errors import WorkloadError
 
+AUTOCAST_DTYPES = (torch.bfloat16, torch.float16)
+
 OptimizerSpec = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer] | str | None
 
 _OPTIMIZERS: dict[str, Callable[[list[nn.Parameter]], torch.optim.Optimizer]] = {
@@ -56,6 +58,48 @@ def iter_tensors(obj: Any) -> Iterable[torch.Tensor]:
         yield from iter_tensors(obj.to_tuple())
 
 
+def iter_output_tensors(obj: Any, _seen: set[int] | None = None, _depth: int = 0) -> Iterable[torch.Tensor]:
+    """Every tensor a model's output keeps alive, caches included.
+
+    Like :func:`iter_tensors`, and it also walks the attributes of plain objects in the output
+    (Hugging Face ``DynamicCache`` keeps its keys and values in ``cache.layers[i].keys``), so
+    ``past_key_values`` counts. Modules are not walked (their parameters are not the step's output).
+    """
+    seen = set() if _seen is None else _seen
+    if id(obj) in seen or _depth > 12 or obj is None or isinstance(obj, (str, bytes, int, float, bool, nn.Module)):
+        return
+    seen.add(id(obj))
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, Mapping):
+        for v in obj.values():
+            yield from iter_output_tensors(v, seen, _depth + 1)
+    elif isinstance(obj, (tuple, list, set, frozenset)):
+        for v in obj:
+            yield from iter_output_tensors(v, seen, _depth + 1)
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        for f in dataclasses.fields(obj):
+            yield from iter_output_tensors(getattr(obj, f.name, None), seen, _depth + 1)
+    elif hasattr(obj, "__dict__") and not isinstance(obj, type) and not callable(obj):
+        for v in vars(obj).values():
+            yield from iter_output_tensors(v, seen, _depth + 1)
+
+
+def output_parts(output: Any) -> list[tuple[str, list[torch.Tensor]]]:
+    """The output split into named parts (``logits``, ``past_key_values``, ...) with their tensors.
+
+    A Hugging Face ``ModelOutput`` or a dict gives one part per key, a tuple one per position,
+    a tensor the single part ``output``.
+    """
+    if isinstance(output, torch.Tensor):
+        return [("output", [output])]
+    if isinstance(output, Mapping):  # ModelOutput is an OrderedDict of its non-None fields
+        return [(str(k), list(iter_output_tensors(v))) for k, v in output.items()]
+    if isinstance(output, (tuple, list)):
+        return [(f"output[{i}]", list(iter_output_tensors(v))) for i, v in enumerate(output)]
+    return [("output", list(iter_output_tensors(output)))]
+
+
 def default_loss(output: Any) -> torch.Tensor:
     """``output.loss`` or ``output["loss"]`` when present (Hugging Face style), else the sum of the output."""
     loss = getattr(output, "loss", None)
@@ -75,6 +119,11 @@ def default_loss(output: Any) -> torch.Tensor:
 class Workload:
     """One training step: ``loss(model(batch)).backward(); optimizer.step()``.
 
+    ``accumulation_steps`` k: k micro-steps of (forward, loss / k, backward), then one optimizer
+    step. ``set_to_none``: how grads are cleared between steps (``zero_grad(set_to_none=...)``):
+    None at the start of a step when True, zero tensors alive from the start when False.
+    ``autocast_dtype``: the forward runs under ``torch.autocast`` with that dtype when set.
+
     ``batch`` is a tensor, a tuple/list (positional arguments), a dict (keyword arguments, as
     Hugging Face models take them) or a zero-argument callable returning one of those.
     """
@@ -87,10 +136,22 @@ class Workload:
     dtype: torch.dtype | None = None
     input_requires_grad: bool = False
     name: str = "workload"
+    accumulation_steps: int = 1
+    set_to_none: bool = True
+    autocast_dtype: torch.dtype | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, nn.Module):
             raise WorkloadError(f"model must be a torch.nn.Module, got {type(self.model).__name__}")
+        k = self.accumulation_steps
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise WorkloadError(f"accumulation_steps must be a whole number >= 1, got {k!r}")
+        if not isinstance(self.set_to_none, bool):
+            raise WorkloadError(f"set_to_none must be True or False, got {self.set_to_none!r}")
+        if self.autocast_dtype is not None and self.autocast_dtype not in AUTOCAST_DTYPES:
+            raise WorkloadError(
+                f"autocast_dtype must be torch.bfloat16, torch.float16 or None, got {self.autocast_dtype!r}"
+            )
         if isinstance(self.optimizer, str) and self.optimizer.lower() not in _OPTIMIZERS and self.optimizer.lower() != "none":
             raise WorkloadError(f"unknown optimizer {self.optimizer!r}; choose from {sorted(_OPTIMIZERS)} or 'none'")
         self.device = check_device(self.device)
@@ -115,7 +176,16 @@ class Workload:
         return map_tensors(raw, prepare)
 
     def forward(self, batch: Any) -> Any:
-        """Call the model the way its batch asks: ``**dict``, ``*tuple`` or a single argument."""
+        """Call the model the way its batch asks: ``**dict``, ``*tuple`` or a single argument.
+
+        With ``autocast_dtype`` set the call runs under ``torch.autocast(device_type, dtype)``.
+        """
+        if self.autocast_dtype is not None:
+            with torch.autocast(torch.device(self.device).type, dtype=self.autocast_dtype):
+                return self._call_model(batch)
+        return self._call_model(batch)
+
+    def _call_model(self, batch: Any) -> Any:
         if isinstance(batch, Mapping):
             return self.model(**batch)
         if isinstance(batch, (tuple, list)) and not hasattr(batch, "_fields"):

@@ -113,3 +113,44 @@ def test_map_and_iter_tensors_keep_structure():
     assert mapped["a"][1][1] == 3 and torch.equal(mapped["a"][1][0], torch.ones(2))
     assert [t.numel() for t in iter_tensors(nested)] == [1, 2, 3]
     assert [t.numel() for t in iter_tensors(Out(torch.ones(1), torch.ones(4)))] == [1, 4]
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("accumulation_steps", 0, "accumulation_steps must be a whole number >= 1, got 0"),
+    ("accumulation_steps", "2", "accumulation_steps must be a whole number >= 1, got '2'"),
+    ("accumulation_steps", True, "accumulation_steps must be a whole number >= 1, got True"),
+    ("set_to_none", "yes", "set_to_none must be True or False, got 'yes'"),
+    ("autocast_dtype", torch.float32, "autocast_dtype must be torch.bfloat16, torch.float16 or None"),
+    ("autocast_dtype", "bf16", "autocast_dtype must be torch.bfloat16, torch.float16 or None"),
+])
+def test_step_knobs_are_validated(field, value, message):
+    with pytest.raises(WorkloadError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        Workload(TwoArgs(), torch.ones(4, 3), **{field: value})
+
+
+def test_step_knob_defaults():
+    wl = Workload(TwoArgs(), torch.ones(4, 3))
+    assert (wl.accumulation_steps, wl.set_to_none, wl.autocast_dtype) == (1, True, None)
+
+
+def test_forward_runs_under_autocast():
+    wl = Workload(TwoArgs(), torch.ones(4, 3), autocast_dtype=torch.bfloat16)
+    assert wl.forward(wl.make_batch()).dtype == torch.bfloat16
+    assert Workload(TwoArgs(), torch.ones(4, 3)).forward(torch.ones(4, 3)).dtype == torch.float32
+
+
+def test_output_tensors_reach_into_caches():
+    from memsave_nb.workload import iter_output_tensors, output_parts
+
+    class Layer:
+        def __init__(self):
+            self.keys, self.values = torch.ones(2), torch.zeros(2)
+
+    class Cache:
+        def __init__(self):
+            self.layers = [Layer(), Layer()]
+
+    out = {"logits": torch.ones(3), "past_key_values": Cache(), "hidden": (torch.ones(1), None)}
+    assert len(list(iter_output_tensors(out))) == 6
+    assert [(name, len(ts)) for name, ts in output_parts(out)] == [("logits", 1), ("past_key_values", 4), ("hidden", 1)]
+    assert output_parts(torch.ones(1))[0][0] == "output"

@@ -8,7 +8,9 @@ as the engine decides them:
 
 - parameters, buffers and the batch exist before the step (their bytes are known from the model),
 - an allocation made during forward and still alive when forward ends is an *activation*
-  (saved for backward; the output and loss included, as in the engine),
+  (saved for backward), or an *output* when it is the storage of a tensor the model returned
+  (or the loss): the graph's saved tensors are hidden from hooks here, so an output the graph
+  also saved counts as an output,
 - allocations that are the parameters' ``.grad`` or the optimizer's state after the step are
   *gradients* / *optimizer state*,
 - everything else is a *temporary*.
@@ -33,7 +35,7 @@ from torch import nn
 
 from ..errors import Cancelled, MemsaveError, StepError, WorkloadError
 from ..model_state import ModelSnapshot
-from ..workload import Workload, iter_tensors
+from ..workload import Workload, iter_output_tensors, iter_tensors
 from .result import CATEGORIES, Measurement, MemorySplit, ModuleStats, Timeline
 
 __all__ = ["measure_compiled", "original_model"]
@@ -112,6 +114,7 @@ def _run_step(workload: Workload, cancel_event: threading.Event | None, *, profi
             with record_function(_MARK + "forward"):
                 output = workload.forward(batch)
                 loss = workload.compute_loss(output)
+            out_ptrs = {_ptr(t) for t in iter_output_tensors((output, loss))}
             if not loss.requires_grad:
                 raise WorkloadError("the loss does not depend on anything that requires grad")
             _check(cancel_event)
@@ -144,6 +147,7 @@ def _run_step(workload: Workload, cancel_event: threading.Event | None, *, profi
     events, marks = _memory_events(prof, torch.device(workload.device).type)
     cuda["static"] = static  # type: ignore[assignment]
     del output, loss, optimizer
+    cuda["out_ptrs"] = out_ptrs  # type: ignore[assignment]
     return events, marks, grad_ptrs, opt_ptrs, cuda
 
 
@@ -204,6 +208,7 @@ def _summarise(
     times: list[float],
 ) -> Measurement:
     static = cuda.pop("static")
+    out_ptrs = cuda.pop("out_ptrs", set())
     fwd_start, fwd_end = marks.get("forward", (0, 0))
 
     def phase_of(t: int) -> str:
@@ -231,7 +236,7 @@ def _summarise(
         elif rec["died"] is None and rec["ptr"] in opt_ptrs:
             rec["kind"] = "optimizer_state"
         elif fwd_start <= rec["born"] <= fwd_end and alive_at_fwd_end:
-            rec["kind"] = "activations"
+            rec["kind"] = "outputs" if rec["ptr"] in out_ptrs else "activations"
         else:
             rec["kind"] = "temporaries"
 
@@ -267,6 +272,7 @@ def _summarise(
         if t <= fwd_end:
             fwd_end_split = dict(current)
     saved = sum(r["size"] for r in allocs if r["kind"] == "activations")
+    outputs = sum(r["size"] for r in allocs if r["kind"] == "outputs")
 
     # 3. module rows: parameter counts; saved bytes only at the root
     rows = []
@@ -284,6 +290,8 @@ def _summarise(
                 saved_bytes=saved if name == "" else 0,
                 calls=0,
                 is_leaf=not any(True for _ in mod.children()),
+                output_bytes_own=outputs if name == "" else 0,
+                output_bytes=outputs if name == "" else 0,
             )
         )
     compiled = hasattr(workload.model, "_orig_mod")
@@ -306,6 +314,7 @@ def _summarise(
         cuda_peak_bytes=cuda.get("peak"),
         cuda_baseline_bytes=cuda.get("baseline"),
         compiled=compiled,
+        output_bytes=outputs,
         notes=(
             "measured from profiler memory events"
             + (" of a torch.compile'd model" if compiled else "")

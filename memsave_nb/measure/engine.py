@@ -7,9 +7,12 @@ Everything it changes in the model (weights, batch-norm statistics, grads) is pu
 from __future__ import annotations
 
 import contextlib
+import copy
+import functools
 import statistics
 import threading
 import time
+import weakref
 from typing import Any, Callable, Iterator
 
 import torch
@@ -17,11 +20,29 @@ from torch import nn
 
 from ..errors import Cancelled, MemsaveError, StepError, WorkloadError
 from ..model_state import ModelSnapshot
-from ..workload import Workload, iter_tensors, map_tensors
+from ..workload import Workload, iter_tensors, map_tensors, output_parts
 from .result import CATEGORIES, Measurement, MemorySplit, ModuleStats, OpStats, Timeline
 from .tracker import INPUT, PARAMETER, MemoryTracker
 
 MODES = ("real", "fake")
+
+# One lock per model object: two threads (or two Sessions) measuring the same model take turns.
+_LOCKS: "weakref.WeakKeyDictionary[nn.Module, threading.RLock]" = weakref.WeakKeyDictionary()
+_LOCKS_GUARD = threading.Lock()
+
+
+def model_lock(model: nn.Module) -> threading.RLock:
+    """The re-entrant lock ``measure()`` holds on ``model`` while it runs.
+
+    Code that changes the model for a measurement (``Plan.apply``, a Session) can hold it around
+    its changes too, so that a concurrent measurement of the same model waits instead of seeing
+    a half-changed model.
+    """
+    with _LOCKS_GUARD:
+        lock = _LOCKS.get(model)
+        if lock is None:
+            lock = _LOCKS[model] = threading.RLock()
+        return lock
 
 
 def measure(
@@ -31,15 +52,25 @@ def measure(
     repeats: int = 3,
     flops: bool = True,
     cancel_event: threading.Event | None = None,
+    steady_state: bool = True,
 ) -> Measurement:
-    """Measure one training step of ``workload``: peak and its split, saved activations per
-    module and op, a live-bytes timeline, FLOPs and (real mode) the median step time.
+    """Measure one training step of ``workload``: peak and its split, saved activations and
+    outputs per module and op, a live-bytes timeline, FLOPs and (real mode) the median step time.
 
-    ``mode="fake"`` runs the same step under ``FakeTensorMode``: shapes and bytes without memory
+    ``steady_state=True`` (default) measures the step as training's step 2 and later: the
+    optimizer's state exists from the start (made by the optimizer itself in a first, lightly
+    tracked step whose peak is ``first_step_peak_bytes``), grads cleared per the workload's
+    ``set_to_none``. ``steady_state=False`` measures the first step.
+
+    ``mode="fake"`` runs the same steps under ``FakeTensorMode``: shapes and bytes without memory
     or compute, for models too large for this machine. The model is left as it was.
     """
     if mode not in MODES:
         raise WorkloadError(f"unknown mode {mode!r}; choose 'real' or 'fake'")
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 0:
+        raise WorkloadError(f"repeats must be a whole number >= 0, got {repeats!r}")
+    if not isinstance(steady_state, bool):
+        raise WorkloadError(f"steady_state must be True or False, got {steady_state!r}")
     if _is_compiled(workload.model):
         # Inside a compiled graph allocations bypass Python dispatch: count them from the
         # profiler's memory events instead (no per-module rows there).
@@ -49,23 +80,28 @@ def measure(
 
         return measure_compiled(workload, mode=mode, repeats=repeats, cancel_event=cancel_event)
     model = workload.model
-    if mode == "real" and _has_fake_tensors(model):
-        raise WorkloadError(
-            f"the model of {workload.name!r} holds fake or meta tensors (built under FakeTensorMode or on the meta device): measure it with mode='fake'"
-        )
-    snapshot = ModelSnapshot.capture(model, copy_values=(mode == "real"))
-    try:
-        if mode == "fake":
-            with _fake_model(model) as fake_mode:
-                tracker, cuda = _tracked_step(workload, fake_mode=fake_mode, flops=flops, cancel_event=cancel_event)
-            times: list[float] = []
-        else:
-            tracker, cuda = _tracked_step(workload, fake_mode=None, flops=flops, cancel_event=cancel_event)
+    with model_lock(model):  # a concurrent fake-mode run swaps the parameters: check inside the lock
+        if mode == "real" and _has_fake_tensors(model):
+            raise WorkloadError(
+                f"the model of {workload.name!r} holds fake or meta tensors (built under FakeTensorMode or on the meta device): measure it with mode='fake'"
+            )
+        snapshot = ModelSnapshot.capture(model, copy_values=(mode == "real"))
+        leaves = _user_leaf_grads(workload)
+        try:
+            if mode == "fake":
+                with _fake_model(model, workload.device) as fake_mode:
+                    result = _run(workload, fake_mode=fake_mode, flops=flops, cancel_event=cancel_event,
+                                  steady_state=steady_state, repeats=0)
+            else:
+                result = _run(workload, fake_mode=None, flops=flops, cancel_event=cancel_event,
+                              steady_state=steady_state, repeats=repeats)
+        finally:
             snapshot.restore(model)
-            times = [_timed_step(workload, cancel_event) for _ in range(max(0, repeats))]
-    finally:
-        snapshot.restore(model)
-    return _summarise(tracker, workload, mode, times, cuda)
+            for t, g in leaves:
+                t.grad = g
+    tracker, cuda, times, first_peak, parts = result
+    return _summarise(tracker, workload, mode, times, cuda, first_step_peak=first_peak, steady_state=steady_state,
+                      output_parts=parts)
 
 
 def _is_compiled(model: nn.Module) -> bool:
@@ -77,144 +113,376 @@ def _is_compiled(model: nn.Module) -> bool:
     return isinstance(model, OptimizedModule)
 
 
+def _user_leaf_grads(workload: Workload) -> list[tuple[torch.Tensor, Any]]:
+    """Leaf tensors of a given batch (not a factory) that require grad, with their ``.grad``
+    (cleared for the run, given back after it): the step must not leave a gradient on the
+    user's own tensors, nor add to one."""
+    raw = workload.batch
+    if callable(raw) and not isinstance(raw, nn.Module):
+        return []
+    leaves = [(t, t.grad) for t in iter_tensors(raw) if t.requires_grad and t.grad_fn is None]
+    for t, _ in leaves:
+        t.grad = None  # else backward would accumulate into the user's own grad
+    return leaves
+
+
 # -- the step ----------------------------------------------------------------------------------
 
 
 class _Step:
-    """One forward/backward/optimizer step with phase bookkeeping shared by tracked and timed runs."""
+    """Training steps with phase bookkeeping, shared by tracked and timed runs.
 
-    def __init__(self, workload: Workload, tracker: MemoryTracker | None, cancel_event: threading.Event | None):
+    One ``_Step`` is one training loop: its optimizer is made once and keeps its state from step
+    to step; grads are cleared between steps as ``zero_grad(set_to_none=...)`` does.
+    """
+
+    def __init__(self, workload: Workload, cancel_event: threading.Event | None):
         self.workload = workload
-        self.tracker = tracker
+        self.tracker: MemoryTracker | None = None
         self.cancel_event = cancel_event
-        self.phase = "setup"
+        self.phase = "setup"  # where an error happened: setup, forward, loss, backward, optimizer
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.backup: _OptimizerBackup | None = None
+        self.made_optimizer = False
 
     def set_phase(self, phase: str) -> None:
         self.phase = phase
         if self.tracker is not None:
-            self.tracker.phase = phase
+            # the loss is computed in the forward phase of the timeline; only errors name it apart
+            self.tracker.phase = "forward" if phase == "loss" else phase
         if self.cancel_event is not None and self.cancel_event.is_set():
             raise Cancelled("run cancelled")
 
-    def run(self, batch: Any, on_forward_end: Callable[[Any], None] | None = None) -> dict[str, Any]:
+    def make_optimizer(self) -> None:
         wl = self.workload
-        if not any(p.requires_grad for p in wl.model.parameters()) and not any(
-            t.requires_grad for t in iter_tensors(batch)
-        ):
+        if self.made_optimizer:
+            return
+        if not any(p.requires_grad for p in wl.model.parameters()) and not self._batch_requires_grad():
             raise WorkloadError(
                 "nothing to differentiate: every parameter is frozen and the input does not require grad"
             )
+        self.made_optimizer = True
         optimizer = wl.make_optimizer()
-        self.set_phase("forward")
-        output = wl.forward(batch)
-        loss = wl.compute_loss(output)
-        if not loss.requires_grad:
-            raise WorkloadError("the loss does not depend on anything that requires grad")
-        if on_forward_end is not None:
-            on_forward_end(loss)
-        self.set_phase("backward")
-        loss.backward()
-        state: dict[str, Any] = {"grads": [p.grad for p in wl.model.parameters() if p.grad is not None]}
         if optimizer is not None:
+            model_params = {id(p) for p in wl.model.parameters()}
+            foreign = [p for g in optimizer.param_groups for p in g["params"] if id(p) not in model_params]
+            if foreign:
+                raise WorkloadError(
+                    f"the optimizer factory returned an optimizer over {len(foreign)} tensor(s) that are not the model's "
+                    "parameters; build the optimizer from the parameters the factory is given"
+                )
+            self.backup = _OptimizerBackup(optimizer)
+        self.optimizer = optimizer
+
+    def _batch_requires_grad(self) -> bool:
+        return bool(getattr(self, "_batch_grad", False))
+
+    def zero_grad(self) -> None:
+        """Between steps, as a training loop clears grads."""
+        for p in self.workload.model.parameters():
+            if p.grad is None:
+                continue
+            if self.workload.set_to_none:
+                p.grad = None
+            else:
+                p.grad.detach_()
+                p.grad.zero_()
+
+    def run(self, make_batch: Callable[[], Any], on_forward_end: Callable[[Any, Any], None] | None = None,
+            saved_hook: Callable[[torch.Tensor], None] | None = None) -> list[Any]:
+        """One training step: k micro-steps (forward, loss / k, backward), then the optimizer.
+
+        Returns the batches it used (the caller drops them)."""
+        wl = self.workload
+        k = wl.accumulation_steps
+        batches = []
+        for micro in range(k):
+            batch = make_batch()
+            batches = [batch]  # a micro-step's batch dies with the micro-step, as in a loop
+            self._batch_grad = any(t.requires_grad for t in iter_tensors(batch))
+            self.make_optimizer()
+            last = micro == k - 1
+            if self.tracker is not None:
+                self.tracker.count_calls = last
+            self.set_phase("forward")
+            if saved_hook is not None and last:
+                with torch.autograd.graph.saved_tensors_hooks(_packer(saved_hook, self.tracker), _unpack):
+                    output = wl.forward(batch)
+                    self.set_phase("loss")
+                    loss = wl.compute_loss(output)
+            else:
+                output = wl.forward(batch)
+                self.set_phase("loss")
+                loss = wl.compute_loss(output)
+            if not loss.requires_grad:
+                raise WorkloadError("the loss does not depend on anything that requires grad")
+            if k > 1:
+                loss = loss / k
+            if on_forward_end is not None and last:
+                on_forward_end(output, loss)
+            self.set_phase("backward")
+            loss.backward()
+            if not last:
+                del output, loss
+        if self.optimizer is not None:
             self.set_phase("optimizer")
-            optimizer.step()
-            state["optimizer_state"] = [t for s in optimizer.state.values() for t in iter_tensors(s)]
+            self.optimizer.step()
         self.set_phase("done")
         del output, loss
-        return state
+        return batches
+
+    def grads(self) -> list[torch.Tensor]:
+        return [p.grad for p in self.workload.model.parameters() if p.grad is not None]
+
+    def optimizer_state(self) -> list[torch.Tensor]:
+        if self.optimizer is None:
+            return []
+        return [t for s in self.optimizer.state.values() for t in iter_tensors(s)]
 
 
-def _tracked_step(workload: Workload, *, fake_mode, flops: bool, cancel_event) -> tuple[MemoryTracker, dict]:
+def _packer(note: Callable[[torch.Tensor], None], tracker: MemoryTracker | None) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A pack hook that notes what autograd saves and keeps it as autograd would.
+
+    A tensor made by autograd is kept detached: the same storage, and no reference cycle through a
+    saved output's ``grad_fn`` (keeping ``t`` itself would hold a discarded branch alive until
+    garbage collection). A leaf is kept as it is (no cycle; under fake mode detaching a real
+    leaf would make a fake copy). The detach is the engine's own op: the tracker ignores it.
+    """
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        note(t)
+        if t.grad_fn is None:
+            return t
+        if tracker is None:
+            return t.detach()
+        tracker.ignore = True
+        try:
+            return t.detach()
+        finally:
+            tracker.ignore = False
+
+    return pack
+
+
+def _unpack(t: torch.Tensor) -> torch.Tensor:
+    return t
+
+
+class _OptimizerBackup:
+    """What a step changes in an optimizer (state entries and values, group settings, attributes),
+    put back on ``restore()``: an optimizer the user already holds is left as it was."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer):
+        self.optimizer = optimizer
+        self.state_obj = optimizer.state
+        self.entries = {p: (s, dict(s)) for p, s in optimizer.state.items()}
+        self.values = {
+            (id(p), k): v.detach().clone()
+            for p, s in optimizer.state.items()
+            for k, v in s.items()
+            if isinstance(v, torch.Tensor) and not _is_fake(v) and v.device.type != "meta"
+        }
+        self.groups = [{k: copy.copy(v) for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+        self.attrs = dict(vars(optimizer))
+
+    def restore(self) -> None:
+        opt = self.optimizer
+        for key in list(vars(opt)):
+            if key not in self.attrs:
+                delattr(opt, key)
+        for key, value in self.attrs.items():
+            setattr(opt, key, value)
+        state = self.state_obj
+        for p in list(state):
+            if p not in self.entries:
+                del state[p]
+        with torch.no_grad():
+            for p, (obj, items) in self.entries.items():
+                obj.clear()
+                obj.update(items)
+                state[p] = obj
+                for k, v in items.items():
+                    saved = self.values.get((id(p), k))
+                    if saved is not None and isinstance(v, torch.Tensor) and v.shape == saved.shape:
+                        v.copy_(saved)
+        for g, saved in zip(opt.param_groups, self.groups):
+            g.update(saved)
+
+
+def _run(workload: Workload, *, fake_mode, flops: bool, cancel_event, steady_state: bool, repeats: int):
+    """The steps of one measurement: (first step,) the tracked step, (timed steps)."""
     model = workload.model
-    tracker = MemoryTracker(model, count_flops=flops)
-    tracker.register_existing(model.parameters(), PARAMETER)
-    tracker.register_existing((b for b in model.buffers() if b is not None), PARAMETER)
     for p in model.parameters():
         p.grad = None
-    cuda: dict[str, int] = {}
-    on_cuda = torch.device(workload.device).type == "cuda" and fake_mode is None
-    step = _Step(workload, tracker, cancel_event)
-    grad_records: set[int | None] = set()
-    opt_records: set[int | None] = set()
-    end_of_forward: dict[str, Any] = {}
+    step = _Step(workload, cancel_event)
+    tracker: MemoryTracker | None = None
     try:
         with fake_mode if fake_mode is not None else contextlib.nullcontext():
-            batch = _make_batch(workload, fake_mode)
-            tracker.register_existing(iter_tensors(batch), INPUT)
-            if on_cuda:
-                torch.cuda.synchronize()
-                torch.cuda.reset_peak_memory_stats()
-                cuda["baseline"] = torch.cuda.memory_allocated()
-
-            def mark_forward_end(loss: torch.Tensor) -> None:
-                end_of_forward["event"] = len(tracker.events)
-                end_of_forward["live"] = tracker.live_records()
-
-            with tracker:
-                state = step.run(batch, mark_forward_end)
-                grad_records = {tracker.record_of(g) for g in state["grads"]}
-                # an input that requires grad keeps its .grad too: a gradient, not a temporary
-                grad_records |= {tracker.record_of(t.grad) for t in iter_tensors(batch) if t.grad is not None}
-                opt_records = {tracker.record_of(t) for t in state.get("optimizer_state", [])}
-                if on_cuda:
-                    torch.cuda.synchronize()
-                    cuda["peak"] = torch.cuda.max_memory_allocated()
-                del state
-            del batch
+            make_batch = functools.partial(_make_batch, workload, fake_mode, model)
+            first_peak = None
+            if steady_state:
+                # Step 1, as training's first step: the optimizer makes its own state.
+                first = MemoryTracker(model)
+                _register_model(first, model)
+                step.tracker = first
+                with first:
+                    step.run(make_batch)
+                step.tracker = None
+                first_peak = _peak_of(first)
+                del first
+                step.zero_grad()
+            tracker = MemoryTracker(model, count_flops=flops)
+            step.tracker = tracker
+            tracker, cuda, parts = _tracked_step(step, tracker, make_batch, fake_mode)
+            if first_peak is None:
+                first_peak = _peak_of(tracker)
+            step.tracker = None
+            times = []
+            for _ in range(repeats):
+                step.zero_grad()
+                times.append(_timed_step(step, make_batch))
     except (MemsaveError, KeyboardInterrupt):
         raise
     except torch.OutOfMemoryError as exc:
-        raise _step_error(exc, step.phase, tracker, "out of memory") from exc
+        raise _step_error(exc, step.phase, step.tracker or tracker, "out of memory") from exc
     except Exception as exc:  # noqa: BLE001 - reworded with phase and module, cause kept
-        raise _step_error(exc, step.phase, tracker) from exc
+        raise _step_error(exc, step.phase, step.tracker or tracker) from exc
     finally:
-        tracker.module_stack.clear()
-    tracker.grad_records = grad_records - {None}  # type: ignore[attr-defined]
-    tracker.opt_records = opt_records - {None}  # type: ignore[attr-defined]
+        if step.backup is not None:
+            step.backup.restore()
+        for p in model.parameters():
+            p.grad = None
+    return tracker, cuda, times, first_peak, parts
+
+
+def _register_model(tracker: MemoryTracker, model: nn.Module) -> None:
+    tracker.register_existing(model.parameters(), PARAMETER)
+    tracker.register_existing((b for b in model.buffers() if b is not None), PARAMETER)
+
+
+def _peak_of(tracker: MemoryTracker) -> int:
+    live = peak = 0
+    for _, delta in tracker.events:
+        live += delta
+        peak = max(peak, live)
+    return peak
+
+
+def _tracked_step(step: _Step, tracker: MemoryTracker, make_batch, fake_mode):
+    workload = step.workload
+    model = workload.model
+    _register_model(tracker, model)
+    # state left by step 1 (or a user's optimizer) and zeroed grads exist before this step
+    tracker.register_existing(step.optimizer_state(), "optimizer_state")
+    tracker.register_existing(step.grads(), "gradients")
+    cuda: dict[str, int] = {}
+    on_cuda = torch.device(workload.device).type == "cuda" and fake_mode is None
+    end_of_forward: dict[str, Any] = {}
+    saved_records: set[int | None] = set()
+    parts: list[tuple[str, set[int]]] = []
+
+    def note_saved(t: torch.Tensor) -> None:
+        saved_records.add(tracker.record_of(t))
+
+    def mark_forward_end(output: Any, loss: torch.Tensor) -> None:
+        end_of_forward["event"] = len(tracker.events)
+        end_of_forward["live"] = tracker.live_records()
+        for name, tensors in output_parts(output) + [("loss", [loss])]:
+            parts.append((name, {tracker.record_of(t) for t in tensors} - {None}))
+
+    batches: list[Any] = []
+    state: dict[str, Any] = {}
+    if on_cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        cuda["baseline"] = torch.cuda.memory_allocated()
+
+    def tracked_batch() -> Any:
+        # the batch exists before the step in a training loop: made out of the tracker's view
+        tracker.ignore = True
+        try:
+            batch = make_batch()
+        finally:
+            tracker.ignore = False
+        tracker.register_existing(iter_tensors(batch), INPUT)
+        return batch
+
+    with tracker:
+        batches = step.run(tracked_batch, mark_forward_end, note_saved)
+        state["grads"] = {tracker.record_of(g) for g in step.grads()}
+        # an input that requires grad keeps its .grad too: a gradient, not a temporary
+        state["grads"] |= {tracker.record_of(t.grad) for b in batches for t in iter_tensors(b) if t.grad is not None}
+        state["opt"] = {tracker.record_of(t) for t in step.optimizer_state()}
+        if on_cuda:
+            torch.cuda.synchronize()
+            cuda["peak"] = torch.cuda.max_memory_allocated()
+    del batches  # after the tracker closed: a converted (fake) batch dying is not part of the step
+    tracker.module_stack.clear()
+    tracker.grad_records = state["grads"] - {None}  # type: ignore[attr-defined]
+    tracker.opt_records = state["opt"] - {None}  # type: ignore[attr-defined]
     tracker.forward_end = end_of_forward  # type: ignore[attr-defined]
-    return tracker, cuda
+    tracker.saved_records = saved_records - {None}  # type: ignore[attr-defined]
+    out_records: set[int] = set()
+    for _, recs in parts:
+        out_records |= recs
+    tracker.output_records = out_records  # type: ignore[attr-defined]
+    return tracker, cuda, parts
 
 
-def _timed_step(workload: Workload, cancel_event) -> float:
-    snapshot = ModelSnapshot.capture(workload.model, copy_values=False)
-    for p in workload.model.parameters():
-        p.grad = None
-    batch = workload.make_batch()
-    on_cuda = torch.device(workload.device).type == "cuda"
+def _timed_step(step: _Step, make_batch) -> float:
+    on_cuda = torch.device(step.workload.device).type == "cuda"
     if on_cuda:
         torch.cuda.synchronize()
     start = time.perf_counter()
-    state = _Step(workload, None, cancel_event).run(batch)
+    batches = step.run(make_batch)
     if on_cuda:
         torch.cuda.synchronize()
     elapsed = time.perf_counter() - start
-    del state, batch
-    for k, t in snapshot.tensors.items():
-        if k.startswith("p:"):
-            t.grad = None
+    del batches
     return elapsed
 
 
-def _make_batch(workload: Workload, fake_mode) -> Any:
+def _make_batch(workload: Workload, fake_mode, model: nn.Module) -> Any:
     if fake_mode is None:
         return workload.make_batch()
-    # Under fake mode: a factory builds fake tensors directly; real tensors are converted.
+    # Under fake mode: a factory builds fake tensors directly; real tensors are converted, and
+    # meta tensors become fake tensors on the workload's device.
     raw = workload.batch() if callable(workload.batch) else workload.batch
-    converted = map_tensors(raw, lambda t: t if _is_fake(t) else fake_mode.from_tensor(t))
+    device = torch.device(workload.device)
+    converted = map_tensors(raw, lambda t: t if _is_fake(t) else _fake_twin(fake_mode, t, device))
     return workload.replace(batch=converted).make_batch()
 
 
-def _step_error(exc: BaseException, phase: str, tracker: MemoryTracker, what: str | None = None) -> StepError:
-    module = tracker.current_module()
-    where = f"in module {module!r}" if module else "outside any module"
-    if module and tracker._model is not None:
-        try:
-            where += f" ({type(tracker._model.get_submodule(module)).__name__})"
-        except AttributeError:
-            pass
+def _fake_twin(fake_mode, t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A fake tensor for ``t``; a meta tensor presents as the workload's device (as if built there
+    under ``FakeTensorMode``)."""
+    if t.device.type == "meta" and device.type != "meta":
+        with fake_mode:
+            twin = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device)
+        return twin.requires_grad_(t.requires_grad) if t.requires_grad and t.is_leaf else twin
+    return fake_mode.from_tensor(t)
+
+
+def _step_error(exc: BaseException, phase: str, tracker: MemoryTracker | None, what: str | None = None) -> StepError:
+    in_module = tracker is not None and bool(tracker.module_stack)
+    module = tracker.current_module() if tracker is not None else ""
+    model = tracker._model if tracker is not None else None
+    if phase == "loss" and not in_module:
+        where, phase_text = "", "step failed in the loss"
+    else:
+        phase_text = f"step failed during {phase}"
+        if not in_module:
+            where = " outside any module"
+        else:
+            where = f" in module {module!r}" if module else " in module <root>"
+            if model is not None:
+                try:
+                    where += f" ({type(model.get_submodule(module)).__name__})"
+                except AttributeError:
+                    pass
     first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
     kind = what or type(exc).__name__
-    return StepError(f"step failed during {phase} {where}: {kind}: {first_line}", phase=phase, module=module, cause=exc)
+    return StepError(f"{phase_text}{where}: {kind}: {first_line}", phase=phase, module=module, cause=exc)
 
 
 # -- fake mode -----------------------------------------------------------------------------------
@@ -236,10 +504,12 @@ def _params_and_buffers(model: nn.Module) -> Iterator[torch.Tensor]:
 
 
 @contextlib.contextmanager
-def _fake_model(model: nn.Module) -> Iterator[Any]:
+def _fake_model(model: nn.Module, device: str = "cpu") -> Iterator[Any]:
     """Swap parameters and buffers for fake twins (same shapes, dtypes, devices); swap back on exit.
 
     A model built under ``FakeTensorMode`` already has fake tensors: its own mode is reused.
+    Tensors on the meta device (``with torch.device("meta")``, ``init_empty_weights``) get twins
+    on the workload's device, as if the model had been built there under ``FakeTensorMode``.
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -248,6 +518,7 @@ def _fake_model(model: nn.Module) -> Iterator[Any]:
         yield existing
         return
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)  # loss closures may hold real targets
+    target = torch.device(device)
     swapped: list[tuple[nn.Module, str, str, Any]] = []
     fakes: dict[int, Any] = {}
     try:
@@ -256,14 +527,14 @@ def _fake_model(model: nn.Module) -> Iterator[Any]:
                 if p is None:
                     continue
                 if id(p) not in fakes:
-                    fakes[id(p)] = nn.Parameter(fake_mode.from_tensor(p.detach()), requires_grad=p.requires_grad)
+                    fakes[id(p)] = nn.Parameter(_fake_twin(fake_mode, p.detach(), target), requires_grad=p.requires_grad)
                 swapped.append((mod, "_parameters", name, p))
                 mod._parameters[name] = fakes[id(p)]
             for name, b in list(mod._buffers.items()):
                 if b is None:
                     continue
                 if id(b) not in fakes:
-                    fakes[id(b)] = fake_mode.from_tensor(b)
+                    fakes[id(b)] = _fake_twin(fake_mode, b.detach(), target)
                 swapped.append((mod, "_buffers", name, b))
                 mod._buffers[name] = fakes[id(b)]
         yield fake_mode
@@ -279,6 +550,8 @@ def _categorise(tracker: MemoryTracker) -> list[str]:
     """Each storage's category, decided once the step is over."""
     fwd_end = tracker.forward_end.get("event")  # type: ignore[attr-defined]
     saved = set(tracker.forward_end.get("live", ()))  # type: ignore[attr-defined]
+    outputs = getattr(tracker, "output_records", set())
+    saved_for_backward = getattr(tracker, "saved_records", set())
     kinds = []
     for i, rec in enumerate(tracker.records):
         if rec.kind is not None:
@@ -290,13 +563,17 @@ def _categorise(tracker: MemoryTracker) -> list[str]:
         elif i in tracker.opt_records:  # type: ignore[attr-defined]
             kinds.append("optimizer_state")
         elif fwd_end is not None and rec.phase == "forward" and i in saved:
-            kinds.append("activations")
+            # kept to the end of forward: by autograd for backward, or only by the step's outputs
+            # (logits, KV cache, the loss) when the output reaches it and autograd did not save it
+            kinds.append("outputs" if i in outputs and i not in saved_for_backward else "activations")
         else:
             kinds.append("temporaries")
     return kinds
 
 
-def _summarise(tracker: MemoryTracker, workload: Workload, mode: str, times: list[float], cuda: dict) -> Measurement:
+def _summarise(tracker: MemoryTracker, workload: Workload, mode: str, times: list[float], cuda: dict, *,
+               first_step_peak: int | None = None, steady_state: bool = False,
+               output_parts: list[tuple[str, set[int]]] | None = None) -> Measurement:
     kinds = _categorise(tracker)
     live = {c: 0 for c in CATEGORIES}
     series: dict[str, list[int]] = {c: [] for c in CATEGORIES}
@@ -324,7 +601,10 @@ def _summarise(tracker: MemoryTracker, workload: Workload, mode: str, times: lis
     saved_by_module: dict[str, int] = {}
     saved_by_module_op: dict[tuple[str, str], int] = {}
     saved_by_op: dict[str, int] = {}
+    output_by_module: dict[str, int] = {}
     for rec, kind in zip(tracker.records, kinds):
+        if kind == "outputs":
+            output_by_module[rec.module] = output_by_module.get(rec.module, 0) + rec.nbytes
         if kind != "activations":
             continue
         saved_by_module[rec.module] = saved_by_module.get(rec.module, 0) + rec.nbytes
@@ -332,7 +612,9 @@ def _summarise(tracker: MemoryTracker, workload: Workload, mode: str, times: lis
         saved_by_op[rec.op] = saved_by_op.get(rec.op, 0) + rec.nbytes
     saved_total = sum(saved_by_module.values())
 
-    modules = tuple(_module_rows(workload.model, tracker, saved_by_module))
+    output_total = sum(output_by_module.values())
+    parts = _output_part_bytes(output_parts or [], tracker, kinds)
+    modules = tuple(_module_rows(workload.model, tracker, saved_by_module, output_by_module))
     op_counts: dict[str, int] = {}
     for (_, op), n in tracker.op_calls.items():
         op_counts[op] = op_counts.get(op, 0) + n
@@ -364,20 +646,70 @@ def _summarise(tracker: MemoryTracker, workload: Workload, mode: str, times: lis
         flops=sum(flop_counts.values()),
         cuda_peak_bytes=cuda.get("peak"),
         cuda_baseline_bytes=cuda.get("baseline"),
+        output_bytes=output_total,
+        output_parts=parts,
+        first_step_peak_bytes=first_step_peak,
+        steady_state=steady_state,
+        advice=advice_for(parts, saved_total + output_total, max(peak, 0)),
     )
 
 
-def _module_rows(model: nn.Module, tracker: MemoryTracker, saved_own: dict[str, int]) -> Iterator[ModuleStats]:
+def _output_part_bytes(parts: list[tuple[str, set[int]]], tracker: MemoryTracker, kinds: list[str]) -> tuple[tuple[str, int], ...]:
+    """Bytes each named part of the output keeps alive beyond what autograd saved (each storage
+    counted once, in the first part that reaches it)."""
+    seen: set[int] = set()
+    out = []
+    for name, records in parts:
+        mine = {i for i in records if kinds[i] == "outputs"} - seen
+        seen |= mine
+        nbytes = sum(tracker.records[i].nbytes for i in mine)
+        if nbytes:
+            out.append((name, nbytes))
+    return tuple(out)
+
+
+# A part of the output gets a hint when it holds at least this share of what the step keeps at the
+# end of forward (saved for backward + outputs); a KV cache from 1% on (turning it off costs nothing
+# in training).
+ADVICE_SHARE = 0.10
+ADVICE_SHARE_CACHE = 0.01
+_CACHE_PARTS = ("past_key_values", "present_key_values", "mems", "cache")
+
+
+def advice_for(parts: tuple[tuple[str, int], ...], kept_bytes: int, peak_bytes: int) -> tuple[str, ...]:
+    """One-line hints for outputs that keep much memory to the end of the step, and what frees them.
+
+    ``kept_bytes``: saved for backward plus outputs at the end of forward; a part gets a hint when
+    it holds at least ``ADVICE_SHARE`` of it."""
+    hints = []
+    for name, nbytes in parts:
+        share_needed = ADVICE_SHARE_CACHE if name in _CACHE_PARTS else ADVICE_SHARE
+        if peak_bytes <= 0 or kept_bytes <= 0 or nbytes < share_needed * kept_bytes:
+            continue
+        size = _mib(nbytes)
+        share = f"{nbytes / peak_bytes:.0%} of the peak"
+        if name in _CACHE_PARTS:
+            hints.append(f"use_cache=False frees the KV cache ({size}, {share}): training does not need it")
+        elif name == "logits":
+            hints.append(
+                f"the logits stay alive to the end of the step ({size}, {share}): keep only the loss "
+                "(loss = model(**batch).loss), compute the loss inside the model or use a chunked cross-entropy"
+            )
+        elif name != "loss":
+            hints.append(f"the output {name!r} stays alive to the end of the step ({size}, {share}): drop it after the loss if training does not need it")
+    return tuple(hints)
+
+
+def _mib(nbytes: int) -> str:
+    return f"{nbytes / 2**20:.1f} MiB"
+
+
+def _module_rows(model: nn.Module, tracker: MemoryTracker, saved_own: dict[str, int],
+                 output_own: dict[str, int] | None = None) -> Iterator[ModuleStats]:
     named = list(model.named_modules())
-    rolled: dict[str, int] = {name: 0 for name, _ in named}
-    for name, nbytes in saved_own.items():
-        # add to the module and every ancestor
-        parts = name.split(".") if name else []
-        rolled[""] = rolled.get("", 0) + nbytes
-        for k in range(1, len(parts) + 1):
-            prefix = ".".join(parts[:k])
-            if prefix in rolled:
-                rolled[prefix] += nbytes
+    output_own = output_own or {}
+    rolled = _roll_up(named, saved_own)
+    rolled_out = _roll_up(named, output_own)
     for name, mod in named:
         own = list(mod._parameters.values())
         trainable = sum(p.numel() for p in own if p is not None and p.requires_grad)
@@ -393,4 +725,19 @@ def _module_rows(model: nn.Module, tracker: MemoryTracker, saved_own: dict[str, 
             saved_bytes=rolled.get(name, 0),
             calls=tracker.module_calls.get(name, 0),
             is_leaf=not any(True for _ in mod.children()),
+            output_bytes_own=output_own.get(name, 0),
+            output_bytes=rolled_out.get(name, 0),
         )
+
+
+def _roll_up(named: list[tuple[str, nn.Module]], own: dict[str, int]) -> dict[str, int]:
+    """Bytes per module over its subtree: each module's own bytes added to it and every ancestor."""
+    rolled: dict[str, int] = {name: 0 for name, _ in named}
+    for name, nbytes in own.items():
+        parts = name.split(".") if name else []
+        rolled[""] = rolled.get("", 0) + nbytes
+        for k in range(1, len(parts) + 1):
+            prefix = ".".join(parts[:k])
+            if prefix in rolled:
+                rolled[prefix] += nbytes
+    return rolled

@@ -8,19 +8,24 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-CATEGORIES = ("parameters", "inputs", "gradients", "optimizer_state", "activations", "temporaries")
+CATEGORIES = ("parameters", "inputs", "gradients", "optimizer_state", "activations", "outputs", "temporaries")
 PHASES = ("forward", "backward", "optimizer")
 
 
 @dataclass(frozen=True)
 class MemorySplit:
-    """Live bytes by category at one moment (the peak, or the end of forward)."""
+    """Live bytes by category at one moment (the peak, or the end of forward).
+
+    ``activations``: what autograd keeps for backward; ``outputs``: what only the step's outputs
+    keep alive (logits, KV cache, the loss) beyond that.
+    """
 
     parameters: int = 0
     inputs: int = 0
     gradients: int = 0
     optimizer_state: int = 0
     activations: int = 0
+    outputs: int = 0
     temporaries: int = 0
 
     @property
@@ -33,7 +38,12 @@ class MemorySplit:
 
 @dataclass(frozen=True)
 class ModuleStats:
-    """One row of the per-layer table. ``saved_bytes`` is rolled up over the module's children."""
+    """One row of the per-layer table. ``saved_bytes`` is rolled up over the module's children.
+
+    ``saved_bytes``: kept for backward by autograd; ``output_bytes``: kept alive to the end of
+    forward only by the step's outputs (logits, KV cache), born in this module (``_own``) or its
+    subtree.
+    """
 
     name: str
     type_name: str
@@ -45,6 +55,8 @@ class ModuleStats:
     saved_bytes: int
     calls: int
     is_leaf: bool
+    output_bytes_own: int = 0
+    output_bytes: int = 0
 
     @property
     def params(self) -> int:
@@ -82,7 +94,14 @@ class Timeline:
 
 @dataclass(frozen=True)
 class Measurement:
-    """Everything one measured training step tells about memory and time."""
+    """Everything one measured training step tells about memory and time.
+
+    ``saved_bytes``: what autograd keeps for backward at the end of forward; ``output_bytes``:
+    what the step's outputs and caches keep beyond that (``output_parts`` names them, e.g.
+    ``("logits", n)``, ``("past_key_values", m)``); ``advice`` says what frees large ones.
+    ``steady_state``: the measured step is training's step 2+ (optimizer state alive from the
+    start); ``first_step_peak_bytes`` is the first step's peak (None when not measured).
+    """
 
     mode: str
     device: str
@@ -103,6 +122,11 @@ class Measurement:
     cuda_baseline_bytes: int | None = None
     compiled: bool = False
     notes: tuple[str, ...] = field(default_factory=tuple)
+    output_bytes: int = 0
+    output_parts: tuple[tuple[str, int], ...] = ()
+    first_step_peak_bytes: int | None = None
+    steady_state: bool = False
+    advice: tuple[str, ...] = ()
 
     # -- lookups -----------------------------------------------------------------------------
     def module(self, name: str) -> ModuleStats:
@@ -151,6 +175,9 @@ class Measurement:
             "peak_bytes": self.peak_bytes,
             "peak_split": self.peak_split.as_dict(),
             "saved_bytes": self.saved_bytes,
+            "output_bytes": self.output_bytes,
+            "first_step_peak_bytes": self.first_step_peak_bytes,
+            "steady_state": self.steady_state,
             "step_seconds": self.step_seconds,
             "flops": self.flops,
             "cuda_peak_bytes": self.cuda_peak_bytes,

@@ -132,6 +132,8 @@ class MemoryTracker:
         self.op_calls: dict[tuple[str, str], int] = {}  # (module, op) -> forward calls
         self.flop_counts: dict[str, int] = {}
         self.failed_in_module: str | None = None
+        self.count_calls = True  # False in the earlier micro-steps of an accumulated step
+        self.ignore = False  # True while the engine runs an op of its own (not the step's)
         self._refs: dict[int, weakref.ref] = {}
         self._index: dict[int, int] = {}
         self._op_names: dict[Any, str] = {}
@@ -182,6 +184,8 @@ class MemoryTracker:
             self._add(st, StorageRecord(st.nbytes(), "", "", "setup", len(self.events), kind=kind))
 
     def _observe(self, func: Any, args: tuple, kwargs: dict | None, out: Any) -> None:
+        if self.ignore:
+            return
         op = self._op_names.get(func)
         if op is None:
             if func in _METADATA_OPS:  # fake tensors dispatch their device queries: no storage, not an op
@@ -191,8 +195,9 @@ class MemoryTracker:
         phase = self.phase
         index = self._index
         if phase == "forward":
-            k = (module, op)
-            self.op_calls[k] = self.op_calls.get(k, 0) + 1
+            if self.count_calls:
+                k = (module, op)
+                self.op_calls[k] = self.op_calls.get(k, 0) + 1
             # Inputs first: a storage never seen as an output existed before the op (see
             # StorageRecord). Only in forward, where the loss and model meet outside tensors.
             for a in args:
@@ -263,7 +268,7 @@ class MemoryTracker:
     def _pre_hook(self, name: str):
         def hook(module: nn.Module, args: Any) -> None:
             self.module_stack.append(name)
-            if self.phase == "forward":
+            if self.phase == "forward" and self.count_calls:
                 self.module_calls[name] = self.module_calls.get(name, 0) + 1
 
         return hook

@@ -48,6 +48,7 @@ CATEGORY_COLORS = {
     "gradients": "#f58518",
     "optimizer_state": "#e45756",
     "activations": "#54a24b",
+    "outputs": "#eeca3b",
     "temporaries": "#b279a2",
 }
 PHASE_COLORS = {"forward": "#dbe9f6", "backward": "#fde2cf", "optimizer": "#eadff2"}

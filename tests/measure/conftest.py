@@ -9,7 +9,7 @@ from memsave_nb.measure import Measurement, measure
 
 from .cases import CASE_IDS, CASES, Case
 
-_CACHE: dict[tuple[str, str], Measurement] = {}
+_CACHE: dict[tuple[str, str, bool], Measurement] = {}
 
 
 @pytest.fixture(params=CASES, ids=CASE_IDS)
@@ -26,9 +26,11 @@ def _one_thread():
     torch.set_num_threads(threads)
 
 
-def measured(case: Case, mode: str = "real") -> Measurement:
-    """The case measured once per session (no timing repeats): tests only read it."""
-    key = (case.name, mode)
+def measured(case: Case, mode: str = "real", steady_state: bool = True) -> Measurement:
+    """The case measured once per session (no timing repeats): tests only read it.
+
+    ``steady_state=False``: the first training step (for oracles that count one step)."""
+    key = (case.name, mode, steady_state)
     if key not in _CACHE:
-        _CACHE[key] = measure(case.build(), mode, repeats=0)
+        _CACHE[key] = measure(case.build(), mode, repeats=0, steady_state=steady_state)
     return _CACHE[key]

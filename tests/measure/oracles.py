@@ -54,8 +54,14 @@ def _step(wl: Workload, at_forward_end=None) -> None:
     del output, loss, optimizer, batch
 
 
-def memtracker_count(wl: Workload) -> OracleCount:
-    """torch.distributed._tools.mem_tracker.MemTracker (fully trainable models only)."""
+def memtracker_count(wl: Workload, iterations: int = 1, tracker_cls: Any = None) -> OracleCount:
+    """torch.distributed._tools.mem_tracker.MemTracker (fully trainable models only, unless
+    ``tracker_cls`` skips the hooks it cannot put on frozen parameters).
+
+    ``iterations=2``: a training loop of two steps (one optimizer, ``zero_grad`` between them as
+    the workload's ``set_to_none`` says); ``reset_mod_stats()`` and a fresh ``with`` between them,
+    so the peak and the end of forward are the second step's (the steady state).
+    """
     from torch.distributed._tools.mem_tracker import MemTracker
 
     snapshot = ModelSnapshot.capture(wl.model)
@@ -63,24 +69,71 @@ def memtracker_count(wl: Workload) -> OracleCount:
     for p in model.parameters():
         p.grad = None
     batch = wl.make_batch()
-    tracker = MemTracker()
+    tracker = (tracker_cls or MemTracker)()
     tracker.track_external(model, *iter_tensors(batch), *closure_tensors(wl))
     forward_end: dict[str, int] = {}
+    optimizer = None
     try:
-        with tracker:
-            optimizer = wl.make_optimizer()
-            output = wl.forward(batch)
-            loss = wl.compute_loss(output)
-            forward_end.update(_flat(tracker.get_tracker_snapshot("current")))
-            loss.backward()
-            if optimizer is not None:
-                optimizer.step()
-            del output, loss, optimizer
-        peak = _flat(tracker.get_tracker_snapshot("peak"))
+        for i in range(iterations):
+            if i:
+                tracker.reset_mod_stats()
+                for p in model.parameters():
+                    if p.grad is not None:
+                        if wl.set_to_none:
+                            p.grad = None
+                        else:
+                            p.grad.zero_()
+            with tracker:
+                if i == 0:
+                    optimizer = wl.make_optimizer()
+                k = wl.accumulation_steps
+                for micro in range(k):  # k x (forward, loss / k, backward), then one optimizer step
+                    output = wl.forward(batch)
+                    loss = wl.compute_loss(output)
+                    if k > 1:
+                        loss = loss / k
+                    forward_end.update(_flat(tracker.get_tracker_snapshot("current")))
+                    loss.backward()
+                    if micro < k - 1:
+                        del output, loss
+                        tracker.reset_mod_stats()  # it refuses a second root forward otherwise
+                if optimizer is not None:
+                    optimizer.step()
+                del output, loss
+            peak = _flat(tracker.get_tracker_snapshot("peak"))
     finally:
-        del batch
+        del batch, optimizer
         snapshot.restore(model)
     return OracleCount(peak.get("Total", 0), forward_end.get("Total", 0), peak, forward_end)
+
+
+def saved_tensors_hooks_count(wl: Workload) -> tuple[int, int]:
+    """(bytes autograd saved for backward, bytes the outputs keep beyond that) after one forward,
+    counted with ``saved_tensors_hooks`` over unique storages (parameters, buffers and batch
+    excluded). Only for models without checkpointing: SAC's kept tensors bypass these hooks."""
+    from memsave_nb.workload import iter_output_tensors
+
+    model = wl.model
+    batch = wl.make_batch()
+    pre = {id(t.untyped_storage()) for t in [*model.parameters(), *model.buffers(), *iter_tensors(batch)]}
+    saved: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        st = t.untyped_storage()
+        if id(st) not in pre:
+            saved[id(st)] = st.nbytes()
+        return t.detach() if t.grad_fn is not None else t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        output = wl.forward(batch)
+        loss = wl.compute_loss(output)
+    outputs = {}
+    for t in iter_output_tensors((output, loss)):
+        st = t.untyped_storage()
+        if id(st) not in saved and id(st) not in pre:
+            outputs[id(st)] = st.nbytes()
+    del output, loss
+    return sum(saved.values()), sum(outputs.values())
 
 
 def _flat(snapshot: dict[torch.device, dict[Any, int]]) -> dict[str, int]:
@@ -142,3 +195,26 @@ def profiler_count(wl: Workload) -> OracleCount:
             peak, peak_by_category = live, dict(by_category)
     assert forward_end is not None, "the forward-end marker was not seen by the profiler"
     return OracleCount(peak, forward_end, peak_by_category, forward_end_by_category)
+
+
+def frozen_aware_memtracker() -> type:
+    """MemTracker that puts its gradient hooks on trainable parameters only: torch 2.13 raises
+    "cannot register a hook on a tensor that doesn't require gradient" on a frozen one (LoRA)."""
+    from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
+
+    class FrozenAwareMemTracker(MemTracker):
+        def _track_module_params_and_buffers(self, module, install_grad_hooks=True):  # type: ignore[override]
+            memory = super()._track_module_params_and_buffers(module, install_grad_hooks=False)
+            if install_grad_hooks:
+                for p in module.parameters():
+                    if p.requires_grad and self._param_to_grad_hook_handles.get(p) is None:
+                        def on_grad(grad: torch.Tensor) -> None:
+                            self._update_and_maybe_create_winfos(grad, _MemRefType.GRAD)
+
+                        self._param_to_grad_hook_handles[p] = (
+                            p.register_hook(on_grad),
+                            p.register_post_accumulate_grad_hook(lambda q, f=on_grad: f(q.grad)),
+                        )
+            return memory
+
+    return FrozenAwareMemTracker

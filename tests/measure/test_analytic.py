@@ -2,8 +2,9 @@
 
 What autograd keeps, per module (``saved_bytes_own``): ReLU keeps its output; Linear keeps its
 input only when its weight trains (the input is then another module's output, counted there);
-GELU keeps its input; ``x + f(x)`` keeps nothing; the model output and the scalar loss stay alive
-until backward (the step holds them), so they count as kept by their module and by the root.
+GELU keeps its input; ``x + f(x)`` keeps nothing. The model output and the scalar loss stay alive
+to the end of the step (the step holds them) but autograd did not save them (a sum loss keeps
+nothing): they are outputs (``output_bytes_own``) of their module and of the root, not saved bytes.
 """
 
 from __future__ import annotations
@@ -23,30 +24,36 @@ LR_PARAMS = (LR_A * LR_H + LR_H + LR_H * LR_C + LR_C) * F32
 CK_B, CK_D = 8, 32
 
 EXPECTED_SAVED_OWN: dict[str, dict[str, int]] = {
-    "linear_relu": {"1": LR_B * LR_H * F32, "2": LR_B * LR_C * F32, "": F32},
+    "linear_relu": {"1": LR_B * LR_H * F32},
     # Linear(32, 8) trains: it keeps its input, the ReLU's output (counted at the ReLU, "3")
-    "frozen": {"3": 4 * 32 * F32, "4": 4 * 8 * F32, "": F32},
-    "input_grad": {"1": 4 * 32 * F32, "2": 4 * 8 * F32, "": F32},
+    "frozen": {"3": 4 * 32 * F32},
+    "input_grad": {"1": 4 * 32 * F32},
     # eager: GELU keeps its input (fc1's output) and the next Linear its output
     "eager_block": {
         "inp": CK_B * CK_D * F32,
         "block.fc1": CK_B * 2 * CK_D * F32,
         "block.act": CK_B * 2 * CK_D * F32,
         "block": CK_B * CK_D * F32,
-        "head": CK_B * 4 * F32,
-        "": F32,
     },
     # checkpoint keeps the block's input (inp's output) and nothing inside the block
-    "checkpointed": {"inp": CK_B * CK_D * F32, "block": CK_B * CK_D * F32, "head": CK_B * 4 * F32, "": F32},
+    "checkpointed": {"inp": CK_B * CK_D * F32, "block": CK_B * CK_D * F32},
     # SAC keeps the two matmul outputs as well (addmm of fc1: (8, 64), of fc2: (8, 32))
     "sac_matmuls": {
         "inp": CK_B * CK_D * F32,
         "block.fc1": CK_B * 2 * CK_D * F32,
         "block.fc2": CK_B * CK_D * F32,
         "block": CK_B * CK_D * F32,
-        "head": CK_B * 4 * F32,
-        "": F32,
     },
+}
+
+# What only the step's outputs keep: the model output (born in the last layer) and the loss (root).
+EXPECTED_OUTPUT_OWN: dict[str, dict[str, int]] = {
+    "linear_relu": {"2": LR_B * LR_C * F32, "": F32},
+    "frozen": {"4": 4 * 8 * F32, "": F32},
+    "input_grad": {"2": 4 * 8 * F32, "": F32},
+    "eager_block": {"head": CK_B * 4 * F32, "": F32},
+    "checkpointed": {"head": CK_B * 4 * F32, "": F32},
+    "sac_matmuls": {"head": CK_B * 4 * F32, "": F32},
 }
 
 
@@ -58,6 +65,10 @@ def test_saved_bytes_per_module(name):
     assert got == expected
     assert m.saved_bytes == sum(expected.values())
     assert m.module("").saved_bytes == m.saved_bytes
+    outputs = {row.name: row.output_bytes_own for row in m.modules if row.output_bytes_own}
+    assert outputs == EXPECTED_OUTPUT_OWN[name]
+    assert m.output_bytes == m.module("").output_bytes == sum(outputs.values())
+    assert m.end_of_forward.outputs == m.output_bytes and m.end_of_forward.activations == m.saved_bytes
 
 
 def test_linear_relu_peak_split():
@@ -71,7 +82,8 @@ def test_linear_relu_peak_split():
     assert split.inputs == LR_B * LR_A * F32
     assert split.gradients == LR_PARAMS
     assert split.optimizer_state == 2 * LR_PARAMS + n_param_tensors * F32  # exp_avg, exp_avg_sq, step
-    assert split.activations == LR_B * LR_C * F32 + F32  # output and loss, held until the step ends
+    assert split.activations == 0  # backward freed what autograd saved
+    assert split.outputs == LR_B * LR_C * F32 + F32  # output and loss, held until the step ends
     assert split.temporaries == 2 * max(LR_A * LR_H, LR_H * LR_C) * F32
     assert m.peak_bytes == split.total == 17428
 

@@ -90,9 +90,12 @@ def test_timeline_consistent(case):
     assert present == sorted(present, key=starts.__getitem__)
     assert {"forward", "backward"} <= set(starts)
     assert all(tl.phase[starts[p]] == p for p in starts)
-    # the step ends as a training loop's step does: parameters, batch, targets and .grad remain
+    # the step ends as a training loop's step does: parameters, batch, targets, .grad and (steady
+    # state: from the first event on) the optimizer's state remain
     final = {c: tl.by_category[c][-1] for c in CATEGORIES}
-    assert final["activations"] == final["temporaries"] == final["optimizer_state"] == 0
+    assert final["activations"] == final["outputs"] == final["temporaries"] == 0
+    assert m.steady_state
+    assert final["optimizer_state"] == tl.by_category["optimizer_state"][starts["forward"]] == m.peak_split.optimizer_state
     assert final["parameters"] == m.peak_split.parameters
     wl = case.build()
     trainable = sum(p.numel() * p.element_size() for p in wl.model.parameters() if p.requires_grad)

@@ -20,6 +20,21 @@ class RaisesOOM(nn.Module):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB\nmore detail on a second line")
 
 
+class RootRaises(nn.Module):
+    """Fails in its own forward, after its child ran (as T5's top-level forward can)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.fc(x).view(3, -1)
+
+
+def _failing_loss(out):
+    return out.sum() + torch.ones(2, 3) @ torch.ones(4, 5)
+
+
 def _small():
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 2))
@@ -74,6 +89,26 @@ ERRORS = {
         ["step failed during forward in module '1' (RaisesOOM): out of memory: CUDA out of memory. Tried to allocate 20.00 GiB"],
     ),
 }
+ERRORS.update({
+    "root_forward": (
+        lambda: measure(Workload(RootRaises(), torch.randn(2, 4)), repeats=0),
+        StepError,
+        ["step failed during forward in module <root> (RootRaises): RuntimeError: shape '[3, -1]' is invalid"],
+    ),
+    "root_forward_fake": (
+        lambda: measure(Workload(RootRaises(), torch.randn(2, 4)), "fake"),
+        StepError,
+        ["step failed during forward in module <root> (RootRaises)"],
+    ),
+    "loss_raises": (
+        lambda: measure(Workload(_small(), torch.randn(4, 4), loss=_failing_loss), repeats=0),
+        StepError,
+        ["step failed in the loss: RuntimeError: mat1 and mat2 shapes cannot be multiplied"],
+    ),
+    "repeats_text": (lambda: measure(zoo.make("mlp", 4), repeats="3"), WorkloadError, ["repeats must be a whole number >= 0, got '3'"]),
+    "repeats_negative": (lambda: measure(zoo.make("mlp", 4), repeats=-1), WorkloadError, ["repeats must be a whole number >= 0, got -1"]),
+    "repeats_float": (lambda: measure(zoo.make("mlp", 4), repeats=2.0), WorkloadError, ["repeats must be a whole number >= 0, got 2.0"]),
+})
 if not torch.cuda.is_available():
     ERRORS["no_cuda_workload"] = (
         lambda: Workload(_small(), torch.randn(4, 4), device="cuda"),
