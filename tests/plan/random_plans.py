@@ -167,6 +167,7 @@ class Outcome:
     checked: int = 0
     refused: int = 0
     skipped: int = 0  # nothing to differentiate
+    memsave_and_save_default: int = 0  # checked plans with both (the wrong-gradient case)
     compared_tensors: int = 0
 
 
@@ -217,3 +218,6 @@ class Checker:
             torch.testing.assert_close(got[n], ref[n], rtol=1e-9, atol=1e-11, msg=lambda m: f"{n}: {m}")
             outcome.compared_tensors += 1
         outcome.checked += 1
+        if plan.memsave and any(p.default.value == "save" and p.kind.value == "selective"
+                                for p in plan.active_regions.values()):
+            outcome.memsave_and_save_default += 1
