@@ -27,14 +27,15 @@ from memsave_nb.workload import Workload
 
 # -- models (small: one case must take milliseconds) ------------------------------------------
 class CNN(nn.Module):
-    """Conv, batch norm, ReLU (in-place too), LeakyReLU, max-pool, dropout, linear; a residual."""
+    """Conv, batch norm, ReLU (in-place too), LeakyReLU, ReLU6, max-pool, dropout (2-d too),
+    linear; a residual."""
 
     def __init__(self) -> None:
         super().__init__()
         self.stem = nn.Sequential(nn.Conv2d(2, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU())
         self.block = nn.Sequential(
             nn.Conv2d(4, 4, 3, padding=1, bias=False), nn.BatchNorm2d(4), nn.ReLU(inplace=True),
-            nn.Conv2d(4, 4, 1), nn.LeakyReLU(0.1),
+            nn.Conv2d(4, 4, 1), nn.LeakyReLU(0.1), nn.Dropout2d(0.2), nn.Conv2d(4, 4, 1), nn.ReLU6(),
         )
         self.pool = nn.MaxPool2d(2)
         self.drop = nn.Dropout(0.25)

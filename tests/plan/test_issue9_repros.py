@@ -66,18 +66,16 @@ def test_memsave_with_selective_regions_beside_each_other_is_not_a_storage_error
         torch.testing.assert_close(got[name], ref[name])
 
 
-def test_memsave_maxpool_in_a_save_default_region_is_exact_or_refused():
-    """Was ``Tensor cached during selective activation checkpoint has been mutated`` in backward."""
+def test_memsave_maxpool_in_a_save_default_region_gives_stock_gradients():
+    """Was ``Tensor cached during selective activation checkpoint has been mutated`` in backward
+    (the layer shifted its cached indices in place; fixed in the layers)."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(2, 3, 3, padding=1), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(12, 2))
     x = torch.randn(2, 2, 4, 4)
     plan = Plan(memsave="*", regions={"1": {"kind": "selective", "ops": {}, "default": "save"}})
     ref = _step(model, x, Plan())
-    try:
-        got = _step(model, x, plan)
-    except PlanError as exc:
-        assert "region '1'" in str(exc) and "\n" not in str(exc)
-        return
+    got = _step(model, x, plan)
+    assert set(got) == set(ref)
     for name in ref:
         torch.testing.assert_close(got[name], ref[name])
 

@@ -20,6 +20,7 @@ import builtins
 import json
 import os
 
+import pytest
 import torch
 import torch._functorch.config
 from hypothesis import HealthCheck, event, given, settings
@@ -215,6 +216,7 @@ def _run(code: str) -> tuple[list, list]:
     return pwned, calls
 
 
+@pytest.mark.slow
 @FUZZ
 @given(text=inputs)
 def test_from_json_gives_a_plan_or_a_plan_error_and_its_code_runs_only_the_plan(text):
