@@ -443,7 +443,11 @@ class Plan:
             from memsave_nb.hf import cache_off_code
 
             body += ["", *cache_off_code(m)]
-            body += ["", "", "# activation checkpointing per region", *_CHECKPOINT_HELPER.splitlines(), ""]
+            helper = _CHECKPOINT_HELPER
+            if self.memsave:  # as Plan.apply's regions do: shrink held outputs before a region
+                imports.append("from memsave_nb.layers import compact")
+                helper = helper.replace(_REGION_ENTRY, _REGION_ENTRY + _COMPACT_AT_ENTRY)
+            body += ["", "", "# activation checkpointing per region", *helper.splitlines(), ""]
             selective = list(dict.fromkeys(p for p in regions.values() if p.kind is RegionKind.SELECTIVE))
             policies = {p: "policy_fn" if len(selective) == 1 else f"policy_{i}" for i, p in enumerate(selective)}
             if selective:
@@ -493,6 +497,12 @@ _CHECKPOINT_HELPER = textwrap.dedent(
         module.forward = forward'''
 )
 
+
+_REGION_ENTRY = "    def forward(*args, **kwargs):\n"
+_COMPACT_AT_ENTRY = (
+    "        compact()  # memory-saving layers: outputs held before the region shrink to masks now\n"
+)
+assert _REGION_ENTRY in _CHECKPOINT_HELPER
 
 _OPS_HELPER = textwrap.dedent(
     '''\
