@@ -681,5 +681,7 @@ class RestorePoint:
             for b, version, copy in self.buffers.values():
                 # by value, not version: native_batch_norm updates running statistics in place
                 # without bumping their version counter (CPU kernels)
-                if b._version != version or not _bits_equal(b, copy):
+                if b.shape != copy.shape or b.dtype != copy.dtype:
+                    b.data = copy  # resized or cast in place: the copy becomes its data
+                elif b._version != version or not _bits_equal(b, copy):
                     b.copy_(copy)
