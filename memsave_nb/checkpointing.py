@@ -90,7 +90,10 @@ _OP_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\.[A-Za-z_][A-Za-z0-9_]*")
 
 def show(value: Any, limit: int = 60) -> str:
     """``repr(value)`` cut to ``limit`` characters: one short line for an error message."""
-    text = repr(value)
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001 - RecursionError on a deeply nested value, a broken __repr__
+        text = f"<{type(value).__name__}>"
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
@@ -123,6 +126,9 @@ class RegionPolicy:
     def __post_init__(self) -> None:
         if not isinstance(self.ops, Mapping):
             raise PlanError(f"region policy: ops must map op names to 'save'/'recompute', got {show(self.ops)}")
+        for label, value in [("kind", self.kind), ("default", self.default), *self.ops.items()]:
+            if not isinstance(value, str):  # enums are str subclasses; JSON gives plain strings
+                raise PlanError(f"region policy: {show(label)} must be a string choice, got {show(value)}")
         try:
             kind = RegionKind(self.kind)
             default = OpChoice(self.default)

@@ -207,6 +207,15 @@ def test_bad_plan_json_is_a_plan_error(text):
     assert "\n" not in str(info.value)
 
 
+@pytest.mark.parametrize("field", ['"frozen": {}', '"name": {}', '"regions": {{"a": {}}}',
+                                   '"regions": {{"a": {{"kind": {}}}}}', '"regions": {{"a": {{"ops": {}}}}}'])
+def test_deep_nesting_inside_a_field_is_a_plan_error(field):
+    """Parsed by json, then too deep for repr() in an error message: still one PlanError line."""
+    for depth in range(900, 1000, 3):
+        with pytest.raises(PlanError):
+            Plan.from_json("{" + field.format("[" * depth + "]" * depth) + "}")
+
+
 @pytest.mark.parametrize("value", [None, b"{}", 3, ["{}"]])
 def test_from_json_of_a_non_string_is_a_plan_error(value):
     with pytest.raises(PlanError):

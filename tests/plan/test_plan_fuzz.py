@@ -125,6 +125,7 @@ texts = st.one_of(
     st.integers(1, 50_000).map(lambda n: "[" * n + "]" * n),
     st.integers(1, 50_000).map(lambda n: '{"regions": ' * n),
     st.integers(300, 6000).map(lambda n: '{"compile_budget": ' + "7" * n + "}"),
+    st.integers(1, 1200).map(lambda n: '{"regions": {"a": {"kind": ' + "[" * n + "]" * n + "}}}"),
 )
 inputs = st.one_of(texts, texts, texts, st.none(), st.binary(max_size=8), st.integers(), st.lists(st.text(max_size=3)))
 
