@@ -17,6 +17,7 @@ from torch import nn
 from memsave_nb.errors import Cancelled, WorkloadError
 from memsave_nb.measure import Measurement, measure
 from memsave_nb.measure.compiled import measure_compiled
+from memsave_nb.measure.engine import model_lock
 from memsave_nb.plan import Plan
 
 __all__ = ["Session", "Entry", "Delta", "BudgetPoint", "sweep_budgets", "run_plan"]
@@ -88,7 +89,9 @@ def run_plan(
     if mode not in MODES:
         raise WorkloadError(f"unknown mode {mode!r}; choose 'real' or 'fake'")
     _check(cancel_event)
-    with plan.apply(workload) as applied:
+    # the model's lock around the plan's changes too: a concurrent run on the same model (another
+    # thread, another Session) waits instead of seeing (or restoring) a half-changed model
+    with model_lock(workload.model), plan.apply(workload) as applied:
         if plan.compiled:
             return measure_compiled(applied, mode=mode, repeats=repeats, cancel_event=cancel_event)
         handles = _cancel_hooks(applied.model, cancel_event)

@@ -77,3 +77,20 @@ def test_report_bars_show_the_largest_layers_of_a_big_model(tmp_path, mlp):
     text = write_report(big, tmp_path / "big.html").read_text(encoding="utf-8")
     assert "the 40 largest of 60 layers" in text
     assert ">layer0</td>" in text and ">layer59</td>" in text  # the table keeps every layer
+
+
+def test_report_shows_first_step_beside_steady_state_and_outputs():
+    from memsave_nb.report import render_report
+
+    wl = zoo.make("cnn", 2)
+    steady = measure(wl, mode="fake")
+    first = measure(wl, mode="fake", steady_state=False)
+    text = render_report(steady)
+    assert steady.first_step_peak_bytes < steady.peak_bytes
+    assert "steady state: training&#x27;s step 2 on" in text
+    assert f"<span>first-step peak</span><b>{format_bytes(steady.first_step_peak_bytes)}</b>" in text
+    assert f"<span>outputs kept</span><b>{format_bytes(steady.output_bytes)}</b>" in text
+    text_first = render_report(first)
+    assert "first training step" in text_first and "first-step peak" not in text_first
+    advised = dataclasses.replace(steady, advice=("use_cache=False frees the KV cache <1 MiB>",))
+    assert '<p class="advice">use_cache=False frees the KV cache &lt;1 MiB&gt;</p>' in render_report(advised)

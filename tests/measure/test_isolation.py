@@ -136,3 +136,36 @@ def test_meta_device_zoo_gpt_in_fake_mode_equals_fake_built():
     cfg = zoo.GPTConfig(vocab_size=128, block_size=32, n_layer=2, n_head=2, n_embd=32)
     idx = torch.randint(0, 128, (2, 32))
     _compare_meta_and_fake(lambda: zoo.GPT(cfg), {"idx": idx, "targets": idx})
+
+
+def test_two_sessions_on_one_model_in_threads():
+    """Two Sessions, each on its own thread, running plans that freeze and convert layers of the
+    same model: every run sees a whole model (the plan's changes happen under the model's lock)."""
+    from memsave_nb.plan import Plan
+    from memsave_nb.session import Session
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.BatchNorm1d(64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4))
+    wl = Workload(model, torch.randn(16, 32))
+    snapshot = ModelSnapshot.capture(wl.model)
+    plans = [Plan(), Plan(frozen=["0"]), Plan(memsave=["*"]), Plan(bn_eval=["*"])] * 2
+    expected = [Session(wl, "fake").run(p).measurement.peak_bytes for p in plans]
+    results: dict[int, list[int]] = {0: [], 1: []}
+    errors = []
+
+    def work(i):
+        try:
+            session = Session(wl, "real" if i else "fake", repeats=0)
+            for p in plans:
+                results[i].append(session.run(p).measurement.peak_bytes)
+        except Exception as exc:  # noqa: BLE001 - asserted below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert results[0] == results[1] == expected
+    assert snapshot.differences(wl.model) == []

@@ -81,3 +81,12 @@ def test_meta_llama_in_fake_mode_equals_fake_built():
     assert (a.peak_bytes, a.first_step_peak_bytes, a.saved_bytes, a.output_bytes) == (
         b.peak_bytes, b.first_step_peak_bytes, b.saved_bytes, b.output_bytes)
     assert a.timeline.total() == b.timeline.total()
+
+
+def test_error_in_t5s_own_forward_names_the_root():
+    from memsave_nb import StepError
+
+    wl = MODELS["t5"]()
+    batch = {"input_ids": wl.batch["input_ids"], "labels": wl.batch["labels"][:, :0]}  # no target tokens
+    with pytest.raises(StepError, match=r"step failed during forward in module <root> \(T5ForConditionalGeneration\): IndexError"):
+        measure(wl.replace(batch=batch), repeats=0)
