@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import threading
 import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -93,10 +94,23 @@ def _facts_from_call(args: tuple, kwargs: Mapping[str, Any], answers: Mapping[st
         facts.masks_full = all(answers[k] for k in mask_keys)
 
 
-def _wrap_packed(original: Callable, facts: _Facts) -> Callable:
+# The wrappers are installed in transformers.masking_utils while at least one fake step runs (a count,
+# under a lock, so overlapping fake steps in two threads restore the originals exactly once) and
+# answer from the facts of the fake step entered last.
+_LOCK = threading.Lock()
+_ACTIVE: list[_Facts] = []
+_ORIGINALS: dict[str, Callable] = {}
+
+
+def _current() -> _Facts | None:
+    return _ACTIVE[-1] if _ACTIVE else None
+
+
+def _wrap_packed(original: Callable) -> Callable:
     def find_packed_sequence_indices(position_ids: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         found = original(position_ids, *args, **kwargs)  # the same index ops a real step runs
-        if _is_fake(position_ids):
+        facts = _current()
+        if facts is not None and _is_fake(position_ids):
             if facts.positions_packed is False:
                 return None  # what the real step's value check returns
             if facts.positions_packed is None and position_ids.dim() == 2:
@@ -107,12 +121,12 @@ def _wrap_packed(original: Callable, facts: _Facts) -> Callable:
     return find_packed_sequence_indices
 
 
-def _wrap_skip(original: Callable, facts: _Facts) -> Callable:
+def _wrap_skip(original: Callable) -> Callable:
     def skip_check(padding_mask: torch.Tensor | None, *args: Any, **kwargs: Any) -> Any:
-        if _is_fake(padding_mask):
+        facts = _current()
+        if facts is not None and _is_fake(padding_mask):
             if facts.masks_full:
-                # a mask of all ones answers every value check as no mask does
-                return original(None, *args, **kwargs)
+                return original(None, *args, **kwargs)  # all ones answers every value check as no mask
             if facts.masks_full is None and padding_mask.dim() == 2:
                 b, kv = padding_mask.shape
                 q = args[0] if args and isinstance(args[0], int) else int(kv)
@@ -122,6 +136,28 @@ def _wrap_skip(original: Callable, facts: _Facts) -> Callable:
     return skip_check
 
 
+def _install(masking: Any) -> None:
+    for name, wrap in [(_PACKED_CHECK, _wrap_packed)] + [(n, _wrap_skip) for n in _SKIP_CHECKS]:
+        original = getattr(masking, name, None)
+        if original is not None:
+            _ORIGINALS[name] = original
+            setattr(masking, name, wrap(original))
+
+
+def _uninstall(masking: Any) -> None:
+    for name, original in _ORIGINALS.items():
+        setattr(masking, name, original)
+    _ORIGINALS.clear()
+
+
+def _masking_utils() -> Any | None:
+    try:
+        import transformers.masking_utils as masking
+    except Exception:  # noqa: BLE001 - a transformers without masking_utils: nothing to align
+        return None
+    return masking
+
+
 @contextlib.contextmanager
 def same_path_as_real(workload: Workload) -> Iterator[None]:
     """While a fake step runs: transformers' mask checks answer as on the real batch (see module doc).
@@ -129,39 +165,29 @@ def same_path_as_real(workload: Workload) -> Iterator[None]:
     Does nothing unless the model has transformers modules. Everything is restored on exit.
     """
     model = workload.model
-    if not uses_transformers(model):
+    masking = _masking_utils() if uses_transformers(model) else None
+    if masking is None:
         yield
         return
-    try:
-        masking = sys.modules.get("transformers.masking_utils") or __import__(
-            "transformers.masking_utils", fromlist=["_"]
-        )
-    except Exception:  # noqa: BLE001 - a transformers without masking_utils: nothing to align
-        yield
-        return
-    packed_check = getattr(masking, _PACKED_CHECK, None)
     raw = None if callable(workload.batch) and not isinstance(workload.batch, nn.Module) else workload.batch
-    answers = _real_answers(raw, packed_check)
+    answers = _real_answers(raw, getattr(masking, _PACKED_CHECK, None))  # a wrapper reads real tensors as is
     facts = _Facts()
 
     def on_call(module: nn.Module, args: tuple, kwargs: dict) -> None:
         _facts_from_call(args, kwargs, answers, facts)
 
-    patched: list[tuple[str, Callable]] = []
     handle = model.register_forward_pre_hook(on_call, with_kwargs=True)
+    with _LOCK:
+        if not _ACTIVE:
+            _install(masking)
+        _ACTIVE.append(facts)
     try:
-        if packed_check is not None:
-            patched.append((_PACKED_CHECK, packed_check))
-            setattr(masking, _PACKED_CHECK, _wrap_packed(packed_check, facts))
-        for name in _SKIP_CHECKS:
-            original = getattr(masking, name, None)
-            if original is not None:
-                patched.append((name, original))
-                setattr(masking, name, _wrap_skip(original, facts))
         yield
     finally:
-        for name, original in reversed(patched):
-            setattr(masking, name, original)
+        with _LOCK:
+            _ACTIVE.remove(facts)
+            if not _ACTIVE:
+                _uninstall(masking)
         handle.remove()
     for what, nbytes in facts.unknown_bytes.items():
         warnings.warn(
