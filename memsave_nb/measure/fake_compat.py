@@ -192,7 +192,8 @@ def same_path_as_real(workload: Workload) -> Iterator[None]:
     for what, nbytes in facts.unknown_bytes.items():
         warnings.warn(
             f"fake mode cannot read the values of {what} (fake tensors), so transformers builds an attention mask "
-            f"a real step may skip: fake mode may over-count by {nbytes} bytes per copy a checkpointed region keeps",
+            f"a real step may skip: saved bytes may over-count by {nbytes} bytes (the mask, if checkpointed regions "
+            f"keep it), and the peak by more (attention then runs with a mask)",
             UserWarning,
             stacklevel=3,
         )
