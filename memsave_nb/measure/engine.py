@@ -21,6 +21,7 @@ from torch import nn
 from ..errors import Cancelled, MemsaveError, StepError, WorkloadError
 from ..model_state import ModelSnapshot
 from ..workload import Workload, iter_tensors, map_tensors, output_parts
+from . import fake_compat
 from .result import CATEGORIES, Measurement, MemorySplit, ModuleStats, OpStats, Timeline
 from .tracker import INPUT, PARAMETER, MemoryTracker
 
@@ -89,7 +90,7 @@ def measure(
         leaves = _user_leaf_grads(workload)
         try:
             if mode == "fake":
-                with _fake_model(model, workload.device) as fake_mode:
+                with _fake_model(model, workload.device) as fake_mode, fake_compat.same_path_as_real(workload):
                     result = _run(workload, fake_mode=fake_mode, flops=flops, cancel_event=cancel_event,
                                   steady_state=steady_state, repeats=0)
             else:

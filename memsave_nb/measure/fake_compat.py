@@ -1,0 +1,199 @@
+"""Fake mode takes the path a real step takes, on Hugging Face models.
+
+transformers never reads the values of a fake tensor: ``transformers.utils.import_utils.is_tracing(t)``
+is True for any ``FakeTensor`` (``is_fake_tensor``), as it is under dynamo or ``torch.jit``. Two checks
+in ``transformers.masking_utils`` read values on a real step and decide what the step allocates:
+
+- ``find_packed_sequence_indices(position_ids)``: when the model made its own consecutive positions
+  (no ``position_ids`` and no ``attention_mask`` in the batch, no KV cache: a checkpointed training
+  step) a real step finds no packed sequences and hands SDPA ``is_causal=True``; under fake tensors it
+  returns the "packed" index tensor, so a (B, 1, T, T) bool mask is built and passed to every block,
+  and a checkpointed region keeps it (B*T*T bytes more saved).
+- ``_ignore_causal_mask_sdpa`` / ``_ignore_bidirectional_mask_sdpa`` (and the XPU variant): a
+  real step with an all-ones ``attention_mask`` drops the mask; under fake tensors it is built.
+
+While memsave_nb runs a fake step on a model with modules from transformers, ``same_path_as_real``
+replaces those functions in ``transformers.masking_utils`` (restored on exit) by wrappers that answer
+the value question from the real batch: the keys the model is called with (a forward pre-hook on the
+root module) and, when the workload's batch is a mapping of real tensors, their values. Where the
+answer is not known (fake or factory-made position ids or masks) the wrapper keeps transformers'
+behaviour and a ``UserWarning`` says how many bytes fake mode may over-count.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+import warnings
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from ..workload import Workload
+
+_SKIP_CHECKS = ("_ignore_causal_mask_sdpa", "_ignore_bidirectional_mask_sdpa", "_can_skip_bidirectional_mask_xpu")
+_PACKED_CHECK = "find_packed_sequence_indices"
+
+
+def _is_fake(t: Any) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(t, FakeTensor)
+
+
+def uses_transformers(model: nn.Module) -> bool:
+    """Whether any module of ``model`` is a transformers class (peft wrappers included)."""
+    if "transformers" not in sys.modules:
+        return False
+    return any(type(m).__module__.startswith("transformers.") for m in model.modules())
+
+
+@dataclass
+class _Facts:
+    """What a real step would read from the batch; None: not known in fake mode."""
+
+    positions_packed: bool | None = None
+    masks_full: bool | None = None
+    unknown_bytes: dict[str, int] = field(default_factory=dict)  # what -> bytes the built mask takes
+
+
+def _real_answers(raw: Any, packed_check: Callable | None) -> dict[str, bool]:
+    """The value checks' answers on the workload's real batch, per key: packed positions, full masks.
+
+    Computed before the fake step, outside any fake mode (fake tensors cannot be read)."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    answers: dict[str, bool] = {}
+    if not isinstance(raw, Mapping):
+        return answers
+    with unset_fake_temporarily(), torch.no_grad():
+        for key, value in raw.items():
+            if not isinstance(value, torch.Tensor) or _is_fake(value) or value.device.type == "meta":
+                continue
+            if key == "position_ids" and packed_check is not None and value.dim() == 2:
+                answers[key] = packed_check(value) is not None
+            elif key.endswith("attention_mask") and value.dim() == 2:
+                answers[key] = bool(value.bool().all())
+    return answers
+
+
+def _facts_from_call(args: tuple, kwargs: Mapping[str, Any], answers: Mapping[str, bool], facts: _Facts) -> None:
+    """Fill ``facts`` from the arguments the model is called with and the real batch's answers."""
+    if len(args) > 1:  # masks or positions passed by position: not known, transformers' path is kept
+        return
+    if kwargs.get("position_ids") is None:
+        facts.positions_packed = False  # the model counts positions itself: consecutive, never packed
+    elif "position_ids" in answers:
+        facts.positions_packed = answers["position_ids"]
+    mask_keys = [k for k, v in kwargs.items() if k.endswith("attention_mask") and isinstance(v, torch.Tensor)]
+    if mask_keys and all(k in answers for k in mask_keys):
+        facts.masks_full = all(answers[k] for k in mask_keys)
+
+
+# The wrappers are installed in transformers.masking_utils while at least one fake step runs (a count,
+# under a lock, so overlapping fake steps in two threads restore the originals exactly once) and
+# answer from the facts of the fake step entered last.
+_LOCK = threading.Lock()
+_ACTIVE: list[_Facts] = []
+_ORIGINALS: dict[str, Callable] = {}
+
+
+def _current() -> _Facts | None:
+    return _ACTIVE[-1] if _ACTIVE else None
+
+
+def _wrap_packed(original: Callable) -> Callable:
+    def find_packed_sequence_indices(position_ids: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        found = original(position_ids, *args, **kwargs)  # the same index ops a real step runs
+        facts = _current()
+        if facts is not None and _is_fake(position_ids):
+            if facts.positions_packed is False:
+                return None  # what the real step's value check returns
+            if facts.positions_packed is None and position_ids.dim() == 2:
+                b, t = position_ids.shape
+                facts.unknown_bytes["position_ids"] = int(b) * int(t) * int(t)
+        return found
+
+    return find_packed_sequence_indices
+
+
+def _wrap_skip(original: Callable) -> Callable:
+    def skip_check(padding_mask: torch.Tensor | None, *args: Any, **kwargs: Any) -> Any:
+        facts = _current()
+        if facts is not None and _is_fake(padding_mask):
+            if facts.masks_full:
+                return original(None, *args, **kwargs)  # all ones answers every value check as no mask
+            if facts.masks_full is None and padding_mask.dim() == 2:
+                b, kv = padding_mask.shape
+                q = args[0] if args and isinstance(args[0], int) else int(kv)
+                facts.unknown_bytes["attention_mask"] = int(b) * int(q) * int(kv)
+        return original(padding_mask, *args, **kwargs)
+
+    return skip_check
+
+
+def _install(masking: Any) -> None:
+    for name, wrap in [(_PACKED_CHECK, _wrap_packed)] + [(n, _wrap_skip) for n in _SKIP_CHECKS]:
+        original = getattr(masking, name, None)
+        if original is not None:
+            _ORIGINALS[name] = original
+            setattr(masking, name, wrap(original))
+
+
+def _uninstall(masking: Any) -> None:
+    for name, original in _ORIGINALS.items():
+        setattr(masking, name, original)
+    _ORIGINALS.clear()
+
+
+def _masking_utils() -> Any | None:
+    try:
+        import transformers.masking_utils as masking
+    except Exception:  # noqa: BLE001 - a transformers without masking_utils: nothing to align
+        return None
+    return masking
+
+
+@contextlib.contextmanager
+def same_path_as_real(workload: Workload) -> Iterator[None]:
+    """While a fake step runs: transformers' mask checks answer as on the real batch (see module doc).
+
+    Does nothing unless the model has transformers modules. Everything is restored on exit.
+    """
+    model = workload.model
+    masking = _masking_utils() if uses_transformers(model) else None
+    if masking is None:
+        yield
+        return
+    raw = None if callable(workload.batch) and not isinstance(workload.batch, nn.Module) else workload.batch
+    answers = _real_answers(raw, getattr(masking, _PACKED_CHECK, None))  # a wrapper reads real tensors as is
+    facts = _Facts()
+
+    def on_call(module: nn.Module, args: tuple, kwargs: dict) -> None:
+        _facts_from_call(args, kwargs, answers, facts)
+
+    handle = model.register_forward_pre_hook(on_call, with_kwargs=True)
+    with _LOCK:
+        if not _ACTIVE:
+            _install(masking)
+        _ACTIVE.append(facts)
+    try:
+        yield
+    finally:
+        with _LOCK:
+            _ACTIVE.remove(facts)
+            if not _ACTIVE:
+                _uninstall(masking)
+        handle.remove()
+    for what, nbytes in facts.unknown_bytes.items():
+        warnings.warn(
+            f"fake mode cannot read the values of {what} (fake tensors), so transformers builds an attention mask "
+            f"a real step may skip: saved bytes may over-count by {nbytes} bytes (the mask, if checkpointed regions "
+            f"keep it), and the peak by more (attention then runs with a mask)",
+            UserWarning,
+            stacklevel=3,
+        )
