@@ -114,8 +114,8 @@ class _MaskedHardtanh(torch.autograd.Function):
             ctx.save_for_backward()
         else:
             ctx.holder = None
-            # inside exactly where the input was (low < high); NaN stops, as in stock
-            ctx.save_for_backward(pack_bits((out > low) & (out < high)))
+            # inside exactly where the input was (low < high)
+            ctx.save_for_backward(pack_bits(_holder.inside_mask(out, low, high)))
         return x if inplace else out
 
     @staticmethod
