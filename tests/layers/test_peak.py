@@ -96,6 +96,7 @@ def test_converted_peak_with_adamw_not_above_stock(case: str) -> None:
     assert ours.saved_bytes < stock.saved_bytes
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("frozen", [False, True])
 def test_zoo_cnn_converted_peak_not_above_stock(frozen: bool) -> None:
     """The demo ResNet-style CNN with AdamW (fake mode, batch 2, as issue 11 measured)."""
