@@ -458,6 +458,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
             print(_format_row(name, row), flush=True)
         results["models"][name] = rows
+        _write(args.out, results)  # after each model: a long run leaves what it measured
     for name in filter(None, args.gpts.split(",")):
         model, batch = gpt_model(name)
         rows = []
@@ -466,11 +467,15 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
             print(_format_row(name, row), flush=True)
         results["models"][name] = rows
-    out = Path(args.out)
+    print(f"\nwrote {_write(args.out, results)}")
+    return 0
+
+
+def _write(path: str, results: dict) -> Path:
+    out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2))
-    print(f"\nwrote {out}")
-    return 0
+    return out
 
 
 HEADER = (f"{'model':18s} {'case':19s} {'stock saved MB':>14s} {'saved ours/stock':>16s} "

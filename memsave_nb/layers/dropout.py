@@ -50,7 +50,8 @@ class _Dropout(torch.autograd.Function):
             return torch.ops.aten.native_dropout_backward(grad, mask, 1.0 / (1 - ctx.p)), None, None
         # grad * noise as stock, with noise = scale * mask; scale computed as forward did
         scale = torch.ones((), dtype=grad.dtype, device=grad.device).div_(1 - ctx.p)
-        return grad.mul(scale).mul_(unpack_bits(packed, ctx.shape, torch.uint8)), None, None
+        mask = unpack_bits(packed, ctx.shape, torch.uint8).to(grad.dtype)  # same-dtype mul: fast
+        return grad.mul(scale).mul_(mask), None, None
 
 
 def masked_dropout(x: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False
@@ -114,7 +115,7 @@ class _NoiseDropout(torch.autograd.Function):
         how, value = ctx.scale
         one = torch.ones((), dtype=grad.dtype, device=grad.device)
         scale = one.mul_(value) if how == "mul" else one.div_(value)  # as forward's noise
-        mask = unpack_bits(packed, ctx.noise_shape, torch.uint8)
+        mask = unpack_bits(packed, ctx.noise_shape, torch.uint8).to(grad.dtype)
         return grad.mul(scale).mul_(mask), None, None, None, None
 
 

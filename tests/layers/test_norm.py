@@ -57,6 +57,17 @@ STOCK_FINDINGS = [
     ("GELU", lambda: nn.GELU(), {(True, None): 1.0}),
     ("GELU-tanh", lambda: nn.GELU("tanh"), {(True, None): 1.0}),
     ("SiLU", lambda: nn.SiLU(), {(True, None): 1.0}),
+    # issue 11: the norms and activations of EfficientNet-, ConvNeXt- and MobileNet-shaped nets
+    ("GroupNorm", lambda: nn.GroupNorm(4, 16),  # x, mean and rstd per (sample, group)
+     {(True, True): 1.015625, (True, False): 1.015625, (False, True): 1.015625}),
+    ("InstanceNorm1d", lambda: nn.InstanceNorm1d(16),  # x, mean and invstd per (sample, ch.)
+     {(True, None): 1.0625}),
+    ("InstanceNorm1d-affine", lambda: nn.InstanceNorm1d(16, affine=True),  # + the weight repeated
+     {(True, True): 1.09375, (True, False): 1.09375, (False, True): 1.09375}),
+    ("Hardswish", lambda: nn.Hardswish(), {(True, None): 1.0}),
+    ("Hardswish-inplace", lambda: nn.Hardswish(inplace=True), {(True, None): 1.0}),  # a clone
+    ("SiLU-inplace", lambda: nn.SiLU(inplace=True), {(True, None): 1.0}),  # a clone of x
+    ("Hardsigmoid", lambda: nn.Hardsigmoid(), {(True, None): 1.0}),  # 1 bit would do
 ]
 
 

@@ -94,3 +94,25 @@ def test_converted_peak_with_adamw_not_above_stock(case: str) -> None:
     assert stock.peak_phase == "optimizer"
     assert ours.peak_bytes <= stock.peak_bytes
     assert ours.saved_bytes < stock.saved_bytes
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("frozen", [False, True])
+def test_zoo_cnn_converted_peak_not_above_stock(frozen: bool) -> None:
+    """The demo ResNet-style CNN with AdamW (fake mode, batch 2, as issue 11 measured)."""
+    from memsave_nb.zoo import make
+
+    workload = make("cnn", batch_size=2)
+    model = workload.model
+    if frozen:  # fine-tuning the head only, input gradient off
+        model.requires_grad_(False)
+        list(model.modules())[-1].requires_grad_(True)
+    workload = Workload(model, workload.batch, loss=workload.loss,
+                        optimizer=lambda ps: torch.optim.AdamW(ps))
+    stock = measure(workload, mode="fake", repeats=0, flops=False)
+    conversion = convert(model)
+    try:
+        ours = measure(workload, mode="fake", repeats=0, flops=False)
+    finally:
+        revert(conversion)
+    assert ours.peak_bytes <= stock.peak_bytes
