@@ -485,9 +485,13 @@ class Plan:
             for policy, fn_name in policies.items():
                 body += [""] + _policy_code(policy, fn_name).splitlines()
             body += ["", ""]
+            if any(p.kind is RegionKind.OFFLOAD for p in regions.values()):
+                body += [*_OFFLOAD_HELPER.splitlines(), "", ""]
             for region, policy in regions.items():
                 target = f"{m}.get_submodule({region!r})" if region else m
-                if policy.kind is RegionKind.FULL:
+                if policy.kind is RegionKind.OFFLOAD:
+                    body.append(f"offload_region({target})")
+                elif policy.kind is RegionKind.FULL:
                     body.append(f"checkpoint_region({target})")
                 else:
                     body.append(f"checkpoint_region({target}, {policies[policy]})")
@@ -549,6 +553,36 @@ _OPS_HELPER = textwrap.dedent(
 def _comment(text: str) -> str:
     """Text safe inside a ``#`` comment: printable ASCII only (``ascii()`` escapes the rest)."""
     return ascii(text)[1:-1]
+
+
+_OFFLOAD_HELPER = textwrap.dedent(
+    '''\
+    def offload_region(module):
+        """Keep what module.forward saves for backward in pinned host memory until backward, as
+        torch.autograd.graph.save_on_cpu(pin_memory=True) does, but leave the module's own
+        parameters (and views of them) on the device: moving them would free nothing."""
+        inner = module.forward
+        params = {id(p) for p in module.parameters()}
+
+        def pack(t):
+            if id(t) in params or (t._base is not None and id(t._base) in params):
+                return t
+            host = torch.empty(t.size(), dtype=t.dtype, layout=t.layout, pin_memory=t.is_cuda)
+            host.copy_(t, non_blocking=True)
+            return (t.device, host)
+
+        def unpack(packed):
+            if isinstance(packed, torch.Tensor):
+                return packed
+            device, host = packed
+            return host.to(device, non_blocking=True)
+
+        def forward(*args, **kwargs):
+            with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+                return inner(*args, **kwargs)
+
+        module.forward = forward'''
+)
 
 
 def _policy_code(policy: RegionPolicy, fn_name: str) -> str:
