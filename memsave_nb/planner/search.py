@@ -7,8 +7,10 @@ How it searches (see docs/planner.md for the why):
 2. *Region choices* (none / full / save_matmuls / offload per checkpointable block) are measured
    once for all regions together, at the first G: a region's saved bytes under each kind, as a
    share of its saved bytes with no checkpointing. Regions are independent to first order, so a
-   candidate's peak is G's peak minus the sum of its regions' reductions, plus the largest one
-   (a recomputed or reloaded region comes back during its backward). Its time is G's time plus
+   candidate's peak is G's peak minus the sum of its regions' reductions, plus the excess that
+   recomputed or reloaded regions bring back in backward: the largest region reduction times a
+   factor per kind, measured in the same pass (the peak with every region of that kind, above
+   G's peak minus the reductions, over the largest region's reduction). Its time is G's time plus
    each region's recompute time (its forward ops, or its non-matmul ops for save_matmuls) or
    transfer time (offload: bytes out and back over the link, not overlapped).
 3. *Micro-batching*: k micro-batches of B/k with gradient accumulation scale the batch-dependent
@@ -190,9 +192,10 @@ def plan_for(
         raise PlanError("the planner found no configuration that runs; see the notes of a single measurement")
 
     # 2. region kinds, measured once at the first configuration
-    ratio: dict[str, dict[str, float]] = {r: {"none": 1.0, "offload": 0.0} for r in regions}
+    ratio: dict[str, dict[str, float]] = {r: {"none": 1.0} for r in regions}
+    transient: dict[str, float] = {}  # measured peak above "G0's peak minus the reductions", per kind
     g0 = configs[0]
-    for kind in (k for k in region_kinds if k != "offload"):
+    for kind in region_kinds:
         plan = g0.plan.replace(regions={r: kind for r in regions})
         try:
             m = measure_peak(workload, plan, mode)
@@ -200,10 +203,14 @@ def plan_for(
         except MemsaveError as exc:
             notes.append(f"region kind {kind}: skipped ({' '.join(str(exc).split())[:160]})")
             continue
+        reductions = []
         for r in regions:
             s0 = g0.measurement.module(r).saved_bytes
             ratio[r][kind] = (m.module(r).saved_bytes / s0) if s0 else 1.0
-    kinds = [k for k in region_kinds if k == "offload" or any(k in ratio[r] for r in regions)]
+            reductions.append(s0 - m.module(r).saved_bytes)
+        excess = max(0.0, m.peak_bytes - (g0.measurement.peak_bytes - sum(reductions)))
+        transient[kind] = excess / max(1, max(reductions, default=0))
+    kinds = [k for k in region_kinds if any(k in ratio[r] for r in regions)]
 
     # 3.-4. candidates
     candidates: list[Candidate] = []
@@ -220,7 +227,7 @@ def plan_for(
         }
         for assignment in _assignments(regions, kinds, options):
             for k in ks:
-                candidates.append(_estimate(cfg, assignment, options, k, batch, target, dev, base_plan))
+                candidates.append(_estimate(cfg, assignment, options, transient, k, batch, target, dev))
 
     # dedupe (the same plan from two routes), fastest first
     unique: dict[str, Candidate] = {}
@@ -273,11 +280,15 @@ def _assignments(regions: list[str], kinds: list[str], options: dict[tuple[str, 
         yield dict(current)
 
 
-def _estimate(cfg: _Config, assignment: dict[str, str], options, k: int, batch: int, target: Target, dev: Device, base_plan: Plan) -> Candidate:
+def _estimate(cfg: _Config, assignment: dict[str, str], options, transient: dict[str, float], k: int, batch: int,
+              target: Target, dev: Device) -> Candidate:
     m = cfg.measurement
     reductions = [options[(r, kind)][0] for r, kind in assignment.items()]
     added = sum(options[(r, kind)][1] for r, kind in assignment.items())
-    peak = m.peak_bytes - sum(reductions) + (max(reductions) if reductions else 0)
+    # a recomputed / reloaded region comes back in backward: its reduction times the factor
+    # measured once per kind (all regions of that kind, at the first configuration)
+    excess = max((transient.get(kind, 0.0) * options[(r, kind)][0] for r, kind in assignment.items()), default=0.0)
+    peak = m.peak_bytes - sum(reductions) + excess
     seconds = cfg.cost.total_seconds + added
     plan = cfg.plan.replace(regions=dict(assignment))
     if k > 1:
