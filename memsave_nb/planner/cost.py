@@ -9,7 +9,6 @@ is known without running a checkpointed step.
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable
 
@@ -135,15 +134,12 @@ def step_cost(workload: "Workload", plan: "Plan", regions: Iterable[str], device
             mod = model.get_submodule(name)
             handles.append(mod.register_forward_pre_hook(enter(name)))
             handles.append(mod.register_forward_hook(leave))
-        autocast = getattr(wl, "autocast_dtype", None)
         try:
             with _fake_model(model) as fake_mode, fake_mode:
                 batch = _make_batch(wl, fake_mode)
                 optimizer = wl.make_optimizer()
                 with mode:
-                    ctx = torch.autocast(torch.device(wl.device).type, dtype=autocast) if autocast else contextlib.nullcontext()
-                    with ctx:
-                        loss = wl.compute_loss(wl.forward(batch))
+                    loss = wl.compute_loss(wl.forward(batch))  # Workload.forward applies its autocast
                     mode.phase = "backward"
                     loss.backward()
                     if optimizer is not None:
