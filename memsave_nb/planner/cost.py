@@ -111,7 +111,7 @@ class _CostMode(TorchDispatchMode):
 def step_cost(workload: "Workload", plan: "Plan", regions: Iterable[str], device: Device) -> StepCost:
     """The per-op cost of one step of ``workload`` under ``plan`` (a fake-mode pass; the model is
     left as it was)."""
-    from memsave_nb.measure.engine import _fake_model, _make_batch
+    from memsave_nb.measure.engine import _fake_model
 
     cost = StepCost(device)
     regions = list(regions)
@@ -136,7 +136,7 @@ def step_cost(workload: "Workload", plan: "Plan", regions: Iterable[str], device
             handles.append(mod.register_forward_hook(leave))
         try:
             with _fake_model(model) as fake_mode, fake_mode:
-                batch = _make_batch(wl, fake_mode)
+                batch = _fake_batch(wl, fake_mode)
                 optimizer = wl.make_optimizer()
                 with mode:
                     loss = wl.compute_loss(wl.forward(batch))  # Workload.forward applies its autocast
@@ -152,3 +152,14 @@ def step_cost(workload: "Workload", plan: "Plan", regions: Iterable[str], device
             for h in handles:
                 h.remove()
     return cost
+
+
+def _fake_batch(workload: "Workload", fake_mode: Any) -> Any:
+    """The workload's batch as fake tensors (a factory runs inside the fake mode)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    from memsave_nb.workload import map_tensors
+
+    raw = workload.batch() if callable(workload.batch) and not isinstance(workload.batch, torch.Tensor) else workload.batch
+    converted = map_tensors(raw, lambda t: t if isinstance(t, FakeTensor) else fake_mode.from_tensor(t))
+    return workload.replace(batch=converted).make_batch()
