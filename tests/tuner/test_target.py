@@ -43,6 +43,7 @@ def test_max_batch_is_the_boundary_measured_on_both_sides():
     assert r.count <= 2 * (r.value + 1).bit_length() + 2  # bisection, not a linear scan
 
 
+@pytest.mark.slow
 def test_max_seq_len_capped_by_positions_and_boundary():
     wl = _small_gpt()
     huge = max_seq_len(wl, Plan(), Target(80))
@@ -59,6 +60,7 @@ def test_nothing_fits_is_zero():
     assert r.value == 0 and r.limit == "even 1 does not fit"
 
 
+@pytest.mark.slow
 def test_cli_target_and_max_batch(capsys):
     code = main(["report", "--model", "mlp", "--mode", "fake", "--target-gb", "0.05", "--max-batch", "--precision", "bf16"])
     out = capsys.readouterr().out
