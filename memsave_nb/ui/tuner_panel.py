@@ -117,6 +117,20 @@ class TunerPanel(W.VBox):
         self.search_button.add_class("memsave-plan-search")
         self.status = W.HTML("")
         self.status.add_class("memsave-tuner-status")
+        # workload knobs (memsave_nb.knobs): 0 / "as given" keeps the workload's own
+        from memsave_nb.knobs import OPTIMIZERS, PRECISIONS
+
+        small = W.Layout(width="150px")
+        self.knob_batch = W.BoundedIntText(value=0, min=0, max=1 << 20, description="batch", layout=small)
+        self.knob_seq = W.BoundedIntText(value=0, min=0, max=1 << 24, description="seq len", layout=small)
+        self.knob_precision = W.Dropdown(options=[("as given", None)] + [(k, k) for k in PRECISIONS], value=None,
+                                         description="precision", layout=W.Layout(width="220px"))
+        self.knob_optimizer = W.Dropdown(options=[("as given", None)] + [(k, k) for k in OPTIMIZERS], value=None,
+                                         description="optimizer", layout=W.Layout(width="220px"))
+        self.knob_accumulate = W.BoundedIntText(value=1, min=1, max=1024, description="accumulate", layout=small)
+        self.knob_apply = W.Button(description="apply knobs", icon="check", layout=W.Layout(width="120px"))
+        self.knob_apply.add_class("memsave-knobs-apply")
+        self.knob_apply.on_click(lambda _b: self.apply_knobs())
         self.code = W.HTML("")
         self.code.add_class("memsave-tuner-code")
         self.plot = pareto([], [], None)
@@ -133,6 +147,8 @@ class TunerPanel(W.VBox):
             W.HBox([self.target_menu, self.target_gb, self.headroom, self.device], layout=W.Layout(flex_flow="row wrap")),
             self.line,
             W.HBox([self.verdict]),
+            W.HBox([self.knob_batch, self.knob_seq, self.knob_precision, self.knob_optimizer, self.knob_accumulate,
+                    self.knob_apply], layout=W.Layout(flex_flow="row wrap")),
             W.HBox([self.max_batch_button, self.max_batch_result]),
             W.HBox([self.search_button, self.status]),
             bokeh_widget(self.plot.figure),
@@ -182,6 +198,21 @@ class TunerPanel(W.VBox):
         self.status.value = f"<span style='color:{MISS_COLOR}'>{html.escape(text)}</span>"
 
     # -- actions ---------------------------------------------------------------------------------
+    def apply_knobs(self) -> None:
+        """Put the knob controls into the explorer's plan (which reruns when live)."""
+        try:
+            plan = self.explorer.plan.replace(
+                batch_size=self.knob_batch.value or None,
+                seq_len=self.knob_seq.value or None,
+                precision=self.knob_precision.value,
+                optimizer=self.knob_optimizer.value,
+                accumulation_steps=self.knob_accumulate.value if self.knob_accumulate.value > 1 else None,
+            )
+        except MemsaveError as exc:
+            self._error(str(exc))
+            return
+        self.explorer.set_plan(plan)
+
     def find_max_batch(self) -> int | None:
         from memsave_nb.target import max_batch
 

@@ -60,3 +60,18 @@ def test_knobs_survive_loading_into_the_explorer(explorer):
     assert explorer.plan.batch_size == 2 and explorer.plan.precision == "bf16"
     explorer.run_now(raise_errors=True)
     assert explorer.measurement.peak_split.inputs == 2 * 2 * 32 * 8  # idx + targets at batch 2
+
+
+def test_knob_controls_edit_the_plan(explorer):
+    panel = explorer.tuner
+    panel.knob_batch.value = 2
+    panel.knob_precision.value = "bf16"
+    panel.knob_optimizer.value = "sgd_momentum"
+    panel.knob_apply.click()
+    plan = explorer.plan
+    assert (plan.batch_size, plan.precision, plan.optimizer) == (2, "bf16", "sgd_momentum")
+    explorer.run_now(raise_errors=True)
+    n = sum(p.numel() for p in explorer.session.workload.model.parameters())
+    m = explorer.measurement
+    assert m.peak_split.parameters == 2 * n  # bf16
+    assert max(m.timeline.by_category["optimizer_state"]) == 2 * n  # one bf16 momentum buffer
