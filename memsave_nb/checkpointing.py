@@ -342,7 +342,7 @@ def wrap_region(module: nn.Module, policy: RegionPolicy, name: str = "") -> Call
     if policy.kind is RegionKind.OFFLOAD:
         from memsave_nb.offload import offloading
 
-        def forward(*args: Any, **kwargs: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
             with offloading(module):
                 return inner(*args, **kwargs)
 
