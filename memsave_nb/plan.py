@@ -209,7 +209,8 @@ class Plan:
         regions = self.active_regions
         if regions:
             kinds = sorted({_policy_label(p) for p in regions.values()})
-            parts.append(f"checkpoint {len(regions)} region{'s' * (len(regions) != 1)} ({', '.join(kinds)})")
+            verb = "offload" if kinds == ["offload"] else ("checkpoint/offload" if "offload" in kinds else "checkpoint")
+            parts.append(f"{verb} {len(regions)} region{'s' * (len(regions) != 1)} ({', '.join(kinds)})")
             if model is not None:
                 from memsave_nb.hf import has_kv_cache
 
