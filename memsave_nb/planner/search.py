@@ -19,7 +19,9 @@ How it searches (see docs/planner.md for the why):
    first n regions one way and the rest the other; and a greedy sequence that
    adds the (region, kind) with the fewest added seconds per byte saved until every region is
    taken. Every (G, assignment, k) is a candidate.
-5. The Pareto front (estimated peak vs estimated time); the fastest candidates that fit are
+5. Compile budgets (real mode only): each measured directly; its time is the first
+   configuration's estimate times the measured compiled / eager step-time ratio.
+6. The Pareto front (estimated peak vs estimated time); the fastest candidates that fit are
    re-measured with a full step, in order, until one fits for real: that is the chosen plan.
 """
 
@@ -136,6 +138,7 @@ def plan_for(
     link: str = "pcie5",
     base_plan: Plan | None = None,
     remeasure: int = 3,
+    compile_budgets: Sequence[float] = (),
 ) -> PlannerResult:
     """Search plans for ``workload`` under ``target`` (see the module doc). ``freezing`` maps
     labels to plans whose freezing is tried (default: the model's own); ``precisions`` and
@@ -229,6 +232,15 @@ def plan_for(
             for k in ks:
                 candidates.append(_estimate(cfg, assignment, options, transient, k, batch, target, dev))
 
+    # compile budgets (real mode only): measured directly, time scaled from the first config's estimate
+    if compile_budgets:
+        if mode != "real":
+            notes.append("compile budgets: real mode only (fake tensors do not compile); skipped")
+        else:
+            compiled, n = _compiled_candidates(workload, g0, compile_budgets, target)
+            candidates += compiled
+            measurements += n
+
     # dedupe (the same plan from two routes), fastest first
     unique: dict[str, Candidate] = {}
     for c in candidates:
@@ -304,3 +316,21 @@ def _estimate(cfg: _Config, assignment: dict[str, str], options, transient: dict
 
 def _grad_bytes(m: "Measurement") -> int:
     return max(m.timeline.by_category["gradients"]) if len(m.timeline) else 0
+
+
+def _compiled_candidates(workload: "Workload", g0: _Config, budgets: Sequence[float], target: Target) -> tuple[list[Candidate], int]:
+    """One real measurement per budget (and one eager, timed): the peak is measured, the time is
+    the first configuration's estimate times the measured compiled / eager step-time ratio."""
+    from memsave_nb.measure import measure
+
+    with g0.plan.apply(workload) as wl:
+        eager = measure(wl, mode="real", repeats=3)
+    out = []
+    for b in budgets:
+        plan = g0.plan.replace(compile_budget=b)
+        with plan.apply(workload) as wl:
+            m = measure(wl, mode="real", repeats=3)
+        ratio = (m.step_seconds or 0.0) / (eager.step_seconds or 1.0)
+        out.append(Candidate(plan, f"{g0.label}, compile {b:g}", m.peak_bytes, g0.cost.total_seconds * ratio,
+                             target.fits(m.peak_bytes), measured_peak_bytes=m.peak_bytes, measured_seconds=m.step_seconds))
+    return out, 1 + len(budgets)

@@ -81,3 +81,23 @@ def test_planner_estimates_and_choice_in_fake_mode():
     # the front: no candidate beats a front member on both axes
     for f in result.front:
         assert not any(c.est_peak_bytes < f.est_peak_bytes and c.est_seconds < f.est_seconds for c in result.candidates)
+
+
+@pytest.mark.slow
+def test_compile_budgets_are_real_mode_candidates():
+    from torch import nn
+
+    from memsave_nb.workload import Workload
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 256), nn.GELU(), nn.Linear(256, 8))
+    wl = Workload(model, torch.randn(32, 64))
+    fake = plan_for(wl, Target(1), mode="fake", compile_budgets=(0.5,), remeasure=0)
+    assert any("real mode only" in n for n in fake.notes) and not any(c.plan.compiled for c in fake.candidates)
+    real = plan_for(wl, Target(1), mode="real", device="host", compile_budgets=(0.0, 1.0), remeasure=0)
+    compiled = [c for c in real.candidates if c.plan.compiled]
+    assert sorted(c.plan.compile_budget for c in compiled) == [0.0, 1.0]
+    for c in compiled:
+        assert c.measured_seconds > 0 and c.est_peak_bytes == c.measured_peak_bytes
+        again = measure_peak(wl, c.plan, "real")
+        assert again.peak_bytes == pytest.approx(c.measured_peak_bytes, rel=0.02)
