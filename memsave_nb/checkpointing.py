@@ -64,6 +64,7 @@ class RegionKind(str, enum.Enum):
     NONE = "none"
     FULL = "full"
     SELECTIVE = "selective"
+    OFFLOAD = "offload"  # tensors saved in the region go to host memory (see offload.py)
 
 
 class OpChoice(str, enum.Enum):
@@ -195,6 +196,7 @@ POLICY_PRESETS: dict[str, RegionPolicy] = {
     "save_matmuls": RegionPolicy.save(MATMUL_OPS),
     "save_compute_intensive": RegionPolicy.save(COMPUTE_INTENSIVE_OPS),
     "recompute_all": RegionPolicy(RegionKind.SELECTIVE, {}, OpChoice.RECOMPUTE),
+    "offload": RegionPolicy(RegionKind.OFFLOAD),
 }
 
 
@@ -343,7 +345,14 @@ def wrap_region(module: nn.Module, policy: RegionPolicy, name: str = "") -> Call
     context_fn = context_fn_for(policy, name)
     label = type(module).__name__
 
-    if context_fn is noop_context_fn:  # torch.compile traces checkpoint only without a no-op context_fn
+    if policy.kind is RegionKind.OFFLOAD:
+        from memsave_nb.offload import offloading
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            with offloading(module):
+                return inner(*args, **kwargs)
+
+    elif context_fn is noop_context_fn:  # torch.compile traces checkpoint only without a no-op context_fn
 
         def call(*args: Any, **kwargs: Any) -> Any:
             return checkpoint(inner, *args, use_reentrant=False, **kwargs)

@@ -57,7 +57,38 @@ def build_parser() -> argparse.ArgumentParser:
                      help="show the N layers with the most saved activations instead of every module")
     rep.add_argument("--out", default=None, metavar="FILE.html", help="also write a standalone HTML report here")
     rep.add_argument("--repeats", type=_positive_int, default=3, metavar="N", help=argparse.SUPPRESS)
+    _add_tuner_arguments(rep)
     return parser
+
+
+def _add_tuner_arguments(rep: argparse.ArgumentParser) -> None:
+    """Workload knobs and the target GPU (memsave_nb.knobs, memsave_nb.target)."""
+    from .knobs import OPTIMIZERS, PRECISIONS
+    from .target import PRESETS_GB
+
+    rep.add_argument("--seq-len", type=_positive_int, default=None, metavar="T", help="cut or extend token inputs to T")
+    rep.add_argument("--precision", choices=sorted(PRECISIONS), default=None, help="precision knob (default: the model's)")
+    rep.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default=None, help="optimizer knob (default: AdamW)")
+    rep.add_argument("--accumulate", type=_positive_int, default=None, metavar="K", help="K micro-batches per optimizer step")
+    rep.add_argument("--keep-grads", action="store_true", help="zero_grad(set_to_none=False): gradients stay allocated")
+    rep.add_argument("--target-gb", type=float, default=None, metavar="GB",
+                     help=f"the GPU's memory in GB (presets {', '.join(f'{g:g}' for g in PRESETS_GB)}): says fits / does not fit")
+    rep.add_argument("--headroom", type=float, default=None, metavar="FRACTION",
+                     help="usable share of the target (default 0.8: the 80%% rule)")
+    rep.add_argument("--max-batch", action="store_true", help="with --target-gb: the largest batch that fits (bisection, fake mode)")
+    rep.add_argument("--max-seq", action="store_true", help="with --target-gb: the longest sequence that fits (bisection, fake mode)")
+
+
+def _knob_plan(args: argparse.Namespace):
+    from .plan import Plan
+
+    return Plan(
+        seq_len=args.seq_len,
+        precision=args.precision,
+        optimizer=args.optimizer,
+        accumulation_steps=args.accumulate,
+        set_to_none=False if args.keep_grads else None,
+    )
 
 
 def format_report(measurement, *, title: str, top: int | None = None) -> str:
@@ -109,9 +140,16 @@ def _report(args: argparse.Namespace) -> int:
         raise MemsaveError("gpt-7b is built from fake tensors and only runs with --mode fake")
     workload = zoo.make(args.model, args.batch, device=args.device)
     batch = args.batch or zoo.DEFAULT_BATCH.get(args.model)
-    measurement = measure(workload, mode=mode, repeats=args.repeats)
-    title = f"memsave_nb report: {args.model}, batch {batch}, {mode} mode on {measurement.device}"
+    plan = _knob_plan(args)
+    with plan.apply(workload) as applied:
+        measurement = measure(applied, mode=mode, repeats=args.repeats)
+    knobs = f", {plan.describe()}" if not plan.is_empty else ""
+    title = f"memsave_nb report: {args.model}, batch {batch}{knobs}, {mode} mode on {measurement.device}"
     sys.stdout.write(format_report(measurement, title=title, top=args.top))
+    if args.target_gb is not None or args.max_batch or args.max_seq:
+        from .target import cli_target_lines
+
+        sys.stdout.write(cli_target_lines(workload, plan, measurement, args))
     if args.out:
         from .report import write_report
 

@@ -117,9 +117,20 @@ class Plan:
     memsave: tuple[str, ...] = ()
     regions: Mapping[str, RegionPolicy] = field(default_factory=dict)
     compile_budget: float | None = None
+    # workload knobs (memsave_nb.knobs): None keeps the workload's own setting
+    batch_size: int | None = None
+    seq_len: int | None = None
+    precision: str | None = None
+    optimizer: str | None = None
+    accumulation_steps: int | None = None
+    set_to_none: bool | None = None
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
+        from memsave_nb.knobs import check_knobs
+
+        for knob, value in check_knobs(self).items():
+            set_(self, knob, value)
         if not isinstance(self.name, str):
             raise PlanError(f"plan name must be a string, got {show(self.name)}")
         for f in ("frozen", "trainable", "bn_eval", "memsave"):
@@ -163,7 +174,15 @@ class Plan:
             and not self.memsave
             and not self.active_regions
             and self.compile_budget is None
+            and not self.has_knobs
         )
+
+    @property
+    def has_knobs(self) -> bool:
+        """True when a workload knob (batch size, precision, optimizer, ...) is set."""
+        from memsave_nb.knobs import KNOB_FIELDS
+
+        return any(getattr(self, f) is not None for f in KNOB_FIELDS)
 
     @property
     def active_regions(self) -> dict[str, RegionPolicy]:
@@ -190,7 +209,8 @@ class Plan:
         regions = self.active_regions
         if regions:
             kinds = sorted({_policy_label(p) for p in regions.values()})
-            parts.append(f"checkpoint {len(regions)} region{'s' * (len(regions) != 1)} ({', '.join(kinds)})")
+            verb = "offload" if kinds == ["offload"] else ("checkpoint/offload" if "offload" in kinds else "checkpoint")
+            parts.append(f"{verb} {len(regions)} region{'s' * (len(regions) != 1)} ({', '.join(kinds)})")
             if model is not None:
                 from memsave_nb.hf import has_kv_cache
 
@@ -198,6 +218,9 @@ class Plan:
                     parts.append("KV cache off (use_cache=False)")
         if self.compile_budget is not None:
             parts.append(f"compile budget {self.compile_budget:g}")
+        from memsave_nb.knobs import describe_knobs
+
+        parts += describe_knobs(self)
         return "; ".join(parts) or "baseline (no changes)"
 
     def replace(self, **changes: Any) -> "Plan":
@@ -215,7 +238,13 @@ class Plan:
             "memsave": list(self.memsave),
             "regions": {k: v.to_dict() for k, v in self.regions.items()},
             "compile_budget": self.compile_budget,
+            **self._knobs_dict(),
         }
+
+    def _knobs_dict(self) -> dict[str, Any]:
+        from memsave_nb.knobs import KNOB_FIELDS
+
+        return {f: getattr(self, f) for f in KNOB_FIELDS if getattr(self, f) is not None}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "Plan":
@@ -321,6 +350,12 @@ class Plan:
                 undo.append(wrap_region(model.get_submodule(region), policy, region))
             # 5. what the step sees
             changes: dict[str, Any] = {}
+            if self.has_knobs:  # batch, sequence, precision, optimizer, accumulation (knobs.py)
+                from memsave_nb.knobs import apply_knobs
+
+                knob_changes, knob_undo = apply_knobs(self, workload)
+                undo.extend(knob_undo)
+                changes.update(knob_changes)
             if self.input_requires_grad is not None and self.input_requires_grad != workload.input_requires_grad:
                 changes["input_requires_grad"] = self.input_requires_grad
             if self.compile_budget is not None:
@@ -455,9 +490,13 @@ class Plan:
             for policy, fn_name in policies.items():
                 body += [""] + _policy_code(policy, fn_name).splitlines()
             body += ["", ""]
+            if any(p.kind is RegionKind.OFFLOAD for p in regions.values()):
+                body += [*_OFFLOAD_HELPER.splitlines(), "", ""]
             for region, policy in regions.items():
                 target = f"{m}.get_submodule({region!r})" if region else m
-                if policy.kind is RegionKind.FULL:
+                if policy.kind is RegionKind.OFFLOAD:
+                    body.append(f"offload_region({target})")
+                elif policy.kind is RegionKind.FULL:
                     body.append(f"checkpoint_region({target})")
                 else:
                     body.append(f"checkpoint_region({target}, {policies[policy]})")
@@ -469,6 +508,12 @@ class Plan:
                 f"torch._functorch.config.activation_memory_budget = {self.compile_budget!r}",
                 f"{m} = torch.compile({m})",
             ]
+        if self.has_knobs:
+            from memsave_nb.knobs import knob_code
+
+            knob_imports, knob_body = knob_code(self, m)
+            imports += knob_imports
+            body += knob_body
         if needs_selects:
             imports.append("import fnmatch")
             source = inspect.getsource(selects).splitlines()
@@ -519,6 +564,36 @@ _OPS_HELPER = textwrap.dedent(
 def _comment(text: str) -> str:
     """Text safe inside a ``#`` comment: printable ASCII only (``ascii()`` escapes the rest)."""
     return ascii(text)[1:-1]
+
+
+_OFFLOAD_HELPER = textwrap.dedent(
+    '''\
+    def offload_region(module):
+        """Keep what module.forward saves for backward in pinned host memory until backward, as
+        torch.autograd.graph.save_on_cpu(pin_memory=True) does, but leave the module's own
+        parameters (and views of them) on the device: moving them would free nothing."""
+        inner = module.forward
+        params = {id(p) for p in module.parameters()}
+
+        def pack(t):
+            if id(t) in params or (t._base is not None and id(t._base) in params):
+                return t
+            host = torch.empty(t.size(), dtype=t.dtype, layout=t.layout, pin_memory=t.is_cuda)
+            host.copy_(t, non_blocking=True)
+            return (t.device, host)
+
+        def unpack(packed):
+            if isinstance(packed, torch.Tensor):
+                return packed
+            device, host = packed
+            return host.to(device, non_blocking=True)
+
+        def forward(*args, **kwargs):
+            with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+                return inner(*args, **kwargs)
+
+        module.forward = forward'''
+)
 
 
 def _policy_code(policy: RegionPolicy, fn_name: str) -> str:

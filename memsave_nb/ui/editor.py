@@ -180,6 +180,7 @@ class PlanEditor:
             memsave=tuple(self.tree.memsave_fields(self.swapped)),
             regions=dict(self.regions),
             compile_budget=self.compile_budget,
+            **getattr(self, "knobs", {}),  # batch size, precision, ... kept from a loaded plan
         )
 
     def load(self, plan: Plan, *, notify: bool = True) -> None:
@@ -190,6 +191,7 @@ class PlanEditor:
         self.input_requires_grad = plan.input_requires_grad
         self.bn_eval = tuple(plan.bn_eval)
         self.compile_budget = plan.compile_budget
+        self.knobs = plan._knobs_dict()  # workload knobs the controls do not show (memsave_nb.knobs)
         self.name = plan.name
         if notify:
             self._changed(keep_name=True)

@@ -166,6 +166,7 @@ class Explorer(W.VBox):
             self.plan_json,
         ])
         self.tabs = W.Tab(children=[layers_tab, self.sac, self.budget, self.results, code_tab])
+        self.tuner = None  # the "Fit a GPU" panel (ui/tuner_panel.py), added once the wiring below is done
         for i, t in enumerate(TAB_TITLES):
             self.tabs.set_title(i, t)
 
@@ -184,6 +185,11 @@ class Explorer(W.VBox):
 
         self._show(base_entry)
         self._show_code()
+        from .tuner_panel import TunerPanel
+
+        self.tuner = TunerPanel(self)
+        self.tabs.children = (*self.tabs.children, self.tuner)
+        self.tabs.set_title(len(self.tabs.children) - 1, TunerPanel.TITLE)
         self._set_status("idle", "baseline measured")
         global _last_explorer
         _last_explorer = weakref.ref(self)

@@ -1,0 +1,489 @@
+"""Workload knobs a fine-tuner turns: batch size, sequence length, precision, optimizer,
+gradient accumulation and ``zero_grad(set_to_none=...)``.
+
+A :class:`~memsave_nb.plan.Plan` holds them as plain data; :func:`apply_knobs` turns them into
+changes of the :class:`~memsave_nb.workload.Workload` to measure (``dataclasses.replace``) plus
+undo callbacks for what it changes on the model (parameter dtypes). Nothing here measures.
+
+What each knob does, precisely:
+
+- ``batch_size``: every tensor of the batch whose leading size is the batch's (the largest
+  leading size among its tensors of dim >= 1) is sliced (``t[:n]``) or repeated along dim 0
+  (tiled, then cut). Tensors a plain-function loss closes over (targets, as in
+  ``loss=lambda out: F.cross_entropy(out, y)``) with that leading size are resized the same way.
+  A batch factory whose signature has a ``batch_size`` parameter is called with it instead.
+- ``seq_len``: token tensors are cut (``t[:, :n]``) or extended (tiled along dim 1, then cut):
+  in a dict batch the keys in :data:`TOKEN_KEYS`; in a tensor or tuple batch the integer
+  tensors of dim 2. Closed-over targets of the batch's shape follow.
+- ``precision``: ``fp32`` (nothing); ``autocast_bf16`` / ``autocast_fp16`` (parameters stay
+  fp32, the forward runs under ``torch.autocast``: the engine's ``Workload.autocast_dtype``);
+  ``bf16`` (parameters, floating buffers and the batch held in bf16: pure bf16 training, the
+  optimizer state follows the parameters' dtype); ``bf16_master`` (bf16 parameters and
+  gradients, plus an fp32 master copy of each trainable parameter that the optimizer updates and
+  copies back, as Megatron/DeepSpeed-style mixed precision keeps them: 2 + 2 + 4 bytes per
+  trainable parameter before the optimizer's own state).
+- ``optimizer``: see :data:`OPTIMIZERS`.
+- ``accumulation_steps`` / ``set_to_none``: the engine's ``Workload`` fields (k micro-batches of
+  the batch, then one optimizer step; ``zero_grad`` semantics).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import types
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
+
+import torch
+from torch import nn
+
+from memsave_nb.checkpointing import PlanError
+from memsave_nb.workload import iter_tensors, map_tensors
+
+if TYPE_CHECKING:  # pragma: no cover
+    from memsave_nb.plan import Plan
+    from memsave_nb.workload import Workload
+
+__all__ = [
+    "PRECISIONS",
+    "OPTIMIZERS",
+    "TOKEN_KEYS",
+    "KNOB_FIELDS",
+    "check_knobs",
+    "apply_knobs",
+    "knob_code",
+    "describe_knobs",
+    "batch_size_of",
+    "seq_len_of",
+    "resize_batch",
+    "max_positions",
+    "optimizer_factory",
+    "MasterWeightsOptimizer",
+]
+
+PRECISIONS: dict[str, str] = {
+    "fp32": "float32 parameters, no autocast",
+    "autocast_bf16": "fp32 parameters, forward under torch.autocast(bfloat16)",
+    "autocast_fp16": "fp32 parameters, forward under torch.autocast(float16)",
+    "bf16": "parameters, buffers and batch held in bfloat16 (optimizer state follows)",
+    "bf16_master": "bf16 parameters and gradients + fp32 master weights kept by the optimizer",
+}
+
+OPTIMIZERS: dict[str, str] = {
+    "adamw": "torch.optim.AdamW(lr=1e-3): torch picks foreach/fused",
+    "adamw_foreach": "torch.optim.AdamW(lr=1e-3, foreach=True)",
+    "adamw_fused": "torch.optim.AdamW(lr=1e-3, fused=True)",
+    "sgd_momentum": "torch.optim.SGD(lr=1e-2, momentum=0.9)",
+    "sgd": "torch.optim.SGD(lr=1e-2)",
+    "adafactor": "torch.optim.Adafactor(lr=1e-2): factored second moments",
+    "adamw_8bit": "bitsandbytes.optim.AdamW8bit(lr=1e-3), where bitsandbytes imports",
+}
+
+TOKEN_KEYS = ("input_ids", "labels", "attention_mask", "token_type_ids", "position_ids", "idx", "targets")
+
+# Plan fields owned by this module, with their "keep the workload's" value.
+KNOB_FIELDS = ("batch_size", "seq_len", "precision", "optimizer", "accumulation_steps", "set_to_none")
+
+
+def _positive(value: Any, name: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise PlanError(f"{name} must be a positive integer or None, got {value!r}")
+    return int(value)
+
+
+def check_knobs(plan: "Plan") -> dict[str, Any]:
+    """Validated, normalised knob values of a plan (its ``__post_init__`` stores them)."""
+    out = {
+        "batch_size": _positive(plan.batch_size, "batch_size"),
+        "seq_len": _positive(plan.seq_len, "seq_len"),
+        "accumulation_steps": _positive(plan.accumulation_steps, "accumulation_steps"),
+    }
+    precision = plan.precision
+    if precision is not None:
+        if not isinstance(precision, str) or precision.lower().replace("-", "_") not in PRECISIONS:
+            raise PlanError(f"precision {precision!r}: choose one of {sorted(PRECISIONS)} or None")
+        precision = precision.lower().replace("-", "_")
+    out["precision"] = precision
+    optimizer = plan.optimizer
+    if optimizer is not None:
+        if not isinstance(optimizer, str) or optimizer.lower().replace("-", "_") not in OPTIMIZERS:
+            raise PlanError(f"optimizer {optimizer!r}: choose one of {sorted(OPTIMIZERS)} or None")
+        optimizer = optimizer.lower().replace("-", "_")
+    out["optimizer"] = optimizer
+    if plan.set_to_none is not None and not isinstance(plan.set_to_none, bool):
+        raise PlanError(f"set_to_none must be True, False or None, got {plan.set_to_none!r}")
+    out["set_to_none"] = plan.set_to_none
+    return out
+
+
+def describe_knobs(plan: "Plan") -> list[str]:
+    parts = []
+    if plan.batch_size is not None:
+        parts.append(f"batch {plan.batch_size}")
+    if plan.seq_len is not None:
+        parts.append(f"seq {plan.seq_len}")
+    if plan.precision is not None:
+        parts.append(plan.precision)
+    if plan.optimizer is not None:
+        parts.append(plan.optimizer)
+    if plan.accumulation_steps is not None:
+        parts.append(f"accumulate {plan.accumulation_steps}")
+    if plan.set_to_none is not None:
+        parts.append(f"zero_grad set_to_none={plan.set_to_none}")
+    return parts
+
+
+# -- batch and sequence ----------------------------------------------------------------------
+
+
+def batch_size_of(batch: Any) -> int:
+    """The batch's size: the largest leading size among its tensors of dim >= 1."""
+    sizes = [t.shape[0] for t in iter_tensors(batch) if t.dim() >= 1]
+    if not sizes:
+        raise PlanError("batch_size: the batch holds no tensor with a batch dimension")
+    return max(sizes)
+
+
+def _token_tensors(batch: Any) -> list[torch.Tensor]:
+    if isinstance(batch, Mapping):
+        return [v for k, v in batch.items() if k in TOKEN_KEYS and isinstance(v, torch.Tensor) and v.dim() >= 2]
+    return [t for t in iter_tensors(batch) if t.dim() == 2 and not t.is_floating_point() and not t.is_complex()]
+
+
+def seq_len_of(batch: Any) -> int:
+    tokens = _token_tensors(batch)
+    if not tokens:
+        raise PlanError(f"seq_len: the batch holds no token tensor ({', '.join(TOKEN_KEYS)}, or an integer (B, T) tensor)")
+    return max(t.shape[1] for t in tokens)
+
+
+def _resize_dim(t: torch.Tensor, dim: int, n: int) -> torch.Tensor:
+    size = t.shape[dim]
+    if n == size:
+        return t
+    if n < size:
+        return t.narrow(dim, 0, n).clone()
+    reps = [1] * t.dim()
+    reps[dim] = -(-n // size)
+    return t.repeat(*reps).narrow(dim, 0, n).clone()
+
+
+def resize_batch(batch: Any, batch_size: int | None = None, seq_len: int | None = None) -> Any:
+    """The batch with its batch dimension and/or token sequence resized (see the module doc)."""
+    if seq_len is not None:
+        tokens = _token_tensors(batch)
+        if not tokens:
+            seq_len_of(batch)  # raises the one-line error
+        ids = {id(t) for t in tokens}
+        if isinstance(batch, Mapping):
+            batch = {k: (_resize_dim(v, 1, seq_len) if id(v) in ids else v) for k, v in batch.items()}
+        else:
+            batch = map_tensors(batch, lambda t: _resize_dim(t, 1, seq_len) if id(t) in ids else t)
+    if batch_size is not None:
+        b = batch_size_of(batch)
+        batch = map_tensors(batch, lambda t: _resize_dim(t, 0, batch_size) if t.dim() >= 1 and t.shape[0] == b else t)
+    return batch
+
+
+def _factory_takes_batch_size(fn: Any) -> bool:
+    try:
+        return "batch_size" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _is_factory(batch: Any) -> bool:
+    return callable(batch) and not isinstance(batch, (nn.Module, torch.Tensor))
+
+
+def _resize_loss(loss: Any, old_batch: Any, batch_size: int | None, seq_len: int | None) -> Any:
+    """A copy of a plain-function loss whose closed-over tensors of the batch's leading size are
+    resized like the batch (targets captured by ``lambda out: F.cross_entropy(out, y)``)."""
+    if not isinstance(loss, types.FunctionType) or not loss.__closure__:
+        return loss
+    try:
+        b = batch_size_of(old_batch)
+        t_len = seq_len_of(old_batch) if seq_len is not None else None
+    except PlanError:
+        return loss
+    changed = False
+    cells = []
+    for cell in loss.__closure__:
+        try:
+            value = cell.cell_contents
+        except ValueError:  # empty cell
+            cells.append(cell)
+            continue
+        if isinstance(value, torch.Tensor) and value.dim() >= 1 and value.shape[0] == b:
+            new = value
+            if t_len is not None and value.dim() >= 2 and value.shape[1] == t_len:
+                new = _resize_dim(new, 1, seq_len)  # type: ignore[arg-type]
+            if batch_size is not None:
+                new = _resize_dim(new, 0, batch_size)
+            if new is not value:
+                changed = True
+            cells.append(types.CellType(new))
+        else:
+            cells.append(cell)
+    if not changed:
+        return loss
+    return types.FunctionType(loss.__code__, loss.__globals__, loss.__name__, loss.__defaults__, tuple(cells))
+
+
+def max_positions(model: nn.Module) -> int | None:
+    """The longest sequence the model's position embeddings allow, when its config says."""
+    cfg = getattr(model, "config", None)
+    for attr in ("max_position_embeddings", "n_positions", "block_size", "max_seq_len"):
+        value = getattr(cfg, attr, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def _batch_changes(plan: "Plan", workload: "Workload") -> dict[str, Any]:
+    n, t = plan.batch_size, plan.seq_len
+    if n is None and t is None:
+        return {}
+    if t is not None:
+        limit = max_positions(workload.model)
+        if limit is not None and t > limit:
+            raise PlanError(f"seq_len {t} exceeds the model's {limit} positions")
+    batch = workload.batch
+    changes: dict[str, Any] = {}
+    if _is_factory(batch):
+        takes = _factory_takes_batch_size(batch)
+
+        def factory(batch=batch, takes=takes) -> Any:
+            raw = batch(batch_size=n) if (takes and n is not None) else batch()
+            return resize_batch(raw, None if takes else n, t)
+
+        changes["batch"] = factory
+        # the loss may close over targets sized like the factory's batch: build one to see
+        if workload.loss is not None and isinstance(workload.loss, types.FunctionType) and workload.loss.__closure__:
+            try:
+                sample = batch()
+            except Exception:  # noqa: BLE001 - a factory that needs its fake mode: leave the loss
+                sample = None
+            if sample is not None:
+                changes["loss"] = _resize_loss(workload.loss, sample, n, t)
+    else:
+        changes["batch"] = resize_batch(batch, n, t)
+        if workload.loss is not None:
+            changes["loss"] = _resize_loss(workload.loss, batch, n, t)
+    return changes
+
+
+# -- optimizers ------------------------------------------------------------------------------
+
+
+def _bitsandbytes_adamw8bit() -> Any:
+    try:
+        import bitsandbytes.optim as bnb_optim  # type: ignore[import-not-found]
+    except Exception as exc:  # noqa: BLE001 - any import failure is the same answer
+        raise PlanError(f"optimizer 'adamw_8bit' needs bitsandbytes, which does not import here ({type(exc).__name__}: {exc})") from None
+    return bnb_optim.AdamW8bit
+
+
+def optimizer_factory(name: str) -> Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]:
+    """An optimizer factory ``params -> Optimizer`` for a name in :data:`OPTIMIZERS`."""
+    if name == "adamw":
+        return lambda params: torch.optim.AdamW(params, lr=1e-3)
+    if name == "adamw_foreach":
+        return lambda params: torch.optim.AdamW(params, lr=1e-3, foreach=True)
+    if name == "adamw_fused":
+        return lambda params: torch.optim.AdamW(params, lr=1e-3, fused=True)
+    if name == "sgd_momentum":
+        return lambda params: torch.optim.SGD(params, lr=1e-2, momentum=0.9)
+    if name == "sgd":
+        return lambda params: torch.optim.SGD(params, lr=1e-2)
+    if name == "adafactor":
+        return lambda params: torch.optim.Adafactor(params, lr=1e-2)
+    if name == "adamw_8bit":
+        cls = _bitsandbytes_adamw8bit()
+        return lambda params: cls(params, lr=1e-3)
+    raise PlanError(f"optimizer {name!r}: choose one of {sorted(OPTIMIZERS)}")
+
+
+class MasterWeightsOptimizer(torch.optim.Optimizer):
+    """Mixed precision with fp32 master weights: the model's parameters and gradients are bf16;
+    this optimizer keeps an fp32 copy of each parameter, steps ``inner`` on the copies (with the
+    gradients cast to fp32) and writes the result back in bf16. Its ``state[p]`` holds the master
+    copy (``"master"``) and the inner optimizer's state for it, so trackers see all of it."""
+
+    def __init__(self, params: Iterable[nn.Parameter], inner: Callable[[list[torch.Tensor]], torch.optim.Optimizer]):
+        params = list(params)
+        super().__init__(params, {})
+        self._masters = [p.detach().float() if p.dtype != torch.float32 else p.detach().clone() for p in params]
+        for master in self._masters:
+            master.requires_grad_(True)
+        for p, master in zip(params, self._masters):
+            self.state[p]["master"] = master
+        self._inner = inner(self._masters)
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:  # noqa: D102
+        params = [p for group in self.param_groups for p in group["params"]]
+        for p, master in zip(params, self._masters):
+            master.grad = None if p.grad is None else p.grad.float()
+        self._inner.step()
+        for p, master in zip(params, self._masters):
+            master.grad = None
+            p.copy_(master)
+            self.state[p].update(self._inner.state.get(master, {}))
+        return None
+
+
+def _optimizer_spec(plan: "Plan", workload: "Workload") -> Any:
+    base: Any = optimizer_factory(plan.optimizer) if plan.optimizer is not None else workload.optimizer
+    if plan.precision != "bf16_master":
+        return base
+    if base is None or (isinstance(base, str) and base.lower() == "none"):
+        return base
+    if isinstance(base, str):
+        from memsave_nb.workload import _OPTIMIZERS
+
+        inner = _OPTIMIZERS[base.lower()]
+    else:
+        inner = base
+    return lambda params, inner=inner: MasterWeightsOptimizer(params, inner)
+
+
+# -- parameter dtype ---------------------------------------------------------------------------
+
+
+def cast_parameters(model: nn.Module, dtype: torch.dtype) -> Callable[[], None]:
+    """Hold the model's floating parameters and buffers in ``dtype``; returns the undo.
+
+    Parameters keep their identity (``param.data`` is swapped); buffers are replaced in their
+    module's ``_buffers`` (the plan's restore point puts the originals back; undo does too)."""
+    originals: list[tuple[nn.Parameter, torch.Tensor]] = []
+    buffers: list[tuple[nn.Module, str, torch.Tensor]] = []
+    seen: set[int] = set()
+    with torch.no_grad():
+        for module in model.modules():
+            for p in module._parameters.values():
+                if p is None or id(p) in seen or not p.is_floating_point() or p.dtype == dtype:
+                    continue
+                seen.add(id(p))
+                originals.append((p, p.data))
+                p.data = p.data.to(dtype)
+            for name, b in list(module._buffers.items()):
+                if b is None or not b.is_floating_point() or b.dtype == dtype:
+                    continue
+                buffers.append((module, name, b))
+                module._buffers[name] = b.to(dtype)
+
+    def undo() -> None:
+        for p, data in originals:
+            p.data = data
+            if p.grad is not None and p.grad.dtype != data.dtype:
+                p.grad = None
+        for module, name, b in buffers:
+            module._buffers[name] = b
+
+    return undo
+
+
+# -- apply -----------------------------------------------------------------------------------
+
+
+def _workload_has(workload: "Workload", name: str) -> bool:
+    return any(f.name == name for f in dataclasses.fields(workload))
+
+
+def apply_knobs(plan: "Plan", workload: "Workload") -> tuple[dict[str, Any], list[Callable[[], None]]]:
+    """The workload changes (for ``dataclasses.replace``) and the model undo callbacks of the
+    plan's knobs. Called by ``Plan.apply`` after freezing and regions."""
+    changes: dict[str, Any] = dict(_batch_changes(plan, workload))
+    undo: list[Callable[[], None]] = []
+    precision = plan.precision
+    if precision in ("autocast_bf16", "autocast_fp16"):
+        if not _workload_has(workload, "autocast_dtype"):
+            raise PlanError("precision autocast needs Workload.autocast_dtype (the engine's autocast support), which this version lacks")
+        changes["autocast_dtype"] = torch.bfloat16 if precision == "autocast_bf16" else torch.float16
+    elif precision in ("bf16", "bf16_master"):
+        undo.append(cast_parameters(workload.model, torch.bfloat16))
+        changes["dtype"] = torch.bfloat16
+    if plan.optimizer is not None or precision == "bf16_master":
+        changes["optimizer"] = _optimizer_spec(plan, workload)
+    for name in ("accumulation_steps", "set_to_none"):
+        value = getattr(plan, name)
+        if value is None:
+            continue
+        if not _workload_has(workload, name):
+            raise PlanError(f"{name} needs Workload.{name} (the engine's support), which this version lacks")
+        changes[name] = value
+    return changes, undo
+
+
+# -- code export -----------------------------------------------------------------------------
+
+_OPTIMIZER_CODE = {
+    "adamw": "torch.optim.AdamW(params, lr=1e-3)",
+    "adamw_foreach": "torch.optim.AdamW(params, lr=1e-3, foreach=True)",
+    "adamw_fused": "torch.optim.AdamW(params, lr=1e-3, fused=True)",
+    "sgd_momentum": "torch.optim.SGD(params, lr=1e-2, momentum=0.9)",
+    "sgd": "torch.optim.SGD(params, lr=1e-2)",
+    "adafactor": "torch.optim.Adafactor(params, lr=1e-2)",
+    "adamw_8bit": "bitsandbytes.optim.AdamW8bit(params, lr=1e-3)",
+}
+
+
+def knob_code(plan: "Plan", m: str) -> tuple[list[str], list[str]]:
+    """(imports, body lines) that make the knobs in a training script."""
+    imports: list[str] = []
+    body: list[str] = []
+    if not any(getattr(plan, f) is not None for f in KNOB_FIELDS):
+        return imports, body
+    body += ["", "# workload knobs: use these in your data loader and training loop"]
+    if plan.batch_size is not None:
+        body.append(f"batch_size = {plan.batch_size!r}  # per micro-batch")
+    if plan.seq_len is not None:
+        body.append(f"seq_len = {plan.seq_len!r}  # cut or pad token tensors to this length")
+    k = plan.accumulation_steps or 1
+    body.append(f"accumulation_steps = {k!r}")
+    body.append(f"set_to_none = {plan.set_to_none if plan.set_to_none is not None else True!r}")
+    precision = plan.precision or "fp32"
+    autocast = None
+    if precision == "autocast_bf16":
+        autocast = "torch.bfloat16"
+    elif precision == "autocast_fp16":
+        autocast = "torch.float16"
+    if precision in ("bf16", "bf16_master"):
+        body.append(f"{m}.to(torch.bfloat16)  # parameters and buffers in bf16; cast floating inputs too")
+    body.append(f"params = [p for p in {m}.parameters() if p.requires_grad]")
+    opt = _OPTIMIZER_CODE[plan.optimizer or "adamw"]
+    if plan.optimizer == "adamw_8bit":
+        imports.append("import bitsandbytes.optim")
+    if precision == "bf16_master":
+        body += [
+            "# fp32 master weights: the optimizer steps fp32 copies, the model keeps bf16",
+            "masters = [p.detach().float().requires_grad_(True) for p in params]",
+            "optimizer = " + opt.replace("(params", "(masters"),
+        ]
+    else:
+        body.append("optimizer = " + opt)
+    ctx = f"torch.autocast(device_type=device, dtype={autocast})" if autocast else None
+    body += [
+        "",
+        "# for step, micro_batches in enumerate(batches):  # accumulation_steps micro-batches each",
+        "#     for batch in micro_batches:",
+        f"#         {'with ' + ctx + ':' if ctx else ''}",
+        f"#         {'    ' if ctx else ''}loss = loss_fn({m}(batch)) / accumulation_steps",
+        "#         loss.backward()",
+    ]
+    if precision == "bf16_master":
+        body += [
+            "#     for p, master in zip(params, masters): master.grad = p.grad.float()",
+            "#     optimizer.step()",
+            "#     with torch.no_grad():",
+            "#         for p, master in zip(params, masters): p.copy_(master)",
+            "#     for p in params: p.grad = None",
+        ]
+    else:
+        body += ["#     optimizer.step()", "#     optimizer.zero_grad(set_to_none=set_to_none)"]
+    body = [line.replace("#         \n", "") for line in body]
+    body = [line for line in body if line.strip() != "#"]
+    return imports, body

@@ -1,0 +1,20 @@
+"""The planner: plans that fit a target GPU, ranked by estimated step time (see search.py)."""
+
+from memsave_nb.planner.cost import StepCost, step_cost
+from memsave_nb.planner.pareto import pareto_front
+from memsave_nb.planner.roofline import GPUS, Device, calibrate_host, device_named
+from memsave_nb.planner.search import REGION_KINDS, Candidate, PlannerResult, plan_for
+
+__all__ = [
+    "GPUS",
+    "Device",
+    "calibrate_host",
+    "device_named",
+    "StepCost",
+    "step_cost",
+    "pareto_front",
+    "REGION_KINDS",
+    "Candidate",
+    "PlannerResult",
+    "plan_for",
+]

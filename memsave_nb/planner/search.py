@@ -1,0 +1,336 @@
+"""The planner: given a target GPU, the plans that fit, ranked by estimated step time.
+
+How it searches (see docs/planner.md for the why):
+
+1. *Global configurations* G = freezing choice x precision x memory-saving layers. Each is
+   measured once (one step in fake or real mode) and costed once (:func:`step_cost`).
+2. *Region choices* (none / full / save_matmuls / offload per checkpointable block) are measured
+   once for all regions together, at the first G: a region's saved bytes under each kind, as a
+   share of its saved bytes with no checkpointing. Regions are independent to first order, so a
+   candidate's peak is G's peak minus the sum of its regions' reductions, plus the excess that
+   recomputed or reloaded regions bring back in backward: the largest region reduction times a
+   factor per kind, measured in the same pass (the peak with every region of that kind, above
+   G's peak minus the reductions, over the largest region's reduction). Its time is G's time plus
+   each region's recompute time (its forward ops, or its non-matmul ops for save_matmuls) or
+   transfer time (offload: bytes out and back over the link, not overlapped).
+3. *Micro-batching*: k micro-batches of B/k with gradient accumulation scale the batch-dependent
+   part of the peak by 1/k, add the accumulated gradients, and re-read the weights k times.
+4. Assignments per G: for each kind, the first n regions (n = 0..R); for each pair of kinds, the
+   first n regions one way and the rest the other; and a greedy sequence that
+   adds the (region, kind) with the fewest added seconds per byte saved until every region is
+   taken. Every (G, assignment, k) is a candidate.
+5. Compile budgets (real mode only): each measured directly; its time is the first
+   configuration's estimate times the measured compiled / eager step-time ratio.
+6. The Pareto front (estimated peak vs estimated time); the fastest candidates that fit are
+   re-measured with a full step, in order, until one fits for real: that is the chosen plan.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+
+from memsave_nb.checkpointing import PlanError, suggest_regions
+from memsave_nb.errors import MemsaveError
+from memsave_nb.offload import LINKS
+from memsave_nb.plan import Plan
+from memsave_nb.planner.cost import StepCost, step_cost
+from memsave_nb.planner.pareto import pareto_front
+from memsave_nb.planner.roofline import Device, device_named
+from memsave_nb.target import Target, measure_peak
+
+if TYPE_CHECKING:  # pragma: no cover
+    from memsave_nb.measure.result import Measurement
+    from memsave_nb.workload import Workload
+
+__all__ = ["Candidate", "PlannerResult", "plan_for", "REGION_KINDS"]
+
+REGION_KINDS = ("full", "save_matmuls", "offload")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    plan: Plan
+    config: str  # the global configuration's label
+    est_peak_bytes: int
+    est_seconds: float
+    fits: bool
+    measured_peak_bytes: int | None = None
+    measured_seconds: float | None = None
+
+    @property
+    def label(self) -> str:
+        return self.plan.name or self.plan.describe()
+
+
+@dataclass
+class PlannerResult:
+    target: Target
+    device: Device
+    candidates: list[Candidate]  # fastest first
+    front: list[Candidate]  # Pareto front, lowest peak first
+    chosen: Candidate | None
+    remeasured: list[Candidate]
+    seconds: float
+    measurements: int  # full steps measured
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def fitting(self) -> list[Candidate]:
+        return [c for c in self.candidates if c.fits]
+
+    def summary(self) -> str:
+        from memsave_nb.ui.format import format_bytes
+
+        lines = [
+            f"planner: {len(self.candidates)} candidate plans, {len(self.fitting)} fit {self.target.label} "
+            f"(under {format_bytes(self.target.usable_bytes)}); {self.measurements} steps measured in {self.seconds:.1f} s; "
+            f"time on {self.device.name}",
+        ]
+        if self.chosen is None:
+            lines.append("no candidate fits")
+        else:
+            c = self.chosen
+            lines.append(
+                f"chosen: {c.label}: estimated {c.est_seconds * 1e3:.1f} ms, peak {format_bytes(c.est_peak_bytes)} estimated, "
+                f"{format_bytes(c.measured_peak_bytes or 0)} re-measured ({self.target.verdict(c.measured_peak_bytes or 0)})"
+            )
+        lines += [f"note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+@dataclass
+class _Config:
+    label: str
+    plan: Plan
+    measurement: "Measurement"
+    cost: StepCost
+
+
+def _merge(base: Plan, freezing: Plan, **knobs: Any) -> Plan:
+    return base.replace(
+        frozen=freezing.frozen or base.frozen,
+        trainable=freezing.trainable or base.trainable,
+        input_requires_grad=freezing.input_requires_grad if freezing.input_requires_grad is not None else base.input_requires_grad,
+        bn_eval=freezing.bn_eval or base.bn_eval,
+        **knobs,
+    )
+
+
+def _has_field(workload: "Workload", name: str) -> bool:
+    return any(f.name == name for f in dataclasses.fields(workload))
+
+
+def plan_for(
+    workload: "Workload",
+    target: Target,
+    *,
+    mode: str = "fake",
+    device: str | Device = "H100",
+    freezing: Mapping[str, Plan] | None = None,
+    precisions: Sequence[str | None] = (None,),
+    memsave: Sequence[bool] = (False,),
+    micro_batches: Sequence[int] = (1,),
+    region_kinds: Sequence[str] = REGION_KINDS,
+    regions: Sequence[str] | None = None,
+    link: str = "pcie5",
+    base_plan: Plan | None = None,
+    remeasure: int = 3,
+    compile_budgets: Sequence[float] = (),
+) -> PlannerResult:
+    """Search plans for ``workload`` under ``target`` (see the module doc). ``freezing`` maps
+    labels to plans whose freezing is tried (default: the model's own); ``precisions`` and
+    ``memsave`` list the global choices to try; ``micro_batches`` the k's (each must divide the
+    batch size; k > 1 needs the engine's gradient accumulation)."""
+    start = time.perf_counter()
+    base_plan = base_plan or Plan()
+    dev = device_named(device)
+    if link not in LINKS:
+        raise PlanError(f"link {link!r}: choose one of {sorted(LINKS)}")
+    for kind in region_kinds:
+        if kind not in REGION_KINDS:
+            raise PlanError(f"region kind {kind!r}: choose from {REGION_KINDS}")
+    model = workload.model
+    regions = list(regions) if regions is not None else suggest_regions(model)
+    freezing = dict(freezing) if freezing else {"as given": Plan()}
+    notes: list[str] = []
+    measurements = 0
+
+    from memsave_nb.knobs import batch_size_of
+    from memsave_nb.target import _raw_batch
+
+    batch = base_plan.batch_size or batch_size_of(_raw_batch(workload))
+    ks = []
+    for k in micro_batches:
+        if k == 1:
+            ks.append(1)
+        elif batch % k:
+            notes.append(f"micro-batches {k}: does not divide the batch {batch}")
+        elif not _has_field(workload, "accumulation_steps"):
+            notes.append(f"micro-batches {k}: this engine has no gradient accumulation (Workload.accumulation_steps)")
+        else:
+            ks.append(k)
+
+    # 1. global configurations
+    configs: list[_Config] = []
+    for f_label, f_plan in freezing.items():
+        for precision in precisions:
+            for swap in memsave:
+                knobs: dict[str, Any] = {"precision": precision}
+                if swap:
+                    knobs["memsave"] = ("*",)
+                plan = _merge(base_plan, f_plan, **knobs)
+                label = ", ".join([f_label, precision or "as given"] + (["memsave"] if swap else []))
+                try:
+                    m = measure_peak(workload, plan, mode)
+                    measurements += 1
+                    cost = step_cost(workload, plan, regions, dev)
+                except MemsaveError as exc:
+                    notes.append(f"{label}: skipped ({' '.join(str(exc).split())[:160]})")
+                    continue
+                configs.append(_Config(label, plan, m, cost))
+    if not configs:
+        raise PlanError("the planner found no configuration that runs; see the notes of a single measurement")
+
+    # 2. region kinds, measured once at the first configuration
+    ratio: dict[str, dict[str, float]] = {r: {"none": 1.0} for r in regions}
+    transient: dict[str, float] = {}  # measured peak above "G0's peak minus the reductions", per kind
+    g0 = configs[0]
+    for kind in region_kinds:
+        plan = g0.plan.replace(regions={r: kind for r in regions})
+        try:
+            m = measure_peak(workload, plan, mode)
+            measurements += 1
+        except MemsaveError as exc:
+            notes.append(f"region kind {kind}: skipped ({' '.join(str(exc).split())[:160]})")
+            continue
+        reductions = []
+        for r in regions:
+            s0 = g0.measurement.module(r).saved_bytes
+            ratio[r][kind] = (m.module(r).saved_bytes / s0) if s0 else 1.0
+            reductions.append(s0 - m.module(r).saved_bytes)
+        excess = max(0.0, m.peak_bytes - (g0.measurement.peak_bytes - sum(reductions)))
+        transient[kind] = excess / max(1, max(reductions, default=0))
+    kinds = [k for k in region_kinds if any(k in ratio[r] for r in regions)]
+
+    # 3.-4. candidates
+    candidates: list[Candidate] = []
+    for cfg in configs:
+        saved = {r: cfg.measurement.module(r).saved_bytes for r in regions}
+        options = {
+            (r, k): (
+                saved[r] * (1.0 - ratio[r][k]),
+                cfg.cost.recompute_seconds(r, k) if k != "offload" else 2 * saved[r] / LINKS[link].bytes_per_second,
+            )
+            for r in regions
+            for k in kinds
+            if k in ratio[r]
+        }
+        for assignment in _assignments(regions, kinds, options):
+            for k in ks:
+                candidates.append(_estimate(cfg, assignment, options, transient, k, batch, target, dev))
+
+    # compile budgets (real mode only): measured directly, time scaled from the first config's estimate
+    if compile_budgets:
+        if mode != "real":
+            notes.append("compile budgets: real mode only (fake tensors do not compile); skipped")
+        else:
+            compiled, n = _compiled_candidates(workload, g0, compile_budgets, target)
+            candidates += compiled
+            measurements += n
+
+    # dedupe (the same plan from two routes), fastest first
+    unique: dict[str, Candidate] = {}
+    for c in candidates:
+        key = c.plan.to_json()
+        if key not in unique or c.est_seconds < unique[key].est_seconds:
+            unique[key] = c
+    ranked = sorted(unique.values(), key=lambda c: (c.est_seconds, c.est_peak_bytes))
+
+    # 5. re-measure the fastest that fit
+    remeasured: list[Candidate] = []
+    chosen = None
+    for c in [c for c in ranked if c.fits][: max(0, remeasure)]:
+        try:
+            m = measure_peak(workload, c.plan, mode)
+            measurements += 1
+        except MemsaveError as exc:
+            notes.append(f"re-measuring {c.label}: {' '.join(str(exc).split())[:160]}")
+            continue
+        c2 = dataclasses.replace(c, measured_peak_bytes=m.peak_bytes)
+        remeasured.append(c2)
+        if target.fits(m.peak_bytes):
+            chosen = c2
+            break
+    front = pareto_front(ranked, key=lambda c: (c.est_peak_bytes, c.est_seconds))
+    return PlannerResult(target, dev, ranked, front, chosen, remeasured, time.perf_counter() - start, measurements, notes)
+
+
+def _assignments(regions: list[str], kinds: list[str], options: dict[tuple[str, str], tuple[float, float]]) -> Iterable[dict[str, str]]:
+    yield {}
+    for kind in kinds:
+        for n in range(1, len(regions) + 1):
+            yield {r: kind for r in regions[:n]}
+    # two kinds: the first n regions one way, the rest another (e.g. recompute early, offload late)
+    for a in kinds:
+        for b in kinds:
+            if a != b:
+                for n in range(1, len(regions)):
+                    yield {r: (a if i < n else b) for i, r in enumerate(regions)}
+    # greedy: cheapest seconds per byte saved first; a region takes at most one kind
+    order = sorted(
+        ((r, k) for (r, k), (b, s) in options.items() if b > 0),
+        key=lambda rk: options[rk][1] / options[rk][0],
+    )
+    current: dict[str, str] = {}
+    for r, k in order:
+        if r in current:
+            continue
+        current[r] = k
+        yield dict(current)
+
+
+def _estimate(cfg: _Config, assignment: dict[str, str], options, transient: dict[str, float], k: int, batch: int,
+              target: Target, dev: Device) -> Candidate:
+    m = cfg.measurement
+    reductions = [options[(r, kind)][0] for r, kind in assignment.items()]
+    added = sum(options[(r, kind)][1] for r, kind in assignment.items())
+    # a recomputed / reloaded region comes back in backward: its reduction times the factor
+    # measured once per kind (all regions of that kind, at the first configuration)
+    excess = max((transient.get(kind, 0.0) * options[(r, kind)][0] for r, kind in assignment.items()), default=0.0)
+    peak = m.peak_bytes - sum(reductions) + excess
+    seconds = cfg.cost.total_seconds + added
+    plan = cfg.plan.replace(regions=dict(assignment))
+    if k > 1:
+        split = m.peak_split
+        fixed = split.parameters + split.optimizer_state + split.gradients
+        grads = _grad_bytes(m)  # all gradients, held across micro-batches
+        peak = fixed + (peak - fixed) / k + max(0, grads - split.gradients)
+        fb_launch = (cfg.cost.ops.get("forward", 0) + cfg.cost.ops.get("backward", 0)) * dev.launch_seconds
+        seconds += (k - 1) * (2 * cfg.cost.weight_bytes / dev.bytes_per_second + fb_launch)
+        plan = plan.replace(batch_size=batch // k, accumulation_steps=k)
+    return Candidate(plan, cfg.label, int(peak), seconds, target.fits(peak))
+
+
+def _grad_bytes(m: "Measurement") -> int:
+    return max(m.timeline.by_category["gradients"]) if len(m.timeline) else 0
+
+
+def _compiled_candidates(workload: "Workload", g0: _Config, budgets: Sequence[float], target: Target) -> tuple[list[Candidate], int]:
+    """One real measurement per budget (and one eager, timed): the peak is measured, the time is
+    the first configuration's estimate times the measured compiled / eager step-time ratio."""
+    from memsave_nb.measure import measure
+
+    with g0.plan.apply(workload) as wl:
+        eager = measure(wl, mode="real", repeats=3)
+    out = []
+    for b in budgets:
+        plan = g0.plan.replace(compile_budget=b)
+        with plan.apply(workload) as wl:
+            m = measure(wl, mode="real", repeats=3)
+        ratio = (m.step_seconds or 0.0) / (eager.step_seconds or 1.0)
+        out.append(Candidate(plan, f"{g0.label}, compile {b:g}", m.peak_bytes, g0.cost.total_seconds * ratio,
+                             target.fits(m.peak_bytes), measured_peak_bytes=m.peak_bytes, measured_seconds=m.step_seconds))
+    return out, 1 + len(budgets)

@@ -1,0 +1,241 @@
+"""The target GPU: "my GPU has N GB". Fits / does not fit, and the largest batch or sequence
+that fits, found by bisection over fake-mode measurements.
+
+Sizes: a GPU sold as "N GB" is read as N GiB (2**30 bytes), as the vendors' capacities are
+(an RTX 4090's 24 GB is 24 GiB, an H100's 80 GB is 80 GiB).
+
+Headroom: a plan *fits* when its measured peak is at most ``headroom`` (default 0.8) of the
+target. The tracker counts tensors; the GPU also holds what no dispatch-level counter sees: the
+CUDA context and kernels (about 300-500 MB per GPU), the caching allocator's fragmentation
+(blocks reserved but not usable for the next request), cuBLAS/cuDNN workspaces and, with more
+than one GPU, communication-library buffers (about 0.5 GB per communicator). Fujii et al.
+("Accelerating Large Language Model Training with 4D Parallelism and Memory Consumption
+Estimator", arXiv:2411.06465; 454 runs on A100 and H100) found that runs whose estimated memory
+was below 80% of the GPU's never ran out of memory: the 80% rule.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+
+from memsave_nb.checkpointing import PlanError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from memsave_nb.measure.result import Measurement
+    from memsave_nb.plan import Plan
+    from memsave_nb.workload import Workload
+
+__all__ = [
+    "PRESETS_GB",
+    "DEFAULT_HEADROOM",
+    "HEADROOM_SOURCE",
+    "HEADROOM_WHY",
+    "Target",
+    "SearchResult",
+    "measure_peak",
+    "max_batch",
+    "max_seq_len",
+]
+
+GIB = 2**30
+PRESETS_GB: tuple[float, ...] = (16, 24, 40, 48, 80, 141)
+DEFAULT_HEADROOM = 0.8
+HEADROOM_SOURCE = "Fujii et al., arXiv:2411.06465 (454 runs on A100/H100: estimates under 80% never ran out of memory)"
+HEADROOM_WHY = (
+    "the GPU also holds what tensors do not show: the CUDA context (~300-500 MB), allocator "
+    "fragmentation, library workspaces and communication buffers (~0.5 GB per communicator)"
+)
+
+
+@dataclass(frozen=True)
+class Target:
+    """A GPU memory size and the share of it a plan may use."""
+
+    gb: float
+    headroom: float = DEFAULT_HEADROOM
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.gb, bool) or not isinstance(self.gb, (int, float)) or not (self.gb > 0):
+            raise PlanError(f"target memory must be a positive number of GB, got {self.gb!r}")
+        if isinstance(self.headroom, bool) or not isinstance(self.headroom, (int, float)) or not (0 < self.headroom <= 1):
+            raise PlanError(f"headroom must be a fraction in (0, 1], got {self.headroom!r}")
+        object.__setattr__(self, "gb", float(self.gb))
+        object.__setattr__(self, "headroom", float(self.headroom))
+
+    @property
+    def total_bytes(self) -> int:
+        return int(self.gb * GIB)
+
+    @property
+    def usable_bytes(self) -> int:
+        """The headroom line: what a plan's measured peak may reach."""
+        return int(self.gb * GIB * self.headroom)
+
+    @property
+    def label(self) -> str:
+        return self.name or f"{self.gb:g} GB"
+
+    def fits(self, peak_bytes: int | float) -> bool:
+        return peak_bytes <= self.usable_bytes
+
+    def verdict(self, peak_bytes: int | float) -> str:
+        """``"fits"`` or ``"does not fit"`` with the share of the headroom line used."""
+        share = peak_bytes / self.usable_bytes
+        word = "fits" if self.fits(peak_bytes) else "does not fit"
+        return f"{word} ({share:.0%} of {self.headroom:.0%} x {self.label})"
+
+    def line(self) -> str:
+        from memsave_nb.ui.format import format_bytes  # formatting only, no widgets
+
+        return (
+            f"target {self.label}: plans must stay under {format_bytes(self.usable_bytes)} "
+            f"({self.headroom:.0%} headroom line; {HEADROOM_WHY}; {HEADROOM_SOURCE})"
+        )
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """The largest value that fits (0 when even the smallest does not), and every probe."""
+
+    knob: str
+    value: int
+    peak_bytes: int | None  # at ``value``
+    probes: tuple[tuple[int, int | None], ...] = field(default=())  # (value, peak or None when the step failed)
+    limit: str = ""  # why the search stopped where it did, besides memory
+
+    @property
+    def count(self) -> int:
+        return len(self.probes)
+
+
+def measure_peak(workload: "Workload", plan: "Plan", mode: str = "fake") -> "Measurement":
+    """One measurement of ``plan`` on ``workload`` (steady state when the engine offers it)."""
+    from memsave_nb.measure import measure
+
+    kwargs: dict[str, Any] = {"repeats": 0}
+    params = inspect.signature(measure).parameters
+    if "steady_state" in params:
+        kwargs["steady_state"] = True
+    if "flops" in params:
+        kwargs["flops"] = False
+    with plan.apply(workload) as applied:
+        return measure(applied, mode=mode, **kwargs)
+
+
+def _bisect(
+    knob: str,
+    probe: Callable[[int], int | None],
+    fits: Callable[[int], bool],
+    start: int,
+    upper: int,
+    limit: str,
+) -> SearchResult:
+    probes: list[tuple[int, int | None]] = []
+    peaks: dict[int, int | None] = {}
+
+    def ok(v: int) -> bool:
+        if v not in peaks:
+            peaks[v] = probe(v)
+            probes.append((v, peaks[v]))
+        peak = peaks[v]
+        return peak is not None and fits(peak)
+
+    if not ok(1):
+        return SearchResult(knob, 0, peaks[1], tuple(probes), "even 1 does not fit")
+    lo, hi = 1, None
+    v = max(1, start)
+    while hi is None:  # exponential search up from the current value
+        if v > upper:
+            v = upper
+        if ok(v):
+            lo = v
+            if v >= upper:
+                return SearchResult(knob, upper, peaks[upper], tuple(probes), limit)
+            v *= 2
+        else:
+            hi = v
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if ok(mid):
+            lo = mid
+        else:
+            hi = mid
+    return SearchResult(knob, lo, peaks[lo], tuple(probes), "")
+
+
+def max_batch(workload: "Workload", plan: "Plan", target: Target, *, mode: str = "fake", upper: int = 1 << 16) -> SearchResult:
+    """The largest batch size that fits ``target`` under ``plan`` (bisection over measurements)."""
+    from memsave_nb.knobs import batch_size_of
+
+    from memsave_nb.errors import MemsaveError
+
+    current = plan.batch_size or _current(lambda: batch_size_of(_raw_batch(workload)), 1)
+
+    def probe(b: int) -> int | None:
+        try:
+            return measure_peak(workload, plan.replace(batch_size=b), mode).peak_bytes
+        except MemsaveError:
+            return None
+
+    return _bisect("batch_size", probe, target.fits, current, upper, f"stopped at the search's upper bound {upper}")
+
+
+def max_seq_len(workload: "Workload", plan: "Plan", target: Target, *, mode: str = "fake", upper: int | None = None) -> SearchResult:
+    """The longest token sequence that fits ``target`` under ``plan``; capped by the model's
+    position embeddings when its config names them."""
+    from memsave_nb.errors import MemsaveError
+    from memsave_nb.knobs import max_positions, seq_len_of
+
+    current = plan.seq_len or seq_len_of(_raw_batch(workload))
+    positions = max_positions(workload.model)
+    if upper is None:
+        upper = positions or 1 << 20
+    limit = f"the model's {positions} positions" if positions == upper else f"the search's upper bound {upper}"
+
+    def probe(t: int) -> int | None:
+        try:
+            return measure_peak(workload, plan.replace(seq_len=t), mode).peak_bytes
+        except MemsaveError:
+            return None
+
+    return _bisect("seq_len", probe, target.fits, current, upper, limit)
+
+
+def _raw_batch(workload: "Workload") -> Any:
+    batch = workload.batch
+    if callable(batch) and not hasattr(batch, "shape"):
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            return batch()
+    return batch
+
+
+def _current(fn: Callable[[], int], default: int) -> int:
+    try:
+        return fn()
+    except Exception:  # noqa: BLE001
+        return default
+
+
+def cli_target_lines(workload: "Workload", plan: "Plan", measurement: "Measurement", args: Any) -> str:
+    """The CLI's target section: the headroom line, fits / does not fit, max batch / sequence."""
+    from memsave_nb.ui.format import format_bytes
+
+    if args.target_gb is None:
+        raise PlanError("--max-batch and --max-seq need --target-gb")
+    target = Target(args.target_gb, args.headroom if args.headroom is not None else DEFAULT_HEADROOM)
+    lines = ["", target.line(), f"Peak {format_bytes(measurement.peak_bytes)}: {target.verdict(measurement.peak_bytes)}"]
+    if args.max_batch:
+        r = max_batch(workload, plan, target)
+        lines.append(f"Max batch that fits: {r.value} (peak {format_bytes(r.peak_bytes or 0)}; {r.count} fake-mode probes)"
+                     + (f"; {r.limit}" if r.limit else ""))
+    if args.max_seq:
+        r = max_seq_len(workload, plan, target)
+        lines.append(f"Max sequence length that fits: {r.value} (peak {format_bytes(r.peak_bytes or 0)}; {r.count} fake-mode probes)"
+                     + (f"; limited by {r.limit}" if r.limit else ""))
+    return "\n".join(lines) + "\n"

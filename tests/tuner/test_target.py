@@ -1,0 +1,72 @@
+"""The target GPU: headroom line, fits / does not fit, max batch and max sequence by bisection."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from memsave_nb import zoo
+from memsave_nb.checkpointing import PlanError
+from memsave_nb.cli import main
+from memsave_nb.plan import Plan
+from memsave_nb.target import GIB, PRESETS_GB, Target, max_batch, max_seq_len, measure_peak
+
+
+def test_presets_and_headroom_line():
+    assert PRESETS_GB == (16, 24, 40, 48, 80, 141)
+    t = Target(24)
+    assert t.total_bytes == 24 * GIB and t.usable_bytes == int(0.8 * 24 * GIB)
+    assert t.fits(t.usable_bytes) and not t.fits(t.usable_bytes + 1)
+    assert t.verdict(t.usable_bytes + 1).startswith("does not fit")
+    assert "2411.06465" in t.line() and "fragmentation" in t.line()
+    with pytest.raises(PlanError):
+        Target(0)
+    with pytest.raises(PlanError):
+        Target(24, headroom=1.5)
+
+
+def _small_gpt():
+    return zoo.gpt(zoo.GPTConfig(n_layer=1, dropout=0.0), batch_size=2)
+
+
+@pytest.mark.slow
+def test_max_batch_is_the_boundary_measured_on_both_sides():
+    wl = _small_gpt()
+    plan = Plan(precision="bf16")
+    target = Target(0.01, headroom=1.0)
+    r = max_batch(wl, plan, target)
+    assert r.value >= 1
+    at = measure_peak(wl, plan.replace(batch_size=r.value)).peak_bytes
+    above = measure_peak(wl, plan.replace(batch_size=r.value + 1)).peak_bytes
+    assert at == r.peak_bytes and target.fits(at) and not target.fits(above)
+    assert r.count <= 2 * (r.value + 1).bit_length() + 2  # bisection, not a linear scan
+
+
+@pytest.mark.slow
+def test_max_seq_len_capped_by_positions_and_boundary():
+    wl = _small_gpt()
+    huge = max_seq_len(wl, Plan(), Target(80))
+    assert huge.value == 128 and "128 positions" in huge.limit
+    target = Target(0.0058, headroom=1.0)
+    r = max_seq_len(wl, Plan(), target)
+    assert 1 <= r.value < 128
+    assert target.fits(measure_peak(wl, Plan(seq_len=r.value)).peak_bytes)
+    assert not target.fits(measure_peak(wl, Plan(seq_len=r.value + 1)).peak_bytes)
+
+
+def test_nothing_fits_is_zero():
+    r = max_batch(zoo.make("mlp", 4), Plan(), Target(1e-6))
+    assert r.value == 0 and r.limit == "even 1 does not fit"
+
+
+@pytest.mark.slow
+def test_cli_target_and_max_batch(capsys):
+    code = main(["report", "--model", "mlp", "--mode", "fake", "--target-gb", "0.05", "--max-batch", "--precision", "bf16"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "80% headroom line" in out and "does not fit" not in out.split("Peak")[1].splitlines()[0]
+    found = re.search(r"Max batch that fits: (\d+)", out)
+    assert found and int(found.group(1)) > 256
+    code = main(["report", "--model", "mlp", "--mode", "fake", "--max-batch"])
+    assert code == 2 and "need --target-gb" in capsys.readouterr().err
