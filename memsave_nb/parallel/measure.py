@@ -60,9 +60,22 @@ def measure_rank(workload: Workload, spec: ParallelSpec, plan: Any = None, *, ra
         twin_workload = workload.replace(model=twin)
         applied = plan.apply(twin_workload) if plan is not None else contextlib.nullcontext(twin_workload)
         with applied as wl, fake_mode:
-            called = apply_parallel(wl.model, spec, mesh)
-            batch = _fake_batch(wl, fake_mode)
-            return tracked_step(wl, called, batch, rank=rank, ranks=ranks or (rank,), steady=steady)
+            # The plan restores the twin on exit by comparing its parameter dicts: put back the
+            # twin's own tensors first (fully_shard swapped in DTensors), then the plan undoes the rest.
+            with entries_restored(wl.model):
+                called = apply_parallel(wl.model, spec, mesh)
+                batch = _fake_batch(wl, fake_mode)
+                return tracked_step(wl, called, batch, rank=rank, ranks=ranks or (rank,), steady=steady)
+
+
+@contextlib.contextmanager
+def entries_restored(model: torch.nn.Module):
+    entries = [(d, k, v) for m in model.modules() for d in (m._parameters, m._buffers) for k, v in d.items()]
+    try:
+        yield
+    finally:
+        for d, k, v in entries:
+            d[k] = v
 
 
 def _fake_batch(workload: Workload, fake_mode) -> Any:
