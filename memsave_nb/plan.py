@@ -117,9 +117,14 @@ class Plan:
     memsave: tuple[str, ...] = ()
     regions: Mapping[str, RegionPolicy] = field(default_factory=dict)
     compile_budget: float | None = None
+    parallel: Any = None  # memsave_nb.parallel.ParallelSpec | None: per-rank sizing (measure_parallel)
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
+        if self.parallel is not None:
+            from memsave_nb.parallel.plan_field import parallel_field
+
+            set_(self, "parallel", parallel_field(self.parallel))
         if not isinstance(self.name, str):
             raise PlanError(f"plan name must be a string, got {show(self.name)}")
         for f in ("frozen", "trainable", "bn_eval", "memsave"):
@@ -163,6 +168,7 @@ class Plan:
             and not self.memsave
             and not self.active_regions
             and self.compile_budget is None
+            and self.parallel is None
         )
 
     @property
@@ -198,6 +204,8 @@ class Plan:
                     parts.append("KV cache off (use_cache=False)")
         if self.compile_budget is not None:
             parts.append(f"compile budget {self.compile_budget:g}")
+        if self.parallel is not None:
+            parts.append(self.parallel.describe())
         return "; ".join(parts) or "baseline (no changes)"
 
     def replace(self, **changes: Any) -> "Plan":
@@ -215,6 +223,7 @@ class Plan:
             "memsave": list(self.memsave),
             "regions": {k: v.to_dict() for k, v in self.regions.items()},
             "compile_budget": self.compile_budget,
+            **({"parallel": self.parallel.to_dict()} if self.parallel is not None else {}),
         }
 
     @classmethod
@@ -457,6 +466,12 @@ class Plan:
                     body.append(f"checkpoint_region({target})")
                 else:
                     body.append(f"checkpoint_region({target}, {policies[policy]})")
+        if self.parallel is not None:  # after the model's own changes, before compiling
+            from memsave_nb.parallel.code import parallel_code
+
+            more_imports, more_body = parallel_code(self.parallel, m)
+            imports += more_imports
+            body += more_body
         if self.compile_budget is not None:
             imports.append("import torch._functorch.config")
             body += [

@@ -23,14 +23,19 @@ from .step import tracked_step
 from .twin import fake_twin
 
 
-def measure_parallel(workload: Workload, spec: ParallelSpec, plan: Any = None, *,
+def measure_parallel(workload: Workload, spec: ParallelSpec | None = None, plan: Any = None, *,
                      ranks: Sequence[int] | None = None, steady: bool = True) -> ParallelMeasurement:
     """Per-rank peak and split of one training step of ``workload`` under ``spec``.
 
     ``plan`` (a ``memsave_nb.Plan``) is applied to the twin first: freezing, memory-saving layers,
     checkpointed regions. ``ranks``: which ranks to measure; by default one of each shard layout,
     which includes the worst rank. ``steady``: measure step 2 (optimizer state alive).
+    ``spec`` defaults to ``plan.parallel``.
     """
+    if spec is None:
+        spec = getattr(plan, "parallel", None)
+        if spec is None:
+            raise ParallelError("no parallel spec: pass spec=ParallelSpec(...) or a plan with parallel=...")
     if plan is not None and getattr(plan, "compile_budget", None) is not None:
         raise ParallelError("a compile budget cannot be sized per rank in fake mode (fake tensors do not compile)")
     layouts = rank_layouts(workload.model, spec)
