@@ -74,12 +74,15 @@ class RankMeasurement:
     end_split: dict[str, int]
     events: int
     seconds: float = 0.0
+    backend_staging_bytes: int = 0  # real backends only: buffers the backend allocates itself (gloo)
+    peak_without_staging_bytes: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "rank": self.rank, "ranks": list(self.ranks), "peak_bytes": self.peak_bytes,
             "peak_split": dict(self.peak_split), "peak_phase": self.peak_phase,
             "saved_bytes": self.saved_bytes, "end_split": dict(self.end_split), "seconds": self.seconds,
+            "backend_staging_bytes": self.backend_staging_bytes, "peak_without_staging_bytes": self.peak_without_staging_bytes,
         }
 
 

@@ -177,3 +177,19 @@ def test_spec_json_round_trip():
     assert spec.mesh_shape == (2, 8)
     with pytest.raises(ParallelError, match="unknown parallel field"):
         ParallelSpec.from_dict({"world": 2})
+
+
+@pytest.mark.parametrize("case", ["mlp-uneven", "gpt-frozen-ac"])
+def test_fast_steady_state_equals_a_full_first_step(case):
+    """The default warm-up (optimizer step on zero grads) gives the very bytes of a full first step."""
+    from memsave_nb import zoo
+
+    if case == "mlp-uneven":
+        wl, plan, ws = zoo.make("mlp", batch_size=16), None, 8  # 10 output rows over 8 ranks
+    else:
+        wl, plan, ws = tiny_gpt(), Plan(frozen=("blocks.0",), regions={"blocks.1": "full"}), 4
+    full = measure_parallel(wl, ParallelSpec(world_size=ws), plan, steady="full")
+    fast = measure_parallel(wl, ParallelSpec(world_size=ws), plan)
+    assert len(full.ranks) == len(fast.ranks) >= 1
+    for a, b in zip(full.ranks, fast.ranks):
+        assert (a.ranks, a.peak_bytes, a.peak_split, a.end_split) == (b.ranks, b.peak_bytes, b.peak_split, b.end_split)
