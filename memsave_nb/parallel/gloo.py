@@ -137,7 +137,7 @@ def cross_check(case: str, spec: ParallelSpec) -> list[CrossCheckRow]:
 
 
 def markdown_table(rows: list[CrossCheckRow]) -> str:
-    lines = ["| model | world size | rank | predicted (fake) | measured (gloo) | gloo staging copies | measured without them | difference |",
+    lines = ["| model | world size | rank | predicted (fake) | measured (gloo) | gloo staging copies (sum over the step) | measured without them | difference |",
              "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r.case} | {r.world_size} | {r.rank} | {r.predicted_bytes:,} | {r.measured_bytes:,} | "

@@ -36,6 +36,16 @@ def measure_parallel(workload: Workload, spec: ParallelSpec | None = None, plan:
         spec = getattr(plan, "parallel", None)
         if spec is None:
             raise ParallelError("no parallel spec: pass spec=ParallelSpec(...) or a plan with parallel=...")
+    if spec.strategy == "ddp":
+        raise ParallelError(
+            "DDP cannot be sized in fake mode: its C++ reducer reads parameter data (use strategy 'fsdp', "
+            "or the real gloo run in memsave_nb.parallel.gloo)"
+        )
+    if spec.cpu_offload:
+        raise ParallelError(
+            "cpu_offload cannot be sized here: fake mode runs on the CPU standing in for the accelerator, so host and "
+            "device memory (and the copies between them) cannot be told apart"
+        )
     if plan is not None and getattr(plan, "compile_budget", None) is not None:
         raise ParallelError("a compile budget cannot be sized per rank in fake mode (fake tensors do not compile)")
     layouts = rank_layouts(workload.model, spec)

@@ -193,3 +193,25 @@ def test_fast_steady_state_equals_a_full_first_step(case):
     assert len(full.ranks) == len(fast.ranks) >= 1
     for a, b in zip(full.ranks, fast.ranks):
         assert (a.ranks, a.peak_bytes, a.peak_split, a.end_split) == (b.ranks, b.peak_bytes, b.peak_split, b.end_split)
+
+
+def test_hsdp_shards_over_the_shard_group_only():
+    wl = blocks_workload()
+    numel = sum(p.numel() for p in wl.model.parameters())
+    m = measure_parallel(wl, ParallelSpec(world_size=8, replicate=4))  # mesh (4, 2)
+    assert m.worst.end_split["sharded_parameters"] == numel * 4 // 2
+
+
+def test_mixed_precision_halves_the_gathered_parameters():
+    wl = blocks_workload()
+    full = measure_parallel(wl, ParallelSpec(world_size=4)).worst.peak_split
+    mixed = measure_parallel(wl, ParallelSpec(world_size=4, param_dtype="bfloat16", reduce_dtype="float32")).worst.peak_split
+    assert mixed["unsharded_parameters"] * 2 == full["unsharded_parameters"]
+    assert mixed["sharded_parameters"] == full["sharded_parameters"]  # fp32 master shards stay
+
+
+@pytest.mark.parametrize("kwargs, match", [({"strategy": "ddp"}, "DDP cannot be sized"), ({"cpu_offload": True}, "cpu_offload")])
+def test_what_fake_mode_cannot_size_is_refused_in_one_line(kwargs, match):
+    with pytest.raises(ParallelError, match=match):
+        measure_parallel(blocks_workload(), ParallelSpec(world_size=2, **kwargs))
+    assert not dist.is_initialized()
