@@ -72,7 +72,7 @@ class ParallelSpec:
             if not isinstance(getattr(self, f), bool):
                 raise ParallelError(f"{f} must be True or False, got {getattr(self, f)!r}")
         b = self.bucket_cap_mb
-        if isinstance(b, bool) or not isinstance(b, (int, float)) or not b > 0:
+        if isinstance(b, bool) or not isinstance(b, (int, float)) or not 0 < b < float("inf"):
             raise ParallelError(f"bucket_cap_mb must be a positive number, got {b!r}")
         set_(self, "bucket_cap_mb", float(b))
 

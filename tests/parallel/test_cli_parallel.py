@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch.distributed as dist
 
 from memsave_nb import zoo
@@ -9,6 +10,7 @@ from memsave_nb.cli import main
 from memsave_nb.parallel import ParallelSpec, measure_parallel
 
 
+@pytest.mark.slow
 def test_report_world_size_fsdp_prints_the_per_rank_table(capsys):
     assert main(["report", "--model", "mlp", "--batch", "8", "--world-size", "8", "--fsdp"]) == 0
     out = capsys.readouterr().out

@@ -158,6 +158,8 @@ def test_unseen_lines_are_explicit():
         ({"strategy": "zero3"}, "strategy"),
         ({"param_dtype": "bf16"}, "param_dtype"),
         ({"bucket_cap_mb": -1}, "bucket_cap_mb"),
+        ({"bucket_cap_mb": float("inf")}, "bucket_cap_mb"),
+        ({"world_size": True}, "world_size"),
     ],
 )
 def test_bad_spec_is_one_line_error(kwargs, match):
