@@ -38,3 +38,17 @@ def test_bad_choice_shows_one_line_in_the_panel():
 def test_spec_for_controls():
     assert spec_for(16, "hsdp", True) == ParallelSpec(world_size=16, replicate=2, param_dtype="bfloat16", reduce_dtype="float32")
     assert spec_for(8, "fsdp-keep", False).reshard_after_forward is False
+
+
+def test_explorer_has_a_gpus_tab_sizing_its_current_plan():
+    from memsave_nb.session import Session
+    from memsave_nb.ui.explorer import TAB_TITLES, Explorer
+
+    wl = blocks_workload()
+    ex = Explorer(Session(wl, repeats=0), live=False)
+    assert TAB_TITLES[-1] == "GPUs" and ex.tabs.children[-1] is ex.gpus
+    ex.set_plan(Plan(frozen=("blocks.0",)))
+    ex.gpus.gpus.value = 4
+    ex.gpus.wait(120)
+    expected = measure_parallel(wl, ParallelSpec(world_size=4), Plan(frozen=("blocks.0",)))
+    assert ex.gpus.result.worst.end_split == expected.worst.end_split
