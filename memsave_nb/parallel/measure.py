@@ -10,6 +10,7 @@ touched and ``torch.distributed.is_initialized()`` is as it was.
 from __future__ import annotations
 
 import contextlib
+import threading
 from typing import Any, Sequence
 
 import torch
@@ -64,12 +65,17 @@ def measure_parallel(workload: Workload, spec: ParallelSpec | None = None, plan:
                                unseen=unseen_lines(spec, worst))
 
 
+# One default process group per process: measurements from several threads (the explorer's GPUs
+# panel re-sizes on a worker thread) take turns.
+_PROCESS_GROUP_LOCK = threading.RLock()
+
+
 def measure_rank(workload: Workload, spec: ParallelSpec, plan: Any = None, *, rank: int = 0,
                  ranks: tuple[int, ...] | None = None, steady: bool = True) -> RankMeasurement:
     """One rank in fake mode (see ``measure_parallel``)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    with fake_process_group(spec, rank) as mesh:
+    with _PROCESS_GROUP_LOCK, fake_process_group(spec, rank) as mesh:
         fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
         twin = fake_twin(workload.model, fake_mode)
         twin_workload = workload.replace(model=twin)

@@ -217,3 +217,24 @@ def test_what_fake_mode_cannot_size_is_refused_in_one_line(kwargs, match):
     with pytest.raises(ParallelError, match=match):
         measure_parallel(blocks_workload(), ParallelSpec(world_size=2, **kwargs))
     assert not dist.is_initialized()
+
+
+def test_measurements_from_two_threads_take_turns():
+    import threading
+
+    wl = blocks_workload()
+    results, errors = [], []
+
+    def run():
+        try:
+            results.append(measure_parallel(wl, ParallelSpec(world_size=2)).worst.peak_split)
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors and len(results) == 2 and results[0] == results[1]
+    assert not dist.is_initialized()
