@@ -2,6 +2,7 @@
 
     memsave-nb report [--model NAME] [--batch N] [--mode real|fake] [--device cpu|cuda]
                       [--top N] [--out FILE.html]
+    memsave-nb report --world-size N [--fsdp | --ddp] [--model NAME] [--batch N]
 
 measures one training step of a built-in demo workload (``memsave_nb.zoo``), prints the per-layer
 table and the peak's split, and with ``--out`` writes the standalone HTML report. A user mistake
@@ -58,6 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--out", default=None, metavar="FILE.html", help="also write a standalone HTML report here")
     rep.add_argument("--repeats", type=_positive_int, default=3, metavar="N", help=argparse.SUPPRESS)
     _add_tuner_arguments(rep)
+    from .parallel.cli import add_arguments
+
+    add_arguments(rep, _positive_int)
     return parser
 
 
@@ -135,6 +139,10 @@ def _report(args: argparse.Namespace) -> int:
     from .workload import check_device
 
     check_device(args.device)
+    from .parallel.cli import report_parallel, wants_parallel
+
+    if wants_parallel(args):
+        return report_parallel(args)
     mode = args.mode or ("fake" if args.model == "gpt-7b" else "real")
     if args.model == "gpt-7b" and mode == "real":
         raise MemsaveError("gpt-7b is built from fake tensors and only runs with --mode fake")

@@ -125,12 +125,18 @@ class Plan:
     accumulation_steps: int | None = None
     set_to_none: bool | None = None
 
+    parallel: Any = None  # memsave_nb.parallel.ParallelSpec | None: per-rank sizing (measure_parallel)
+
     def __post_init__(self) -> None:
         set_ = object.__setattr__
         from memsave_nb.knobs import check_knobs
 
         for knob, value in check_knobs(self).items():
             set_(self, knob, value)
+        if self.parallel is not None:
+            from memsave_nb.parallel.plan_field import parallel_field
+
+            set_(self, "parallel", parallel_field(self.parallel))
         if not isinstance(self.name, str):
             raise PlanError(f"plan name must be a string, got {show(self.name)}")
         for f in ("frozen", "trainable", "bn_eval", "memsave"):
@@ -175,6 +181,7 @@ class Plan:
             and not self.active_regions
             and self.compile_budget is None
             and not self.has_knobs
+            and self.parallel is None
         )
 
     @property
@@ -221,6 +228,8 @@ class Plan:
         from memsave_nb.knobs import describe_knobs
 
         parts += describe_knobs(self)
+        if self.parallel is not None:
+            parts.append(self.parallel.describe())
         return "; ".join(parts) or "baseline (no changes)"
 
     def replace(self, **changes: Any) -> "Plan":
@@ -239,6 +248,7 @@ class Plan:
             "regions": {k: v.to_dict() for k, v in self.regions.items()},
             "compile_budget": self.compile_budget,
             **self._knobs_dict(),
+            **({"parallel": self.parallel.to_dict()} if self.parallel is not None else {}),
         }
 
     def _knobs_dict(self) -> dict[str, Any]:
@@ -500,6 +510,12 @@ class Plan:
                     body.append(f"checkpoint_region({target})")
                 else:
                     body.append(f"checkpoint_region({target}, {policies[policy]})")
+        if self.parallel is not None:  # after the model's own changes, before compiling
+            from memsave_nb.parallel.code import parallel_code
+
+            more_imports, more_body = parallel_code(self.parallel, m)
+            imports += more_imports
+            body += more_body
         if self.compile_budget is not None:
             imports.append("import torch._functorch.config")
             body += [

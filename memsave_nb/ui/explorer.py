@@ -53,7 +53,7 @@ def last_explorer() -> "Explorer | None":
     return _last_explorer() if _last_explorer is not None else None
 
 
-TAB_TITLES = ("Layers", "SAC per op", "Compile budget", "Results", "Plan as code")
+TAB_TITLES = ("Layers", "SAC per op", "Compile budget", "Results", "Plan as code", "GPUs")
 
 
 def _label(value: str, cls: str, **layout: Any) -> W.Label:
@@ -165,7 +165,10 @@ class Explorer(W.VBox):
             W.HTML("<small>The plan as JSON (<code>Plan.from_json</code> reads it back):</small>"),
             self.plan_json,
         ])
-        self.tabs = W.Tab(children=[layers_tab, self.sac, self.budget, self.results, code_tab])
+        from .parallel_panel import ParallelPanel
+
+        self.gpus = ParallelPanel(session.workload, plan_fn=lambda: self.plan)  # per-rank sizing, on demand
+        self.tabs = W.Tab(children=[layers_tab, self.sac, self.budget, self.results, code_tab, self.gpus])
         self.tuner = None  # the "Fit a GPU" panel (ui/tuner_panel.py), added once the wiring below is done
         for i, t in enumerate(TAB_TITLES):
             self.tabs.set_title(i, t)

@@ -1,0 +1,53 @@
+"""``Plan.to_code`` lines for a ``ParallelSpec``: the ``fully_shard`` / DDP calls for a training
+script launched with ``torchrun --nproc-per-node N`` (``init_device_mesh`` starts the process
+group from torchrun's environment when none exists)."""
+
+from __future__ import annotations
+
+import inspect
+
+from .spec import ParallelSpec
+
+
+def parallel_code(spec: ParallelSpec, model_var: str = "model") -> tuple[list[str], list[str]]:
+    """``(imports, body)`` lines applying ``spec`` to ``model_var``."""
+    m = model_var
+    imports = ["import torch", "from torch.distributed.device_mesh import init_device_mesh"]
+    body = ["", f"# {spec.describe()}: launch with torchrun --nproc-per-node {spec.world_size} (or across nodes)",
+            'device_type = "cuda" if torch.cuda.is_available() else "cpu"']
+    if spec.strategy == "ddp":
+        imports.append("from torch.nn.parallel import DistributedDataParallel")
+        body += [
+            f"mesh = init_device_mesh(device_type, ({spec.world_size},))",
+            f"{m} = DistributedDataParallel({m}, bucket_cap_mb={spec.bucket_cap_mb!r}, process_group=mesh.get_group())",
+        ]
+        return imports, body
+    imports.append("from torch.distributed.fsdp import fully_shard")
+    names = "('replicate', 'shard')" if spec.replicate > 1 else "('shard',)"
+    body.append(f"mesh = init_device_mesh(device_type, {spec.mesh_shape!r}, mesh_dim_names={names})")
+    kwargs = [f"mesh=mesh", f"reshard_after_forward={spec.reshard_after_forward!r}"]
+    if spec.param_dtype or spec.reduce_dtype:
+        imports.append("from torch.distributed.fsdp import MixedPrecisionPolicy")
+        pd = f"torch.{spec.param_dtype}" if spec.param_dtype else "None"
+        rd = f"torch.{spec.reduce_dtype}" if spec.reduce_dtype else "None"
+        kwargs.append(f"mp_policy=MixedPrecisionPolicy(param_dtype={pd}, reduce_dtype={rd})")
+    if spec.cpu_offload:
+        imports.append("from torch.distributed.fsdp import CPUOffloadPolicy")
+        kwargs.append("offload_policy=CPUOffloadPolicy()")
+    body.append(f"fsdp_kwargs = dict({', '.join(kwargs)})")
+    if spec.shard_modules:
+        body.append(f"shard_units = {[n for n in spec.shard_modules if n]!r}")
+    else:
+        from ..checkpointing import suggest_regions
+
+        imports.append("from torch import nn")
+        source = inspect.getsource(suggest_regions).splitlines()
+        source[0] = "def suggest_regions(model):"
+        body += ["", *source, "", "", f"shard_units = suggest_regions({m})  # the repeated blocks"]
+    body += [
+        "for name in shard_units:  # each unit gathers its parameters only while it runs",
+        f"    fully_shard({m}.get_submodule(name), **fsdp_kwargs)",
+        f"fully_shard({m}, **fsdp_kwargs)  # the root: everything not in a unit",
+        "# build the optimizer after this line, over the (now sharded) parameters",
+    ]
+    return imports, body

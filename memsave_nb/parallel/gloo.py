@@ -1,0 +1,162 @@
+"""The real cross-check: the same step on a real gloo process group, one process per rank.
+
+Each rank (``torch.multiprocessing``, spawn) builds the workload from a named case with the same
+seed, applies the same ``fully_shard``/DDP calls (``apply.apply_parallel``) to its real model, and
+runs the same tracked step (``step.tracked_step``) on real tensors with real collectives. Its
+peak and split are compared with the fake-mode prediction for that rank (``measure_rank``).
+
+``python -m memsave_nb.parallel.gloo --case tiny-gpt --world-size 2 4`` prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from .result import RankMeasurement
+from .spec import ParallelSpec
+
+
+def _tiny_gpt():
+    from .. import zoo
+
+    cfg = zoo.GPTConfig(vocab_size=256, block_size=32, n_layer=2, n_head=2, n_embd=64, dropout=0.0)
+    return zoo.gpt(cfg, batch_size=2)
+
+
+def _gpt():
+    from .. import zoo
+
+    return zoo.make("gpt")
+
+
+def _mlp():
+    from .. import zoo
+
+    return zoo.make("mlp", batch_size=64)
+
+
+CASES: dict[str, Callable[[], Any]] = {"tiny-gpt": _tiny_gpt, "gpt": _gpt, "mlp": _mlp}
+
+
+@dataclass(frozen=True)
+class CrossCheckRow:
+    case: str
+    world_size: int
+    rank: int
+    predicted_bytes: int
+    measured_bytes: int
+    predicted_split: dict
+    measured_split: dict
+    staging_bytes: int = 0  # gloo's own reduce-scatter copies (NCCL and the fake backend make none)
+    measured_without_staging_bytes: int | None = None
+
+    @property
+    def comparable_bytes(self) -> int:
+        """The measured peak without gloo's staging copies: what the prediction is for."""
+        w = self.measured_without_staging_bytes
+        return self.measured_bytes if w is None else w
+
+    @property
+    def difference_bytes(self) -> int:
+        return self.comparable_bytes - self.predicted_bytes
+
+
+def _rank_main(rank: int, case: str, spec_dict: dict, store_path: str, out_dir: str) -> None:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from .apply import apply_parallel
+    from .measure import entries_restored  # noqa: F401  (same module set as fake mode)
+    from .step import tracked_step
+
+    torch.set_num_threads(1)
+    spec = ParallelSpec.from_dict(spec_dict)
+    dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=spec.world_size)
+    try:
+        names = ("replicate", "shard") if len(spec.mesh_shape) == 2 else ("shard",)
+        mesh = init_device_mesh("cpu", spec.mesh_shape, mesh_dim_names=names)
+        workload = CASES[case]()
+        called = apply_parallel(workload.model, spec, mesh)
+        batch = workload.make_batch()
+        result = tracked_step(workload, called, batch, rank=rank, ranks=(rank,), steady=True)
+        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+            json.dump(result.as_dict(), f)
+    finally:
+        dist.destroy_process_group()
+
+
+def measure_gloo(case: str, spec: ParallelSpec, start_method: str = "fork",
+                 timeout_s: float = 600.0) -> list[RankMeasurement]:
+    """Each rank's measured step on a real gloo group of ``spec.world_size`` CPU processes."""
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as tmp:
+        # fork: the ranks inherit the imported torch (spawn re-imports it per rank, ~10 s each here)
+        ctx = mp.start_processes(_rank_main, args=(case, spec.to_dict(), os.path.join(tmp, "store"), tmp),
+                                 nprocs=spec.world_size, join=False, start_method=start_method)
+        deadline = time.monotonic() + timeout_s
+        while not ctx.join(timeout=1):
+            if time.monotonic() > deadline:
+                for proc in ctx.processes:  # only the ranks started here
+                    if proc.is_alive():
+                        proc.terminate()
+                raise TimeoutError(f"gloo ranks of {case!r} did not finish within {timeout_s:g} s")
+        out = []
+        for r in range(spec.world_size):
+            with open(os.path.join(tmp, f"rank{r}.json")) as f:
+                d = json.load(f)
+            out.append(RankMeasurement(rank=d["rank"], ranks=tuple(d["ranks"]), peak_bytes=d["peak_bytes"],
+                                       peak_split=d["peak_split"], peak_phase=d["peak_phase"], saved_bytes=d["saved_bytes"],
+                                       end_split=d["end_split"], events=0, seconds=d["seconds"],
+                                       backend_staging_bytes=d["backend_staging_bytes"],
+                                       peak_without_staging_bytes=d["peak_without_staging_bytes"]))
+    return out
+
+
+def cross_check(case: str, spec: ParallelSpec) -> list[CrossCheckRow]:
+    """Fake-mode prediction against the real gloo measurement, per rank."""
+    from .measure import measure_rank
+
+    workload = CASES[case]()
+    measured = measure_gloo(case, spec)
+    rows = []
+    for m in measured:
+        p = measure_rank(workload, spec, rank=m.rank)
+        rows.append(CrossCheckRow(case, spec.world_size, m.rank, p.peak_bytes, m.peak_bytes, p.peak_split, m.peak_split,
+                                  m.backend_staging_bytes, m.peak_without_staging_bytes))
+    return rows
+
+
+def markdown_table(rows: list[CrossCheckRow]) -> str:
+    lines = ["| model | world size | rank | predicted (fake) | measured (gloo) | gloo staging copies (sum over the step) | measured without them | difference |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r.case} | {r.world_size} | {r.rank} | {r.predicted_bytes:,} | {r.measured_bytes:,} | "
+                     f"{r.staging_bytes:,} | {r.comparable_bytes:,} | {r.difference_bytes:+,} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--case", nargs="+", default=["tiny-gpt", "gpt", "mlp"], choices=sorted(CASES))
+    ap.add_argument("--world-size", nargs="+", type=int, default=[2, 4])
+    args = ap.parse_args(argv)
+    rows = []
+    for case in args.case:
+        for ws in args.world_size:
+            rows.extend(cross_check(case, ParallelSpec(world_size=ws)))
+    print(markdown_table(rows))
+    return 0 if all(r.difference_bytes == 0 for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

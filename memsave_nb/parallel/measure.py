@@ -1,0 +1,107 @@
+"""``measure_parallel``: per-rank peaks in fake mode, one process, PyTorch's own FSDP2/DDP code.
+
+For each group of ranks with equal shard shapes (``apply.rank_layouts``), one rank is measured:
+a fake process group for that rank and its mesh (outside fake mode); under ``FakeTensorMode`` a
+fake twin of the model, the plan's choices on the twin, ``fully_shard``/DDP, the batch, the
+optimizer and the tracked step. Everything is torn down afterwards; the user's model is never
+touched and ``torch.distributed.is_initialized()`` is as it was.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Any, Sequence
+
+import torch
+
+from ..workload import Workload, map_tensors
+from .apply import apply_parallel, rank_layouts
+from .process_group import fake_process_group
+from .result import ParallelMeasurement, RankMeasurement, unseen_lines
+from .spec import ParallelError, ParallelSpec
+from .step import tracked_step
+from .twin import fake_twin
+
+
+def measure_parallel(workload: Workload, spec: ParallelSpec | None = None, plan: Any = None, *,
+                     ranks: Sequence[int] | None = None, steady: bool = True) -> ParallelMeasurement:
+    """Per-rank peak and split of one training step of ``workload`` under ``spec``.
+
+    ``plan`` (a ``memsave_nb.Plan``) is applied to the twin first: freezing, memory-saving layers,
+    checkpointed regions. ``ranks``: which ranks to measure; by default one of each shard layout,
+    which includes the worst rank. ``steady``: measure step 2 (optimizer state alive).
+    ``spec`` defaults to ``plan.parallel``.
+    """
+    if spec is None:
+        spec = getattr(plan, "parallel", None)
+        if spec is None:
+            raise ParallelError("no parallel spec: pass spec=ParallelSpec(...) or a plan with parallel=...")
+    if spec.strategy == "ddp":
+        raise ParallelError(
+            "DDP cannot be sized in fake mode: its C++ reducer reads parameter data (use strategy 'fsdp', "
+            "or the real gloo run in memsave_nb.parallel.gloo)"
+        )
+    if spec.cpu_offload:
+        raise ParallelError(
+            "cpu_offload cannot be sized here: fake mode runs on the CPU standing in for the accelerator, so host and "
+            "device memory (and the copies between them) cannot be told apart"
+        )
+    if plan is not None and getattr(plan, "compile_budget", None) is not None:
+        raise ParallelError("a compile budget cannot be sized per rank in fake mode (fake tensors do not compile)")
+    layouts = rank_layouts(workload.model, spec)
+    if ranks is None:
+        chosen = [(g[0], g) for g in layouts]
+    else:
+        by_rank = {r: g for g in layouts for r in g}
+        chosen = []
+        for r in ranks:
+            if r not in by_rank:
+                raise ParallelError(f"rank {r} is outside world size {spec.world_size}")
+            chosen.append((r, (r,)))
+    results = tuple(measure_rank(workload, spec, plan, rank=r, ranks=g, steady=steady) for r, g in chosen)
+    worst = max(r.peak_bytes for r in results)
+    return ParallelMeasurement(spec=spec, ranks=results, steady=steady, plan_name=getattr(plan, "name", "") or "",
+                               unseen=unseen_lines(spec, worst))
+
+
+# One default process group per process: measurements from several threads (the explorer's GPUs
+# panel re-sizes on a worker thread) take turns.
+_PROCESS_GROUP_LOCK = threading.RLock()
+
+
+def measure_rank(workload: Workload, spec: ParallelSpec, plan: Any = None, *, rank: int = 0,
+                 ranks: tuple[int, ...] | None = None, steady: bool = True) -> RankMeasurement:
+    """One rank in fake mode (see ``measure_parallel``)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with _PROCESS_GROUP_LOCK, fake_process_group(spec, rank) as mesh:
+        fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+        twin = fake_twin(workload.model, fake_mode)
+        twin_workload = workload.replace(model=twin)
+        applied = plan.apply(twin_workload) if plan is not None else contextlib.nullcontext(twin_workload)
+        with applied as wl, fake_mode:
+            # The plan restores the twin on exit by comparing its parameter dicts: put back the
+            # twin's own tensors first (fully_shard swapped in DTensors), then the plan undoes the rest.
+            with entries_restored(wl.model):
+                called = apply_parallel(wl.model, spec, mesh)
+                batch = _fake_batch(wl, fake_mode)
+                return tracked_step(wl, called, batch, rank=rank, ranks=ranks or (rank,), steady=steady)
+
+
+@contextlib.contextmanager
+def entries_restored(model: torch.nn.Module):
+    entries = [(d, k, v) for m in model.modules() for d in (m._parameters, m._buffers) for k, v in d.items()]
+    try:
+        yield
+    finally:
+        for d, k, v in entries:
+            d[k] = v
+
+
+def _fake_batch(workload: Workload, fake_mode) -> Any:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    raw = workload.batch() if callable(workload.batch) else workload.batch
+    converted = map_tensors(raw, lambda t: t if isinstance(t, FakeTensor) else fake_mode.from_tensor(t))
+    return workload.replace(batch=converted).make_batch()

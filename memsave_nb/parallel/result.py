@@ -1,0 +1,155 @@
+"""Per-rank results as frozen plain data (sizes and names, never tensors), and the lines no
+dispatch-level counter can see."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .spec import ParallelSpec
+
+CATEGORIES = (
+    "sharded_parameters",  # this rank's own parameter storage (its FSDP shards; DDP: the whole copy)
+    "unsharded_parameters",  # FSDP2: parameters while all-gathered
+    "buffers",  # module buffers (not sharded by FSDP2)
+    "communication",  # all-gather and reduce-scatter buffers
+    "gradients",  # gradients kept for the optimizer (gradient shards under FSDP2)
+    "optimizer_state",
+    "activations",  # saved for backward (and outputs kept to the end of forward)
+    "inputs",
+    "temporaries",
+)
+
+GIB = 1 << 30
+MIB = 1 << 20
+
+
+@dataclass(frozen=True)
+class Unseen:
+    """Memory a rank uses that no dispatch-level counter sees: a typical figure and its source."""
+
+    name: str
+    low_bytes: int
+    high_bytes: int
+    source: str
+
+
+def unseen_lines(spec: ParallelSpec, peak_bytes: int) -> tuple[Unseen, ...]:
+    """The explicit lines added beside every per-rank peak (figures per rank)."""
+    lines = []
+    if spec.world_size > 1:
+        n = spec.communicators
+        lines.append(Unseen(
+            f"communication library buffers (NCCL, {n} communicator{'s' if n > 1 else ''})",
+            n * 256 * MIB, n * 512 * MIB,
+            "about 0.5 GB per communicator is the typical published estimate; NCCL sizes its buffers by "
+            "NCCL_BUFFSIZE (default 4 MiB) per channel and peer (NCCL environment-variable docs)",
+        ))
+    lines.append(Unseen(
+        "CUDA context and kernels", 300 * MIB, 500 * MIB,
+        "CUDA runtime context per GPU, 300-500 MB depending on driver and loaded kernels (PyTorch CUDA notes)",
+    ))
+    lines.append(Unseen(
+        "allocator fragmentation and headroom", 0, peak_bytes // 4,
+        "Fujii et al. 2024 (arXiv 2411.06465, 454 runs on A100/H100): estimates below 80% of GPU memory "
+        "never ran out of memory, i.e. keep up to 25% above the counted peak",
+    ))
+    return tuple(lines)
+
+
+@dataclass(frozen=True)
+class RankMeasurement:
+    """One rank's training step, measured on a fake (or real gloo) process group.
+
+    ``ranks`` lists the ranks this measurement stands for: ranks whose local shards have the same
+    shapes run the same program on a fake group, so one of them is measured.
+    """
+
+    rank: int
+    ranks: tuple[int, ...]
+    peak_bytes: int
+    peak_split: dict[str, int]
+    peak_phase: str
+    saved_bytes: int
+    end_split: dict[str, int]
+    events: int
+    seconds: float = 0.0
+    backend_staging_bytes: int = 0  # real backends only: buffers the backend allocates itself (gloo)
+    peak_without_staging_bytes: int | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "rank": self.rank, "ranks": list(self.ranks), "peak_bytes": self.peak_bytes,
+            "peak_split": dict(self.peak_split), "peak_phase": self.peak_phase,
+            "saved_bytes": self.saved_bytes, "end_split": dict(self.end_split), "seconds": self.seconds,
+            "backend_staging_bytes": self.backend_staging_bytes, "peak_without_staging_bytes": self.peak_without_staging_bytes,
+        }
+
+
+@dataclass(frozen=True)
+class ParallelMeasurement:
+    """Per-rank peaks of one workload under one ``ParallelSpec``; ``worst`` is the largest."""
+
+    spec: ParallelSpec
+    ranks: tuple[RankMeasurement, ...]
+    steady: bool = True
+    plan_name: str = ""
+    unseen: tuple[Unseen, ...] = field(default=())
+
+    @property
+    def worst(self) -> RankMeasurement:
+        return max(self.ranks, key=lambda r: (r.peak_bytes, -r.rank))
+
+    @property
+    def peak_bytes(self) -> int:
+        """The worst rank's counted peak (unseen lines not included)."""
+        return self.worst.peak_bytes
+
+    @property
+    def unseen_low_bytes(self) -> int:
+        return sum(u.low_bytes for u in self.unseen)
+
+    @property
+    def unseen_high_bytes(self) -> int:
+        return sum(u.high_bytes for u in self.unseen)
+
+    def rank(self, r: int) -> RankMeasurement:
+        """The measurement that stands for rank ``r``."""
+        for m in self.ranks:
+            if r in m.ranks:
+                return m
+        raise KeyError(f"rank {r} was not measured")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "spec": self.spec.to_dict(), "steady": self.steady, "plan": self.plan_name,
+            "ranks": [r.as_dict() for r in self.ranks], "worst_rank": self.worst.rank,
+            "peak_bytes": self.peak_bytes,
+            "unseen": [{"name": u.name, "low_bytes": u.low_bytes, "high_bytes": u.high_bytes, "source": u.source} for u in self.unseen],
+        }
+
+    def table(self) -> str:
+        """A plain-text per-rank table with the unseen lines under it."""
+        def fmt(n: int) -> str:
+            return f"{n / GIB:9.2f} GiB" if n >= GIB else f"{n / MIB:9.1f} MiB"
+
+        cols = [c for c in CATEGORIES if any(r.peak_split.get(c) for r in self.ranks)]
+        head = f"{self.spec.describe()}{' (steady state)' if self.steady else ' (first step)'}"
+        lines = [head, "rank(s)        peak          " + "  ".join(f"{c:>14.14}" for c in cols)]
+        for r in self.ranks:
+            label = _ranks_label(r.ranks)
+            lines.append(f"{label:<14} {fmt(r.peak_bytes)}  " + "  ".join(f"{fmt(r.peak_split.get(c, 0)):>14}" for c in cols))
+        lines.append(f"worst rank {self.worst.rank}: {fmt(self.peak_bytes)} counted")
+        for u in self.unseen:
+            lines.append(f"  + {u.name}: {fmt(u.low_bytes).strip()} .. {fmt(u.high_bytes).strip()}  [{u.source}]")
+        lines.append(f"worst rank with unseen lines: {fmt(self.peak_bytes + self.unseen_low_bytes).strip()} .. "
+                     f"{fmt(self.peak_bytes + self.unseen_high_bytes).strip()}")
+        return "\n".join(lines)
+
+
+def _ranks_label(ranks: tuple[int, ...]) -> str:
+    if len(ranks) == 1:
+        return str(ranks[0])
+    if list(ranks) == list(range(ranks[0], ranks[-1] + 1)):
+        return f"{ranks[0]}-{ranks[-1]}"
+    return f"{ranks[0]},..({len(ranks)})"

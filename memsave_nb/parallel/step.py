@@ -1,0 +1,172 @@
+"""One rank's training step under ``ShardTracker``, and its per-category summary.
+
+Shared by fake mode (``measure.py``) and the real gloo ranks (``gloo.py``): the same step, the same
+counting. With ``steady=True`` the first step runs untracked (it creates the optimizer state and
+FSDP2's gathered-parameter storages), gradients are dropped, and the second step is measured, as
+training's peak is reached from step 2 on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..errors import WorkloadError
+from ..measure.tracker import INPUT
+from ..workload import Workload, iter_tensors
+from .apply import unsharded_tensors
+from .result import CATEGORIES, RankMeasurement
+from .tracker import ShardTracker
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    to_local = getattr(t, "to_local", None)
+    return to_local() if callable(to_local) else t
+
+
+def _run(workload: Workload, model: nn.Module, batch: Any, optimizer, tracker: ShardTracker | None, marks: dict) -> None:
+    def phase(p: str) -> None:
+        if tracker is not None:
+            tracker.phase = p
+
+    phase("forward")
+    output = workload.forward(batch) if model is workload.model else _call(workload, model, batch)
+    loss = workload.compute_loss(output)
+    if not loss.requires_grad:
+        raise WorkloadError("the loss does not depend on anything that requires grad")
+    if tracker is not None:
+        marks["forward_end"] = len(tracker.events)
+        marks["live"] = set(tracker.live_records())
+    phase("backward")
+    loss.backward()
+    del output, loss
+    if optimizer is not None:
+        phase("optimizer")
+        optimizer.step()
+    phase("done")
+
+
+def _fsdp_lazy_init(model: nn.Module) -> None:
+    get = getattr(model, "_get_fsdp_state", None)
+    if get is not None:
+        get()._lazy_init()
+
+
+def _call(workload: Workload, model: nn.Module, batch: Any) -> Any:
+    return workload.replace(model=model).forward(batch)
+
+
+def tracked_step(workload: Workload, model: nn.Module, batch: Any, *, rank: int, ranks: tuple[int, ...],
+                 steady: bool | str = True) -> RankMeasurement:
+    """Run (steady: two steps, the second tracked) and summarise one rank.
+
+    ``workload.model`` is the sharded module whose parameters train; ``model`` is what is called
+    (the same module under FSDP2, the DDP wrapper under DDP). ``steady``: True makes the optimizer
+    state with one optimizer step on zero gradients, ``"full"`` runs a whole first step, False
+    measures the first step.
+    """
+    start = time.perf_counter()
+    params = [p for p in workload.model.parameters()]
+    trainable = [p for p in params if p.requires_grad]
+    optimizer = workload.make_optimizer() if trainable else None
+    if steady == "full":
+        _run(workload, model, batch, optimizer, None, {})
+    elif steady and optimizer is not None:
+        # The optimizer's first step on zero gradients creates the same state as a first training
+        # step, at a fraction of its cost (tests check the tracked step is byte-identical). FSDP2's
+        # lazy initialisation (which re-views padded shards) runs first, as the first forward would.
+        _fsdp_lazy_init(workload.model)
+        for p in trainable:
+            p.grad = torch.zeros_like(p)
+        optimizer.step()
+    for p in params:
+        p.grad = None
+    tracker = ShardTracker(workload.model)
+    tracker.register_tensors(params, "sharded_parameters")
+    tracker.register_tensors((b for b in workload.model.buffers() if b is not None), "buffers")
+    tracker.register_tensors(unsharded_tensors(workload.model), "unsharded_parameters")
+    if optimizer is not None:
+        tracker.register_tensors((t for s in optimizer.state.values() for t in iter_tensors(s)), "optimizer_state")
+    tracker.register_tensors(iter_tensors(batch), INPUT)
+    marks: dict = {}
+    with tracker:
+        _run(workload, model, batch, optimizer, tracker, marks)
+        grads = {tracker.record_of(_local(p.grad)) for p in params if p.grad is not None}
+        grads |= {tracker.record_of(_local(t.grad)) for t in iter_tensors(batch) if t.grad is not None}
+        opt = set()
+        if optimizer is not None:
+            opt = {tracker.record_of(_local(t)) for s in optimizer.state.values() for t in iter_tensors(s)}
+        unsharded = {tracker.record_of(t) for t in unsharded_tensors(workload.model)}
+    kinds = categorise(tracker, grads - {None}, opt - {None}, unsharded - {None}, marks)
+    staging = backend_staging(tracker, kinds)
+    result = summarise(tracker, kinds, marks, rank=rank, ranks=ranks, seconds=time.perf_counter() - start)
+    if not staging:
+        return result
+    # A real backend's own staging copies: counted in ``peak_bytes``; the peak without them is kept
+    # beside it, since the fake backend (and NCCL) make no such copies.
+    without = summarise(tracker, kinds, marks, rank=rank, ranks=ranks, seconds=result.seconds, skip=staging)
+    return dataclasses.replace(result, backend_staging_bytes=sum(tracker.records[i].nbytes for i in staging),
+                               peak_without_staging_bytes=without.peak_bytes)
+
+
+# A storage first met as the output of a view op was allocated below the dispatcher, where no
+# Python mode sees it: inside a collective that is the backend's own buffer (gloo reduce-scatters
+# by all-reducing a full-size copy of the input and takes this rank's chunk of it in ``wait()``).
+_VIEW_OPS = frozenset({"aten.chunk", "aten.split", "aten.split_with_sizes", "aten.narrow", "aten.slice", "aten.select",
+                       "aten.view", "aten._reshape_alias", "aten.as_strided", "aten.unbind", "aten.alias", "aten.reshape"})
+
+
+def backend_staging(tracker: ShardTracker, kinds: list[str]) -> set[int]:
+    return {i for i in tracker.comm_records if tracker.records[i].op in _VIEW_OPS and kinds[i] == "communication"}
+
+
+def categorise(tracker: ShardTracker, grads: set, opt: set, unsharded: set, marks: dict) -> list[str]:
+    """Each storage's category, decided once the step is over (first match wins)."""
+    live_at_fwd_end = marks.get("live", set())
+    kinds = []
+    for i, rec in enumerate(tracker.records):
+        if rec.kind is not None and i not in unsharded and i not in grads:
+            kinds.append(rec.kind)
+        elif i in grads:
+            kinds.append("gradients")
+        elif i in opt:
+            kinds.append("optimizer_state")
+        elif i in unsharded:
+            kinds.append("unsharded_parameters")
+        elif i in tracker.comm_records:
+            kinds.append("communication")
+        elif rec.late:
+            kinds.append(INPUT if rec.died is None else "temporaries")
+        elif rec.phase == "forward" and i in live_at_fwd_end:
+            kinds.append("activations")
+        else:
+            kinds.append("temporaries")
+    return kinds
+
+
+def summarise(tracker: ShardTracker, kinds: list[str], marks: dict, *, rank: int, ranks: tuple[int, ...],
+              seconds: float, skip: set[int] = frozenset()) -> RankMeasurement:
+    live = {c: 0 for c in CATEGORIES}
+    peak, peak_split, peak_phase = -1, dict(live), ""
+    fwd_end = marks.get("forward_end")
+    saved = 0
+    preexisting = {i for i, rec in enumerate(tracker.records) if rec.late and rec.died is None}
+    for i in preexisting:
+        live[kinds[i]] += tracker.records[i].nbytes
+    for e, ((idx, delta), phase) in enumerate(zip(tracker.events, tracker.event_phase)):
+        if idx in skip:
+            continue
+        if not (idx in preexisting and delta > 0 and e == tracker.records[idx].born):
+            live[kinds[idx]] += delta
+        total = sum(live.values())
+        if total > peak:
+            peak, peak_split, peak_phase = total, dict(live), phase
+        if fwd_end is not None and e == fwd_end - 1:
+            saved = live["activations"]
+    return RankMeasurement(rank=rank, ranks=ranks, peak_bytes=max(peak, 0), peak_split=peak_split,
+                           peak_phase=peak_phase, saved_bytes=saved, end_split=dict(live),
+                           events=len(tracker.events), seconds=seconds)

@@ -1,0 +1,163 @@
+"""The engine's tracker taught to see FSDP2: DTensor shards, storage resizes, collective buffers.
+
+``ShardTracker`` extends ``measure.tracker.MemoryTracker`` from outside (the engine is untouched):
+
+- **DTensor**: the dispatch watcher returns ``NotImplemented`` for an op on DTensors, so DTensor
+  runs and desugars it into ops on local shards, which the watcher then sees. Sharding
+  propagation runs ops under a fake mode of DTensor's own; those are skipped by comparing the
+  active fake mode with the one current when the tracker was entered.
+- **Resizes**: FSDP2 frees gathered parameters by ``untyped_storage().resize_(0)`` and
+  re-allocates them with ``resize_(n)``, no op output in sight: ``UntypedStorage.resize_`` is
+  wrapped while the tracker is active, and a resize of a known storage is an event.
+- **Communication buffers**: storages born inside FSDP2's ``foreach_all_gather`` /
+  ``foreach_reduce`` (all-gather input/output, reduce-scatter input/output) are marked; those that
+  become gathered parameters or gradient shards are re-categorised after the step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from typing import Any, Iterator
+
+import torch
+
+from ..measure.tracker import MemoryTracker, _DispatchWatcher
+
+_FSDP_COLLECTIVES = ("foreach_all_gather", "foreach_reduce")
+
+
+def _dtensor_type():
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # pragma: no cover
+        return None
+    return DTensor
+
+
+def _active_fake_mode():
+    from torch._guards import active_fake_mode
+
+    return active_fake_mode()
+
+
+class _ShardWatcher(_DispatchWatcher):
+    def __init__(self, tracker: "ShardTracker"):
+        super().__init__(tracker)
+        self.dtensor = _dtensor_type()
+        self.entry_fake_mode = _active_fake_mode()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        dt = self.dtensor
+        if dt is not None and any(issubclass(t, dt) for t in types):
+            return NotImplemented  # let DTensor desugar into local-shard ops, seen next
+        out = func(*args, **kwargs) if kwargs else func(*args)
+        if _active_fake_mode() is self.entry_fake_mode:  # not DTensor's sharding propagation
+            self.tracker._observe(func, args, kwargs, out)
+        return out
+
+
+class ShardTracker(MemoryTracker):
+    """``MemoryTracker`` plus DTensor shards, storage resizes and FSDP2 collective buffers."""
+
+    def __init__(self, model=None, *, count_flops: bool = False):
+        super().__init__(model, count_flops=count_flops)
+        self.comm_records: set[int] = set()
+        self._in_collective = 0
+        self._stack = contextlib.ExitStack()
+
+    # -- storages -------------------------------------------------------------------------------
+    def _add(self, storage, record) -> None:
+        super()._add(storage, record)
+        if self._in_collective and record.kind is None:
+            self.comm_records.add(len(self.records) - 1)
+
+    def register_tensors(self, tensors, kind: str) -> None:
+        """Like ``register_existing`` but DTensors register their local shard."""
+        dt = _dtensor_type()
+        self.register_existing((t.to_local() if dt is not None and isinstance(t, dt) else t for t in tensors), kind)
+
+    def _resized(self, storage: torch.UntypedStorage) -> None:
+        idx = self._index.get(id(storage))
+        nbytes = storage.nbytes()
+        if idx is None:
+            from ..measure.tracker import StorageRecord
+
+            self._add(storage, StorageRecord(nbytes, self.current_module(), "resize_", self.phase, len(self.events)))
+            return
+        rec = self.records[idx]
+        if nbytes != rec.nbytes and rec.died is None:
+            self._event(idx, nbytes - rec.nbytes)
+            rec.nbytes = nbytes
+
+    # -- context --------------------------------------------------------------------------------
+    def __enter__(self) -> "ShardTracker":
+        stack = self._stack
+        stack.enter_context(_patched_resize(self))
+        stack.enter_context(_marked_collectives(self))
+        try:
+            self._install_module_hooks()
+            self._mode = _ShardWatcher(self)
+            self._mode.__enter__()
+        except BaseException:
+            stack.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            super().__exit__(*exc)
+        finally:
+            self._stack.close()
+
+
+@contextlib.contextmanager
+def _patched_resize(tracker: ShardTracker) -> Iterator[None]:
+    original = torch.UntypedStorage.resize_
+
+    @functools.wraps(original)
+    def resize_(storage, size):
+        out = original(storage, size)
+        tracker._resized(storage)
+        return out
+
+    torch.UntypedStorage.resize_ = resize_  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        torch.UntypedStorage.resize_ = original  # type: ignore[method-assign]
+
+
+@contextlib.contextmanager
+def _marked_collectives(tracker: ShardTracker) -> Iterator[None]:
+    """Mark what FSDP2's grouped all-gather and reduce-scatter allocate as communication buffers.
+
+    FSDP2's parameter group calls these two functions by their names in its own module; they are
+    wrapped there for the step and put back after. A torch without them: nothing is marked (the
+    buffers then count as temporaries), nothing fails.
+    """
+    try:
+        from torch.distributed.fsdp._fully_shard import _fsdp_param_group as pg_mod
+    except ImportError:  # pragma: no cover
+        yield
+        return
+    originals = {n: getattr(pg_mod, n) for n in _FSDP_COLLECTIVES if hasattr(pg_mod, n)}
+
+    def wrap(fn):
+        @functools.wraps(fn)
+        def inner(*args, **kwargs):
+            tracker._in_collective += 1
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                tracker._in_collective -= 1
+
+        return inner
+
+    for n, fn in originals.items():
+        setattr(pg_mod, n, wrap(fn))
+    try:
+        yield
+    finally:
+        for n, fn in originals.items():
+            setattr(pg_mod, n, fn)

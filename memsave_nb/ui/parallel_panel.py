@@ -1,0 +1,114 @@
+"""The "GPUs" panel: per-rank memory of the current plan under FSDP2 on 1 to 1024 GPUs.
+
+It builds a ``ParallelSpec`` from its controls and asks ``memsave_nb.parallel.measure_parallel``
+(fake mode, PyTorch's own ``fully_shard``) for the per-rank table; it holds no measurement logic.
+Changing a control re-sizes on a worker thread (a newer request supersedes an older one).
+
+DOM hooks: ``.memsave-gpus`` (number), ``.memsave-sharding`` (dropdown), ``.memsave-bf16``
+(checkbox), ``.memsave-parallel-size`` (button), ``.memsave-parallel-peak`` (worst rank),
+``.memsave-parallel-table`` (the table), ``.memsave-parallel-error``.
+"""
+
+from __future__ import annotations
+
+import html
+import threading
+from typing import Any, Callable
+
+import ipywidgets as W
+
+from memsave_nb.parallel import ParallelSpec, measure_parallel
+
+SHARDINGS = (
+    ("FSDP2: fully_shard per block + root", "fsdp"),
+    ("FSDP2, keep gathered params after forward", "fsdp-keep"),
+    ("HSDP: 2 replica groups", "hsdp"),
+)
+MAX_GPUS = 1024
+
+
+def spec_for(gpus: int, sharding: str, bf16: bool) -> ParallelSpec:
+    """The ``ParallelSpec`` the controls describe (HSDP needs an even number of GPUs)."""
+    kw: dict[str, Any] = {"world_size": gpus}
+    if sharding == "fsdp-keep":
+        kw["reshard_after_forward"] = False
+    elif sharding == "hsdp":
+        kw["replicate"] = 2
+    if bf16:
+        kw.update(param_dtype="bfloat16", reduce_dtype="float32")
+    return ParallelSpec(**kw)
+
+
+class ParallelPanel(W.VBox):
+    def __init__(self, workload: Any, plan_fn: Callable[[], Any], *, live: bool = True):
+        self.workload = workload
+        self._plan_fn = plan_fn
+        self.live = live
+        self.gpus = W.BoundedIntText(value=8, min=1, max=MAX_GPUS, description="GPUs", layout=W.Layout(width="160px"))
+        self.gpus.add_class("memsave-gpus")
+        self.sharding = W.Dropdown(options=SHARDINGS, value="fsdp", description="sharding", layout=W.Layout(width="380px"))
+        self.sharding.add_class("memsave-sharding")
+        self.bf16 = W.Checkbox(value=False, description="bf16 params, fp32 reduce", indent=False)
+        self.bf16.add_class("memsave-bf16")
+        self.size_button = W.Button(description="size per rank", icon="server", button_style="info")
+        self.size_button.add_class("memsave-parallel-size")
+        self.peak = W.HTML()
+        self.peak.add_class("memsave-parallel-peak")
+        self.table = W.HTML()
+        self.table.add_class("memsave-parallel-table")
+        self.error = W.HTML()
+        self.error.add_class("memsave-parallel-error")
+        self.result = None
+        self._generation = 0
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        note = W.HTML("<small>Per-rank memory in fake mode with PyTorch's own <code>fully_shard</code> "
+                      "on a fake process group; the plan's freezing and checkpointing apply.</small>")
+        super().__init__([note, W.HBox([self.gpus, self.sharding, self.bf16, self.size_button],
+                                       layout=W.Layout(flex_flow="row wrap")), self.peak, self.error, self.table])
+        for w in (self.gpus, self.sharding, self.bf16):
+            w.observe(lambda _ch: self._changed(), "value")
+        self.size_button.on_click(lambda _b: self.refresh(background=True))
+
+    def spec(self) -> ParallelSpec:
+        return spec_for(self.gpus.value, self.sharding.value, self.bf16.value)
+
+    def _changed(self) -> None:
+        if self.live:
+            self.refresh(background=True)
+
+    def wait(self, timeout: float | None = None) -> None:
+        t = self._thread
+        if t is not None:
+            t.join(timeout)
+
+    def refresh(self, *, background: bool = False) -> None:
+        """Size the current plan per rank (on a worker thread with ``background=True``)."""
+        with self._lock:
+            self._generation += 1
+            generation = self._generation
+        if background:
+            self.peak.value = "<i>sizing...</i>"
+            self._thread = threading.Thread(target=self._job, args=(generation,), daemon=True)
+            self._thread.start()
+        else:
+            self._job(generation)
+
+    def _job(self, generation: int) -> None:
+        try:
+            spec = self.spec()
+            result = measure_parallel(self.workload, spec, self._plan_fn())
+        except Exception as exc:  # noqa: BLE001 - shown in the panel, never printed
+            if generation == self._generation:
+                self.error.value = f"<span style='color:#b00'>{html.escape(' '.join(str(exc).split()))}</span>"
+                self.peak.value = ""
+            return
+        if generation != self._generation:  # a newer request superseded this one
+            return
+        self.result = result
+        self.error.value = ""
+        gib = result.peak_bytes / (1 << 30)
+        hi = (result.peak_bytes + result.unseen_high_bytes) / (1 << 30)
+        self.peak.value = (f"<b>worst rank {result.worst.rank}: {gib:.2f} GiB counted</b>, "
+                           f"up to {hi:.2f} GiB with the unseen lines ({html.escape(spec.describe())})")
+        self.table.value = f"<pre style='font-size:11px'>{html.escape(result.table())}</pre>"

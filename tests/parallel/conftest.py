@@ -1,0 +1,78 @@
+"""Shared cases for the parallel tests: small workloads, and PyTorch's FSDPMemTracker as the oracle."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from memsave_nb import zoo
+from memsave_nb.workload import Workload, iter_tensors
+
+TINY_GPT = zoo.GPTConfig(vocab_size=256, block_size=32, n_layer=2, n_head=2, n_embd=64, dropout=0.0)
+
+
+def tiny_gpt(batch_size: int = 2) -> Workload:
+    return zoo.gpt(TINY_GPT, batch_size=batch_size)
+
+
+class Blocks(nn.Module):
+    """Two blocks of Linear-ReLU-Linear with chosen widths (dim 0 of every parameter is a width)."""
+
+    def __init__(self, width: int = 64, hidden: int = 128, out: int = 64):
+        super().__init__()
+        self.blocks = nn.ModuleList(
+            nn.Sequential(nn.Linear(width, hidden), nn.ReLU(), nn.Linear(hidden, width)) for _ in range(2)
+        )
+        self.head = nn.Linear(width, out)
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = b(x)
+        return self.head(x)
+
+
+def blocks_workload(width: int = 64, hidden: int = 128, out: int = 64, batch: int = 16, optimizer="adamw") -> Workload:
+    torch.manual_seed(0)
+    model = Blocks(width, hidden, out)
+    x = torch.randn(batch, width)
+    return Workload(model, x, loss=lambda o: o.square().mean(), optimizer=optimizer, name="blocks")
+
+
+def fsdp_mem_tracker_peak(workload: Workload, spec, plan=None, rank: int = 0) -> dict:
+    """PyTorch's FSDPMemTracker on the same fake setup, steady state (step 2 tracked)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+
+    from memsave_nb.parallel.apply import apply_parallel
+    from memsave_nb.parallel.measure import _fake_batch, entries_restored
+    from memsave_nb.parallel.process_group import fake_process_group
+    from memsave_nb.parallel.twin import fake_twin
+
+    with fake_process_group(spec, rank) as mesh:
+        fm = FakeTensorMode(allow_non_fake_inputs=True)
+        twin = fake_twin(workload.model, fm)
+        w0 = workload.replace(model=twin)
+        with (plan.apply(w0) if plan is not None else contextlib.nullcontext(w0)) as w, fm, entries_restored(twin):
+            apply_parallel(twin, spec, mesh)
+            batch = _fake_batch(w, fm)
+            opt = w.make_optimizer()
+
+            def step():
+                out = w.forward(batch)
+                w.compute_loss(out).backward()
+                del out
+                opt.step()
+                opt.zero_grad()
+
+            step()
+            fmt = FSDPMemTracker(twin, opt)
+            fmt.track_inputs(tuple(iter_tensors(batch)))
+            with fmt:
+                step()
+            snap = fmt.get_tracker_snapshot("peak")
+    (dev_snap,) = snap.values()
+    return {str(getattr(k, "value", k)): v for k, v in dev_snap.items()}

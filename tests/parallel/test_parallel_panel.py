@@ -1,0 +1,54 @@
+"""The explorer's "GPUs" panel: controls build the spec; per-rank numbers come from measure_parallel."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("ipywidgets")
+
+from memsave_nb import Plan
+from memsave_nb.parallel import ParallelSpec, measure_parallel
+from memsave_nb.ui.parallel_panel import ParallelPanel, spec_for
+
+from .conftest import blocks_workload
+
+
+def test_changing_the_gpu_count_updates_the_per_rank_numbers():
+    wl = blocks_workload()
+    plan = Plan(frozen=("blocks.0",))
+    panel = ParallelPanel(wl, plan_fn=lambda: plan)
+    panel.gpus.value = 2
+    panel.wait(120)
+    two = panel.result
+    assert two.worst.peak_split == measure_parallel(wl, ParallelSpec(world_size=2), plan).worst.peak_split
+    panel.gpus.value = 4
+    panel.wait(120)
+    four = panel.result
+    assert four.spec.world_size == 4
+    assert two.worst.end_split["sharded_parameters"] == 2 * four.worst.end_split["sharded_parameters"]
+    assert "worst rank" in panel.peak.value and "FSDP2 x4" in panel.table.value and panel.error.value == ""
+
+
+def test_bad_choice_shows_one_line_in_the_panel():
+    panel = ParallelPanel(blocks_workload(), plan_fn=lambda: Plan(compile_budget=0.5), live=False)
+    panel.refresh()
+    assert "compile budget" in panel.error.value and panel.result is None
+
+
+def test_spec_for_controls():
+    assert spec_for(16, "hsdp", True) == ParallelSpec(world_size=16, replicate=2, param_dtype="bfloat16", reduce_dtype="float32")
+    assert spec_for(8, "fsdp-keep", False).reshard_after_forward is False
+
+
+def test_explorer_has_a_gpus_tab_sizing_its_current_plan():
+    from memsave_nb.session import Session
+    from memsave_nb.ui.explorer import TAB_TITLES, Explorer
+
+    wl = blocks_workload()
+    ex = Explorer(Session(wl, repeats=0), live=False)
+    assert TAB_TITLES[-1] == "GPUs" and ex.tabs.children[-1] is ex.gpus
+    ex.set_plan(Plan(frozen=("blocks.0",)))
+    ex.gpus.gpus.value = 4
+    ex.gpus.wait(120)
+    expected = measure_parallel(wl, ParallelSpec(world_size=4), Plan(frozen=("blocks.0",)))
+    assert ex.gpus.result.worst.end_split == expected.worst.end_split
