@@ -57,6 +57,8 @@ TAB_TITLES = ("Layers", "SAC per op", "Compile budget", "Results", "Plan as code
 
 
 def _label(value: str, cls: str, **layout: Any) -> W.Label:
+    # as wide as the text (a Label's default inline width spreads the header over two lines)
+    layout = {"width": "auto", "flex": "0 0 auto", "margin": "0 4px 0 0", **layout}
     w = W.Label(value=value, layout=W.Layout(**layout))
     w.add_class(cls)
     return w
@@ -92,16 +94,16 @@ class Explorer(W.VBox):
         self.title = W.HTML(title_html(getattr(wl, "name", "workload"), type(self.model).__name__, session.mode,
                                        str(getattr(wl, "device", "cpu"))))
         self.title.add_class("memsave-title")
-        self.saved_total = _label("-", "memsave-saved-total", min_width="80px")
-        self.saved_bytes = _label("-", "memsave-saved-bytes", min_width="120px")
-        self.saved_delta = _label("", "memsave-saved-delta", min_width="90px")
-        self.peak_total = _label("-", "memsave-peak-total", min_width="80px")
-        self.peak_bytes = _label("-", "memsave-peak-bytes", min_width="120px")
-        self.peak_delta = _label("", "memsave-peak-delta", min_width="90px")
+        self.saved_total = _label("-", "memsave-saved-total")
+        self.saved_bytes = _label("-", "memsave-saved-bytes")
+        self.saved_delta = _label("", "memsave-saved-delta")
+        self.peak_total = _label("-", "memsave-peak-total")
+        self.peak_bytes = _label("-", "memsave-peak-bytes")
+        self.peak_delta = _label("", "memsave-peak-delta")
         self.output_kept = _label("", "memsave-output-bytes", display="none")
         self.first_step = _label("", "memsave-first-step-peak", display="none")
-        self.step_time = _label("-", "memsave-step-time", min_width="80px")
-        self.cuda_peak = _label("", "memsave-cuda-peak", min_width="80px", display="none")
+        self.step_time = _label("-", "memsave-step-time")
+        self.cuda_peak = _label("", "memsave-cuda-peak", display="none")
         self.summary = W.HBox([
             W.HTML("<b>saved</b>", layout=W.Layout(flex="0 0 auto")), self.saved_total, self.saved_bytes,
             self.saved_delta, self.output_kept,

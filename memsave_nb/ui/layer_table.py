@@ -44,10 +44,10 @@ _SLACK = 8  # the HTML widget's own padding
 TABLE_CSS = """<style>
 .memsave-row-name.jupyter-button, .memsave-row-name.widget-button {
   text-align: left; overflow: hidden; text-overflow: ellipsis; white-space: nowrap; }
-.memsave-row { border-bottom: 1px solid #f2f2f2; }
-.memsave-row.memsave-selected { background: #eaf2fb; }
+.memsave-row { border-bottom: 1px solid rgba(128,128,128,0.15); }
+.memsave-row.memsave-selected { background: rgba(31,119,180,0.15); }
 .memsave-expand.jupyter-button, .memsave-expand.widget-button { background: transparent; }
-.memsave-table-header { border-bottom: 1px solid #ccc; }
+.memsave-table-header { border-bottom: 1px solid rgba(128,128,128,0.5); }
 .memsave-spinner { display: inline-block; width: 10px; height: 10px; margin-right: 4px;
   border: 2px solid #c6dbef; border-top-color: #1f77b4; border-radius: 50%;
   animation: memsave-spin 0.8s linear infinite; vertical-align: middle; }
