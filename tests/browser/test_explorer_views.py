@@ -4,6 +4,7 @@
   each figure widget, no "javascript error" text, no ``Bokeh.require`` error in the console);
 - at 700 px (file browser collapsed) the run/cancel buttons keep their words and the row controls (freeze, memsave,
   checkpoint) are on screen and work;
+- a second view of the same output (Lab's "Create New View for Output") and a Voila page draw them too;
 - a compile-budget run shows its progress (phase and elapsed seconds) and can be cancelled;
 - screenshots for the README: wide (1400 px), narrow (700 px), dark theme, under artifacts/.
 """
@@ -109,6 +110,14 @@ def test_figures_survive_a_reload_and_run_all_on_the_same_kernel(lab, lab_root, 
         print(f"after reload + Run All, explorer {i}:", _every_figure_draws(page, ex))
     assert not _bokeh_errors(page), "\n".join(_bokeh_errors(page))
 
+    # a second view of the same output (Lab's "Create New View for Output"): figures draw there too
+    page.locator(".jp-NotebookPanel .jp-CodeCell").nth(1).locator(".jp-InputArea-prompt").first.click()
+    page.evaluate("() => window.jupyterapp.commands.execute('notebook:create-output-view')")
+    second = page.locator(".jp-LinkedOutputView .memsave-explorer").first
+    second.wait_for(state="visible", timeout=60_000)
+    print("second view of the output:", _every_figure_draws(page, second))
+    page.evaluate("() => { const w = window.jupyterapp.shell.currentWidget; if (w && w.node.querySelector('.jp-LinkedOutputView')) w.close(); }")
+
     # wide: the header on one line at 1400 px
     explorer = page.locator(".memsave-explorer").first
     _tab(explorer, "Layers")
@@ -164,3 +173,24 @@ def test_figures_survive_a_reload_and_run_all_on_the_same_kernel(lab, lab_root, 
     lh.screenshot(page, ARTIFACTS / "explorer-compile-progress.png")
     small.locator(".memsave-cancel").first.click()
     lh.wait_for_text(small.locator(".memsave-status").first, re.compile(r"^\s*(cancelled|done)"), timeout=240)
+
+
+VOILA_CELLS = [
+    """\
+import torch
+from memsave_nb import zoo
+from memsave_nb.ui.explorer import explore
+
+torch.manual_seed(0)
+explore(zoo.mlp((32, 64, 10)), torch.randn(8, 32), repeats=1)""",
+]
+
+
+def test_figures_draw_in_voila(voila_factory, tmp_path, page):
+    nb = lh.write_notebook(tmp_path / "app" / "explorer.ipynb", VOILA_CELLS)
+    server = voila_factory(nb)
+    page.goto(server.url(), wait_until="domcontentloaded", timeout=90_000)
+    explorer = page.locator(".memsave-explorer").first
+    explorer.wait_for(state="visible", timeout=180_000)
+    print("Voila, canvases per figure:", _every_figure_draws(page, explorer))
+    assert not _bokeh_errors(page), "\n".join(_bokeh_errors(page))
