@@ -315,7 +315,8 @@ class Explorer(W.VBox):
         self.editor.set_input_requires_grad(None if change["new"] == default else bool(change["new"]))
 
     def _on_select(self, module: str) -> None:
-        self.sac.show_module(module)
+        with self._ui_lock:
+            self.sac.show_module(module)
 
     def _unsavable_in(self, region: str) -> dict[str, str] | None:
         """Ops SAC cannot keep in ``region`` (one forward, once per explorer; real mode only)."""

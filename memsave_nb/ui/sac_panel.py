@@ -17,6 +17,7 @@ DOM hooks: ``.memsave-sac`` (the panel), ``.memsave-sac-title``, ``.memsave-sac-
 from __future__ import annotations
 
 import html
+import threading
 from typing import Callable
 
 import ipywidgets as W
@@ -62,6 +63,9 @@ class SacPanel(W.VBox):
         self.editor = editor
         self.unsavable = unsavable
         self.blocked: dict[str, str] = {}
+        # the worker thread (a result) and the kernel thread (a selection) both rebuild: one at a
+        # time, or one's "syncing" flag ends while the other still sets toggles
+        self._lock = threading.RLock()
         self.module: str | None = None
         self._rows: dict[str, _OpRow] = {}
         self._syncing = False
@@ -104,6 +108,10 @@ class SacPanel(W.VBox):
         return [o.op for o in self._baseline.ops_in(self.module)]
 
     def _rebuild(self) -> None:
+        with self._lock:
+            self._rebuild_locked()
+
+    def _rebuild_locked(self) -> None:
         if self.module is None or self._baseline is None:
             return
         name = self.module or "(model)"

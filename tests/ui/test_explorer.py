@@ -200,7 +200,7 @@ def test_clicking_a_history_point_restores_that_plan(cnn):
     first = cnn.entry
     cnn.table.row("layers.2").region.value = "full"
     assert cnn.wait(120)
-    assert len(cnn.session.history) == 2
+    assert len(cnn.session.history) == 2, [e.plan.describe() for e in cnn.session.history]
     history = cnn.results.history_plot.source.data
     assert history["peak_bytes"] == [cnn.baseline.peak_bytes] + [e.measurement.peak_bytes for e in cnn.session.history]
     cnn.results.history_plot.source.selected.indices = [1]  # what a tap does
