@@ -114,12 +114,13 @@ def tied_by_module(model) -> dict[str, str]:
     except Exception:  # noqa: BLE001
         return {}
     out: dict[str, list[str]] = {}
-    for param, others in ties.items():
-        owner, _, attr = param.rpartition(".")
-        out.setdefault(owner, []).append(f"{attr} = {', '.join(others)}")
-        for other in others:
-            o_owner, _, o_attr = other.rpartition(".")
-            out.setdefault(o_owner, []).append(f"{o_attr} = {param}")
+    for canonical, names in ties.items():
+        names = tuple(dict.fromkeys((canonical, *names)))
+        for name in names:
+            owner, _, attr = name.rpartition(".")
+            others = [n for n in names if n != name]
+            if others:
+                out.setdefault(owner, []).append(f"{attr} = {', '.join(others)}")
     return {k: "; ".join(dict.fromkeys(v)) for k, v in out.items()}
 
 

@@ -320,3 +320,20 @@ def test_steady_state_outputs_and_advice_are_shown_when_the_engine_reports_them(
     assert "peak of the first step" in cnn.results.table.value and "outputs and caches kept" in cnn.results.table.value
     cnn._show(cnn.session.baseline_entry)
     assert cnn.first_step.layout.display == "none" and cnn.advice.layout.display == "none"
+
+
+def test_tied_parameters_are_shown_in_the_layer_table():
+    class Tied(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(16, 8)
+            self.head = nn.Linear(8, 16, bias=False)
+            self.head.weight = self.emb.weight  # GPT-2's lm_head / wte tie
+
+        def forward(self, ids):
+            return self.head(self.emb(ids))
+
+    ex = explore(Tied(), torch.randint(0, 16, (2, 4)), repeats=0, live=False)
+    assert "weight = head.weight" in ex.table.row("emb").details.value
+    assert "weight = emb.weight" in ex.table.row("head").details.value
+    assert "=" not in ex.table.tied.get("", "")
