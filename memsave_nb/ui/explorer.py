@@ -12,8 +12,13 @@ reruns off. DOM classes for browser tests: ``.memsave-explorer`` (the whole widg
 ``.memsave-saved-total`` (saved activations, formatted), ``.memsave-saved-bytes`` (the same in
 bytes, ``"27,028,744 B"``), ``.memsave-peak-total`` / ``.memsave-peak-bytes``,
 ``.memsave-status`` (``idle``, ``running``, ``done``, ``cancelled``, ``error`` as its first word),
-``.memsave-error``, ``.memsave-cancel``, ``.memsave-run``, ``.memsave-plan-code``, and per module
-``.memsave-freeze-<slug>`` (see :mod:`memsave_nb.ui.layer_table`).
+``.memsave-error``, ``.memsave-cancel``, ``.memsave-run``, ``.memsave-plan-code``,
+``.memsave-progress-text`` (phase and elapsed seconds of a run), ``.memsave-summary`` (the header
+numbers), ``.memsave-advice``, ``.memsave-loss-note``, ``.memsave-bokeh`` (each figure widget), and
+per module ``.memsave-freeze-<slug>`` (see :mod:`memsave_nb.ui.layer_table`).
+
+A run that fails leaves the numbers of the last good run on screen, puts the controls back to that
+run's plan (a failing toggle does not stay on) and never shows the failed plan as code.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ from memsave_nb.workload import Workload
 
 from .budget_panel import BudgetPanel
 from .editor import PlanEditor
-from .format import format_bytes, format_delta_bytes, format_seconds, format_time_spread, time_change
+from .format import format_bytes, format_delta_bytes, format_time_spread, time_change
 from .layer_table import LayerTable
 from .plots import bokehjs_loader
 from .results_panel import ResultsPanel

@@ -21,7 +21,6 @@ from memsave_nb.ui import figures
 from memsave_nb.ui.explorer import Explorer, explore
 from memsave_nb.ui.format import format_bytes, format_time_spread, time_change
 from memsave_nb.ui.plots import BokehFigure, bokehjs_loader, bokehjs_script, load_bokehjs
-from memsave_nb.workload import Workload
 from memsave_nb.zoo import GPTConfig
 
 pytestmark = pytest.mark.timeout(300)
@@ -233,8 +232,7 @@ def test_the_explorer_states_spread_runs_and_device(cnn):
 
 
 def test_plans_tried_has_no_duplicates_and_no_label_pileup():
-    wl = zoo.make("mlp", batch_size=8) if "batch_size" in zoo.make.__code__.co_varnames else zoo.make("mlp")
-    session = Session(wl, repeats=0)
+    session = Session(zoo.make("mlp", batch_size=8), repeats=0)
     ex = Explorer(session, live=False)
     hist = ex.results.history_plot
     # a one-point plot: the y range is given room, so ticks cannot all read the same value
