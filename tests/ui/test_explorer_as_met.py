@@ -164,6 +164,7 @@ class Slow(nn.Module):
         return torch.relu(self.lin(x))
 
 
+@pytest.mark.slow
 def test_a_run_shows_its_phase_and_elapsed_time_and_can_be_cancelled():
     ex = explore(nn.Sequential(Slow(), Slow(), Slow(), Slow()), torch.randn(2, 8), repeats=0, debounce_s=0.01)
     ex.table.row("0").freeze.value = True
@@ -179,6 +180,7 @@ def test_a_run_shows_its_phase_and_elapsed_time_and_can_be_cancelled():
     assert ex.state == "cancelled" and ex.progress.layout.visibility == "hidden" and ex.progress_text.value == ""
 
 
+@pytest.mark.slow
 def test_fake_mode_disables_the_compile_tab_and_says_why():
     wl = zoo.gpt(GPTConfig(vocab_size=64, block_size=8, n_layer=1, n_head=2, n_embd=16, dropout=0.0), batch_size=2)
     ex = Explorer(Session(wl, "fake", repeats=0), live=False)
@@ -269,6 +271,7 @@ def test_timeline_zooms_on_one_phase(cnn):
 
 
 # -- 8. small ---------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_title_names_the_class_once_and_the_loss_of_a_tuple_output():
     class Pair(nn.Module):
         def __init__(self):
