@@ -525,8 +525,8 @@ class Explorer(W.VBox):
             self.step_time.value = (format_time_spread(m) + (f", {time_change(m, base)}" if entry is not self.session.baseline_entry
                                     and m.step_seconds is not None else "")) if m.step_seconds is not None else "-"
             outputs = int(getattr(m, "output_bytes", 0) or 0)
-            self.output_kept.value = (f"(for backward {format_bytes(m.saved_bytes - outputs)}, outputs and caches "
-                                      f"{format_bytes(outputs)})") if outputs else ""
+            self.output_kept.value = (f"+ outputs and caches {format_bytes(outputs)} (not saved for backward; "
+                                      f"{format_bytes(m.saved_bytes + outputs)} kept in all)") if outputs else ""
             self.output_kept.layout.display = "" if outputs else "none"
             first = getattr(m, "first_step_peak_bytes", None)
             show_first = first is not None and first != m.peak_bytes

@@ -116,13 +116,18 @@ def own_label(name: str, type_name: str) -> str:
     return f"{name or ROOT_LABEL} (own) ({type_name})"
 
 
-def output_split(stats: Any, kept: int, *, own: bool) -> tuple[int, int]:
-    """``(for backward, outputs)``: of ``kept`` bytes, those autograd saved for backward and those
-    the step's outputs and caches keep (logits, a KV cache). The outputs come from the engine's
-    ``output_bytes_own`` / ``output_bytes`` when it reports them (0 otherwise)."""
+def kept_bytes(stats: Any, *, own: bool) -> tuple[int, int]:
+    """``(saved for backward, outputs and caches)`` of a module row: ``saved_bytes(_own)`` and the
+    engine's ``output_bytes(_own)`` (logits, a KV cache: alive to the end of forward, not saved for
+    backward; 0 from an engine that does not report them)."""
+    saved = int(stats.saved_bytes_own if own else stats.saved_bytes)
     outputs = int(getattr(stats, "output_bytes_own" if own else "output_bytes", 0) or 0)
-    outputs = max(0, min(outputs, kept))
-    return kept - outputs, outputs
+    return saved, outputs
+
+
+def kept_total(measurement: Any) -> int:
+    """What the step keeps at the end of forward: saved for backward plus outputs and caches."""
+    return int(measurement.saved_bytes) + int(getattr(measurement, "output_bytes", 0) or 0)
 
 
 DEFAULT_TOP = 25
@@ -135,32 +140,34 @@ def layer_bars_data(
     leaves_only: bool = True,
     top: int | None = None,
 ) -> Data:
-    """Columns for the per-layer bars: every byte of ``measurement.saved_bytes`` in exactly one bar.
+    """Columns for the per-layer bars: every byte the step keeps at the end of forward in exactly
+    one bar (``measurement.saved_bytes`` saved for backward plus ``measurement.output_bytes``,
+    outputs and caches, when the engine reports them).
 
     Default (``leaves_only=True``): one bar per leaf module with its bytes, and one bar
     ``"<name> (own)"`` per parent module that made bytes in its own forward (attention inside
     ``nn.MultiheadAttention``, a functional op in a block's ``forward``), in ``named_modules()``
-    order; the bars sum to ``measurement.saved_bytes``. ``leaves_only=False`` shows every module's
-    rolled-up bytes instead (parents overlap their children). ``top=N`` keeps the N largest bars and
-    sums the rest into a last bar ``"+K others"`` (name ``"*others*"``), so the total is kept.
+    order; the bars sum to the total. ``leaves_only=False`` shows every module's rolled-up bytes
+    instead (parents overlap their children). ``top=N`` keeps the N largest bars and sums the rest
+    into a last bar ``"+K others"`` (name ``"*others*"``), so the total is kept.
 
-    ``saved_bytes`` is the bar's bytes, split into ``backward_bytes`` (saved for backward) and
-    ``output_bytes`` (outputs and caches the step keeps); ``share`` is its fraction of the total;
-    ``delta_bytes`` is against the same bar in ``baseline`` (0 without one).
+    ``saved_bytes`` is the bar's bytes, ``backward_bytes`` + ``output_bytes`` (saved for backward;
+    outputs and caches); ``share`` is its fraction of the total; ``delta_bytes`` is against the same
+    bar in ``baseline`` (0 without one).
     """
-    total = measurement.saved_bytes
+    total = kept_total(measurement)
     rows: list[tuple[str, str, str, Any, int, int]] = []  # name, label, type, stats, bytes, outputs
     for m in measurement.modules:
         if not leaves_only:
-            kept = m.saved_bytes
-            rows.append((m.name, layer_label(m.name, m.type_name), m.type_name, m, kept, output_split(m, kept, own=False)[1]))
-        elif m.is_leaf:
-            kept = m.saved_bytes_own
-            rows.append((m.name, layer_label(m.name, m.type_name), m.type_name, m, kept, output_split(m, kept, own=True)[1]))
-        elif m.saved_bytes_own:
-            kept = m.saved_bytes_own
-            rows.append((f"{m.name} (own)" if m.name else "(own)", own_label(m.name, m.type_name), m.type_name, m, kept,
-                         output_split(m, kept, own=True)[1]))
+            saved, outputs = kept_bytes(m, own=False)
+            rows.append((m.name, layer_label(m.name, m.type_name), m.type_name, m, saved + outputs, outputs))
+            continue
+        saved, outputs = kept_bytes(m, own=True)
+        if m.is_leaf:
+            rows.append((m.name, layer_label(m.name, m.type_name), m.type_name, m, saved + outputs, outputs))
+        elif saved or outputs:
+            rows.append((f"{m.name} (own)" if m.name else "(own)", own_label(m.name, m.type_name), m.type_name, m,
+                         saved + outputs, outputs))
     others: tuple[int, int, int] | None = None
     if top is not None and len(rows) > max(0, top):
         keep_n = max(0, top - 1) if top > 0 else 0
@@ -658,6 +665,6 @@ __all__ = [
     "layer_bars", "layer_bars_data", "layer_label",
     "timeline", "timeline_data", "timeline_phases_data", "timeline_peak_data", "timeline_indices", "downsample_indices",
     "peak_split", "peak_split_data",
-    "history", "history_data", "plan_label", "zoom_timeline", "category_color", "own_label", "OTHERS_NAME",
+    "history", "history_data", "plan_label", "zoom_timeline", "kept_bytes", "kept_total", "category_color", "own_label", "OTHERS_NAME",
     "budget_sweep", "budget_sweep_data",
 ]

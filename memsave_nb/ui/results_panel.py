@@ -46,12 +46,10 @@ def results_html(m: Measurement, base: Measurement) -> str:
         rows.append(row("peak of the first step", first, first_base, "memsave-row-first-peak"))
     for c in CATEGORIES:
         rows.append(row(f"  {c.replace('_', ' ')} at peak", getattr(m.peak_split, c), getattr(base.peak_split, c)))
-    rows.append(row("saved activations", m.saved_bytes, base.saved_bytes, "memsave-row-saved"))
+    rows.append(row("saved activations (for backward)", m.saved_bytes, base.saved_bytes, "memsave-row-saved"))
     outputs, outputs_base = int(getattr(m, "output_bytes", 0) or 0), int(getattr(base, "output_bytes", 0) or 0)
     if outputs or outputs_base:
-        rows.append(row("  saved for backward", m.saved_bytes - outputs, base.saved_bytes - outputs_base,
-                        "memsave-row-backward"))
-        rows.append(row("  outputs and caches kept", outputs, outputs_base, "memsave-row-outputs"))
+        rows.append(row("outputs and caches kept (not for backward)", outputs, outputs_base, "memsave-row-outputs"))
     if m.cuda_peak_bytes is not None or base.cuda_peak_bytes is not None:
         rows.append(row("CUDA allocator peak", m.cuda_peak_bytes, base.cuda_peak_bytes, "memsave-row-cuda"))
     step = (

@@ -65,7 +65,8 @@ def assert_shows(ex: Explorer, m) -> None:
     data = ex.results.layers_plot.source.data
     expected = figures.layer_bars_data(m, base, top=figures.DEFAULT_TOP)
     assert data["saved_bytes"] == expected["saved_bytes"] and data["name"] == expected["name"]
-    assert sum(data["saved_bytes"]) == m.saved_bytes  # every byte in a bar, the header's total
+    assert sum(data["saved_bytes"]) == figures.kept_total(m)  # every byte in a bar: the header's total
+    assert sum(data["backward_bytes"]) == m.saved_bytes
     assert ex.results.timeline_plot.source.data["total"] == figures.timeline_data(shown)["total"]
     assert ex.results.peak_plot.source.data["total"] == [base.peak_bytes, shown.peak_bytes]
     for c in ("parameters", "gradients", "optimizer_state", "activations", "temporaries"):

@@ -86,8 +86,8 @@ def test_bars_sum_to_the_header_total_on_a_transformer_encoder():
                                 enable_nested_tensor=False)
     ex = explore(enc, torch.randn(4, 16, 32), repeats=0, live=False)
     data = ex.results.layers_plot.source.data
-    assert sum(data["saved_bytes"]) == ex.baseline.saved_bytes
-    assert ex.saved_bytes.value == f"{sum(data['saved_bytes']):,} B"
+    assert sum(data["saved_bytes"]) == figures.kept_total(ex.baseline)
+    assert ex.saved_bytes.value == f"{sum(data['backward_bytes']):,} B"  # the header's saved-for-backward
     assert "layers.0.self_attn (own)" in data["name"]  # the attention, 2/3 of the bytes, is a bar
 
 
@@ -105,7 +105,8 @@ def test_bitfit_bars_and_export():
     expected = engine(wl, presets.bias_only(wl.model))  # the preset's own plan, by name
     assert entry.measurement.saved_bytes == expected.saved_bytes
     data = ex.results.layers_plot.source.data
-    assert sum(data["saved_bytes"]) == expected.saved_bytes == ex.measurement.saved_bytes
+    assert sum(data["backward_bytes"]) == expected.saved_bytes == ex.measurement.saved_bytes
+    assert sum(data["saved_bytes"]) == figures.kept_total(expected)
     assert len(data["name"]) <= figures.DEFAULT_TOP
 
 
@@ -317,7 +318,7 @@ def test_steady_state_outputs_and_advice_are_shown_when_the_engine_reports_them(
     assert f"first step {format_bytes(m.peak_bytes - 4096)}" in cnn.first_step.value
     assert cnn.first_step.layout.display == ""
     assert f"outputs and caches {format_bytes(outputs)}" in cnn.output_kept.value
-    assert f"for backward {format_bytes(m.saved_bytes - outputs)}" in cnn.output_kept.value
+    assert f"{format_bytes(m.saved_bytes + outputs)} kept in all" in cnn.output_kept.value
     assert "use_cache=False" in cnn.advice.value and cnn.advice.layout.display == ""
     assert "peak of the first step" in cnn.results.table.value and "outputs and caches kept" in cnn.results.table.value
     cnn._show(cnn.session.baseline_entry)
