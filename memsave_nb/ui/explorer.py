@@ -109,13 +109,18 @@ class Explorer(W.VBox):
         self.first_step = _label("", "memsave-first-step-peak", display="none")
         self.step_time = _label("-", "memsave-step-time")
         self.cuda_peak = _label("", "memsave-cuda-peak", display="none")
-        self.summary = W.HBox([
+        # two designed lines (memory; time) rather than one that wraps anywhere
+        memory_row = W.HBox([
             W.HTML("<b>saved</b>", layout=W.Layout(flex="0 0 auto")), self.saved_total, self.saved_bytes,
             self.saved_delta, self.output_kept,
-            W.HTML("<b>peak</b>", layout=W.Layout(flex="0 0 auto")), self.peak_total, self.peak_bytes, self.peak_delta,
-            self.first_step,
-            W.HTML("<b>step</b>", layout=W.Layout(flex="0 0 auto")), self.step_time, self.cuda_peak,
-        ], layout=W.Layout(flex_flow="row wrap", align_items="center", grid_gap="2px 6px"))
+            W.HTML("<b>peak</b>", layout=W.Layout(flex="0 0 auto", margin="0 0 0 8px")), self.peak_total,
+            self.peak_bytes, self.peak_delta, self.first_step,
+        ], layout=W.Layout(flex_flow="row wrap", align_items="center"))
+        time_row = W.HBox([W.HTML("<b>step</b>", layout=W.Layout(flex="0 0 auto")), self.step_time, self.cuda_peak],
+                          layout=W.Layout(flex_flow="row wrap", align_items="center"))
+        for row in (memory_row, time_row):
+            row.add_class("memsave-summary-row")
+        self.summary = W.VBox([memory_row, time_row])
         self.summary.add_class("memsave-summary")
         self.advice = W.HTML("", layout=W.Layout(display="none"))
         self.advice.add_class("memsave-advice")
@@ -531,6 +536,8 @@ class Explorer(W.VBox):
             first = getattr(m, "first_step_peak_bytes", None)
             show_first = first is not None and first != m.peak_bytes
             self.first_step.value = f"(steady state; first step {format_bytes(first)})" if show_first else ""
+            self.first_step.tooltip = (f"the peak of training's steady-state step; the first step peaks at "
+                                       f"{first:,} B") if show_first else None
             self.first_step.layout.display = "" if show_first else "none"
             advice = tuple(getattr(m, "advice", ()) or ())
             self.advice.value = (
