@@ -111,12 +111,12 @@ class Explorer(W.VBox):
         self.cuda_peak = _label("", "memsave-cuda-peak", display="none")
         # two designed lines (memory; time) rather than one that wraps anywhere
         memory_row = W.HBox([
-            W.HTML("<b>saved</b>", layout=W.Layout(flex="0 0 auto")), self.saved_total, self.saved_bytes,
+            W.HTML("<b>saved</b>", layout=W.Layout(flex="0 0 auto", margin="0 6px 0 0")), self.saved_total, self.saved_bytes,
             self.saved_delta, self.output_kept,
-            W.HTML("<b>peak</b>", layout=W.Layout(flex="0 0 auto", margin="0 0 0 8px")), self.peak_total,
+            W.HTML("<b>peak</b>", layout=W.Layout(flex="0 0 auto", margin="0 6px 0 8px")), self.peak_total,
             self.peak_bytes, self.peak_delta, self.first_step,
         ], layout=W.Layout(flex_flow="row wrap", align_items="center"))
-        time_row = W.HBox([W.HTML("<b>step</b>", layout=W.Layout(flex="0 0 auto")), self.step_time, self.cuda_peak],
+        time_row = W.HBox([W.HTML("<b>step</b>", layout=W.Layout(flex="0 0 auto", margin="0 6px 0 0")), self.step_time, self.cuda_peak],
                           layout=W.Layout(flex_flow="row wrap", align_items="center"))
         for row in (memory_row, time_row):
             row.add_class("memsave-summary-row")
@@ -530,12 +530,14 @@ class Explorer(W.VBox):
             self.step_time.value = (format_time_spread(m) + (f", {time_change(m, base)}" if entry is not self.session.baseline_entry
                                     and m.step_seconds is not None else "")) if m.step_seconds is not None else "-"
             outputs = int(getattr(m, "output_bytes", 0) or 0)
-            self.output_kept.value = (f"+ outputs and caches {format_bytes(outputs)} (not saved for backward; "
-                                      f"{format_bytes(m.saved_bytes + outputs)} kept in all)") if outputs else ""
+            self.output_kept.value = f"+ {format_bytes(outputs)} outputs and caches" if outputs else ""
+            self.output_kept.tooltip = (f"outputs and caches the step keeps to the end of forward, not saved for "
+                                        f"backward ({outputs:,} B); {m.saved_bytes + outputs:,} B kept in all"
+                                        ) if outputs else None
             self.output_kept.layout.display = "" if outputs else "none"
             first = getattr(m, "first_step_peak_bytes", None)
             show_first = first is not None and first != m.peak_bytes
-            self.first_step.value = f"(steady state; first step {format_bytes(first)})" if show_first else ""
+            self.first_step.value = f"(step 1: {format_bytes(first)})" if show_first else ""
             self.first_step.tooltip = (f"the peak of training's steady-state step; the first step peaks at "
                                        f"{first:,} B") if show_first else None
             self.first_step.layout.display = "" if show_first else "none"

@@ -315,10 +315,10 @@ def test_steady_state_outputs_and_advice_are_shown_when_the_engine_reports_them(
     extra = _WithExtras(m, first_step_peak_bytes=m.peak_bytes - 4096, output_bytes=outputs,
                         advice=("use_cache=False frees the KV cache",), steady_state=True)
     cnn._show(SimpleNamespace(plan=Plan(), measurement=extra))
-    assert f"first step {format_bytes(m.peak_bytes - 4096)}" in cnn.first_step.value
+    assert f"step 1: {format_bytes(m.peak_bytes - 4096)}" in cnn.first_step.value
     assert cnn.first_step.layout.display == ""
-    assert f"outputs and caches {format_bytes(outputs)}" in cnn.output_kept.value
-    assert f"{format_bytes(m.saved_bytes + outputs)} kept in all" in cnn.output_kept.value
+    assert f"+ {format_bytes(outputs)} outputs and caches" == cnn.output_kept.value
+    assert f"{m.saved_bytes + outputs:,} B kept in all" in cnn.output_kept.tooltip
     assert "use_cache=False" in cnn.advice.value and cnn.advice.layout.display == ""
     assert "peak of the first step" in cnn.results.table.value and "outputs and caches kept" in cnn.results.table.value
     cnn._show(cnn.session.baseline_entry)
