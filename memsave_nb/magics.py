@@ -2,33 +2,123 @@
 
 ``%load_ext memsave_nb`` registers:
 
-- ``%memsave MODEL BATCH [--loss EXPR] [--optimizer adamw|sgd|none] [--device cpu|cuda] [--fake]``
-  opens the explorer (:func:`memsave_nb.ui.explorer.explore`) on objects of the notebook;
-- ``%%memsave [-r] [-m MODEL]`` runs the cell once as a training step under the tracker
+- ``%memsave [OPTIONS] MODEL BATCH... [-- OPTIONS]`` opens the explorer
+  (:func:`memsave_nb.ui.explorer.explore`) on objects of the notebook. MODEL is a name (or an
+  expression without spaces); everything after it is the batch, a Python expression that may hold
+  spaces: ``%memsave mlp torch.randn(4, 7)``. Options (``--loss EXPR``, ``--optimizer
+  adamw|sgd|none``, ``--device cpu|cuda``, ``--fake``, ``--static``) come before MODEL or after a
+  ``--``: ``%memsave --fake model (x, mask)`` or ``%memsave model (x, mask) -- --loss "F.mse_loss(out, y)"``;
+- ``%%memsave [-r] [-m MODEL] [-t]`` runs the cell once as a training step under the tracker
   (:func:`memsave_nb.measure.cell.measure_callable`) and prints peak and saved activations;
-  ``-r`` returns the Measurement;
-- ``%memsave_report FILE.html`` writes the HTML report of the session of the explorer opened
+  ``-r`` returns the Measurement. A failing cell gives one line (the line of the cell, the module
+  running, the error); ``-t`` shows the full traceback instead;
+- ``%memsave_report [FILE.html]`` writes the HTML report of the session of the explorer opened
   last (by ``%memsave`` or ``explore()``), else of the last ``%%memsave`` measurement
-  (:func:`memsave_nb.report.write_report`).
+  (:func:`memsave_nb.report.write_report`); without a path to ``memsave_report.html`` in the
+  working directory, and says where.
 
-MODEL, BATCH and ``--loss`` are Python expressions in the notebook's namespace; quote one that
-holds spaces: ``%memsave model "(x, mask)" --loss "F.cross_entropy(out, y)"``. A ``--loss`` that
-uses the name ``out`` is an expression in the model's output; otherwise it must be a function.
+A ``--loss`` that uses the name ``out`` is an expression in the model's output; otherwise it must
+be a function. An error raised by the loss is reported as "in the loss", not as a forward error.
 
 Mistakes (an unknown name, a bad option, no session yet) raise ``UsageError`` with one line.
 """
 
 from __future__ import annotations
 
+import re
+import traceback
+from pathlib import Path
 from typing import Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
-from .errors import MemsaveError
+from .errors import MemsaveError, WorkloadError
 
 OPTIMIZERS = ("adamw", "adam", "sgd", "none")
+DEFAULT_REPORT = "memsave_report.html"
+CELL_FILENAME = "<%%memsave cell>"
+
+
+def _token(text: str, i: int) -> tuple[str, int]:
+    """The shell-like token starting at ``text[i]`` (quotes kept, as IPython's splitter does) and
+    the index after it."""
+    j, quote = i, None
+    while j < len(text):
+        c = text[j]
+        if quote:
+            if c == quote:
+                quote = None
+        elif c in "'\"":
+            quote = c
+        elif c.isspace():
+            break
+        j += 1
+    return text[i:j], j
+
+
+def split_memsave_line(line: str) -> tuple[str, str, str]:
+    """``(options, model, batch)`` of a ``%memsave`` line: options before MODEL or after ``--``,
+    MODEL the first other token, the batch everything after it (spaces allowed)."""
+    text = line.strip()
+    options: list[str] = []
+    takes_value = ("--loss", "--optimizer", "--device")
+    i = 0
+    while True:
+        while i < len(text) and text[i].isspace():
+            i += 1
+        if i >= len(text) or not text.startswith("-", i) or text.startswith("--", i) and text[i:i + 3].strip() == "--":
+            break
+        tok, i = _token(text, i)
+        options.append(tok)
+        if tok in takes_value:
+            while i < len(text) and text[i].isspace():
+                i += 1
+            value, i = _token(text, i)
+            options.append(value)
+    rest = text[i:]
+    if rest.startswith("--") and rest[2:3] in ("", " "):  # "%memsave -- model batch"
+        rest = rest[2:].strip()
+    model, j = _token(rest, 0)
+    batch = rest[j:].strip()
+    for sep in (" -- ", " --\t"):
+        if sep in f" {batch} " and batch:
+            head, _, tail = f" {batch} ".partition(sep)
+            batch, options = head.strip(), options + [tail.strip()]
+            break
+    if batch.endswith(" --") or batch == "--":
+        batch = batch[:-2].strip()
+    cut = _trailing_options_at(batch)
+    if cut is not None:  # "%memsave model x --fake": options after the batch, at its top level
+        batch, options = batch[:cut].strip(), options + [batch[cut:].strip()]
+    return " ".join(o for o in options if o), model, batch
+
+
+LONG_OPTIONS = ("--loss", "--optimizer", "--device", "--fake", "--static")
+
+
+def _trailing_options_at(expr: str) -> int | None:
+    """Where a known ``--option`` starts at the top level of ``expr`` (outside brackets and
+    quotes, after whitespace), or None."""
+    depth, quote, i = 0, None, 0
+    while i < len(expr):
+        c = expr[i]
+        if quote:
+            if c == quote:
+                quote = None
+        elif c in "'\"":
+            quote = c
+        elif c in "([{":
+            depth += 1
+        elif c in ")]}":
+            depth -= 1
+        elif depth == 0 and c == "-" and i > 0 and expr[i - 1].isspace():
+            word = expr[i:].split(None, 1)[0]
+            if word in LONG_OPTIONS or re.fullmatch(r"--[A-Za-z][\w-]*", word):  # an unknown one: argparse says so
+                return i
+        i += 1
+    return None
 
 
 @magics_class
@@ -55,7 +145,8 @@ class MemsaveMagics(Magics):
 
     def _loss(self, expr: str | None) -> Any:
         """``--loss``: a callable (``F.mse_loss``-like on the output, or a lambda), or an
-        expression in ``out``, the model's output: ``--loss "F.cross_entropy(out, y)"``."""
+        expression in ``out``, the model's output: ``--loss "F.cross_entropy(out, y)"``. An error
+        it raises is reported as "in the loss" (a WorkloadError), not as a forward error."""
         if expr is None:
             return None
         expr = _unquote(expr)
@@ -66,21 +157,29 @@ class MemsaveMagics(Magics):
         if "out" in code.co_names:  # an expression in the output, not a function
             namespace = self.shell.user_ns
 
-            def loss(out: Any) -> Any:
+            def fn(out: Any) -> Any:
                 return eval(code, namespace, {"out": out})  # noqa: S307 - the user's own expression
 
-            return loss
-        value = self._eval(expr, "--loss")
-        if not callable(value):
-            raise UsageError(
-                f"--loss {expr!r} is a {type(value).__name__}, not a function; pass a callable or an expression in 'out'"
-            )
-        return value
+        else:
+            fn = self._eval(expr, "--loss")
+            if not callable(fn):
+                raise UsageError(
+                    f"--loss {expr!r} is a {type(fn).__name__}, not a function; pass a callable or an expression in 'out'"
+                )
+
+        def loss(out: Any) -> Any:
+            try:
+                return fn(out)
+            except MemsaveError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - said as the user's loss failing
+                first = (str(exc).strip().splitlines() or [""])[0]
+                raise WorkloadError(f"in the loss --loss {expr!r}: {type(exc).__name__}: {first}") from exc
+
+        return loss
 
     # -- %memsave -------------------------------------------------------------------------------
     @magic_arguments("%memsave")
-    @argument("model", help="the model: a torch.nn.Module in the notebook")
-    @argument("batch", help="the batch: a tensor, tuple, dict or a function returning one")
     @argument("--loss", default=None, help="a function of the output, or an expression in 'out'")
     @argument("--optimizer", default="adamw", help="adamw, adam, sgd or none")
     @argument("--device", default="cpu", help="cpu or cuda (the model must be on it)")
@@ -88,16 +187,22 @@ class MemsaveMagics(Magics):
     @argument("--static", action="store_true", help="no live reruns: press 'run' to measure")
     @line_magic("memsave")
     def memsave(self, line: str) -> Any:
-        """Open the memory explorer: ``%memsave model batch [--loss EXPR] [--fake]``."""
-        args = self._parse(self.memsave, line)
+        """Open the memory explorer: ``%memsave [OPTIONS] MODEL BATCH... [-- OPTIONS]``; the batch
+        is everything after the model (a Python expression, spaces allowed)."""
+        options, model_expr, batch_expr = split_memsave_line(line)
+        args = self._parse(self.memsave, options)
+        if not model_expr:
+            raise UsageError("the model is required: %memsave MODEL BATCH (options before MODEL or after --)")
+        if not batch_expr:
+            raise UsageError(f"the batch is required after the model: %memsave {model_expr} BATCH")
         from torch import nn
 
         from .ui.explorer import explore
 
-        model = self._eval(args.model, "model")
+        model = self._eval(model_expr, "model")
         if not isinstance(model, nn.Module):
-            raise UsageError(f"model {args.model!r} is a {type(model).__name__}, not a torch.nn.Module")
-        batch = self._eval(args.batch, "batch")
+            raise UsageError(f"model {model_expr!r} is a {type(model).__name__}, not a torch.nn.Module")
+        batch = self._eval(batch_expr, "batch")
         optimizer = args.optimizer.lower()
         if optimizer not in OPTIMIZERS:
             raise UsageError(f"--optimizer {args.optimizer!r}: choose one of {', '.join(OPTIMIZERS)}")
@@ -122,6 +227,7 @@ class MemsaveMagics(Magics):
     @argument("-r", "--return", dest="return_", action="store_true", help="return the Measurement")
     @argument("-m", "--model", default=None, help="the model the cell trains (default: the modules found in the notebook)")
     @argument("-q", "--quiet", action="store_true", help="print nothing")
+    @argument("-t", "--traceback", action="store_true", help="on an error, show the full traceback (else one line)")
     @cell_magic("memsave")
     def memsave_cell(self, line: str, cell: str) -> Any:
         """Measure the cell as one training step: ``%%memsave [-r]`` then code that runs
@@ -139,13 +245,21 @@ class MemsaveMagics(Magics):
         else:
             models = _top_level_modules(self.shell.user_ns)
         code = self.shell.transform_cell(cell)
-        compiled = compile(code, "<%%memsave cell>", "exec")
+        try:
+            compiled = compile(code, CELL_FILENAME, "exec")
+        except SyntaxError as exc:
+            raise UsageError(f"line {exc.lineno} of the cell is not valid Python: {exc.msg}") from None
         ns = self.shell.user_ns
-        measurement, _ = measure_callable(
-            lambda: exec(compiled, ns),  # noqa: S102 - the user's own cell
-            models,
-            data=lambda: [v for k, v in ns.items() if not k.startswith("_")],
-        )
+        try:
+            measurement, _ = measure_callable(
+                lambda: exec(compiled, ns),  # noqa: S102 - the user's own cell
+                models,
+                data=lambda: [v for k, v in ns.items() if not k.startswith("_")],
+            )
+        except Exception as exc:  # noqa: BLE001 - one line (or the traceback with -t)
+            if args.traceback:
+                raise
+            raise UsageError(cell_error_line(exc, code, models)) from None
         self.last_measurement = measurement
         if not args.quiet:
             print(cell_summary(measurement))
@@ -153,7 +267,7 @@ class MemsaveMagics(Magics):
 
     # -- %memsave_report -------------------------------------------------------------------------
     @magic_arguments("%memsave_report")
-    @argument("path", help="the HTML file to write")
+    @argument("path", nargs="?", default=None, help=f"the HTML file to write (default: {DEFAULT_REPORT})")
     @argument("--title", default="memsave_nb report")
     @line_magic("memsave_report")
     def memsave_report(self, line: str) -> Any:
@@ -169,14 +283,15 @@ class MemsaveMagics(Magics):
             target = latest.session if latest is not None else self.last_measurement
         if target is None:
             raise UsageError("nothing to report yet: open an explorer with %memsave MODEL BATCH (or run %%memsave)")
-        path = _unquote(args.path)
+        path = _unquote(args.path) if args.path else DEFAULT_REPORT
         if not path.lower().endswith((".html", ".htm")):
             raise UsageError(f"{path!r}: the report is HTML; name the file *.html")
         try:
             written = write_report(target, path, title=args.title)
         except OSError as exc:
             raise UsageError(f"cannot write {path!r}: {exc.strerror or exc}") from None
-        print(f"report written to {written}")
+        print(f"report written to {Path(written).resolve()}"
+              + ("" if args.path else " (the default; %memsave_report FILE.html names another)"))
         return None
 
     def _parse(self, fn: Any, line: str) -> Any:
@@ -184,6 +299,29 @@ class MemsaveMagics(Magics):
             return parse_argstring(fn, line)
         except UsageError as exc:
             raise UsageError(str(exc).splitlines()[-1] if str(exc) else "bad arguments") from None
+
+
+def cell_error_line(exc: BaseException, code: str, models: list[Any]) -> str:
+    """One line for a failing ``%%memsave`` cell: which line of the cell, which module was running,
+    what went wrong, and how to see the traceback."""
+    from torch import nn
+
+    names = {id(sub): name for m in models for name, sub in m.named_modules()}
+    line_no, module = None, None
+    for frame, lineno in traceback.walk_tb(exc.__traceback__):
+        if frame.f_code.co_filename == CELL_FILENAME:
+            line_no = lineno
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, nn.Module) and id(owner) in names:
+            module = (names[id(owner)], type(owner).__name__)
+    lines = code.splitlines()
+    where = []
+    if line_no is not None and 0 < line_no <= len(lines):
+        where.append(f"line {line_no} of the cell ({lines[line_no - 1].strip()[:60]})")
+    if module is not None:
+        where.append(f"in module {module[0] or '(model)'} ({module[1]})")
+    first = (str(exc).strip().splitlines() or [""])[0]
+    return f"{', '.join(where) or 'the cell'}: {type(exc).__name__}: {first}  [%%memsave -t shows the traceback]"
 
 
 def _unquote(expr: str) -> str:

@@ -44,8 +44,11 @@ def parse_budgets(text: str) -> list[float]:
 
 
 class BudgetPanel(W.VBox):
-    def __init__(self, editor: PlanEditor, on_sweep: Callable[[list[float]], None]):
+    def __init__(self, editor: PlanEditor, on_sweep: Callable[[list[float]], None], *, disabled_reason: str = ""):
+        """``disabled_reason``: why nothing here can run (fake mode); the controls are disabled
+        and the reason shown."""
         self.editor = editor
+        self.disabled_reason = disabled_reason
         self._on_sweep = on_sweep
         self._syncing = False
         self.enable = W.Checkbox(value=False, description="compile with a memory budget", indent=False)
@@ -64,12 +67,20 @@ class BudgetPanel(W.VBox):
         )
         self.message = W.HTML("")
         self.message.add_class("memsave-budget-error")
+        self.reason = W.HTML(
+            f"<div style='color:#8a6d3b'><b>Not available here:</b> {html.escape(disabled_reason)}</div>"
+            if disabled_reason else "")
+        self.reason.add_class("memsave-budget-disabled")
+        if disabled_reason:
+            for w in (self.enable, self.slider, self.budgets, self.sweep_button):
+                w.disabled = True
         self.plot = figures.budget_sweep([])
         self.points: list = []
         self.enable.observe(self._user_change, "value")
         self.slider.observe(self._user_change, "value")
         self.sweep_button.on_click(self._user_sweep)
         super().__init__([
+            self.reason,
             W.HBox([self.enable, self.slider]),
             W.HBox([self.budgets, self.sweep_button, self.message]),
             self.note,
@@ -80,9 +91,18 @@ class BudgetPanel(W.VBox):
     def _user_change(self, _change) -> None:
         if self._syncing:
             return
+        if self.disabled_reason and self.enable.value:
+            self._syncing = True
+            self.enable.value = False
+            self._syncing = False
+            self.message.value = f"<span style='color:#d62728'>{html.escape(self.disabled_reason)}</span>"
+            return
         self.editor.set_compile_budget(float(self.slider.value) if self.enable.value else None)
 
     def _user_sweep(self, _button=None) -> None:
+        if self.disabled_reason:
+            self.message.value = f"<span style='color:#d62728'>{html.escape(self.disabled_reason)}</span>"
+            return
         try:
             budgets = parse_budgets(self.budgets.value)
         except MemsaveError as exc:  # a callback's exception would vanish: say it here

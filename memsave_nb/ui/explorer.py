@@ -12,8 +12,13 @@ reruns off. DOM classes for browser tests: ``.memsave-explorer`` (the whole widg
 ``.memsave-saved-total`` (saved activations, formatted), ``.memsave-saved-bytes`` (the same in
 bytes, ``"27,028,744 B"``), ``.memsave-peak-total`` / ``.memsave-peak-bytes``,
 ``.memsave-status`` (``idle``, ``running``, ``done``, ``cancelled``, ``error`` as its first word),
-``.memsave-error``, ``.memsave-cancel``, ``.memsave-run``, ``.memsave-plan-code``, and per module
-``.memsave-freeze-<slug>`` (see :mod:`memsave_nb.ui.layer_table`).
+``.memsave-error``, ``.memsave-cancel``, ``.memsave-run``, ``.memsave-plan-code``,
+``.memsave-progress-text`` (phase and elapsed seconds of a run), ``.memsave-summary`` (the header
+numbers), ``.memsave-advice``, ``.memsave-loss-note``, ``.memsave-bokeh`` (each figure widget), and
+per module ``.memsave-freeze-<slug>`` (see :mod:`memsave_nb.ui.layer_table`).
+
+A run that fails leaves the numbers of the last good run on screen, puts the controls back to that
+run's plan (a failing toggle does not stay on) and never shows the failed plan as code.
 """
 
 from __future__ import annotations
@@ -36,9 +41,9 @@ from memsave_nb.workload import Workload
 
 from .budget_panel import BudgetPanel
 from .editor import PlanEditor
-from .format import format_bytes, format_delta_bytes, format_seconds
+from .format import format_bytes, format_delta_bytes, format_time_spread, time_change
 from .layer_table import LayerTable
-from .plots import load_bokehjs
+from .plots import bokehjs_loader
 from .results_panel import ResultsPanel
 from .runner import Runner
 from .sac_panel import SacPanel
@@ -57,6 +62,8 @@ TAB_TITLES = ("Layers", "SAC per op", "Compile budget", "Results", "Plan as code
 
 
 def _label(value: str, cls: str, **layout: Any) -> W.Label:
+    # as wide as the text (a Label's default inline width spreads the header over two lines)
+    layout = {"width": "auto", "flex": "0 0 auto", "margin": "0 4px 0 0", **layout}
     w = W.Label(value=value, layout=W.Layout(**layout))
     w.add_class(cls)
     return w
@@ -84,45 +91,65 @@ class Explorer(W.VBox):
         self._listeners: list[Callable[[Entry], None]] = []
         self._generation = 0  # bumped by every request; a run shows its result only if still the newest
 
-        load_bokehjs()
         base_entry = session.baseline_entry
         self.baseline: Measurement = base_entry.measurement
 
         # -- header: numbers, status, controls -------------------------------------------------
         wl = session.workload
-        self.title = W.HTML(
-            f"<b>memsave explorer</b> &mdash; {html.escape(getattr(wl, 'name', 'workload'))}: "
-            f"{html.escape(type(self.model).__name__)}, {html.escape(session.mode)} mode on "
-            f"{html.escape(str(getattr(wl, 'device', 'cpu')))}"
-        )
-        self.saved_total = _label("-", "memsave-saved-total", min_width="80px")
-        self.saved_bytes = _label("-", "memsave-saved-bytes", min_width="120px")
-        self.saved_delta = _label("", "memsave-saved-delta", min_width="90px")
-        self.peak_total = _label("-", "memsave-peak-total", min_width="80px")
-        self.peak_bytes = _label("-", "memsave-peak-bytes", min_width="120px")
-        self.peak_delta = _label("", "memsave-peak-delta", min_width="90px")
-        self.step_time = _label("-", "memsave-step-time", min_width="80px")
-        self.cuda_peak = _label("", "memsave-cuda-peak", min_width="80px", display="none")
-        self.summary = W.HBox([
-            W.HTML("<b>saved activations</b>"), self.saved_total, self.saved_bytes, self.saved_delta,
-            W.HTML("<b>peak</b>"), self.peak_total, self.peak_bytes, self.peak_delta,
-            W.HTML("<b>step</b>"), self.step_time, self.cuda_peak,
-        ], layout=W.Layout(flex_flow="row wrap", align_items="center", grid_gap="6px"))
+        self.title = W.HTML(title_html(getattr(wl, "name", "workload"), type(self.model).__name__, session.mode,
+                                       str(getattr(wl, "device", "cpu"))))
+        self.title.add_class("memsave-title")
+        self.saved_total = _label("-", "memsave-saved-total")
+        self.saved_bytes = _label("-", "memsave-saved-bytes")
+        self.saved_delta = _label("", "memsave-saved-delta")
+        self.peak_total = _label("-", "memsave-peak-total")
+        self.peak_bytes = _label("-", "memsave-peak-bytes")
+        self.peak_delta = _label("", "memsave-peak-delta")
+        self.output_kept = _label("", "memsave-output-bytes", display="none")
+        self.first_step = _label("", "memsave-first-step-peak", display="none")
+        self.step_time = _label("-", "memsave-step-time")
+        self.cuda_peak = _label("", "memsave-cuda-peak", display="none")
+        # two designed lines (memory; time) rather than one that wraps anywhere
+        memory_row = W.HBox([
+            W.HTML("<b>saved</b>", layout=W.Layout(flex="0 0 auto", margin="0 6px 0 0")), self.saved_total, self.saved_bytes,
+            self.saved_delta, self.output_kept,
+            W.HTML("<b>peak</b>", layout=W.Layout(flex="0 0 auto", margin="0 6px 0 8px")), self.peak_total,
+            self.peak_bytes, self.peak_delta, self.first_step,
+        ], layout=W.Layout(flex_flow="row wrap", align_items="center"))
+        time_row = W.HBox([W.HTML("<b>step</b>", layout=W.Layout(flex="0 0 auto", margin="0 6px 0 0")), self.step_time, self.cuda_peak],
+                          layout=W.Layout(flex_flow="row wrap", align_items="center"))
+        for row in (memory_row, time_row):
+            row.add_class("memsave-summary-row")
+        self.summary = W.VBox([memory_row, time_row])
         self.summary.add_class("memsave-summary")
+        self.advice = W.HTML("", layout=W.Layout(display="none"))
+        self.advice.add_class("memsave-advice")
+        self.loss_note = W.HTML(loss_note_html(wl, session.mode))
+        self.loss_note.add_class("memsave-loss-note")
 
         self.status = W.HTML("idle")
         self.status.add_class("memsave-status")
-        self.progress = W.IntProgress(value=0, min=0, max=1, layout=W.Layout(width="160px", visibility="hidden"))
+        self.progress = W.IntProgress(value=0, min=0, max=1, layout=W.Layout(width="160px", visibility="hidden",
+                                                                              flex="0 0 auto"))
         self.progress.add_class("memsave-progress")
-        self.cancel_button = W.Button(description="cancel", icon="stop", disabled=True, layout=W.Layout(width="100px"))
+        self.progress_text = W.HTML("")
+        self.progress_text.add_class("memsave-progress-text")
+        # fixed widths that do not shrink: at 700 px the buttons keep their words
+        self.cancel_button = W.Button(description="cancel", icon="stop", disabled=True,
+                                      layout=W.Layout(width="100px", min_width="100px", flex="0 0 auto"))
         self.cancel_button.add_class("memsave-cancel")
-        self.run_button = W.Button(description="run", icon="play", layout=W.Layout(width="90px"),
+        self.run_button = W.Button(description="run", icon="play", layout=W.Layout(width="90px", min_width="90px",
+                                                                                  flex="0 0 auto"),
                                    tooltip="measure the current plan now")
         self.run_button.add_class("memsave-run")
-        self.live = W.Checkbox(value=live, description="live reruns", indent=False, layout=W.Layout(width="120px"))
+        self.live = W.Checkbox(value=live, description="live reruns", indent=False,
+                               layout=W.Layout(width="120px", min_width="110px", flex="0 0 auto"))
         self.live.add_class("memsave-live")
-        self.status_bar = W.HBox([self.run_button, self.cancel_button, self.live, self.progress, self.status],
-                                 layout=W.Layout(align_items="center"))
+        self.status_bar = W.HBox([self.run_button, self.cancel_button, self.live, self.progress, self.progress_text,
+                                  self.status], layout=W.Layout(align_items="center", flex_flow="row wrap"))
+        self._run_started: float | None = None
+        self._progress_label = ""
+        self._ticker: threading.Thread | None = None
         self.error_box = W.HTML("", layout=W.Layout(display="none"))
         self.error_box.add_class("memsave-error")
 
@@ -130,7 +157,7 @@ class Explorer(W.VBox):
         try:
             from memsave_nb.presets import presets_for
 
-            self._presets = presets_for(self.model)
+            self._presets = presets_for(wl)  # the workload: no input-only preset for token-id batches
         except Exception:  # noqa: BLE001 - presets are a convenience; the explorer works without
             self._presets = {}
         self.preset = W.Dropdown(options=[("plan preset…", "")] + [(k, k) for k in self._presets], value="",
@@ -146,12 +173,20 @@ class Explorer(W.VBox):
         self.reset_button.add_class("memsave-reset")
 
         # -- panels ------------------------------------------------------------------------------
-        self.table = LayerTable(self.editor, max_open_rows=max_open_rows, on_select=self._on_select)
-        self.sac = SacPanel(self.editor)
-        self.budget = BudgetPanel(self.editor, on_sweep=self.sweep)
+        from .layer_table import tied_by_module
+
+        self.table = LayerTable(self.editor, max_open_rows=max_open_rows, on_select=self._on_select,
+                                tied=tied_by_module(self.model))
+        self._unsavable: list | None = None
+        self.sac = SacPanel(self.editor, unsavable=self._unsavable_in)
+        self.budget = BudgetPanel(self.editor, on_sweep=self.sweep,
+                                  disabled_reason=("fake tensors do not compile: open the explorer in real mode "
+                                                   "to try a compile budget") if session.mode == "fake" else "")
         self.results = ResultsPanel(base_entry, on_pick=self._on_pick)
         self.code = W.HTML()
         self.code.add_class("memsave-plan-code")
+        self.code_text = ""
+        self._failed_plan: Plan | None = None  # the plan whose last run failed: never exported
         self.plan_json = W.Textarea(layout=W.Layout(width="100%", height="120px"))
         self.plan_json.add_class("memsave-plan-json")
         layers_tab = W.VBox([
@@ -173,7 +208,8 @@ class Explorer(W.VBox):
         for i, t in enumerate(TAB_TITLES):
             self.tabs.set_title(i, t)
 
-        super().__init__([self.title, self.summary, self.status_bar, self.error_box, self.tabs])
+        super().__init__([bokehjs_loader(), self.title, self.summary, self.advice, self.loss_note, self.status_bar,
+                          self.error_box, self.tabs])
         self.add_class("memsave-explorer")
 
         # -- wiring ------------------------------------------------------------------------------
@@ -298,7 +334,19 @@ class Explorer(W.VBox):
         self.editor.set_input_requires_grad(None if change["new"] == default else bool(change["new"]))
 
     def _on_select(self, module: str) -> None:
-        self.sac.show_module(module)
+        with self._ui_lock:
+            self.sac.show_module(module)
+
+    def _unsavable_in(self, region: str) -> dict[str, str] | None:
+        """Ops SAC cannot keep in ``region`` (one forward, once per explorer; real mode only)."""
+        if self.session.mode != "real":
+            return None
+        from .sac_check import unsavable_in, unsavable_ops
+
+        if self._unsavable is None:
+            with self.session._lock if hasattr(self.session, "_lock") else threading.RLock():
+                self._unsavable = unsavable_ops(self.session.workload)
+        return unsavable_in(self._unsavable, region)
 
     def _on_pick(self, index: int) -> None:
         """A point of the history was clicked: restore that plan and show its numbers."""
@@ -326,7 +374,8 @@ class Explorer(W.VBox):
         if generation != self._generation:
             return None  # superseded before it started
         self._user_cancelled = False
-        self._begin(f"running: {plan.describe()}", steps=1)
+        phase = "compiling, then measuring the step" if plan.compile_budget is not None else "measuring the step"
+        self._begin(f"running: {plan.describe()}", steps=1, label=phase)
         start = time.perf_counter()
         try:
             entry = self.session.run(plan, cancel_event=cancel_event)
@@ -336,7 +385,7 @@ class Explorer(W.VBox):
             return None
         except BaseException as exc:  # noqa: BLE001 - shown in the widget, not lost in a thread
             if generation == self._generation:
-                self._fail(plan, exc)
+                self._fail(plan, exc, revert=True)
             return None
         if generation != self._generation:
             return entry  # in the history now, but a newer request owns the display
@@ -346,12 +395,13 @@ class Explorer(W.VBox):
 
     def _sweep_job(self, plan: Plan, budgets: list[float], cancel_event: threading.Event) -> None:
         self._user_cancelled = False
-        self._begin(f"sweep: {len(budgets)} budgets", steps=len(budgets))
+        self._begin(f"sweep: {len(budgets)} budgets", steps=len(budgets), label=f"budget 1 of {len(budgets)}")
         points: list[tuple[float, Measurement]] = []
         try:
             for i, b in enumerate(budgets):
                 if cancel_event.is_set():
                     raise Cancelled("sweep cancelled")
+                self._progress_label = f"budget {b:g} ({i + 1} of {len(budgets)}): compiling, then measuring"
                 self._set_status("running", f"sweep: budget {b:g} ({i + 1}/{len(budgets)})")
                 entry = self.session.run(
                     plan.replace(compile_budget=b, name=f"{plan.name or 'compile'} @ budget {b:g}"),
@@ -371,24 +421,49 @@ class Explorer(W.VBox):
             return
         self._end("done", f"sweep over {len(budgets)} budgets")
 
-    def _begin(self, text: str, steps: int) -> None:
+    def _begin(self, text: str, steps: int, label: str = "") -> None:
         with self._ui_lock:
             self.progress.max = max(1, steps)
             self.progress.value = 0
             self.progress.bar_style = "info"
-            # one run: the spinner in the status says it; a sweep also counts its budgets here
-            self.progress.layout.visibility = "visible" if steps > 1 else "hidden"
+            self.progress.layout.visibility = "visible"
             self.cancel_button.disabled = False
+            self._run_started = time.perf_counter()
+            self._progress_label = label
+            self._tick()
             self._set_status("running", text)
+        ticker = self._ticker
+        if ticker is None or not ticker.is_alive():
+            self._ticker = threading.Thread(target=self._tick_loop, name="memsave-progress", daemon=True)
+            self._ticker.start()
+
+    def _tick(self) -> None:
+        """The progress line: what is running (phase, budget i of n) and for how long."""
+        started = self._run_started
+        if started is None:
+            return
+        elapsed = time.perf_counter() - started
+        self.progress_text.value = (
+            f"<small>{html.escape(self._progress_label)}{' · ' if self._progress_label else ''}"
+            f"{elapsed:.0f} s elapsed</small>"
+        )
+
+    def _tick_loop(self) -> None:
+        while self._run_started is not None:
+            time.sleep(0.5)
+            with self._ui_lock:
+                self._tick()
 
     def _end(self, state: str, text: str) -> None:
         with self._ui_lock:
             self.progress.value = self.progress.max
             self.progress.layout.visibility = "hidden"
             self.cancel_button.disabled = True
+            self._run_started = None
+            self.progress_text.value = ""
             self._set_status(state, text)
 
-    def _fail(self, plan: Plan | None, exc: BaseException) -> None:
+    def _fail(self, plan: Plan | None, exc: BaseException, *, revert: bool = False) -> None:
         if isinstance(exc, MemsaveError):
             message = str(exc)
         else:
@@ -396,6 +471,18 @@ class Explorer(W.VBox):
         kind = "out of memory" if "out of memory" in message.lower() else (
             "the step failed" if isinstance(exc, StepError) else "the run failed")
         self.error = message
+        undone = ""
+        if plan is not None:
+            self._failed_plan = plan
+        if revert and plan is not None:
+            good = self.entry.plan if self.entry is not None else Plan()
+            if good != plan:  # a toggle that fails must not stay on: back to the plan on display
+                self._restoring = True
+                try:
+                    self.editor.load(good)
+                finally:
+                    self._restoring = False
+                undone = " The change was undone: the controls show the plan of the numbers on display."
         cause = getattr(exc, "cause", None) or exc
         tb = "".join(traceback.format_exception(type(cause), cause, cause.__traceback__))
         with self._ui_lock:
@@ -405,17 +492,29 @@ class Explorer(W.VBox):
                 + (f" for plan <i>{html.escape(plan.describe())}</i>" if plan is not None else "")
                 + f": "
                 f"{html.escape(message)}<br><small>The model is as it was; the numbers shown are from the last "
-                "successful run.</small>"
+                f"successful run.{undone}</small>"
                 f"<details><summary><small>traceback</small></summary><pre style='font-size:80%'>{html.escape(tb)}</pre>"
                 "</details></div>"
             )
             self.error_box.layout.display = ""
             self.progress.bar_style = "danger"
+        self._show_code()
         self._end("error", message)
 
     # -- display -------------------------------------------------------------------------------
     def _history_entries(self) -> list[Entry]:
-        return [self.session.baseline_entry] + self.session.history
+        """Baseline first, then each plan tried once (its latest run): runs of the same plan from
+        other cells on this session are not shown twice."""
+        latest: dict[str, Entry] = {}
+        base = self.session.baseline_entry
+        base_key = Plan().to_json()
+        for e in self.session.history:
+            key = e.plan.replace(name="").to_json()
+            if key == base_key:
+                continue
+            latest.pop(key, None)
+            latest[key] = e
+        return [base] + list(latest.values())
 
     def _current_index(self) -> int | None:
         entries = self._history_entries()
@@ -437,7 +536,26 @@ class Explorer(W.VBox):
             self.peak_total.value = format_bytes(m.peak_bytes)
             self.peak_bytes.value = f"{m.peak_bytes:,} B"
             self.peak_delta.value = _delta_text(m.peak_bytes, base.peak_bytes)
-            self.step_time.value = format_seconds(m.step_seconds)
+            self.step_time.value = (format_time_spread(m) + (f", {time_change(m, base)}" if entry is not self.session.baseline_entry
+                                    and m.step_seconds is not None else "")) if m.step_seconds is not None else "-"
+            outputs = int(getattr(m, "output_bytes", 0) or 0)
+            self.output_kept.value = f"+ {format_bytes(outputs)} outputs and caches" if outputs else ""
+            self.output_kept.tooltip = (f"outputs and caches the step keeps to the end of forward, not saved for "
+                                        f"backward ({outputs:,} B); {m.saved_bytes + outputs:,} B kept in all"
+                                        ) if outputs else None
+            self.output_kept.layout.display = "" if outputs else "none"
+            first = getattr(m, "first_step_peak_bytes", None)
+            show_first = first is not None and first != m.peak_bytes
+            self.first_step.value = f"(step 1: {format_bytes(first)})" if show_first else ""
+            self.first_step.tooltip = (f"the peak of training's steady-state step; the first step peaks at "
+                                       f"{first:,} B") if show_first else None
+            self.first_step.layout.display = "" if show_first else "none"
+            advice = tuple(getattr(m, "advice", ()) or ())
+            self.advice.value = (
+                "<ul style='margin:2px 0;font-size:90%;color:#8a6d3b'>"
+                + "".join(f"<li>{html.escape(a)}</li>" for a in advice) + "</ul>"
+            ) if advice else ""
+            self.advice.layout.display = "" if advice else "none"
             self.cuda_peak.value = (
                 f"CUDA allocator peak {format_bytes(m.cuda_peak_bytes)}" if m.cuda_peak_bytes is not None else ""
             )
@@ -451,12 +569,16 @@ class Explorer(W.VBox):
 
     def _show_code(self) -> None:
         plan = self.plan
-        try:
-            code = plan.to_code()
-        except MemsaveError as exc:
-            code = f"# cannot write this plan as code: {exc}"
+        if self._failed_plan is not None and plan == self._failed_plan:
+            code = f"# not exported: this plan failed when it ran ({self.error or 'see the error above'})"
+        else:
+            try:
+                code = plan.to_code()
+            except MemsaveError as exc:
+                code = f"# cannot write this plan as code: {exc}"
         self.code.value = (
-            "<pre style='font-size:85%;background:#f7f7f7;padding:6px;white-space:pre;overflow-x:auto'>"
+            "<pre style='font-size:85%;background:var(--jp-layout-color2, #f7f7f7);color:var(--jp-content-font-color1, "
+            "inherit);padding:6px;white-space:pre;overflow-x:auto'>"
             f"{html.escape(code)}</pre>"
         )
         self.code_text = code
@@ -471,6 +593,52 @@ class Explorer(W.VBox):
             f"<span style='color:{color}'>{icon}<b>{html.escape(state)}</b></span> "
             f"<small>{html.escape(text)}</small>"
         )
+
+
+def title_html(name: str, type_name: str, mode: str, device: str) -> str:
+    """The explorer's title; the class name once when the workload is named after it."""
+    what = html.escape(type_name) if name in ("", type_name, "workload") else f"{html.escape(name)}: {html.escape(type_name)}"
+    return f"<b>memsave explorer</b> &mdash; {what}, {html.escape(mode)} mode on {html.escape(device)}"
+
+
+def loss_note_html(workload: Any, mode: str) -> str:
+    """Which loss the step uses, in one line; for a model returning a tuple or dict without a
+    ``loss``, the rule that builds one (sum of every floating output) is named."""
+    if getattr(workload, "loss", None) is not None:
+        return ""
+    kind = output_kind(workload) if mode == "real" else None
+    if kind == "loss":
+        return "<small>loss: the model's own <code>loss</code> output</small>"
+    if kind == "tensor" or kind is None:
+        return "<small>loss: the sum of the model's output (pass <code>loss=...</code> for your own)</small>"
+    return (f"<small>loss: the model returns a {html.escape(kind)} without a <code>loss</code>; the step uses the sum "
+            "of every floating-point tensor in it. Pass <code>loss=...</code> to use your own.</small>")
+
+
+def output_kind(workload: Any) -> str | None:
+    """``"tensor"``, ``"loss"`` (an output with a loss), ``"tuple"``, ``"dict"``... from one forward
+    without gradients; None when it cannot be told."""
+    import torch
+
+    try:
+        buffers = [(b, b.detach().clone()) for b in workload.model.buffers()]
+        try:
+            with torch.no_grad():
+                out = workload.forward(workload.make_batch())
+        finally:
+            with torch.no_grad():
+                for b, saved in buffers:
+                    b.copy_(saved)
+    except Exception:  # noqa: BLE001 - a note only; the measured step reports real errors
+        return None
+    if isinstance(out, torch.Tensor):
+        return "tensor"
+    loss = getattr(out, "loss", None)
+    if loss is None and isinstance(out, dict):
+        loss = out.get("loss")
+    if isinstance(loss, torch.Tensor):
+        return "loss"
+    return type(out).__name__
 
 
 def _delta_text(now: int, before: int) -> str:

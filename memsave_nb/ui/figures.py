@@ -50,7 +50,15 @@ CATEGORY_COLORS = {
     "activations": "#54a24b",
     "outputs": "#eeca3b",
     "temporaries": "#b279a2",
+    "outputs": "#a0d98f",  # outputs and caches the step keeps (not saved for backward)
 }
+
+
+def category_color(category: str) -> str:
+    """The colour of a peak/timeline category (grey for one this module does not know yet)."""
+    return CATEGORY_COLORS.get(category, "#bab0ac")
+
+
 PHASE_COLORS = {"forward": "#dbe9f6", "backward": "#fde2cf", "optimizer": "#eadff2"}
 OTHER_PHASE_COLOR = "#eeeeee"
 BAR_COLOR = "#4c78a8"
@@ -103,6 +111,28 @@ def layer_label(name: str, type_name: str) -> str:
     return f"{name or ROOT_LABEL} ({type_name})"
 
 
+def own_label(name: str, type_name: str) -> str:
+    """The label of a parent module's own bytes (made in its forward, not in a child's)."""
+    return f"{name or ROOT_LABEL} (own) ({type_name})"
+
+
+def kept_bytes(stats: Any, *, own: bool) -> tuple[int, int]:
+    """``(saved for backward, outputs and caches)`` of a module row: ``saved_bytes(_own)`` and the
+    engine's ``output_bytes(_own)`` (logits, a KV cache: alive to the end of forward, not saved for
+    backward; 0 from an engine that does not report them)."""
+    saved = int(stats.saved_bytes_own if own else stats.saved_bytes)
+    outputs = int(getattr(stats, "output_bytes_own" if own else "output_bytes", 0) or 0)
+    return saved, outputs
+
+
+def kept_total(measurement: Any) -> int:
+    """What the step keeps at the end of forward: saved for backward plus outputs and caches."""
+    return int(measurement.saved_bytes) + int(getattr(measurement, "output_bytes", 0) or 0)
+
+
+DEFAULT_TOP = 25
+
+
 def layer_bars_data(
     measurement: Measurement,
     baseline: Measurement | None = None,
@@ -110,44 +140,93 @@ def layer_bars_data(
     leaves_only: bool = True,
     top: int | None = None,
 ) -> Data:
-    """Columns for the per-layer bars, in ``named_modules()`` order.
+    """Columns for the per-layer bars: every byte the step keeps at the end of forward in exactly
+    one bar (``measurement.saved_bytes`` saved for backward plus ``measurement.output_bytes``,
+    outputs and caches, when the engine reports them).
 
-    ``saved_bytes`` is the module's rolled-up saved activations (for a leaf, its own), ``share``
-    its fraction of ``measurement.saved_bytes``; ``delta_bytes`` is against the module of the
-    same name in ``baseline`` (0 without a baseline). ``top`` keeps the N largest rows.
+    Default (``leaves_only=True``): one bar per leaf module with its bytes, and one bar
+    ``"<name> (own)"`` per parent module that made bytes in its own forward (attention inside
+    ``nn.MultiheadAttention``, a functional op in a block's ``forward``), in ``named_modules()``
+    order; the bars sum to the total. ``leaves_only=False`` shows every module's rolled-up bytes
+    instead (parents overlap their children). ``top=N`` keeps the N largest bars and sums the rest
+    into a last bar ``"+K others"`` (name ``"*others*"``), so the total is kept.
+
+    ``saved_bytes`` is the bar's bytes, ``backward_bytes`` + ``output_bytes`` (saved for backward;
+    outputs and caches); ``share`` is its fraction of the total; ``delta_bytes`` is against the same
+    bar in ``baseline`` (0 without one).
     """
-    total = measurement.saved_bytes
-    rows = [m for m in measurement.modules if m.is_leaf or not leaves_only]
-    if top is not None:
-        keep = {id(m) for m in sorted(rows, key=lambda m: -m.saved_bytes)[: max(0, top)]}
-        rows = [m for m in rows if id(m) in keep]
-    base = {m.name: m.saved_bytes for m in baseline.modules} if baseline is not None else {}
+    total = kept_total(measurement)
+    rows: list[tuple[str, str, str, Any, int, int]] = []  # name, label, type, stats, bytes, outputs
+    for m in measurement.modules:
+        if not leaves_only:
+            saved, outputs = kept_bytes(m, own=False)
+            rows.append((m.name, layer_label(m.name, m.type_name), m.type_name, m, saved + outputs, outputs))
+            continue
+        saved, outputs = kept_bytes(m, own=True)
+        if m.is_leaf:
+            rows.append((m.name, layer_label(m.name, m.type_name), m.type_name, m, saved + outputs, outputs))
+        elif saved or outputs:
+            rows.append((f"{m.name} (own)" if m.name else "(own)", own_label(m.name, m.type_name), m.type_name, m,
+                         saved + outputs, outputs))
+    others: tuple[int, int, int] | None = None
+    if top is not None and len(rows) > max(0, top):
+        keep_n = max(0, top - 1) if top > 0 else 0
+        order = sorted(range(len(rows)), key=lambda i: -rows[i][4])
+        kept_idx = set(order[:keep_n])
+        rest = [rows[i] for i in range(len(rows)) if i not in kept_idx]
+        others = (len(rest), sum(r[4] for r in rest), sum(r[5] for r in rest))
+        rows = [rows[i] for i in range(len(rows)) if i in kept_idx]
+    base_rows = {r["name"]: r["saved_bytes"] for r in _rows_as_dicts(layer_bars_data(baseline, leaves_only=leaves_only))} \
+        if baseline is not None else {}
     data: Data = {k: [] for k in (
-        "name", "label", "type_name", "depth", "output_shape", "saved_bytes", "saved_label", "share",
-        "share_label", "baseline_bytes", "delta_bytes", "delta_label", "text", "color",
+        "name", "label", "type_name", "depth", "output_shape", "saved_bytes", "backward_bytes", "output_bytes",
+        "saved_label", "share", "share_label", "baseline_bytes", "delta_bytes", "delta_label", "text", "color",
     )}
-    for m in rows:
-        share = m.saved_bytes / total if total else 0.0
-        before = base.get(m.name, m.saved_bytes) if baseline is not None else m.saved_bytes
-        delta = m.saved_bytes - before
-        data["name"].append(m.name)
-        data["label"].append(layer_label(m.name, m.type_name))
-        data["type_name"].append(m.type_name)
-        data["depth"].append(m.depth)
-        data["output_shape"].append(format_shape(m.output_shape))
-        data["saved_bytes"].append(m.saved_bytes)
-        data["saved_label"].append(format_bytes(m.saved_bytes))
+
+    def add(name: str, label: str, type_name: str, depth: int, shape: str, kept: int, outputs: int, before: int | None) -> None:
+        share = kept / total if total else 0.0
+        before = kept if before is None else before
+        delta = kept - before
+        data["name"].append(name)
+        data["label"].append(label)
+        data["type_name"].append(type_name)
+        data["depth"].append(depth)
+        data["output_shape"].append(shape)
+        data["saved_bytes"].append(kept)
+        data["backward_bytes"].append(kept - outputs)
+        data["output_bytes"].append(outputs)
+        data["saved_label"].append(format_bytes(kept))
         data["share"].append(share)
         data["share_label"].append(format_share(share))
         data["baseline_bytes"].append(before)
         data["delta_bytes"].append(delta)
         data["delta_label"].append(format_delta_bytes(delta) if baseline is not None else "")
-        text = f"{format_bytes(m.saved_bytes)} ({format_share(share)})"
+        text = f"{format_bytes(kept)} ({format_share(share)})"
+        if outputs:
+            text += f", outputs {format_bytes(outputs)}"
         if baseline is not None and delta:
             text += f"  {format_delta_bytes(delta)}"
         data["text"].append(text)
         data["color"].append(BAR_COLOR if delta == 0 else (MORE_COLOR if delta > 0 else LESS_COLOR))
+
+    for name, label, type_name, m, kept, outputs in rows:
+        add(name, label, type_name, m.depth, format_shape(m.output_shape), kept, outputs, base_rows.get(name) if baseline is not None else None)
+    if others is not None:
+        count, kept, outputs = others
+        before = None
+        if baseline is not None:
+            shown = set(data["name"])
+            before = sum(v for n, v in base_rows.items() if n not in shown)
+        add(OTHERS_NAME, f"+{count} others", "", 0, "-", kept, outputs, before)
     return data
+
+
+OTHERS_NAME = "*others*"
+
+
+def _rows_as_dicts(data: Data) -> list[dict[str, Any]]:
+    keys = list(data)
+    return [dict(zip(keys, vals)) for vals in zip(*(data[k] for k in keys))]
 
 
 def layer_bars(
@@ -155,12 +234,14 @@ def layer_bars(
     baseline: Measurement | None = None,
     *,
     leaves_only: bool = True,
-    top: int | None = None,
+    top: int | None = DEFAULT_TOP,
     width: int = 760,
     title: str = "Saved activations per layer",
 ) -> Plot:
-    """Horizontal bars of saved activations per layer (first layer on top); with a baseline, its
-    bars are drawn as dashed outlines and the bars are coloured by the change (red more, green less)."""
+    """Horizontal bars of the bytes each layer keeps for backward (first layer on top), outputs and
+    caches in a lighter shade; a parent's own bytes are their own bar and the bars beyond ``top`` are
+    summed into one, so the bars add up to the total. With a baseline, its bars are drawn as dashed
+    outlines and the bars are coloured by the change (red more, green less)."""
 
     def data_fn(m: Measurement, b: Measurement | None = None, **kw: Any) -> dict[str, Data]:
         return {"main": layer_bars_data(m, b, leaves_only=kw.get("leaves_only", leaves_only), top=kw.get("top", top))}
@@ -180,15 +261,17 @@ def layer_bars(
     )
     fig.hbar(y="label", right="baseline_bytes", height=0.8, source=source, fill_alpha=0.0,
              line_color="#555555", line_dash="dashed", visible=baseline is not None, name="baseline_bars")
-    bars = fig.hbar(y="label", right="saved_bytes", height=0.6, source=source, color="color", name="saved_bars")
+    bars = fig.hbar(y="label", right="backward_bytes", height=0.6, source=source, color="color", name="saved_bars")
+    fig.hbar(y="label", left="backward_bytes", right="saved_bytes", height=0.6, source=source,
+             color=CATEGORY_COLORS["outputs"], name="output_bars")
     fig.add_layout(LabelSet(x="saved_bytes", y="label", text="text", source=source, x_offset=4, y_offset=-6,
                             text_font_size="9pt", text_color="#333333"))
     fig.add_tools(HoverTool(renderers=[bars], tooltips=[
         ("module", "@name"), ("type", "@type_name"), ("output", "@output_shape"),
-        ("saved", "@saved_label"), ("share", "@share_label"), ("vs baseline", "@delta_label"),
+        ("kept", "@saved_label"), ("share", "@share_label"), ("vs baseline", "@delta_label"),
     ]))
     _bytes_axis(fig.xaxis[0])
-    fig.xaxis.axis_label = "saved activations (kept for backward)"
+    fig.xaxis.axis_label = "kept for backward (outputs and caches lighter)"
     fig.ygrid.grid_line_color = None
 
     def after(plot: Plot, new: dict[str, Data]) -> None:
@@ -292,13 +375,14 @@ def timeline(measurement: Measurement, max_points: int = MAX_TIMELINE_POINTS, *,
     datas = data_fn(measurement)
     sources = {k: ColumnDataSource(v, name=f"timeline_{k}") for k, v in datas.items()}
     fig = figure(width=width, height=height, title=title, y_range=Range1d(0, _timeline_top(measurement) * 1.15),
+                 x_range=Range1d(*_phase_bounds(measurement, None)),
                  tools="xpan,xwheel_zoom,box_zoom,save,reset", toolbar_location="above", name="timeline_figure")
     fig.vstrip(x0="start", x1="end", source=sources["phases"], color="color", alpha=0.6, name="phase_bands")
     fig.vspan(x="start", source=sources["phases"], line_color="#999999", line_dash="dotted", name="phase_lines")
     fig.add_layout(LabelSet(x="start", y="label_y", text="phase", source=sources["phases"], x_offset=3,
                             text_font_size="9pt", text_color="#555555"))
     fig.varea_stack(stackers=list(CATEGORIES), x="x", source=sources["main"],
-                            color=[CATEGORY_COLORS[c] for c in CATEGORIES],
+                            color=[category_color(c) for c in CATEGORIES],
                             legend_label=[c.replace("_", " ") for c in CATEGORIES], fill_alpha=0.85)
     total_line = fig.line(x="x", y="total", source=sources["main"], color="#333333", line_width=1, name="total_line")
     fig.scatter(x="x", y="y", source=sources["peak"], marker="inverted_triangle", size=12, color="#d62728",
@@ -311,15 +395,37 @@ def timeline(measurement: Measurement, max_points: int = MAX_TIMELINE_POINTS, *,
     _bytes_axis(fig.yaxis[0])
     fig.xaxis.axis_label = "allocation / free events"
     fig.yaxis.axis_label = "live bytes"
-    fig.legend.location = "top_left"
+    fig.legend.orientation = "horizontal"
     fig.legend.label_text_font_size = "8pt"
-    fig.legend.background_fill_alpha = 0.7
+    fig.add_layout(fig.legend[0], "below")  # below the plot: never over the areas
 
     def after(plot: Plot, new: dict[str, Data]) -> None:
         top = max(new["peak"]["y"] + new["main"]["total"] + [1]) * 1.15
         plot.figure.y_range.start, plot.figure.y_range.end = 0, top
 
     return Plot(fig, sources, data_fn, after)
+
+
+def _phase_bounds(measurement: Measurement, phase: str | None) -> tuple[float, float]:
+    """Event-index bounds of ``phase`` (None: the whole step), padded half an event each side."""
+    t = measurement.timeline
+    last = max(len(t) - 1, 1)
+    if phase is None or phase not in t.phase_starts:
+        return -0.5, last + 0.5
+    starts = sorted(t.phase_starts.values())
+    start = t.phase_starts[phase]
+    later = [v for v in starts if v > start]
+    end = later[0] if later else last
+    return start - 0.5, max(end, start + 1) + 0.5
+
+
+def zoom_timeline(plot: Plot, measurement: Measurement, phase: str | None) -> tuple[float, float]:
+    """Set the timeline's x range to one phase (``"forward"``, ``"backward"``, ``"optimizer"``) or
+    the whole step (None), so a short backward or optimizer phase of a big model fills the width."""
+    start, end = _phase_bounds(measurement, phase)
+    rng = plot.figure.x_range
+    rng.start, rng.end = start, end
+    return start, end
 
 
 # -- peak split ------------------------------------------------------------------------------
@@ -332,7 +438,7 @@ def peak_split_data(measurement: Measurement, baseline: Measurement | None = Non
         data[c] = [getattr(m.peak_split, c) for _, m in rows]
         data[f"{c}_label"] = [format_bytes(v) for v in data[c]]
     data["total"] = [m.peak_bytes for _, m in rows]
-    data["total_label"] = [f"{format_bytes(m.peak_bytes)} at the {m.peak_phase} peak" for _, m in rows]
+    data["total_label"] = [f"{format_bytes(m.peak_bytes)} ({m.peak_phase})" for _, m in rows]
     return data
 
 
@@ -346,11 +452,11 @@ def peak_split(measurement: Measurement, baseline: Measurement | None = None, *,
     datas = data_fn(measurement, baseline)
     source = ColumnDataSource(datas["main"], name="peak_split")
     rows = list(reversed(datas["main"]["row"]))
-    fig = figure(y_range=FactorRange(factors=rows), x_range=DataRange1d(start=0, range_padding=0.3),
+    fig = figure(y_range=FactorRange(factors=rows), x_range=DataRange1d(start=0, range_padding=0.45),
                  width=width, height=_split_height(len(rows)), title=title, tools="save,reset",
                  toolbar_location="above", name="peak_split_figure")
     renderers = fig.hbar_stack(list(CATEGORIES), y="row", height=0.6, source=source,
-                               color=[CATEGORY_COLORS[c] for c in CATEGORIES],
+                               color=[category_color(c) for c in CATEGORIES],
                                legend_label=[c.replace("_", " ") for c in CATEGORIES])
     for c, r in zip(CATEGORIES, renderers):
         fig.add_tools(HoverTool(renderers=[r], tooltips=[("category", c.replace("_", " ")), ("bytes", f"@{c}_label"),
@@ -413,6 +519,9 @@ def history_data(entries: Sequence[Any], current: int | None = None) -> Data:
         data["time_label"].append(format_seconds(m.step_seconds))
         data["color"].append("#d62728" if i == current else ("#555555" if i == 0 else BAR_COLOR))
         data["size"].append(14 if i == current else 10)
+    # text on the plot for the baseline and the current plan only (the others in the hover): labels
+    # of close points would overlap
+    data["point_label"] = [lab if (i == 0 or i == current) else "" for i, lab in enumerate(data["label"])]
     return data
 
 
@@ -431,7 +540,7 @@ def history(entries: Sequence[Any], current: int | None = None, *, width: int = 
                  y_range=DataRange1d(range_padding=0.15), name="history_figure")
     points = fig.scatter(x="x", y="peak_bytes", source=source, size="size", color="color", alpha=0.85,
                          selection_color="#d62728", nonselection_alpha=0.35, name="history_points")
-    fig.add_layout(LabelSet(x="x", y="peak_bytes", text="label", source=source, x_offset=7, y_offset=4,
+    fig.add_layout(LabelSet(x="x", y="peak_bytes", text="point_label", source=source, x_offset=7, y_offset=4,
                             text_font_size="8pt", text_color="#333333"))
     fig.add_tools(TapTool(renderers=[points]))
     fig.add_tools(HoverTool(renderers=[points], tooltips=[
@@ -450,6 +559,27 @@ def history(entries: Sequence[Any], current: int | None = None, *, width: int = 
 def _history_axis(fig: Any, data: Data) -> None:
     timed = bool(data["x"]) and not any(math.isnan(s) for s in data["step_seconds"])
     fig.xaxis.axis_label = "step time (ms)" if timed else "plan # (no step time in fake mode)"
+    _spread_range(fig.y_range, data["peak_bytes"])
+    _spread_range(fig.x_range, data["x"], from_zero=False)
+
+
+def _spread_range(rng: Any, values: Sequence[float], *, from_zero: bool = True) -> None:
+    """Set a range from its values with 15% room; when they are (nearly) all equal, e.g. a one-point
+    plot, from 0 (or a quarter either side): an automatic range around a single value has ticks
+    that all read the same number."""
+    vals = [float(v) for v in values if v is not None and not math.isnan(float(v))]
+    if not vals:
+        return
+    lo, hi = min(vals), max(vals)
+    if hi - lo > 0.02 * max(abs(hi), 1e-12):
+        pad = 0.15 * (hi - lo)
+        rng.start, rng.end = (max(0.0, lo - pad) if from_zero else lo - pad), hi + pad
+        return
+    if from_zero:
+        rng.start, rng.end = 0, (hi * 1.25 if hi > 0 else 1)
+    else:
+        pad = max(abs(hi) * 0.25, 1.0)
+        rng.start, rng.end = lo - pad, hi + pad
 
 
 # -- compile-budget sweep --------------------------------------------------------------------
@@ -514,8 +644,9 @@ def budget_sweep(points: Iterable[Any], *, width: int = 520, height: int = 360,
     ]))
     _bytes_axis(fig.yaxis[0])
     fig.yaxis.axis_label = "bytes"
-    fig.legend.location = "top_right"
+    fig.legend.orientation = "horizontal"
     fig.legend.label_text_font_size = "8pt"
+    fig.add_layout(fig.legend[0], "below")  # below the plot: never over the points
     _sweep_axis(fig, datas["main"])
 
     def after(plot: Plot, new: dict[str, Data]) -> None:
@@ -534,6 +665,6 @@ __all__ = [
     "layer_bars", "layer_bars_data", "layer_label",
     "timeline", "timeline_data", "timeline_phases_data", "timeline_peak_data", "timeline_indices", "downsample_indices",
     "peak_split", "peak_split_data",
-    "history", "history_data", "plan_label",
+    "history", "history_data", "plan_label", "zoom_timeline", "kept_bytes", "kept_total", "category_color", "own_label", "OTHERS_NAME",
     "budget_sweep", "budget_sweep_data",
 ]

@@ -160,3 +160,39 @@ def render_table(headers: list[str], rows: list[list[str]], right: set[int] | No
 
     rule = "  ".join("-" * w for w in widths)
     return "\n".join([line(headers), rule, *(line(r) for r in rows)])
+
+
+# -- step times: median, spread, and whether a change is above the noise ------------------------
+def time_spread(m) -> tuple[float | None, float | None, float | None, int]:
+    """``(median, min, max, n)`` of a measurement's timed steps (``step_seconds_all``)."""
+    times = [t for t in (getattr(m, "step_seconds_all", ()) or ()) if t is not None]
+    median = getattr(m, "step_seconds", None)
+    if not times:
+        return median, median, median, (1 if median is not None else 0)
+    return median, min(times), max(times), len(times)
+
+
+def format_time_spread(m) -> str:
+    """``"12.3 ms (11.9-13.0 ms, 3 runs)"``; a single run says so (no spread to judge by)."""
+    median, lo, hi, n = time_spread(m)
+    if median is None:
+        return "-"
+    if n < 2:
+        return f"{format_seconds(median)} (1 run)"
+    return f"{format_seconds(median)} ({format_seconds(lo)}–{format_seconds(hi)}, {n} runs)"
+
+
+def time_change(now, before) -> str:
+    """The step time of ``now`` against ``before``: ``"1.42x"``, or ``"same"`` when the change is
+    within the runs' own spread (or fewer than 3 runs on either side leave no spread to judge by)."""
+    a, a_lo, a_hi, na = time_spread(now)
+    b, b_lo, b_hi, nb = time_spread(before)
+    if a is None or b is None or not b:
+        return ""
+    ratio = a / b
+    if na < 3 or nb < 3:
+        return f"{ratio:.2f}x (too few runs to judge)"
+    noise = max((a_hi - a_lo) / a if a else 0.0, (b_hi - b_lo) / b)
+    if abs(ratio - 1.0) <= noise or (a_lo <= b_hi and b_lo <= a_hi):
+        return "same (within noise)"
+    return f"{ratio:.2f}x"

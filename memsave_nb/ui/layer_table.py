@@ -1,11 +1,12 @@
 """The per-layer table: a collapsible module tree with saved activations and per-row controls.
 
-Each row, left to right: the module's name (click it to show its ops in the SAC panel), its saved
-activations as a bar with bytes and share of the total, the change against the baseline, a
+Each row, left to right: the module's name (click it to show its ops in the SAC panel), a
 freeze checkbox (ticking a parent ticks its children), a memory-saving-layer switch, a
-checkpoint-region menu, then type, output shape and trainable / frozen parameters (over the
-subtree). The numbers and controls come first so they stay in view in a narrow notebook; the
-table scrolls sideways for the rest. Rows are built the first time their parent is expanded, so
+checkpoint-region menu, then its saved activations as a bar with bytes and share of the total,
+the change against the baseline, then type, output shape, trainable / frozen parameters (over the
+subtree) and the parameters it shares with other modules (tied weights). The controls come right
+after the name so they stay in view in a narrow (700 px) notebook; the table scrolls sideways for
+the rest. Rows are built the first time their parent is expanded, so
 a 7B-shaped model does not cost thousands of widgets up front.
 
 DOM hooks (for browser tests): every row is ``.memsave-row.memsave-row-<slug>``; its controls are
@@ -28,13 +29,13 @@ from .format import format_bytes, format_count, format_delta_bytes, format_share
 from .tree import ROOT, slug
 
 ROW_HEIGHT = "26px"
-NAME_WIDTH = 200
+NAME_WIDTH = 180
 INDENT_PX = 14
 BAR_PX = 70
 # read-only cells: the numbers first (saved activations, change), then the controls, then details
 _SAVED_COLUMNS = (("saved activations", BAR_PX + 140), ("vs baseline", 84))
-_CONTROLS = (("freeze", 52), ("memsave", 72), ("checkpoint", 160))
-_DETAIL_COLUMNS = (("type", 110), ("output", 120), ("params: trainable / frozen", 170))
+_CONTROLS = (("freeze", 52), ("memsave", 72), ("checkpoint", 150))
+_DETAIL_COLUMNS = (("type", 110), ("output", 120), ("params: trainable / frozen", 170), ("tied to", 200))
 SAVED_WIDTH = sum(w for _, w in _SAVED_COLUMNS)
 DETAIL_WIDTH = sum(w for _, w in _DETAIL_COLUMNS)
 _SLACK = 8  # the HTML widget's own padding
@@ -43,10 +44,10 @@ _SLACK = 8  # the HTML widget's own padding
 TABLE_CSS = """<style>
 .memsave-row-name.jupyter-button, .memsave-row-name.widget-button {
   text-align: left; overflow: hidden; text-overflow: ellipsis; white-space: nowrap; }
-.memsave-row { border-bottom: 1px solid #f2f2f2; }
-.memsave-row.memsave-selected { background: #eaf2fb; }
+.memsave-row { border-bottom: 1px solid rgba(128,128,128,0.15); }
+.memsave-row.memsave-selected { background: rgba(31,119,180,0.15); }
 .memsave-expand.jupyter-button, .memsave-expand.widget-button { background: transparent; }
-.memsave-table-header { border-bottom: 1px solid #ccc; }
+.memsave-table-header { border-bottom: 1px solid rgba(128,128,128,0.5); }
 .memsave-spinner { display: inline-block; width: 10px; height: 10px; margin-right: 4px;
   border: 2px solid #c6dbef; border-top-color: #1f77b4; border-radius: 50%;
   animation: memsave-spin 0.8s linear infinite; vertical-align: middle; }
@@ -71,7 +72,8 @@ def saved_html(saved: int | None, share: float | None, delta: int | None) -> str
     widths = [w for _, w in _SAVED_COLUMNS]
     frac = 0.0 if share is None else max(0.0, min(1.0, share))
     bar = (
-        f'<span style="display:inline-block;width:{BAR_PX}px;height:10px;background:#eee;vertical-align:middle">'
+        f'<span style="display:inline-block;width:{BAR_PX}px;height:10px;background:rgba(128,128,128,0.22);'
+        f'vertical-align:middle">'
         f'<span class="memsave-bar" style="display:block;width:{frac * BAR_PX:.1f}px;height:10px;background:#54a24b">'
         "</span></span>"
     )
@@ -87,15 +89,39 @@ def saved_html(saved: int | None, share: float | None, delta: int | None) -> str
     ])
 
 
-def details_html(type_name: str, output_shape: tuple[int, ...] | None, trainable: int, frozen: int) -> str:
-    """The row's type, output shape and parameter counts (over its whole subtree)."""
+def details_html(type_name: str, output_shape: tuple[int, ...] | None, trainable: int, frozen: int,
+                 tied: str = "") -> str:
+    """The row's type, output shape, parameter counts (over its whole subtree) and ties."""
     widths = [w for _, w in _DETAIL_COLUMNS]
     shape = format_shape(output_shape)
     return _nowrap([
         _cell(html.escape(type_name), widths[0], title=type_name, style="padding-left:6px"),
         _cell(html.escape(shape), widths[1], title=shape),
         _cell(f"{format_count(trainable)} / {format_count(frozen)}", widths[2]),
+        _cell(html.escape(tied) if tied else "", widths[3], title=tied),
     ])
+
+
+def tied_by_module(model) -> dict[str, str]:
+    """Module name -> "weight = lm_head.weight" for parameters shared with another module, from
+    :func:`memsave_nb.hf.tied_parameters` when it exists ({} otherwise)."""
+    try:
+        from memsave_nb.hf import tied_parameters  # type: ignore[attr-defined]
+    except Exception:  # noqa: BLE001 - ties are shown when the hf helper provides them
+        return {}
+    try:
+        ties = tied_parameters(model)
+    except Exception:  # noqa: BLE001
+        return {}
+    out: dict[str, list[str]] = {}
+    for canonical, names in ties.items():
+        names = tuple(dict.fromkeys((canonical, *names)))
+        for name in names:
+            owner, _, attr = name.rpartition(".")
+            others = [n for n in names if n != name]
+            if others:
+                out.setdefault(owner, []).append(f"{attr} = {', '.join(others)}")
+    return {k: "; ".join(dict.fromkeys(v)) for k, v in out.items()}
 
 
 class LayerRow:
@@ -148,7 +174,7 @@ class LayerRow:
             self.region.disabled = True
             self.region.layout.visibility = "hidden"
         self.box = W.HBox(
-            [self.expand, self.select, self.info, self.freeze, self.memsave, self.region, self.details],
+            [self.expand, self.select, self.freeze, self.memsave, self.region, self.info, self.details],
             layout=W.Layout(align_items="center", min_height=ROW_HEIGHT),
         )
         self.box.add_class("memsave-row")
@@ -164,8 +190,10 @@ class LayerRow:
 class LayerTable(W.VBox):
     """The module tree as rows of widgets, bound to a :class:`PlanEditor`."""
 
-    def __init__(self, editor: PlanEditor, *, max_open_rows: int = 40, on_select: Callable[[str], None] | None = None):
+    def __init__(self, editor: PlanEditor, *, max_open_rows: int = 40, on_select: Callable[[str], None] | None = None,
+                 tied: dict[str, str] | None = None):
         self.editor = editor
+        self.tied = dict(tied or {})
         self.rows: dict[str, LayerRow] = {}
         self.expanded: set[str] = set()
         self.selected: str | None = None
@@ -182,8 +210,9 @@ class LayerTable(W.VBox):
                           layout=W.Layout(width=f"{width + _SLACK}px", flex="0 0 auto"))
 
         self.header = W.HBox(
-            [head("module", 26 + NAME_WIDTH + 4), heads(_SAVED_COLUMNS, SAVED_WIDTH)]
+            [head("module", 26 + NAME_WIDTH + 4)]
             + [head(h, w) for h, w in _CONTROLS]
+            + [heads(_SAVED_COLUMNS, SAVED_WIDTH)]
             + [heads(_DETAIL_COLUMNS, DETAIL_WIDTH)],
             layout=W.Layout(min_height=ROW_HEIGHT, align_items="center"),
         )
@@ -339,13 +368,13 @@ class LayerTable(W.VBox):
         total = self._measurement.saved_bytes if self._measurement is not None else 0
         if m is None:  # e.g. a compiled run that saw no module boundaries
             value = saved_html(None, None, None)
-            details = details_html(tree.type_names[r.name], None, 0, 0)
+            details = details_html(tree.type_names[r.name], None, 0, 0, self.tied.get(r.name, ""))
         else:
             delta = (m.saved_bytes - base.saved_bytes) if base is not None else None
             share = (m.saved_bytes / total) if total else 0.0
             trainable, frozen = self._params.get(r.name, (m.trainable_params, m.frozen_params))
             value = saved_html(m.saved_bytes, share, delta)
-            details = details_html(m.type_name, m.output_shape, trainable, frozen)
+            details = details_html(m.type_name, m.output_shape, trainable, frozen, self.tied.get(r.name, ""))
         if r.info.value != value:
             r.info.value = value
         if r.details.value != details:

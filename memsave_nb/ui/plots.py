@@ -1,20 +1,34 @@
-"""Bokeh figures inside ipywidgets layouts, with BokehJS loaded inline (works offline).
+"""Bokeh figures inside ipywidgets layouts, with BokehJS carried by the widgets themselves (offline).
 
 Figures go into layouts through :class:`jupyter_bokeh.BokehModel`; they are refreshed by
 replacing ``ColumnDataSource.data`` (never ``push_notebook``, which breaks inside Output widgets
-and Voila). BokehJS comes from the installed bokeh package (``INLINE``), not from the CDN: with
-no network the CDN default makes the whole widget vanish.
+and Voila). BokehJS comes from the installed bokeh package (inline), never from the CDN: with no
+network the CDN default makes the whole widget vanish.
+
+Where BokehJS comes from. ``jupyter_bokeh``'s front end needs ``window.Bokeh`` the moment a
+figure's view is made (``Bokeh.require`` in its constructor); it does not load BokehJS itself. A
+cell output made by ``output_notebook()`` loads it once, in the page that ran that cell: a reloaded
+tab, a second page (Voila, a colleague's view) or a Run All on a kernel that already published it
+never gets it, and every figure shows "Cannot read properties of undefined (reading 'require')".
+So every figure widget here is a small box whose first child is :func:`bokehjs_loader`: one
+``Output`` widget per kernel holding a trusted ``application/javascript`` output that defines
+``window.Bokeh`` from the inline bundle unless the page already has this version. Widget views are
+made from the kernel's state on every page that shows them, children in order, and the output is
+evaluated when its view renders, before the figure's own view is constructed; the script is in
+the widget's state once per kernel (about 4 MB), whatever the number of figures.
 """
 
 from __future__ import annotations
 
+import json
 import threading
 from typing import Any
 
 import ipywidgets as W
 
-_loaded_lock = threading.Lock()
-_loaded_for: Any = None
+_loader_lock = threading.Lock()
+_loader: W.Output | None = None
+_script: str | None = None
 
 
 def in_kernel() -> bool:
@@ -27,30 +41,72 @@ def in_kernel() -> bool:
     return ip is not None and getattr(ip, "kernel", None) is not None
 
 
-def load_bokehjs(force: bool = False) -> bool:
-    """Publish BokehJS inline once per kernel, before the first figure is shown. True when it
-    was published now."""
-    global _loaded_for
-    if not (force or in_kernel()):
-        return False
-    from IPython import get_ipython
-
-    ip = get_ipython()
-    with _loaded_lock:
-        if _loaded_for is ip and not force:
-            return False
-        from bokeh.io import output_notebook
+def bokehjs_script() -> str:
+    """JavaScript that defines ``window.Bokeh`` from the installed bokeh's inline bundle, unless
+    the page already has BokehJS of the same version (then it does nothing)."""
+    global _script
+    if _script is None:
+        import bokeh
         from bokeh.resources import INLINE
 
-        output_notebook(INLINE, hide_banner=True)
-        _loaded_for = ip
-        return True
+        chunks = ",\n".join(f"function(Bokeh) {{\n{js}\n}}" for js in INLINE.js_raw)
+        _script = (
+            "(function(root) {\n"
+            f"  const version = {json.dumps(bokeh.__version__)};\n"
+            "  if (root.Bokeh !== undefined && root.Bokeh.require !== undefined && root.Bokeh.version === version) return;\n"
+            f"  const chunks = [\n{chunks}\n  ];\n"
+            "  for (const chunk of chunks) chunk.call(root, root.Bokeh);\n"
+            "  root.memsave_bokehjs_loaded = (root.memsave_bokehjs_loaded || 0) + 1;\n"
+            "})(window);\n"
+        )
+    return _script
 
 
-def bokeh_widget(fig: Any) -> W.DOMWidget:
-    """A widget showing a Bokeh figure; its sources stay live (update ``source.data``)."""
-    from jupyter_bokeh import BokehModel
+def bokehjs_loader() -> W.Output:
+    """The kernel's one BokehJS-carrying ``Output`` widget (hidden; put it before any figure)."""
+    global _loader
+    with _loader_lock:
+        if _loader is None or getattr(_loader, "comm", None) is None:  # none yet, or closed
+            out = W.Output(layout=W.Layout(display="none"))
+            out.add_class("memsave-bokehjs")
+            out.outputs = ({
+                "output_type": "display_data",
+                "data": {"application/javascript": bokehjs_script(), "text/plain": "BokehJS (inline)"},
+                "metadata": {},
+            },)
+            _loader = out
+        return _loader
 
-    widget = BokehModel(fig)
-    widget.add_class("memsave-bokeh")
-    return widget
+
+def load_bokehjs(force: bool = False) -> bool:
+    """Publish BokehJS inline as a cell output (for notebooks that ``bokeh.io.show`` figures).
+
+    Published on every call, not once per kernel: the page that runs the cell may be a reloaded
+    tab that lost the BokehJS an earlier run published. True when it was published.
+    """
+    if not (force or in_kernel()):
+        return False
+    from bokeh.io import output_notebook
+    from bokeh.resources import INLINE
+
+    output_notebook(INLINE, hide_banner=True)
+    return True
+
+
+class BokehFigure(W.Box):
+    """A Bokeh figure as a widget: the BokehJS loader, then :class:`jupyter_bokeh.BokehModel`.
+
+    ``.model`` is the BokehModel; the figure's sources stay live (update ``source.data``)."""
+
+    def __init__(self, fig: Any):
+        from jupyter_bokeh import BokehModel
+
+        self.model = BokehModel(fig)
+        self.model.add_class("memsave-bokeh-figure")
+        super().__init__([bokehjs_loader(), self.model], layout=W.Layout(display="block"))
+        self.add_class("memsave-bokeh")
+
+
+def bokeh_widget(fig: Any) -> BokehFigure:
+    """A widget showing a Bokeh figure, BokehJS included (see the module's docstring)."""
+    return BokehFigure(fig)

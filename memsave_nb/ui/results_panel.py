@@ -16,7 +16,7 @@ import ipywidgets as W
 from memsave_nb.measure import CATEGORIES, Measurement
 
 from . import figures
-from .format import format_bytes, format_delta_bytes, format_seconds
+from .format import format_bytes, format_delta_bytes, format_time_spread, time_change
 from .plots import bokeh_widget
 
 
@@ -39,16 +39,23 @@ def results_html(m: Measurement, base: Measurement) -> str:
             f"<td style='text-align:right;color:{color}'>{format_delta_bytes(delta) if delta else '='}</td></tr>"
         )
 
-    rows = [row("peak", m.peak_bytes, base.peak_bytes, "memsave-row-peak")]
+    first, first_base = getattr(m, "first_step_peak_bytes", None), getattr(base, "first_step_peak_bytes", None)
+    steady = first is not None and first != m.peak_bytes
+    rows = [row("peak (steady-state step)" if steady else "peak", m.peak_bytes, base.peak_bytes, "memsave-row-peak")]
+    if steady:
+        rows.append(row("peak of the first step", first, first_base, "memsave-row-first-peak"))
     for c in CATEGORIES:
         rows.append(row(f"  {c.replace('_', ' ')} at peak", getattr(m.peak_split, c), getattr(base.peak_split, c)))
-    rows.append(row("saved activations", m.saved_bytes, base.saved_bytes, "memsave-row-saved"))
+    rows.append(row("saved activations (for backward)", m.saved_bytes, base.saved_bytes, "memsave-row-saved"))
+    outputs, outputs_base = int(getattr(m, "output_bytes", 0) or 0), int(getattr(base, "output_bytes", 0) or 0)
+    if outputs or outputs_base:
+        rows.append(row("outputs and caches kept (not for backward)", outputs, outputs_base, "memsave-row-outputs"))
     if m.cuda_peak_bytes is not None or base.cuda_peak_bytes is not None:
         rows.append(row("CUDA allocator peak", m.cuda_peak_bytes, base.cuda_peak_bytes, "memsave-row-cuda"))
     step = (
-        f"<tr><td>step time</td><td style='text-align:right'>{format_seconds(m.step_seconds)}</td>"
-        f"<td style='text-align:right'>{format_seconds(base.step_seconds)}</td>"
-        f"<td style='text-align:right'>{_ratio(m.step_seconds, base.step_seconds).strip(' ()')}</td></tr>"
+        f"<tr class='memsave-row-time'><td>step time (median)</td><td style='text-align:right'>{format_time_spread(m)}</td>"
+        f"<td style='text-align:right'>{format_time_spread(base)}</td>"
+        f"<td style='text-align:right'>{html.escape(time_change(m, base))}</td></tr>"
     )
     flops = (
         f"<tr><td>FLOPs</td><td style='text-align:right'>{m.flops:.3g}</td>"
@@ -61,7 +68,8 @@ def results_html(m: Measurement, base: Measurement) -> str:
         f"<table style='border-collapse:collapse;font-size:90%'>{head}{''.join(rows)}{step}{flops}</table>"
         + (f"<ul style='font-size:85%;color:#555'>{notes}</ul>" if notes else "")
         + f"<div style='font-size:85%;color:#555'>peak during {html.escape(m.peak_phase or '-')}; "
-        f"{html.escape(m.mode)} mode on {html.escape(m.device)}</div>"
+        f"{html.escape(m.mode)} mode on {html.escape(m.device)}; step time is the median of the timed steps "
+        "(min–max beside it); a change within that spread reads \"same\"</div>"
     )
 
 
@@ -76,12 +84,21 @@ class ResultsPanel(W.VBox):
         self.table.add_class("memsave-results-table")
         self.peak_plot = figures.peak_split(baseline, baseline)
         self.timeline_plot = figures.timeline(baseline)
+        self._timeline_m = baseline
+        self.zoom = W.ToggleButtons(options=[("whole step", ""), ("forward", "forward"), ("backward", "backward"),
+                                             ("optimizer", "optimizer")], value="",
+                                    style={"button_width": "90px"}, tooltips=["the whole step", "zoom on forward",
+                                                                              "zoom on backward", "zoom on the optimizer step"])
+        self.zoom.add_class("memsave-timeline-zoom")
+        self.zoom.observe(lambda _ch: self._zoom(), "value")
         self.layers_plot = figures.layer_bars(baseline, baseline)
         self.history_plot = figures.history([baseline_entry], 0)
         self.history_plot.source.selected.on_change("indices", self._tapped)
         super().__init__([
             W.HBox([self.table, bokeh_widget(self.history_plot.figure)], layout=W.Layout(align_items="flex-start")),
             bokeh_widget(self.peak_plot.figure),
+            W.HBox([W.HTML("<small>timeline:</small>"), self.zoom], layout=W.Layout(align_items="center",
+                                                                                  flex_flow="row wrap")),
             bokeh_widget(self.timeline_plot.figure),
             bokeh_widget(self.layers_plot.figure),
         ])
@@ -91,7 +108,13 @@ class ResultsPanel(W.VBox):
         self.table.value = results_html(m, base)
         self.peak_plot.update(m, base)
         self.timeline_plot.update(m)
+        self._timeline_m = m
+        self._zoom()
         self.layers_plot.update(m, base)
+
+    def _zoom(self) -> None:
+        """Show one phase of the timeline across the whole width (or the whole step)."""
+        figures.zoom_timeline(self.timeline_plot, self._timeline_m, self.zoom.value or None)
 
     def show_history(self, entries: Sequence[Any], current: int | None) -> None:
         self._picking = True

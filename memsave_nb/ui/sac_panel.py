@@ -4,13 +4,21 @@ For the module selected in the layer table the panel lists each op type run in i
 its count, the bytes it kept in the baseline (eager) and under the current plan, its FLOPs, and a
 save/recompute toggle; the region presets sit on top. Edits go to the :class:`PlanEditor`.
 
+Before any run the panel says which ops SAC cannot keep and why (an output a later op changes in
+place, found by :mod:`memsave_nb.ui.sac_check`): their toggles are greyed out with the reason. When
+two presets are the same on this region (no matmuls in a CNN block) it says so and names the preset
+that keeps something.
+
 DOM hooks: ``.memsave-sac`` (the panel), ``.memsave-sac-title``, ``.memsave-sac-presets``,
-``.memsave-sac-op-<op slug>`` (one toggle per op, ``aten.mm`` -> ``aten-mm``).
+``.memsave-sac-op-<op slug>`` (one toggle per op, ``aten.mm`` -> ``aten-mm``),
+``.memsave-sac-advice`` (the notes on this region).
 """
 
 from __future__ import annotations
 
 import html
+import threading
+from typing import Callable
 
 import ipywidgets as W
 
@@ -18,6 +26,7 @@ from memsave_nb.measure import Measurement
 
 from .editor import REGION_CHOICES, PlanEditor, op_choice
 from .format import format_bytes, format_count
+from .sac_check import preset_advice
 from .tree import slug
 
 _COLS = (("op", 280), ("count", 60), ("kept (baseline)", 120), ("kept (now)", 110), ("FLOPs (op, step)", 130))
@@ -47,8 +56,16 @@ class _OpRow:
 
 
 class SacPanel(W.VBox):
-    def __init__(self, editor: PlanEditor):
+    """``unsavable(region) -> {op: reason}`` tells which ops SAC cannot keep in a region (None: not
+    checked, e.g. in fake mode)."""
+
+    def __init__(self, editor: PlanEditor, unsavable: Callable[[str], dict[str, str] | None] | None = None):
         self.editor = editor
+        self.unsavable = unsavable
+        self.blocked: dict[str, str] = {}
+        # the worker thread (a result) and the kernel thread (a selection) both rebuild: one at a
+        # time, or one's "syncing" flag ends while the other still sets toggles
+        self._lock = threading.RLock()
         self.module: str | None = None
         self._rows: dict[str, _OpRow] = {}
         self._syncing = False
@@ -61,18 +78,20 @@ class SacPanel(W.VBox):
         self.presets.observe(self._user_preset, "value")
         self.header = W.HTML("".join(_cell(f"<b>{h}</b>", w) for h, w in _COLS))
         self.ops_box = W.VBox()
+        self.advice = W.HTML("")
+        self.advice.add_class("memsave-sac-advice")
         self.note = W.HTML(
             "<small>Save keeps an op's outputs for backward; recompute runs the op again in backward. "
             "FLOPs are the op type's total over the whole step (not split per module).</small>"
         )
-        super().__init__([self.title, self.presets, self.header, self.ops_box, self.note])
+        super().__init__([self.title, self.presets, self.advice, self.header, self.ops_box, self.note])
         self.add_class("memsave-sac")
         self._set_enabled(False)
 
     def _set_enabled(self, on: bool) -> None:
         self.presets.disabled = not on
-        for r in self._rows.values():
-            r.toggle.disabled = not on
+        for op, r in self._rows.items():
+            r.toggle.disabled = not on or op in self.blocked
 
     # -- what to show ----------------------------------------------------------------------
     def show_module(self, module: str) -> None:
@@ -89,6 +108,10 @@ class SacPanel(W.VBox):
         return [o.op for o in self._baseline.ops_in(self.module)]
 
     def _rebuild(self) -> None:
+        with self._lock:
+            self._rebuild_locked()
+
+    def _rebuild_locked(self) -> None:
         if self.module is None or self._baseline is None:
             return
         name = self.module or "(model)"
@@ -99,6 +122,22 @@ class SacPanel(W.VBox):
         now = {o.op: o for o in (self._measurement or self._baseline).ops_in(self.module)}
         rows = []
         policy = self.editor.regions.get(self.module)
+        try:
+            blocked = self.unsavable(self.module) if self.unsavable is not None else None
+        except Exception as exc:  # noqa: BLE001 - advice only: say it could not be checked
+            blocked, unchecked = None, f"(could not check which ops can be kept: {type(exc).__name__}: {exc})"
+        else:
+            unchecked = "" if blocked is not None or self.unsavable is None else "(which ops SAC can keep is checked in real mode only)"
+        self.blocked = dict(blocked or {})
+        notes = []
+        for op, why in self.blocked.items():
+            notes.append(f"<li><code>{html.escape(op)}</code> cannot be saved: {html.escape(why)}.</li>")
+        advice = preset_advice([o.op for o in base_ops])
+        if advice:
+            notes.append(f"<li>{html.escape(advice)}</li>")
+        if unchecked:
+            notes.append(f"<li>{html.escape(unchecked)}</li>")
+        self.advice.value = f"<ul style='margin:2px 0;font-size:90%;color:#8a6d3b'>{''.join(notes)}</ul>" if notes else ""
         self._syncing = True
         try:
             if self.presets.value != key:
@@ -108,8 +147,10 @@ class SacPanel(W.VBox):
                 if r is None:
                     r = self._rows[o.op] = _OpRow(self, o.op)
                 cur = now.get(o.op)
+                why = self.blocked.get(o.op)
+                op_text = f"<code>{html.escape(o.op)}</code>" + (" <small style='color:#8a6d3b'>(cannot be saved)</small>" if why else "")
                 r.info.value = "".join([
-                    _cell(f"<code>{html.escape(o.op)}</code>", _COLS[0][1]),
+                    _cell(op_text, _COLS[0][1]),
                     _cell(format_count(o.count), _COLS[1][1], "right"),
                     _cell(format_bytes(o.saved_bytes), _COLS[2][1], "right"),
                     _cell(format_bytes(cur.saved_bytes if cur else 0), _COLS[3][1], "right"),
@@ -118,6 +159,8 @@ class SacPanel(W.VBox):
                 choice = op_choice(policy, o.op)
                 if r.toggle.value != choice:
                     r.toggle.value = choice
+                r.toggle.tooltips = (["cannot be saved: " + why] * 2) if why else [
+                    "keep this op's outputs for backward", "recompute them in backward"]
                 rows.append(r.box)
         finally:
             self._syncing = False
@@ -136,5 +179,8 @@ class SacPanel(W.VBox):
 
     def _user_op(self, op: str, choice: str) -> None:
         if self._syncing or self.module is None:
+            return
+        if choice == "save" and op in self.blocked:  # greyed out; refuse a programmatic click too
+            self._rebuild()
             return
         self.editor.set_op(self.module, op, choice)

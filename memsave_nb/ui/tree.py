@@ -124,7 +124,29 @@ class ModuleTree:
         frozen: list[str] = []
         trainable: list[str] = []
         self._cover(ROOT, frozen_params, frozen, trainable)
-        return frozen, trainable
+        changes = (compress_to_patterns(frozen, self.all_params), compress_to_patterns(trainable, self.all_params))
+        if not frozen_params or not (frozen or trainable):
+            return changes
+        # or: freeze everything, then name what trains ("*" then "*.bias" for BitFit); the shorter wins
+        trains = [p for p in self.all_params if p not in frozen_params]
+        t_fields: list[str] = []
+        self._cover_trainable(ROOT, set(trains), t_fields)
+        whole = (["*"], compress_to_patterns(t_fields, self.all_params))
+        return whole if len(whole[0]) + len(whole[1]) < len(changes[0]) + len(changes[1]) else changes
+
+    def _cover_trainable(self, module: str, on: set[str], out: list[str]) -> None:
+        """The shortest module/parameter names that select exactly the parameters ``on``."""
+        units = self.params[module]
+        if not any(u in on for u in units):
+            return
+        if all(u in on for u in units):
+            out.append(module if module != ROOT else "*")
+            return
+        for p in units:
+            if p.rpartition(".")[0] == module and p in on:
+                out.append(p)
+        for child in self.children[module]:
+            self._cover_trainable(child, on, out)
 
     def _cover(self, module: str, on: set[str], frozen: list[str], trainable: list[str]) -> None:
         units = self.params[module]
@@ -176,3 +198,30 @@ class ModuleTree:
 
         visit(ROOT)
         return out
+
+
+def compress_to_patterns(names: list[str], all_params: list[str], min_group: int = 3) -> list[str]:
+    """Replace parameter names that share a last part by one pattern when the pattern selects
+    exactly them: 57 ``"<layer>.bias"`` names of a BitFit plan become ``"*.bias"``. Names that are
+    not parameters (module names) and groups a pattern would over-select stay as they are."""
+    from memsave_nb.plan import selects
+
+    params = set(all_params)
+    groups: dict[str, list[str]] = {}
+    for n in names:
+        if n in params and "." in n:
+            groups.setdefault(n.rpartition(".")[2], []).append(n)
+    replaced: dict[str, str] = {}
+    for attr, members in groups.items():
+        if len(members) < min_group:
+            continue
+        pattern = f"*.{attr}"
+        if {p for p in all_params if selects(p, [pattern])} == set(members):
+            for n in members:
+                replaced[n] = pattern
+    out: list[str] = []
+    for n in names:
+        item = replaced.get(n, n)
+        if item not in out:
+            out.append(item)
+    return out

@@ -63,8 +63,10 @@ def assert_shows(ex: Explorer, m) -> None:
         assert ex.table.displayed_saved_bytes(name) == m.module(name).saved_bytes, name
     base = ex.baseline
     data = ex.results.layers_plot.source.data
-    assert data["saved_bytes"] == figures.layer_bars_data(m, base)["saved_bytes"]
-    assert data["name"] == [r.name for r in m.modules if r.is_leaf]
+    expected = figures.layer_bars_data(m, base, top=figures.DEFAULT_TOP)
+    assert data["saved_bytes"] == expected["saved_bytes"] and data["name"] == expected["name"]
+    assert sum(data["saved_bytes"]) == figures.kept_total(m)  # every byte in a bar: the header's total
+    assert sum(data["backward_bytes"]) == m.saved_bytes
     assert ex.results.timeline_plot.source.data["total"] == figures.timeline_data(shown)["total"]
     assert ex.results.peak_plot.source.data["total"] == [base.peak_bytes, shown.peak_bytes]
     for c in ("parameters", "gradients", "optimizer_state", "activations", "temporaries"):
@@ -199,7 +201,7 @@ def test_clicking_a_history_point_restores_that_plan(cnn):
     first = cnn.entry
     cnn.table.row("layers.2").region.value = "full"
     assert cnn.wait(120)
-    assert len(cnn.session.history) == 2
+    assert len(cnn.session.history) == 2, [e.plan.describe() for e in cnn.session.history]
     history = cnn.results.history_plot.source.data
     assert history["peak_bytes"] == [cnn.baseline.peak_bytes] + [e.measurement.peak_bytes for e in cnn.session.history]
     cnn.results.history_plot.source.selected.indices = [1]  # what a tap does
@@ -314,8 +316,13 @@ def test_a_failing_step_is_shown_in_the_widget_and_the_model_is_unchanged():
     assert ex.error_box.layout.display != "none" and "flaky layer" in ex.error_box.value
     assert ex.saved_bytes.value == shown  # the last good numbers stay
     assert before.differences(model) == [] and all(p.requires_grad for p in model.parameters())
-    # fixing the choice clears the error
-    ex.table.row("1").freeze.value = False
+    # the failing toggle does not stay on: the controls are back at the plan on display, and the
+    # code tab never shows the failed plan
+    assert ex.table.row("1").freeze.value is False and ex.plan.replace(name="") == Plan()
+    assert "change was undone" in ex.error_box.value
+    assert ex.session.history == [] and "freeze" not in ex.code_text.split("\n")[0]
+    # the next good choice clears the error
+    ex.table.row("0").freeze.value = True
     assert ex.wait(60) and ex.state == "done" and ex.error is None
     assert ex.error_box.layout.display == "none"
 
@@ -325,6 +332,8 @@ def test_nothing_to_differentiate_is_a_one_line_error_in_the_widget(cnn):
     cnn.table.row("").freeze.value = True  # every parameter frozen, input without grad
     assert cnn.run_now() is None
     assert cnn.state == "error" and "nothing to differentiate" in cnn.error
+    assert not cnn.table.row("").freeze.value  # undone
+    cnn.table.row("").freeze.value = True
     with pytest.raises(Exception, match="nothing to differentiate"):
         cnn.run_now(raise_errors=True)
 

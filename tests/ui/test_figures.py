@@ -27,7 +27,8 @@ def cnn():
 
 def _frozen_first(m, name="0"):
     """The same measurement with one module's saved bytes changed (a fake "plan" result)."""
-    modules = tuple(dataclasses.replace(r, saved_bytes=r.saved_bytes + 4096) if r.name == name else r for r in m.modules)
+    modules = tuple(dataclasses.replace(r, saved_bytes=r.saved_bytes + 4096, saved_bytes_own=r.saved_bytes_own + 4096)
+                    if r.name == name else r for r in m.modules)
     return dataclasses.replace(m, modules=modules)
 
 
@@ -64,35 +65,77 @@ def test_format_helpers():
 # -- per-layer bars --------------------------------------------------------------------------
 def test_layer_bars_data_equals_measurement(mlp):
     data = F.layer_bars_data(mlp)
-    leaves = [r for r in mlp.modules if r.is_leaf]
-    assert data["name"] == [r.name for r in leaves]
-    assert data["saved_bytes"] == [r.saved_bytes for r in leaves]
-    assert data["share"] == [r.saved_bytes / mlp.saved_bytes for r in leaves]
-    assert data["delta_bytes"] == [0] * len(leaves)
-    assert data["saved_bytes"][1] == 256 * 1024 * 4  # ReLU keeps its float output: (256, 1024) float32
+    # every leaf, and a parent's own bytes as their own bar (the root's loss here)
+    rows = [r for r in mlp.modules if r.is_leaf or r.saved_bytes_own or r.output_bytes_own]
+    total = F.kept_total(mlp)  # saved for backward + outputs and caches
+    assert data["name"] == [r.name if r.is_leaf else f"{r.name} (own)" if r.name else "(own)" for r in rows]
+    assert data["backward_bytes"] == [r.saved_bytes_own for r in rows]
+    assert data["output_bytes"] == [r.output_bytes_own for r in rows]
+    assert data["saved_bytes"] == [r.saved_bytes_own + r.output_bytes_own for r in rows]
+    assert data["share"] == [(r.saved_bytes_own + r.output_bytes_own) / total for r in rows]
+    assert data["delta_bytes"] == [0] * len(rows)
+    assert data["saved_bytes"][data["name"].index("1")] == 256 * 1024 * 4  # ReLU keeps its float output
+    assert sum(data["saved_bytes"]) == total  # every byte in exactly one bar
+    assert sum(data["backward_bytes"]) == mlp.saved_bytes
     lengths = {len(v) for v in data.values()}
-    assert lengths == {len(leaves)}
+    assert lengths == {len(rows)}
 
 
 def test_layer_bars_all_and_top(cnn):
     every = F.layer_bars_data(cnn, leaves_only=False)
     assert every["name"] == [r.name for r in cnn.modules]
-    assert every["saved_bytes"][0] == cnn.saved_bytes  # the root rolls everything up
+    assert every["saved_bytes"][0] == F.kept_total(cnn)  # the root rolls everything up
     top = F.layer_bars_data(cnn, top=3)
-    assert len(top["name"]) == 3
-    biggest = sorted((r.saved_bytes for r in cnn.modules if r.is_leaf), reverse=True)[:3]
-    assert sorted(top["saved_bytes"], reverse=True) == biggest
+    assert len(top["name"]) == 3 and top["name"][-1] == F.OTHERS_NAME
+    own = [r.saved_bytes_own + r.output_bytes_own for r in cnn.modules
+           if r.is_leaf or r.saved_bytes_own or r.output_bytes_own]
+    biggest = sorted(own, reverse=True)[:2]
+    assert sorted(top["saved_bytes"][:2], reverse=True) == biggest
+    assert top["label"][-1] == f"+{len(own) - 2} others"
+    assert sum(top["saved_bytes"]) == F.kept_total(cnn)  # the rest summed, not dropped
 
 
-def test_layer_bars_baseline_delta(mlp):
-    after = _frozen_first(mlp, "1")
-    data = F.layer_bars_data(after, baseline=mlp)
-    i = data["name"].index("1")
-    assert data["delta_bytes"][i] == 4096
-    assert data["baseline_bytes"][i] == mlp.module("1").saved_bytes
-    assert data["delta_label"][i] == "+4.0 KiB"
-    assert data["color"][i] == F.MORE_COLOR
-    assert sum(data["delta_bytes"]) == 4096
+def test_layer_bars_count_bytes_made_in_parent_modules():
+    """nn.TransformerEncoder: attention runs inside MultiheadAttention's own forward (its only
+    child, out_proj, is never called), so the leaves hold a fraction of the bytes; the bars must
+    hold them all, with the attention as "layers.0.self_attn (own)"."""
+    import torch
+    from torch import nn
+
+    from memsave_nb import Workload
+
+    torch.manual_seed(0)
+    enc = nn.TransformerEncoder(nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True), 2,
+                                enable_nested_tensor=False)
+    m = measure(Workload(enc, torch.randn(4, 16, 32)), repeats=0)
+    leaves = sum(r.saved_bytes for r in m.modules if r.is_leaf)
+    assert leaves < m.saved_bytes / 2  # the chart of leaves left most bytes out
+    data = F.layer_bars_data(m)
+    assert sum(data["saved_bytes"]) == F.kept_total(m) and sum(data["backward_bytes"]) == m.saved_bytes
+    i = data["name"].index("layers.0.self_attn (own)")
+    assert data["backward_bytes"][i] == m.module("layers.0.self_attn").saved_bytes_own > 0
+    assert data["label"][i] == "layers.0.self_attn (own) (MultiheadAttention)"
+    for top in (1, 3, 8):
+        capped = F.layer_bars_data(m, m, top=top)
+        assert len(capped["name"]) == top and sum(capped["saved_bytes"]) == F.kept_total(m)
+        assert capped["delta_bytes"] == [0] * top  # the baseline's "others" is summed the same way
+    plot = F.layer_bars(m, top=5)
+    assert sum(plot.source.data["saved_bytes"]) == F.kept_total(m)
+
+
+def test_layer_bars_split_outputs_from_saved_for_backward(mlp):
+    """Outputs and caches (``output_bytes_own``, not saved for backward) are bars' own segment and
+    part of the total the bars sum to."""
+    outs = {r.name: (r.saved_bytes_own // 4 if r.is_leaf else 0) for r in mlp.modules}
+    modules = tuple(dataclasses.replace(r, output_bytes_own=outs[r.name]) for r in mlp.modules)
+    m = dataclasses.replace(mlp, modules=modules, output_bytes=sum(outs.values()))
+    data = F.layer_bars_data(m)
+    assert sum(data["backward_bytes"]) == m.saved_bytes
+    assert sum(data["output_bytes"]) == m.output_bytes > 0
+    assert sum(data["saved_bytes"]) == F.kept_total(m) == m.saved_bytes + m.output_bytes
+    assert [b + o for b, o in zip(data["backward_bytes"], data["output_bytes"])] == data["saved_bytes"]
+    capped = F.layer_bars_data(m, top=3)
+    assert sum(capped["saved_bytes"]) == F.kept_total(m) and sum(capped["output_bytes"]) == m.output_bytes
 
 
 def test_layer_bars_plot_updates_in_place(mlp):
