@@ -165,7 +165,7 @@ nothing with stock PyTorch layers?
 explorer = explore(session)
 explorer
 """),
-    md("**Answer**, folded: run the cell below (its code is collapsed), then click *Show the answer*."),
+    md("**Answer**, folded: click *Show the answer* below (in JupyterLab, run the collapsed cell under this one first; as an app it is already there)."),
     answer(r"""
 stem = session.run(Plan(name="freeze stem", frozen=("stem",))).measurement
 stage = session.run(Plan(name="freeze layers.0", frozen=("layers.0",))).measurement
@@ -336,7 +336,7 @@ weight and bias are frozen?
 explorer = explore(session)
 explorer
 """),
-    md("**Answer**, folded: run the cell below (its code is collapsed), then click *Show the answer*."),
+    md("**Answer**, folded: click *Show the answer* below (in JupyterLab, run the collapsed cell under this one first; as an app it is already there)."),
     answer(r"""
 train_bn = saved["input only", "memsave"]
 eval_bn = saved["input only, BN eval", "memsave"]
@@ -505,7 +505,7 @@ memory against full checkpointing, and what does it buy?
 explorer = explore(session)
 explorer
 """),
-    md("**Answer**, folded: run the cell below (its code is collapsed), then click *Show the answer*."),
+    md("**Answer**, folded: click *Show the answer* below (in JupyterLab, run the collapsed cell under this one first; as an app it is already there)."),
     answer(r"""
 full, rec, mm = (results[k] for k in ("full", "recompute_all", "save_matmuls"))
 out.append(f"full {format_bytes(full.saved_bytes)}, recompute all {format_bytes(rec.saved_bytes)}, "
@@ -652,7 +652,7 @@ can": why does the compiled one keep less?
 explorer = explore(session)
 explorer
 """),
-    md("**Answer**, folded: run the cell below (its code is collapsed), then click *Show the answer*."),
+    md("**Answer**, folded: click *Show the answer* below (in JupyterLab, run the collapsed cell under this one first; as an app it is already there)."),
     answer(r"""
 out.append(f"compiled, budget 0: {format_bytes(compiled[0.0].saved_bytes)}; "
       f"eager full AC: {format_bytes(eager['eager, full AC'].saved_bytes)}; eager: {format_bytes(baseline.saved_bytes)}")
@@ -832,7 +832,7 @@ and which would you pick if the peak must drop below half of full fine-tuning's?
 explorer = explore(session)
 explorer
 """),
-    md("**Answer**, folded: run the cell below (its code is collapsed), then click *Show the answer*."),
+    md("**Answer**, folded: click *Show the answer* below (in JupyterLab, run the collapsed cell under this one first; as an app it is already there)."),
     answer(r"""
 full = entries["full fine-tuning"].measurement.peak_bytes
 for label in ("LoRA adapters", "bias only (BitFit)", "last block"):
@@ -987,7 +987,7 @@ session = Session(workload, mode="fake")
 explorer = explore(session)
 explorer
 """),
-    md("**Answer**, folded: run the cell below (its code is collapsed), then click *Show the answer*."),
+    md("**Answer**, folded: click *Show the answer* below (in JupyterLab, run the collapsed cell under this one first; as an app it is already there)."),
     answer(r"""
 last = session.run(presets.last_blocks(model, 1)).measurement
 fits = [g for g in GPUS if last.peak_bytes <= HEADROOM * g * GiB]
