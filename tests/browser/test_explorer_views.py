@@ -38,7 +38,7 @@ small = explore(mlp, torch.randn(8, 32), repeats=1, debounce_s=0.05)
 small""",
 ]
 
-FIGURES_PER_EXPLORER = 5  # history, peak split, timeline, layer bars, budget sweep
+FIGURES_PER_EXPLORER = 6  # history, peak split, timeline, layer bars, budget sweep, the planner's Pareto front
 
 COUNT_CANVASES = """(explorer) => [...explorer.querySelectorAll('.memsave-bokeh')].map(fig => {
   let n = 0;

@@ -46,7 +46,8 @@ def test_explorer_has_a_gpus_tab_sizing_its_current_plan():
 
     wl = blocks_workload()
     ex = Explorer(Session(wl, repeats=0), live=False)
-    assert TAB_TITLES[-1] == "GPUs" and ex.tabs.children[-1] is ex.gpus
+    gpus_tab = TAB_TITLES.index("GPUs")
+    assert ex.tabs.children[gpus_tab] is ex.gpus and ex.tabs.get_title(gpus_tab) == "GPUs"
     ex.set_plan(Plan(frozen=("blocks.0",)))
     ex.gpus.gpus.value = 4
     ex.gpus.wait(120)

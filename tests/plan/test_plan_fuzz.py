@@ -180,7 +180,14 @@ _OWN = _identifiers(
          compile_budget=0.5).to_code()
 )
 _ONE = _identifiers(Plan(regions={"f": "save_matmuls"}).to_code())  # one policy: policy_fn, POLICY_FN_SAVE
-VOCABULARY = _OWN[0] | _OWN[1] | _ONE[0] | _ONE[1]
+# the workload knobs' code (memsave_nb.knobs): every precision and optimizer the plan format accepts
+_KNOBS = [
+    _identifiers(Plan(batch_size=2, seq_len=4, precision=precision, optimizer=optimizer, accumulation_steps=2,
+                      set_to_none=False, regions={"e": "offload"}).to_code())
+    for precision in ("fp32", "autocast_bf16", "autocast_fp16", "bf16", "bf16_master")
+    for optimizer in ("adamw", "adamw_foreach", "adamw_fused", "sgd_momentum", "sgd", "adafactor")
+]
+VOCABULARY = _OWN[0] | _OWN[1] | _ONE[0] | _ONE[1] | set().union(*(a | b for a, b in _KNOBS))
 FORBIDDEN_NAMES = {"os", "__import__", "exec", "eval", "open", "compile", "subprocess", "PWNED", "breakpoint",
                    "globals"}
 FORBIDDEN_ATTRS = {"system", "popen", "Popen", "remove", "rmtree"}

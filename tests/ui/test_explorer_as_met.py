@@ -45,7 +45,7 @@ def cnn():
 # -- 1. every figure brings BokehJS with it ------------------------------------------------------
 def test_every_figure_widget_carries_the_bokehjs_loader(cnn):
     figs = [w for w in walk(cnn) if isinstance(w, BokehFigure)]
-    assert len(figs) == 5  # history, peak split, timeline, layer bars, budget sweep
+    assert len(figs) == 6  # history, peak split, timeline, layer bars, budget sweep, Pareto front (Fit a GPU)
     loader = bokehjs_loader()
     for f in figs:
         assert f.children[0] is loader  # first: its view is made before the figure's
