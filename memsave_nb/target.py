@@ -89,7 +89,7 @@ class Target:
         return f"{word} ({share:.0%} of {self.headroom:.0%} x {self.label})"
 
     def line(self) -> str:
-        from memsave_nb.ui.format import format_bytes  # formatting only, no widgets
+        from memsave_nb.units import format_bytes  # formatting only, no widgets
 
         return (
             f"target {self.label}: plans must stay under {format_bytes(self.usable_bytes)} "
@@ -224,7 +224,7 @@ def _current(fn: Callable[[], int], default: int) -> int:
 
 def cli_target_lines(workload: "Workload", plan: "Plan", measurement: "Measurement", args: Any) -> str:
     """The CLI's target section: the headroom line, fits / does not fit, max batch / sequence."""
-    from memsave_nb.ui.format import format_bytes
+    from memsave_nb.units import format_bytes
 
     if args.target_gb is None:
         raise PlanError("--max-batch and --max-seq need --target-gb")

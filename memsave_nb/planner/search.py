@@ -82,7 +82,7 @@ class PlannerResult:
         return [c for c in self.candidates if c.fits]
 
     def summary(self) -> str:
-        from memsave_nb.ui.format import format_bytes
+        from memsave_nb.units import format_bytes
 
         lines = [
             f"planner: {len(self.candidates)} candidate plans, {len(self.fitting)} fit {self.target.label} "
