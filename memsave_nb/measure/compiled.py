@@ -19,12 +19,18 @@ On CUDA the allocator's own peak (``torch.cuda.max_memory_allocated``) is report
 Per-module and per-op attribution is not available for compiled steps: module rows carry
 parameter counts and the root row the total.
 
-The first call compiles (slow); it runs untracked before the measured step. The model is left
-exactly as it was (values, grads, flags, modes), as with :func:`memsave_nb.measure.measure`.
+The first call compiles (slow); it runs untracked before the measured step. As with
+:func:`memsave_nb.measure.measure`, the measured step is training's steady state by default: one
+profiled first step makes the optimizer's state (its peak is ``first_step_peak_bytes``), grads are
+cleared per ``Workload.set_to_none``, and the second step is the one measured, with the optimizer
+state (and zeroed grads) counted from its start. ``accumulation_steps`` k runs k micro-steps
+(forward, loss / k, backward) before the optimizer, as the engine does. The model is left exactly
+as it was (values, grads, flags, modes).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import threading
 import time
@@ -55,33 +61,47 @@ def measure_compiled(
     repeats: int = 3,
     warmup: int = 2,
     cancel_event: threading.Event | None = None,
+    steady_state: bool = True,
 ) -> Measurement:
     """Measure one training step of ``workload`` (its model compiled or not) from the profiler's
     memory events; ``repeats`` untracked steps give the median step time.
 
-    ``warmup`` untimed steps run first so that compilation is not measured.
+    ``warmup`` untimed steps run first so that compilation is not measured. ``steady_state``: see
+    the module docstring (``False`` measures the first step, optimizer state made inside it).
     """
     if mode != "real":
         raise WorkloadError("a compiled step can only be measured for real (mode='real'): fake tensors do not compile")
+    if not isinstance(steady_state, bool):
+        raise WorkloadError(f"steady_state must be True or False, got {steady_state!r}")
     model = original_model(workload.model)
     snapshot = ModelSnapshot.capture(model, copy_values=True)
+    first_peak = None
     try:
         for _ in range(max(0, warmup)):
             _check(cancel_event)
-            _run_step(workload, cancel_event, profile=False)
+            _Loop(workload, cancel_event).step(profile=False)
             snapshot.restore(model)
-        events, marks, grad_ptrs, opt_ptrs, cuda = _run_step(workload, cancel_event, profile=True)
+        loop = _Loop(workload, cancel_event)
+        if steady_state:
+            first = loop.step(profile=True)
+            first_peak = _peak_of(first)
+            loop.zero_grad()
+        profiled = loop.step(profile=True)
+        del loop
         snapshot.restore(model)
         times = []
         for _ in range(max(0, repeats)):
             _check(cancel_event)
             start = time.perf_counter()
-            _run_step(workload, cancel_event, profile=False)
+            _Loop(workload, cancel_event).step(profile=False)
             times.append(time.perf_counter() - start)
             snapshot.restore(model)
     finally:
         snapshot.restore(model)
-    return _summarise(workload, model, events, marks, grad_ptrs, opt_ptrs, cuda, times)
+    m = _summarise(workload, model, profiled, times)
+    if first_peak is None:
+        first_peak = m.peak_bytes
+    return dataclasses.replace(m, first_step_peak_bytes=first_peak, steady_state=steady_state)
 
 
 def _check(cancel_event: threading.Event | None) -> None:
@@ -89,99 +109,159 @@ def _check(cancel_event: threading.Event | None) -> None:
         raise Cancelled("run cancelled")
 
 
-def _run_step(workload: Workload, cancel_event: threading.Event | None, *, profile: bool) -> Any:
-    from torch.profiler import ProfilerActivity, record_function
+class _Profiled:
+    """What one profiled step left: allocation events, phase marks, which storages are grads /
+    optimizer state / outputs at the end, the bytes that existed before it, CUDA's own figures."""
 
-    model = original_model(workload.model)
-    for p in model.parameters():
-        p.grad = None
-    on_cuda = torch.device(workload.device).type == "cuda"
-    optimizer = workload.make_optimizer()
-    batch = workload.make_batch()
-    static = _static_bytes(model, batch)
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_cuda else [])
-    cuda: dict[str, int] = {}
-    phase = "forward"
-    if on_cuda:
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        cuda["baseline"] = torch.cuda.memory_allocated()
-    prof = torch.profiler.profile(activities=activities, profile_memory=True, record_shapes=False) if profile else None
-    try:
-        if prof is not None:
-            prof.__enter__()
+    def __init__(self, events, marks, grad_ptrs, opt_ptrs, out_ptrs, static, cuda):
+        self.events, self.marks = events, marks  # marks: name -> [(start ns, end ns), ...]
+        self.grad_ptrs, self.opt_ptrs, self.out_ptrs = grad_ptrs, opt_ptrs, out_ptrs
+        self.static, self.cuda = static, cuda
+
+
+class _Loop:
+    """One training loop: the optimizer is made once and keeps its state from step to step."""
+
+    def __init__(self, workload: Workload, cancel_event: threading.Event | None):
+        self.workload = workload
+        self.cancel_event = cancel_event
+        self.model = original_model(workload.model)
+        for p in self.model.parameters():
+            p.grad = None
+        self.optimizer = workload.make_optimizer()
+
+    def zero_grad(self) -> None:
+        """Between steps, as ``zero_grad(set_to_none=workload.set_to_none)`` does."""
+        for p in self.model.parameters():
+            if p.grad is None:
+                continue
+            if self.workload.set_to_none:
+                p.grad = None
+            else:
+                p.grad.detach_()
+                p.grad.zero_()
+
+    def step(self, *, profile: bool) -> _Profiled | None:
+        from torch.profiler import ProfilerActivity, record_function
+
+        workload, model, optimizer = self.workload, self.model, self.optimizer
+        on_cuda = torch.device(workload.device).type == "cuda"
+        k = workload.accumulation_steps
+        # what exists before the step: parameters, the optimizer's state, grads kept as zeros
+        static = _static_bytes(model, optimizer)
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_cuda else [])
+        cuda: dict[str, int] = {}
+        phase = "forward"
+        out_ptrs: set[int] = set()
+        batch_storages: dict[int, int] = {}
+        if on_cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            cuda["baseline"] = torch.cuda.memory_allocated()
+        prof = torch.profiler.profile(activities=activities, profile_memory=True, record_shapes=False) if profile else None
         try:
-            with record_function(_MARK + "forward"):
-                output = workload.forward(batch)
-                loss = workload.compute_loss(output)
-            out_ptrs = {_ptr(t) for t in iter_output_tensors((output, loss))}
-            if not loss.requires_grad:
-                raise WorkloadError("the loss does not depend on anything that requires grad")
-            _check(cancel_event)
-            phase = "backward"
-            with record_function(_MARK + "backward"):
-                loss.backward()
-            _check(cancel_event)
-            if optimizer is not None:
-                phase = "optimizer"
-                with record_function(_MARK + "optimizer"):
-                    optimizer.step()
-            if on_cuda:
-                torch.cuda.synchronize()
-                cuda["peak"] = torch.cuda.max_memory_allocated()
-        finally:
             if prof is not None:
-                prof.__exit__(None, None, None)
-    except (MemsaveError, KeyboardInterrupt):
-        raise
-    except Exception as exc:  # noqa: BLE001 - reworded with the phase, cause kept
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        kind = "out of memory" if isinstance(exc, torch.OutOfMemoryError) else type(exc).__name__
-        raise StepError(f"compiled step failed during {phase}: {kind}: {first}", phase=phase, cause=exc) from exc
-    if prof is None:
-        return None
-    grad_ptrs = {_ptr(p.grad) for p in model.parameters() if p.grad is not None}
-    opt_ptrs = set()
-    if optimizer is not None:
-        opt_ptrs = {_ptr(t) for s in optimizer.state.values() for t in iter_tensors(s)}
-    events, marks = _memory_events(prof, torch.device(workload.device).type)
-    cuda["static"] = static  # type: ignore[assignment]
-    del output, loss, optimizer
-    cuda["out_ptrs"] = out_ptrs  # type: ignore[assignment]
-    return events, marks, grad_ptrs, opt_ptrs, cuda
+                prof.__enter__()
+            try:
+                for micro in range(k):
+                    # the batch exists before its micro-step in a loop: made outside the marks
+                    with record_function(_MARK + "batch"):
+                        batch = workload.make_batch()
+                    if micro == k - 1:
+                        batch_storages = {_ptr(t): t.untyped_storage().nbytes() for t in iter_tensors(batch)}
+                    phase = "forward"
+                    with record_function(_MARK + ("forward" if micro == k - 1 else "micro")):
+                        output = workload.forward(batch)
+                        loss = workload.compute_loss(output)
+                        if k > 1:
+                            loss = loss / k
+                    if micro == k - 1:
+                        out_ptrs = {_ptr(t) for t in iter_output_tensors((output, loss))}
+                    if not loss.requires_grad:
+                        raise WorkloadError("the loss does not depend on anything that requires grad")
+                    _check(self.cancel_event)
+                    phase = "backward"
+                    with record_function(_MARK + ("backward" if micro == k - 1 else "micro")):
+                        loss.backward()
+                    _check(self.cancel_event)
+                    if micro < k - 1:
+                        del output, loss, batch
+                if optimizer is not None:
+                    phase = "optimizer"
+                    with record_function(_MARK + "optimizer"):
+                        optimizer.step()
+                if on_cuda:
+                    torch.cuda.synchronize()
+                    cuda["peak"] = torch.cuda.max_memory_allocated()
+            finally:
+                if prof is not None:
+                    prof.__exit__(None, None, None)
+        except (MemsaveError, KeyboardInterrupt):
+            raise
+        except Exception as exc:  # noqa: BLE001 - reworded with the phase, cause kept
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            kind = "out of memory" if isinstance(exc, torch.OutOfMemoryError) else type(exc).__name__
+            raise StepError(f"compiled step failed during {phase}: {kind}: {first}", phase=phase, cause=exc) from exc
+        if prof is None:
+            return None
+        grad_ptrs = {_ptr(p.grad) for p in model.parameters() if p.grad is not None}
+        opt_ptrs = set()
+        if optimizer is not None:
+            opt_ptrs = {_ptr(t) for s in optimizer.state.values() for t in iter_tensors(s)}
+        events, marks = _memory_events(prof, torch.device(workload.device).type)
+        # the batch's storages made inside the step are counted from their events; the rest
+        # (a batch of the user's tensors, the same every step) existed before it
+        made = {ptr for t, ptr, size in events if size > 0 and any(a <= t <= b for a, b in marks.get("batch", []))}
+        static["inputs"] = sum(n for ptr, n in batch_storages.items() if ptr not in made)
+        return _Profiled(events, marks, grad_ptrs, opt_ptrs, out_ptrs, static, cuda)
 
 
 def _ptr(t: torch.Tensor) -> int:
     return t.untyped_storage().data_ptr()
 
 
-def _static_bytes(model: nn.Module, batch: Any) -> dict[str, int]:
+def _nbytes(tensors, seen: set) -> int:
+    total = 0
+    for t in tensors:
+        if t is None:
+            continue
+        s = t.untyped_storage()
+        key = id(s) if s.data_ptr() == 0 else s.data_ptr()
+        if key in seen:
+            continue
+        seen.add(key)
+        total += s.nbytes()
+    return total
+
+
+def _static_bytes(model: nn.Module, optimizer: Any) -> dict[str, int]:
     seen: set[int] = set()
-
-    def nbytes(tensors) -> int:
-        total = 0
-        for t in tensors:
-            if t is None:
-                continue
-            s = t.untyped_storage()
-            key = id(s) if s.data_ptr() == 0 else s.data_ptr()
-            if key in seen:
-                continue
-            seen.add(key)
-            total += s.nbytes()
-        return total
-
-    params = nbytes(list(model.parameters()) + list(model.buffers()))
-    inputs = nbytes(iter_tensors(batch))
-    return {"parameters": params, "inputs": inputs}
+    params = _nbytes(list(model.parameters()) + list(model.buffers()), seen)
+    state = _nbytes((t for s in optimizer.state.values() for t in iter_tensors(s)), seen) if optimizer is not None else 0
+    grads = _nbytes((p.grad for p in model.parameters()), seen)
+    return {"parameters": params, "optimizer_state": state, "gradients": grads, "inputs": 0}
 
 
-def _memory_events(prof: Any, device_type: str) -> tuple[list[tuple[int, int, int]], dict[str, tuple[int, int]]]:
-    """(time ns, ptr, +/- bytes) for allocations on ``device_type``; the phase marks' (start, end)."""
+def _peak_of(step: _Profiled) -> int:
+    """The step's peak live bytes: what existed before it plus its own allocations' running sum."""
+    live = peak = sum(step.static.values())
+    born: dict[int, int] = {}
+    for _, ptr, size in step.events:
+        if size > 0:
+            born[ptr] = size
+            live += size
+        elif ptr in born:
+            live -= born.pop(ptr)
+        peak = max(peak, live)
+    return peak
+
+
+def _memory_events(prof: Any, device_type: str) -> tuple[list[tuple[int, int, int]], dict[str, list[tuple[int, int]]]]:
+    """(time ns, ptr, +/- bytes) for allocations on ``device_type``; each mark's (start, end)s in time order."""
     from torch._C._profiler import _EventType
 
     events: list[tuple[int, int, int]] = []
-    marks: dict[str, tuple[int, int]] = {}
+    marks: dict[str, list[tuple[int, int]]] = {}
     stack = list(prof.profiler.kineto_results.experimental_event_tree())
     while stack:
         e = stack.pop()
@@ -191,24 +271,19 @@ def _memory_events(prof: Any, device_type: str) -> tuple[list[tuple[int, int, in
             if f.device.type == device_type and f.alloc_size != 0:
                 events.append((e.start_time_ns, f.ptr, f.alloc_size))
         elif e.name.startswith(_MARK):
-            marks[e.name[len(_MARK):]] = (e.start_time_ns, e.end_time_ns)
+            marks.setdefault(e.name[len(_MARK):], []).append((e.start_time_ns, e.end_time_ns))
     # stable in time; at equal times keep allocations after frees of the same pointer
     events.sort(key=lambda ev: (ev[0], ev[2] > 0))
+    for spans in marks.values():
+        spans.sort()
     return events, marks
 
 
-def _summarise(
-    workload: Workload,
-    model: nn.Module,
-    events: list[tuple[int, int, int]],
-    marks: dict[str, tuple[int, int]],
-    grad_ptrs: set[int],
-    opt_ptrs: set[int],
-    cuda: dict[str, Any],
-    times: list[float],
-) -> Measurement:
-    static = cuda.pop("static")
-    out_ptrs = cuda.pop("out_ptrs", set())
+def _summarise(workload: Workload, model: nn.Module, step: _Profiled, times: list[float]) -> Measurement:
+    events, cuda, static = step.events, step.cuda, step.static
+    grad_ptrs, opt_ptrs, out_ptrs = step.grad_ptrs, step.opt_ptrs, step.out_ptrs
+    marks = {name: spans[-1] for name, spans in step.marks.items()}  # the last micro-step's phases
+    batch_spans = step.marks.get("batch", [])
     fwd_start, fwd_end = marks.get("forward", (0, 0))
 
     def phase_of(t: int) -> str:
@@ -231,7 +306,9 @@ def _summarise(
                 rec["died"] = t
     for rec in allocs:
         alive_at_fwd_end = rec["born"] <= fwd_end and (rec["died"] is None or rec["died"] > fwd_end)
-        if rec["died"] is None and rec["ptr"] in grad_ptrs:
+        if any(lo <= rec["born"] <= hi for lo, hi in batch_spans):
+            rec["kind"] = "inputs"
+        elif rec["died"] is None and rec["ptr"] in grad_ptrs:
             rec["kind"] = "gradients"
         elif rec["died"] is None and rec["ptr"] in opt_ptrs:
             rec["kind"] = "optimizer_state"
@@ -243,8 +320,8 @@ def _summarise(
     # 2. replay: live bytes per category after each event
     by_ptr_live: dict[int, dict[str, Any]] = {}
     current = {c: 0 for c in CATEGORIES}
-    current["parameters"] = static["parameters"]
-    current["inputs"] = static["inputs"]
+    for category, value in static.items():
+        current[category] += value
     series: dict[str, list[int]] = {c: [] for c in CATEGORIES}
     phases: list[str] = []
     phase_starts: dict[str, int] = {}

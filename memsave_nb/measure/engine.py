@@ -79,7 +79,7 @@ def measure(
             raise WorkloadError("a torch.compile'd model cannot be measured in fake mode; measure it in real mode")
         from .compiled import measure_compiled
 
-        return measure_compiled(workload, mode=mode, repeats=repeats, cancel_event=cancel_event)
+        return measure_compiled(workload, mode=mode, repeats=repeats, cancel_event=cancel_event, steady_state=steady_state)
     model = workload.model
     with model_lock(model):  # a concurrent fake-mode run swaps the parameters: check inside the lock
         if mode == "real" and _has_fake_tensors(model):
