@@ -651,7 +651,23 @@ def _summarise(tracker: MemoryTracker, workload: Workload, mode: str, times: lis
         output_parts=parts,
         first_step_peak_bytes=first_step_peak,
         steady_state=steady_state,
-        advice=advice_for(parts, saved_total + output_total, max(peak, 0)),
+        advice=advice_for(parts, saved_total + output_total, max(peak, 0)) + autocast_advice(workload, ops, saved_total),
+    )
+
+
+def autocast_advice(workload: Workload, ops: tuple[OpStats, ...], saved_bytes: int) -> tuple[str, ...]:
+    """Under ``torch.autocast`` each matmul saves the low-precision copies of its operands that
+    autocast made (``aten._to_copy``), weights included: a model of large weights and small batches
+    can keep more than in fp32. One hint when those copies are a large share of what is saved."""
+    if getattr(workload, "autocast_dtype", None) is None or saved_bytes <= 0:
+        return ()
+    casts = sum(o.saved_bytes for o in ops if o.op == "aten._to_copy")
+    if casts < ADVICE_SHARE * saved_bytes:
+        return ()
+    return (
+        f"{_mib(casts)} ({casts / saved_bytes:.0%} of the saved bytes) are autocast's low-precision copies of weights "
+        "and inputs (aten._to_copy), kept for backward; parameters held in bf16 (precision 'bf16' or 'bf16_master') "
+        "need no weight copies",
     )
 
 
