@@ -102,7 +102,7 @@ def format_report(measurement, *, title: str, top: int | None = None) -> str:
     m = measurement
     headers, rows = layer_table(m, top=top)
     layers = render_table(headers, rows, right={3, 4, 5})
-    caption = f"(the {len(rows)} layers with the most saved activations)" if top is not None else ""
+    caption = f"(the {len(rows)} modules whose own ops save the most)" if top is not None else ""
     split_headers, split_rows = split_table(m)
     split_rows.append(["total", format_bytes(m.peak_bytes), "100.0%"])
     lines = [

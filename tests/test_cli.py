@@ -95,3 +95,19 @@ def test_help_exits_0(capsys):
     assert cli.main(["report", "--help"]) == 0
     assert "--model NAME" in capsys.readouterr().out
     assert cli.main([]) == 2
+
+
+def test_top_table_lists_a_parents_own_ops_once():
+    """--top ranks modules by what their own ops save: the zoo GPT's attention softmax/matmuls run
+    in CausalSelfAttention.forward, not in a leaf, and were invisible in a leaves-only table."""
+    from memsave_nb import measure, zoo
+    from memsave_nb.ui.format import layer_table
+
+    m = measure(zoo.make("gpt"), mode="fake")
+    _, rows = layer_table(m, top=len(m.modules))
+    names = [r[0] for r in rows]
+    assert "blocks.0.attn (own ops)" in names[:4]
+    # every byte appears in exactly one row: the rows add up to the whole saved total
+    by_name = {x.name: x for x in m.modules}
+    listed = sum(by_name[n.replace(" (own ops)", "").replace("(model)", "")].saved_bytes_own for n in names)
+    assert listed == m.saved_bytes

@@ -97,14 +97,18 @@ def layer_table(measurement, *, top: int | None = None, baseline=None) -> tuple[
     """The per-layer table as text cells: every module in ``named_modules()`` order, indented by
     depth, with trainable parameters summed over its subtree and saved activations rolled up.
 
-    ``top=N`` keeps the N leaf layers with the most saved activations instead, largest first.
+    ``top=N`` keeps instead the N modules whose own ops save the most, largest first: leaves, and
+    parents whose forward runs ops of its own (an attention's matmuls and softmax, a residual
+    add), shown as "name (own ops)" with only those bytes, so no byte is listed twice.
     With a ``baseline`` measurement a "vs baseline" column is added.
     """
     total = measurement.saved_bytes
     trainable = _subtree_sum(measurement.modules, "trainable_params")
+    own_only = set()
     if top is not None:
-        leaves = [m for m in measurement.modules if m.is_leaf]
-        chosen = sorted(leaves, key=lambda m: -m.saved_bytes)[: max(0, top)]
+        ranked = [m for m in measurement.modules if m.is_leaf or m.saved_bytes_own > 0]
+        chosen = sorted(ranked, key=lambda m: -m.saved_bytes_own)[: max(0, top)]
+        own_only = {m.name for m in chosen if not m.is_leaf}
         indent = False
     else:
         chosen = list(measurement.modules)
@@ -114,13 +118,19 @@ def layer_table(measurement, *, top: int | None = None, baseline=None) -> tuple[
     rows = []
     for m in chosen:
         name = m.name or "(model)"
+        saved = m.saved_bytes
         if indent:
             name = "  " * m.depth + name
-        share = m.saved_bytes / total if total else 0.0
+        if m.name in own_only:
+            name, saved = f"{name} (own ops)", m.saved_bytes_own
+            base_saved = {x.name: x.saved_bytes_own for x in baseline.modules}.get(m.name, saved) if baseline is not None else saved
+        else:
+            base_saved = base.get(m.name, saved) if base is not None else saved
+        share = saved / total if total else 0.0
         row = [name, m.type_name, format_shape(m.output_shape), format_count(trainable.get(m.name, m.trainable_params)),
-               format_bytes(m.saved_bytes), format_share(share)]
+               format_bytes(saved), format_share(share)]
         if base is not None:
-            row.append(format_delta_bytes(m.saved_bytes - base.get(m.name, m.saved_bytes)))
+            row.append(format_delta_bytes(saved - base_saved))
         rows.append(row)
     return headers, rows
 
