@@ -3,6 +3,8 @@
     memsave-nb report [--model NAME] [--batch N] [--mode real|fake] [--device cpu|cuda]
                       [--top N] [--out FILE.html]
     memsave-nb report --world-size N [--fsdp | --ddp] [--model NAME] [--batch N]
+    memsave-nb plan --target-gb GB [--model NAME] [--gpu H100] [--precisions P,P]
+                    [--micro-batches K,K] [--last-blocks N,N] [--save PLAN.json]
 
 measures one training step of a built-in demo workload (``memsave_nb.zoo``), prints the per-layer
 table and the peak's split, and with ``--out`` writes the standalone HTML report. A user mistake
@@ -55,13 +57,16 @@ def build_parser() -> argparse.ArgumentParser:
                      help="real: run the step; fake: shapes and bytes only (default: real, fake for gpt-7b)")
     rep.add_argument("--device", default="cpu", metavar="DEVICE", help="cpu or cuda (default: cpu)")
     rep.add_argument("--top", type=_positive_int, default=None, metavar="N",
-                     help="show the N layers with the most saved activations instead of every module")
+                     help="show the N modules whose own ops save the most instead of every module")
     rep.add_argument("--out", default=None, metavar="FILE.html", help="also write a standalone HTML report here")
     rep.add_argument("--repeats", type=_positive_int, default=3, metavar="N", help=argparse.SUPPRESS)
     _add_tuner_arguments(rep)
     from .parallel.cli import add_arguments
 
     add_arguments(rep, _positive_int)
+    from .planner.cli import add_parser as add_plan_parser
+
+    add_plan_parser(sub, _positive_int)
     return parser
 
 
@@ -174,6 +179,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command is None:
             parser.print_help(sys.stderr)
             return EXIT_USAGE
+        if args.command == "plan":
+            from .planner.cli import run_plan
+
+            return run_plan(args)
         return _report(args)
     except _UsageError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)

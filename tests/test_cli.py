@@ -111,3 +111,35 @@ def test_top_table_lists_a_parents_own_ops_once():
     by_name = {x.name: x for x in m.modules}
     listed = sum(by_name[n.replace(" (own ops)", "").replace("(model)", "")].saved_bytes_own for n in names)
     assert listed == m.saved_bytes
+
+
+@pytest.mark.slow
+def test_plan_command_writes_a_plan_that_fits(tmp_path, capsys):
+    """``memsave-nb plan``: the chosen plan, saved as a file and measured again independently,
+    is under the target's usable line; the front is printed lowest peak first."""
+    from memsave_nb import Plan, measure, zoo
+    from memsave_nb.cli import main
+    from memsave_nb.target import Target
+
+    path = tmp_path / "plan.json"
+    rc = main(["plan", "--model", "gpt", "--target-gb", "0.07", "--headroom", "1", "--save", str(path)])
+    out = capsys.readouterr().out
+    assert rc == 0 and "Pareto front" in out and "The chosen plan as code:" in out
+    plan = Plan.from_json(path.read_text())
+    workload = zoo.make("gpt")
+    with plan.apply(workload) as applied:
+        peak = measure(applied, mode="fake").peak_bytes
+    assert peak <= Target(0.07, headroom=1.0).usable_bytes
+    stock = measure(workload, mode="fake").peak_bytes
+    assert stock > Target(0.07, headroom=1.0).usable_bytes  # the plan was needed
+    peaks = [line.split()[0:2] for line in out.split("Pareto front")[1].splitlines()[2:] if line.strip().endswith(")") or "MiB" in line]
+    values = [float(p[0]) for p in peaks if len(p) == 2 and p[1] == "MiB"]
+    assert values == sorted(values) and len(values) >= 2
+
+
+def test_plan_command_refuses_bad_input_in_one_line(capsys):
+    from memsave_nb.cli import main
+
+    assert main(["plan", "--target-gb", "1", "--precisions", "fp8"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "precisions are" in err

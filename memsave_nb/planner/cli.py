@@ -1,0 +1,92 @@
+"""``memsave-nb plan``: the planner from the command line. Which setups of a demo workload fit a
+target GPU, ranked by estimated step time; the Pareto front as a table; the chosen plan as code
+(and as a plan file with ``--save``)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..errors import MemsaveError
+
+PRECISIONS = ("fp32", "autocast_bf16", "autocast_fp16", "bf16", "bf16_master")
+
+
+def _csv_ints(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected numbers separated by commas, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive numbers separated by commas, got {text!r}")
+    return values
+
+
+def _csv_precisions(text: str) -> tuple[str, ...]:
+    values = tuple(v.strip() for v in text.split(",") if v.strip())
+    bad = [v for v in values if v not in PRECISIONS]
+    if bad or not values:
+        raise argparse.ArgumentTypeError(f"precisions are {', '.join(PRECISIONS)}; got {text!r}")
+    return values
+
+
+def add_parser(sub, positive_int) -> None:
+    from .. import zoo
+    from .roofline import GPUS
+
+    p = sub.add_parser("plan", help="find the setups of a demo workload that fit a target GPU, fastest first",
+                       description="Search freezing, checkpointing/offloading per block, precision and micro-batching "
+                                   "for the plans that fit a target GPU; print the Pareto front and the chosen plan as code.")
+    p.add_argument("--model", default="gpt", metavar="NAME", help=f"demo workload: {', '.join(zoo.NAMES)} (default: gpt)")
+    p.add_argument("--batch", type=positive_int, default=None, metavar="N", help="batch size (default: the model's own)")
+    p.add_argument("--target-gb", type=float, required=True, metavar="GB", help="the GPU's memory in GB")
+    p.add_argument("--headroom", type=float, default=None, metavar="FRACTION",
+                   help="usable share of the target (default 0.8: the 80%% rule)")
+    p.add_argument("--gpu", default="H100", choices=sorted(GPUS) + ["host"],
+                   help="whose FLOP/s and bandwidth estimate the step time (default: H100)")
+    p.add_argument("--mode", choices=("real", "fake"), default="fake",
+                   help="fake (default): shapes and bytes only; real: run the steps on this machine")
+    p.add_argument("--precisions", type=_csv_precisions, default=("fp32",), metavar="P,P",
+                   help=f"precisions to try, from {', '.join(PRECISIONS)} (default: fp32)")
+    p.add_argument("--micro-batches", type=_csv_ints, default=(1,), metavar="K,K",
+                   help="gradient-accumulation splits to try, e.g. 1,2,4 (default: 1)")
+    p.add_argument("--last-blocks", type=_csv_ints, default=(), metavar="N,N",
+                   help="also try training only the last N blocks (default: full fine-tuning only)")
+    p.add_argument("--save", default=None, metavar="PLAN.json", help="write the chosen plan here")
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    from .. import presets, zoo
+    from ..plan import Plan
+    from ..target import Target
+    from ..units import format_bytes
+    from .search import plan_for
+
+    if args.model == "gpt-7b" and args.mode == "real":
+        raise MemsaveError("gpt-7b is built from fake tensors and only runs with --mode fake")
+    target = Target(args.target_gb) if args.headroom is None else Target(args.target_gb, headroom=args.headroom)
+    workload = zoo.make(args.model, args.batch)
+    freezing = {"all trainable": Plan()}
+    for n in args.last_blocks:
+        freezing[f"last {n} blocks"] = presets.last_blocks(workload.model, n)
+    precisions = tuple(None if p == "fp32" else p for p in args.precisions)
+    result = plan_for(workload, target, mode=args.mode, device=args.gpu, freezing=freezing,
+                      precisions=precisions, micro_batches=args.micro_batches)
+    out = [result.summary(), "", "Pareto front (lowest peak first):"]
+    rows = [("estimated peak", "estimated step", "fits", "plan")]
+    for c in result.front:
+        rows.append((format_bytes(c.est_peak_bytes), f"{c.est_seconds * 1e3:.1f} ms",
+                     "yes" if c.fits else "no", c.label))
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    for r in rows:
+        out.append("  " + "  ".join(r[i].rjust(widths[i]) for i in range(3)) + "  " + r[3])
+    if result.chosen is not None:
+        out += ["", "The chosen plan as code:", "", result.chosen.plan.to_code()]
+        if args.save:
+            with open(args.save, "w", encoding="utf-8") as f:
+                f.write(result.chosen.plan.to_json(indent=2))
+            out.append(f"Wrote {args.save}")
+    elif args.save:
+        out.append(f"No plan fits: nothing written to {args.save}")
+    sys.stdout.write("\n".join(out) + "\n")
+    return 0 if result.chosen is not None else 1
