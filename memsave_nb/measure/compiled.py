@@ -369,6 +369,8 @@ def _summarise(workload: Workload, model: nn.Module, step: _Profiled, times: lis
                 is_leaf=not any(True for _ in mod.children()),
                 output_bytes_own=outputs if name == "" else 0,
                 output_bytes=outputs if name == "" else 0,
+                trainable_params_subtree=sum(p.numel() for p in mod.parameters() if p.requires_grad),
+                frozen_params_subtree=sum(p.numel() for p in mod.parameters() if not p.requires_grad),
             )
         )
     compiled = hasattr(workload.model, "_orig_mod")

@@ -731,6 +731,7 @@ def _module_rows(model: nn.Module, tracker: MemoryTracker, saved_own: dict[str, 
         own = list(mod._parameters.values())
         trainable = sum(p.numel() for p in own if p is not None and p.requires_grad)
         frozen = sum(p.numel() for p in own if p is not None and not p.requires_grad)
+        distinct = list(mod.parameters())  # deduplicated: a tied weight once
         yield ModuleStats(
             name=name,
             type_name=type(mod).__name__,
@@ -744,6 +745,8 @@ def _module_rows(model: nn.Module, tracker: MemoryTracker, saved_own: dict[str, 
             is_leaf=not any(True for _ in mod.children()),
             output_bytes_own=output_own.get(name, 0),
             output_bytes=rolled_out.get(name, 0),
+            trainable_params_subtree=sum(p.numel() for p in distinct if p.requires_grad),
+            frozen_params_subtree=sum(p.numel() for p in distinct if not p.requires_grad),
         )
 
 

@@ -57,10 +57,34 @@ class ModuleStats:
     is_leaf: bool
     output_bytes_own: int = 0
     output_bytes: int = 0
+    # distinct parameters over the whole subtree: a weight tied between two modules of the subtree
+    # (GPT-2's wte and lm_head) counted once; None where the producer did not count them
+    trainable_params_subtree: int | None = None
+    frozen_params_subtree: int | None = None
 
     @property
     def params(self) -> int:
         return self.trainable_params + self.frozen_params
+
+
+def subtree_params(modules: "tuple[ModuleStats, ...] | list[ModuleStats]") -> dict[str, tuple[int, int]]:
+    """(trainable, frozen) parameter counts per module over its whole subtree, each distinct
+    parameter once. Rows without subtree counts fall back to adding up own counts (which counts a
+    tied weight once per owner)."""
+    out: dict[str, list[int]] = {m.name: [0, 0] for m in modules}
+    for m in modules:
+        if not (m.trainable_params or m.frozen_params):
+            continue
+        parts = m.name.split(".") if m.name else []
+        for k in range(len(parts) + 1):
+            key = ".".join(parts[:k])
+            if key in out:
+                out[key][0] += m.trainable_params
+                out[key][1] += m.frozen_params
+    for m in modules:
+        if m.trainable_params_subtree is not None and m.frozen_params_subtree is not None:
+            out[m.name] = [m.trainable_params_subtree, m.frozen_params_subtree]
+    return {k: (v[0], v[1]) for k, v in out.items()}
 
 
 @dataclass(frozen=True)

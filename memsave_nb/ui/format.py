@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+from ..measure.result import subtree_params
 from ..units import _UNITS, format_bytes  # noqa: F401  (re-exported: the UI's formatting lives here)
 
 
@@ -81,18 +82,6 @@ def format_flops(n: int | None) -> str:
 LAYER_COLUMNS = ("Module", "Type", "Output shape", "Trainable params", "Saved activations", "Share")
 
 
-def _subtree_sum(modules, attr: str) -> dict[str, int]:
-    """Per module name, ``attr`` summed over the module and everything below it."""
-    sums: dict[str, int] = {}
-    for m in modules:
-        value = getattr(m, attr)
-        parts = m.name.split(".") if m.name else []
-        for k in range(len(parts) + 1):
-            prefix = ".".join(parts[:k])
-            sums[prefix] = sums.get(prefix, 0) + value
-    return sums
-
-
 def layer_table(measurement, *, top: int | None = None, baseline=None) -> tuple[list[str], list[list[str]]]:
     """The per-layer table as text cells: every module in ``named_modules()`` order, indented by
     depth, with trainable parameters summed over its subtree and saved activations rolled up.
@@ -103,7 +92,7 @@ def layer_table(measurement, *, top: int | None = None, baseline=None) -> tuple[
     With a ``baseline`` measurement a "vs baseline" column is added.
     """
     total = measurement.saved_bytes
-    trainable = _subtree_sum(measurement.modules, "trainable_params")
+    trainable = {name: t for name, (t, _) in subtree_params(measurement.modules).items()}
     own_only = set()
     if top is not None:
         ranked = [m for m in measurement.modules if m.is_leaf or m.saved_bytes_own > 0]

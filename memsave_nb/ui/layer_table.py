@@ -23,6 +23,7 @@ from typing import Callable
 import ipywidgets as W
 
 from memsave_nb.measure import Measurement
+from memsave_nb.measure.result import subtree_params
 
 from .editor import REGION_CHOICES, PlanEditor
 from .format import format_bytes, format_count, format_delta_bytes, format_share, format_shape
@@ -387,15 +388,5 @@ class LayerTable(W.VBox):
 
 
 def _rolled_params(measurement: Measurement) -> dict[str, tuple[int, int]]:
-    """(trainable, frozen) parameter counts per module over its whole subtree (the rows hold own counts)."""
-    out: dict[str, list[int]] = {m.name: [0, 0] for m in measurement.modules}
-    for m in measurement.modules:
-        if not (m.trainable_params or m.frozen_params):
-            continue
-        parts = m.name.split(".") if m.name else []
-        for k in range(len(parts) + 1):
-            key = ".".join(parts[:k])
-            if key in out:
-                out[key][0] += m.trainable_params
-                out[key][1] += m.frozen_params
-    return {k: (v[0], v[1]) for k, v in out.items()}
+    """(trainable, frozen) parameter counts per module over its whole subtree, a tied weight once."""
+    return subtree_params(measurement.modules)
