@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 from memsave_nb.checkpointing import PlanError
+from memsave_nb.errors import Cancelled
 
 if TYPE_CHECKING:  # pragma: no cover
     from memsave_nb.measure.result import Measurement
@@ -112,17 +114,25 @@ class SearchResult:
         return len(self.probes)
 
 
-def measure_peak(workload: "Workload", plan: "Plan", mode: str = "fake") -> "Measurement":
-    """One measurement of ``plan`` on ``workload`` (steady state when the engine offers it)."""
-    from memsave_nb.measure import measure
+def measure_peak(workload: "Workload", plan: "Plan", mode: str = "fake", *,
+                 cancel_event: "threading.Event | None" = None) -> "Measurement":
+    """One measurement of ``plan`` on ``workload`` (steady state when the engine offers it).
 
-    kwargs: dict[str, Any] = {"repeats": 0}
+    Holds the model's lock (``measure.engine.model_lock``) around ``Plan.apply`` and the step, as
+    ``Session.run`` does, so a search on a worker thread and an explorer rerun take turns on one
+    model. ``cancel_event`` (set from another thread) stops it with ``Cancelled``."""
+    from memsave_nb.measure import measure
+    from memsave_nb.measure.engine import model_lock
+
+    if cancel_event is not None and cancel_event.is_set():
+        raise Cancelled("cancelled")
+    kwargs: dict[str, Any] = {"repeats": 0, "cancel_event": cancel_event}
     params = inspect.signature(measure).parameters
     if "steady_state" in params:
         kwargs["steady_state"] = True
     if "flops" in params:
         kwargs["flops"] = False
-    with plan.apply(workload) as applied:
+    with model_lock(workload.model), plan.apply(workload) as applied:
         return measure(applied, mode=mode, **kwargs)
 
 
@@ -167,8 +177,10 @@ def _bisect(
     return SearchResult(knob, lo, peaks[lo], tuple(probes), "")
 
 
-def max_batch(workload: "Workload", plan: "Plan", target: Target, *, mode: str = "fake", upper: int = 1 << 16) -> SearchResult:
-    """The largest batch size that fits ``target`` under ``plan`` (bisection over measurements)."""
+def max_batch(workload: "Workload", plan: "Plan", target: Target, *, mode: str = "fake", upper: int = 1 << 16,
+              cancel_event: threading.Event | None = None) -> SearchResult:
+    """The largest batch size that fits ``target`` under ``plan`` (bisection over measurements).
+    ``cancel_event`` stops it between and inside probes (``Cancelled``)."""
     from memsave_nb.knobs import batch_size_of
 
     from memsave_nb.errors import MemsaveError
@@ -177,14 +189,17 @@ def max_batch(workload: "Workload", plan: "Plan", target: Target, *, mode: str =
 
     def probe(b: int) -> int | None:
         try:
-            return measure_peak(workload, plan.replace(batch_size=b), mode).peak_bytes
+            return measure_peak(workload, plan.replace(batch_size=b), mode, cancel_event=cancel_event).peak_bytes
+        except Cancelled:
+            raise
         except MemsaveError:
             return None
 
     return _bisect("batch_size", probe, target.fits, current, upper, f"stopped at the search's upper bound {upper}")
 
 
-def max_seq_len(workload: "Workload", plan: "Plan", target: Target, *, mode: str = "fake", upper: int | None = None) -> SearchResult:
+def max_seq_len(workload: "Workload", plan: "Plan", target: Target, *, mode: str = "fake", upper: int | None = None,
+                cancel_event: threading.Event | None = None) -> SearchResult:
     """The longest token sequence that fits ``target`` under ``plan``; capped by the model's
     position embeddings when its config names them."""
     from memsave_nb.errors import MemsaveError
@@ -198,7 +213,9 @@ def max_seq_len(workload: "Workload", plan: "Plan", target: Target, *, mode: str
 
     def probe(t: int) -> int | None:
         try:
-            return measure_peak(workload, plan.replace(seq_len=t), mode).peak_bytes
+            return measure_peak(workload, plan.replace(seq_len=t), mode, cancel_event=cancel_event).peak_bytes
+        except Cancelled:
+            raise
         except MemsaveError:
             return None
 

@@ -110,12 +110,12 @@ class _CostMode(TorchDispatchMode):
 
 def step_cost(workload: "Workload", plan: "Plan", regions: Iterable[str], device: Device) -> StepCost:
     """The per-op cost of one step of ``workload`` under ``plan`` (a fake-mode pass; the model is
-    left as it was)."""
-    from memsave_nb.measure.engine import _fake_model
+    left as it was; the model's lock is held, so a measurement on another thread waits)."""
+    from memsave_nb.measure.engine import _fake_model, model_lock
 
     cost = StepCost(device)
     regions = list(regions)
-    with plan.apply(workload) as wl:
+    with model_lock(workload.model), plan.apply(workload) as wl:
         model = wl.model
         cost.weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
         grads_before = {id(p): p.grad for p in model.parameters()}

@@ -28,12 +28,13 @@ How it searches (see docs/planner.md for the why):
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 from memsave_nb.checkpointing import PlanError, suggest_regions
-from memsave_nb.errors import MemsaveError
+from memsave_nb.errors import Cancelled, MemsaveError
 from memsave_nb.offload import LINKS
 from memsave_nb.plan import Plan
 from memsave_nb.planner.cost import StepCost, step_cost
@@ -139,11 +140,13 @@ def plan_for(
     base_plan: Plan | None = None,
     remeasure: int = 3,
     compile_budgets: Sequence[float] = (),
+    cancel_event: threading.Event | None = None,
 ) -> PlannerResult:
     """Search plans for ``workload`` under ``target`` (see the module doc). ``freezing`` maps
     labels to plans whose freezing is tried (default: the model's own); ``precisions`` and
     ``memsave`` list the global choices to try; ``micro_batches`` the k's (each must divide the
-    batch size; k > 1 needs the engine's gradient accumulation)."""
+    batch size; k > 1 needs the engine's gradient accumulation). ``cancel_event``, set from another
+    thread, stops the search at the next measurement with ``Cancelled`` (the model restored)."""
     start = time.perf_counter()
     base_plan = base_plan or Plan()
     dev = device_named(device)
@@ -184,9 +187,11 @@ def plan_for(
                 plan = _merge(base_plan, f_plan, **knobs)
                 label = ", ".join([f_label, precision or "as given"] + (["memsave"] if swap else []))
                 try:
-                    m = measure_peak(workload, plan, mode)
+                    m = measure_peak(workload, plan, mode, cancel_event=cancel_event)
                     measurements += 1
                     cost = step_cost(workload, plan, regions, dev)
+                except Cancelled:
+                    raise
                 except MemsaveError as exc:
                     notes.append(f"{label}: skipped ({' '.join(str(exc).split())[:160]})")
                     continue
@@ -201,8 +206,10 @@ def plan_for(
     for kind in region_kinds:
         plan = g0.plan.replace(regions={r: kind for r in regions})
         try:
-            m = measure_peak(workload, plan, mode)
+            m = measure_peak(workload, plan, mode, cancel_event=cancel_event)
             measurements += 1
+        except Cancelled:
+            raise
         except MemsaveError as exc:
             notes.append(f"region kind {kind}: skipped ({' '.join(str(exc).split())[:160]})")
             continue
@@ -237,7 +244,7 @@ def plan_for(
         if mode != "real":
             notes.append("compile budgets: real mode only (fake tensors do not compile); skipped")
         else:
-            compiled, n = _compiled_candidates(workload, g0, compile_budgets, target)
+            compiled, n = _compiled_candidates(workload, g0, compile_budgets, target, cancel_event)
             candidates += compiled
             measurements += n
 
@@ -254,8 +261,10 @@ def plan_for(
     chosen = None
     for c in [c for c in ranked if c.fits][: max(0, remeasure)]:
         try:
-            m = measure_peak(workload, c.plan, mode)
+            m = measure_peak(workload, c.plan, mode, cancel_event=cancel_event)
             measurements += 1
+        except Cancelled:
+            raise
         except MemsaveError as exc:
             notes.append(f"re-measuring {c.label}: {' '.join(str(exc).split())[:160]}")
             continue
@@ -318,18 +327,20 @@ def _grad_bytes(m: "Measurement") -> int:
     return max(m.timeline.by_category["gradients"]) if len(m.timeline) else 0
 
 
-def _compiled_candidates(workload: "Workload", g0: _Config, budgets: Sequence[float], target: Target) -> tuple[list[Candidate], int]:
+def _compiled_candidates(workload: "Workload", g0: _Config, budgets: Sequence[float], target: Target,
+                         cancel_event: threading.Event | None = None) -> tuple[list[Candidate], int]:
     """One real measurement per budget (and one eager, timed): the peak is measured, the time is
     the first configuration's estimate times the measured compiled / eager step-time ratio."""
     from memsave_nb.measure import measure
+    from memsave_nb.measure.engine import model_lock
 
-    with g0.plan.apply(workload) as wl:
-        eager = measure(wl, mode="real", repeats=3)
+    with model_lock(workload.model), g0.plan.apply(workload) as wl:
+        eager = measure(wl, mode="real", repeats=3, cancel_event=cancel_event)
     out = []
     for b in budgets:
         plan = g0.plan.replace(compile_budget=b)
-        with plan.apply(workload) as wl:
-            m = measure(wl, mode="real", repeats=3)
+        with model_lock(workload.model), plan.apply(workload) as wl:
+            m = measure(wl, mode="real", repeats=3, cancel_event=cancel_event)
         ratio = (m.step_seconds or 0.0) / (eager.step_seconds or 1.0)
         out.append(Candidate(plan, f"{g0.label}, compile {b:g}", m.peak_bytes, g0.cost.total_seconds * ratio,
                              target.fits(m.peak_bytes), measured_peak_bytes=m.peak_bytes, measured_seconds=m.step_seconds))

@@ -14,7 +14,9 @@ bytes, ``"27,028,744 B"``), ``.memsave-peak-total`` / ``.memsave-peak-bytes``,
 ``.memsave-status`` (``idle``, ``running``, ``done``, ``cancelled``, ``error`` as its first word),
 ``.memsave-error``, ``.memsave-cancel``, ``.memsave-run``, ``.memsave-plan-code``,
 ``.memsave-progress-text`` (phase and elapsed seconds of a run), ``.memsave-summary`` (the header
-numbers), ``.memsave-advice``, ``.memsave-loss-note``, ``.memsave-bokeh`` (each figure widget), and
+numbers), ``.memsave-advice``, ``.memsave-loss-note``, ``.memsave-bokeh`` (each figure widget),
+``.memsave-target-verdict`` (fits / does not fit the "Fit a GPU" tab's target, with the class
+``memsave-fits`` or ``memsave-nofit``, and the max batch once found for the plan on display), and
 per module ``.memsave-freeze-<slug>`` (see :mod:`memsave_nb.ui.layer_table`).
 
 A run that fails leaves the numbers of the last good run on screen, puts the controls back to that
@@ -37,6 +39,7 @@ from memsave_nb.errors import Cancelled, MemsaveError, StepError, WorkloadError
 from memsave_nb.measure import Measurement
 from memsave_nb.plan import Plan
 from memsave_nb.session import Entry, Session
+from memsave_nb.target import Target
 from memsave_nb.workload import Workload
 
 from .budget_panel import BudgetPanel
@@ -109,6 +112,10 @@ class Explorer(W.VBox):
         self.first_step = _label("", "memsave-first-step-peak", display="none")
         self.step_time = _label("-", "memsave-step-time")
         self.cuda_peak = _label("", "memsave-cuda-peak", display="none")
+        # fits / does not fit the target GPU (set in the "Fit a GPU" tab), and its max batch when found
+        self.target: Target | None = None
+        self._max_batch: tuple[Plan, Target, int] | None = None
+        self.target_verdict = _label("", "memsave-target-verdict", display="none")
         # two designed lines (memory; time) rather than one that wraps anywhere
         memory_row = W.HBox([
             W.HTML("<b>saved</b>", layout=W.Layout(flex="0 0 auto", margin="0 6px 0 0")), self.saved_total, self.saved_bytes,
@@ -116,7 +123,8 @@ class Explorer(W.VBox):
             W.HTML("<b>peak</b>", layout=W.Layout(flex="0 0 auto", margin="0 6px 0 8px")), self.peak_total,
             self.peak_bytes, self.peak_delta, self.first_step,
         ], layout=W.Layout(flex_flow="row wrap", align_items="center"))
-        time_row = W.HBox([W.HTML("<b>step</b>", layout=W.Layout(flex="0 0 auto", margin="0 6px 0 0")), self.step_time, self.cuda_peak],
+        time_row = W.HBox([W.HTML("<b>step</b>", layout=W.Layout(flex="0 0 auto", margin="0 6px 0 0")), self.step_time, self.cuda_peak,
+                           self.target_verdict],
                           layout=W.Layout(flex_flow="row wrap", align_items="center"))
         for row in (memory_row, time_row):
             row.add_class("memsave-summary-row")
@@ -253,8 +261,52 @@ class Explorer(W.VBox):
         self.editor.load(plan)
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Block until scheduled and running reruns are done; False on timeout."""
-        return self.runner.wait(timeout)
+        """Block until scheduled and running reruns (and the tuner's searches) are done; False on timeout."""
+        ok = self.runner.wait(timeout)
+        tuner = getattr(self, "tuner", None)
+        if tuner is not None:
+            ok = tuner.wait(timeout) and ok
+        return ok
+
+    def set_target(self, target: Target | None) -> None:
+        """The target GPU every peak is judged against (header and Results table); None: no target."""
+        with self._ui_lock:
+            self.target = target
+            self.results.set_target(target)
+            self._show_target()
+
+    def set_max_batch(self, plan: Plan, target: Target, value: int) -> None:
+        """Note the max batch found for ``plan`` under ``target``: the header shows it while that
+        plan and target are on display."""
+        with self._ui_lock:
+            self._max_batch = (plan, target, value)
+            self._show_target()
+
+    def max_batch_shown(self) -> int | None:
+        """The max batch found for the plan on display under the current target, if any."""
+        mb = self._max_batch
+        if mb is None or self.target is None or mb[1] != self.target:
+            return None
+        shown = self.entry.plan if self.entry is not None else Plan()
+        return mb[2] if mb[0].replace(name="") == shown.replace(name="") else None
+
+    def _show_target(self) -> None:
+        target, label = self.target, self.target_verdict
+        for cls in ("memsave-fits", "memsave-nofit"):
+            label.remove_class(cls)
+        if target is None:
+            label.value, label.tooltip, label.layout.display = "", None, "none"
+            return
+        peak = self.measurement.peak_bytes
+        ok = target.fits(peak)
+        label.add_class("memsave-fits" if ok else "memsave-nofit")
+        mb = self.max_batch_shown()
+        label.value = (f"{'✔' if ok else '✘'} {target.verdict(peak)}"
+                       + (f" · max batch {mb}" if mb is not None else ""))
+        label.tooltip = (f"peak {peak:,} B against the headroom line {target.usable_bytes:,} B "
+                         f"({target.headroom:.0%} of {target.label})")
+        label.style.text_color = "#2ca02c" if ok else "#d62728"
+        label.layout.display = ""
 
     def run_now(self, *, raise_errors: bool = False) -> Entry | None:
         """Measure the current plan in this thread and show it; returns the Entry (None when it
@@ -560,6 +612,7 @@ class Explorer(W.VBox):
                 f"CUDA allocator peak {format_bytes(m.cuda_peak_bytes)}" if m.cuda_peak_bytes is not None else ""
             )
             self.cuda_peak.layout.display = "" if m.cuda_peak_bytes is not None else "none"
+            self._show_target()
             self.table.show(m, base)
             self.sac.show(m, base)
             self.results.show(m, base)

@@ -2,6 +2,10 @@
 timeline, saved activations per layer, and the history of plans tried (click a point to
 restore that plan).
 
+With a target GPU set (the "Fit a GPU" tab), the table's first rows say whether this plan's and
+the baseline's peaks fit under the target's headroom line (``.memsave-row-fits``, each verdict a
+``.memsave-fits`` or ``.memsave-nofit`` span).
+
 DOM hooks: ``.memsave-results-table`` (the split table), and the Bokeh figures named
 ``peak_split_figure``, ``timeline_figure``, ``layer_bars_figure``, ``history_figure``.
 """
@@ -14,6 +18,7 @@ from typing import Any, Callable, Sequence
 import ipywidgets as W
 
 from memsave_nb.measure import CATEGORIES, Measurement
+from memsave_nb.target import Target
 
 from . import figures
 from .format import format_bytes, format_delta_bytes, format_time_spread, time_change
@@ -26,8 +31,18 @@ def _ratio(a: float | None, b: float | None) -> str:
     return f" ({a / b:.2f}x)"
 
 
-def results_html(m: Measurement, base: Measurement) -> str:
-    """The table of the peak's split, saved activations, step time and FLOPs against the baseline."""
+def fits_html(target: Target, peak_bytes: int) -> str:
+    """``fits`` / ``does not fit`` (share of the headroom line) as a span with class
+    ``memsave-fits`` or ``memsave-nofit``."""
+    ok = target.fits(peak_bytes)
+    color = "#2ca02c" if ok else "#d62728"
+    return (f"<span class='{'memsave-fits' if ok else 'memsave-nofit'}' style='color:{color};font-weight:bold'>"
+            f"{html.escape(target.verdict(peak_bytes))}</span>")
+
+
+def results_html(m: Measurement, base: Measurement, target: Target | None = None) -> str:
+    """The table of the peak's split, saved activations, step time and FLOPs against the baseline;
+    with a ``target``, a first row with fits / does not fit for both peaks."""
 
     def row(label: str, now: int | None, before: int | None, cls: str = "") -> str:
         delta = None if now is None or before is None else now - before
@@ -62,6 +77,13 @@ def results_html(m: Measurement, base: Measurement) -> str:
         f"<td style='text-align:right'>{base.flops:.3g}</td>"
         f"<td style='text-align:right'>{_ratio(m.flops, base.flops).strip(' ()')}</td></tr>"
     )
+    if target is not None:
+        rows.insert(0, (
+            f"<tr class='memsave-row-fits'><td>{html.escape(target.label)} GPU, under "
+            f"{format_bytes(target.usable_bytes)} ({target.headroom:.0%} line)</td>"
+            f"<td style='text-align:right'>{fits_html(target, m.peak_bytes)}</td>"
+            f"<td style='text-align:right'>{fits_html(target, base.peak_bytes)}</td><td></td></tr>"
+        ))
     head = "<tr><th></th><th>this plan</th><th>baseline</th><th>change</th></tr>"
     notes = "".join(f"<li>{html.escape(n)}</li>" for n in m.notes)
     return (
@@ -82,6 +104,8 @@ class ResultsPanel(W.VBox):
         self._picking = False
         self.table = W.HTML()
         self.table.add_class("memsave-results-table")
+        self.target: Target | None = None  # set by the explorer (the "Fit a GPU" tab's target)
+        self._shown: tuple[Measurement, Measurement] = (baseline, baseline)
         self.peak_plot = figures.peak_split(baseline, baseline)
         self.timeline_plot = figures.timeline(baseline)
         self._timeline_m = baseline
@@ -105,12 +129,22 @@ class ResultsPanel(W.VBox):
         self.add_class("memsave-results")
 
     def show(self, m: Measurement, base: Measurement) -> None:
-        self.table.value = results_html(m, base)
+        self._shown = (m, base)
+        self.show_table()
         self.peak_plot.update(m, base)
         self.timeline_plot.update(m)
         self._timeline_m = m
         self._zoom()
         self.layers_plot.update(m, base)
+
+    def show_table(self) -> None:
+        """Rewrite the table (after a new measurement or a new target)."""
+        m, base = self._shown
+        self.table.value = results_html(m, base, self.target)
+
+    def set_target(self, target: Target | None) -> None:
+        self.target = target
+        self.show_table()
 
     def _zoom(self) -> None:
         """Show one phase of the timeline across the whole width (or the whole step)."""

@@ -1,28 +1,47 @@
 """The "Fit a GPU" panel: a target (presets or a free value) with its headroom line, fits / does
-not fit for the plan on display, the largest batch that fits, and the planner's Pareto front
-(estimated peak vs estimated step time); clicking a point loads that plan into the explorer.
+not fit for the plan on display, the workload knobs of the plan on display, the largest batch that
+fits, and the planner's Pareto front (estimated peak vs estimated step time) as a scatter and as a
+list; clicking a point (or an entry's "load") loads that plan into the explorer, which reruns it,
+and the knob controls follow.
+
+The planner and the max-batch bisection run on a worker thread (:class:`~.runner.Runner`: the
+newest request wins, cancel stops the running one at its next measurement, the model is restored
+by ``Plan.apply``); the status line shows what runs and for how long, an error is one line there.
+``panel.wait()`` blocks until the work is done (tests, scripts); ``background=False`` runs it in
+the calling thread.
+
+The target is also the explorer's (``Explorer.set_target``): its header and the Results table
+say fits / does not fit for every peak shown.
 
 DOM hooks for browser tests: ``.memsave-target`` (dropdown), ``.memsave-target-gb`` (free value),
 ``.memsave-verdict`` (fits / does not fit), ``.memsave-max-batch`` (button) and
-``.memsave-max-batch-result``, ``.memsave-plan-search`` (button), ``.memsave-tuner-status``,
-``.memsave-tuner-code``; the scatter's points are the Bokeh renderer named ``pareto_points``.
+``.memsave-max-batch-result``, ``.memsave-plan-search`` (button), ``.memsave-tuner-cancel``,
+``.memsave-tuner-status``, ``.memsave-tuner-progress`` (what runs, elapsed seconds),
+``.memsave-tuner-code``, ``.memsave-knob-batch`` / ``-seq`` / ``-precision`` / ``-optimizer`` /
+``-accumulate`` / ``-zero-grad``, ``.memsave-front-list`` with one ``.memsave-front-row`` per
+front plan (``.memsave-fits`` or ``.memsave-nofit``; ``.memsave-front-picked`` on the loaded one)
+holding ``.memsave-front-text`` and a ``.memsave-front-load`` button; the scatter's points are the
+Bokeh renderer named ``pareto_points`` (figure ``pareto_figure``).
 """
 
 from __future__ import annotations
 
 import html
-from typing import TYPE_CHECKING, Any, Sequence
+import threading
+import time
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import ipywidgets as W
 from bokeh.models import ColumnDataSource, DataRange1d, HoverTool, Span, TapTool
 from bokeh.plotting import figure
 
-from memsave_nb.errors import MemsaveError
+from memsave_nb.errors import Cancelled, MemsaveError
 from memsave_nb.target import DEFAULT_HEADROOM, HEADROOM_SOURCE, HEADROOM_WHY, PRESETS_GB, Target
 
 from . import figures
 from .format import format_bytes
 from .plots import bokeh_widget
+from .runner import Runner
 
 if TYPE_CHECKING:  # pragma: no cover
     from memsave_nb.planner import Candidate, PlannerResult
@@ -84,18 +103,44 @@ def pareto(candidates: Sequence["Candidate"], front: Sequence["Candidate"] = (),
 
 
 # -- the panel ---------------------------------------------------------------------------------
+ZERO_GRAD_CHOICES = (("as given", None), ("set to None", True), ("zero in place", False))
+
+
+def one_line(exc: BaseException) -> str:
+    """An error as the one line the panel shows (our errors' message, else type and first line)."""
+    if isinstance(exc, MemsaveError):
+        return " ".join(str(exc).split())
+    first = (str(exc).strip().splitlines() or [""])[0]
+    return f"{type(exc).__name__}: {first}"
+
+
 class TunerPanel(W.VBox):
-    """Target, verdict, max batch and the planner's front, wired to an :class:`Explorer`."""
+    """Target, verdict, knobs, max batch and the planner's front, wired to an :class:`Explorer`."""
 
     TITLE = "Fit a GPU"
 
     def __init__(self, explorer: "Explorer", *, device: str = "H100"):
+        from memsave_nb.knobs import OPTIMIZERS, PRECISIONS
         from memsave_nb.planner import GPUS
 
         self.explorer = explorer
         self.result: "PlannerResult | None" = None
         self.candidates: list["Candidate"] = []
+        self.front_indices: list[int] = []  # index into candidates of each front-list entry
+        self.picked: int | None = None
+        self.max_batch: tuple[Any, Target, Any] | None = None  # (plan, target, SearchResult) of the last search
+        self.error: str | None = None
+        self.state = "idle"
         self._picking = False
+        self._syncing = False
+        # background work: the newest request wins (ui/runner.py); a generation marks stale results
+        self.runner = Runner(0.0, name="memsave-tuner")
+        self._generation = 0
+        self._user_cancelled = False
+        self._started: float | None = None
+        self._label = ""
+        self._ticker: threading.Thread | None = None
+
         options = [(f"{g:g} GB", float(g)) for g in PRESETS_GB] + [(FREE, 0.0)]
         self.target_menu = W.Dropdown(options=options, value=24.0, description="my GPU", layout=W.Layout(width="200px"))
         self.target_menu.add_class("memsave-target")
@@ -104,6 +149,7 @@ class TunerPanel(W.VBox):
         self.target_gb.add_class("memsave-target-gb")
         self.headroom = W.BoundedFloatText(value=DEFAULT_HEADROOM, min=0.05, max=1.0, step=0.05, description="headroom",
                                            layout=W.Layout(width="170px"))
+        self.headroom.add_class("memsave-headroom")
         self.device = W.Dropdown(options=list(GPUS), value=device, description="time on", layout=W.Layout(width="200px"))
         self.line = W.HTML("")
         self.verdict = W.HTML("")
@@ -115,11 +161,14 @@ class TunerPanel(W.VBox):
         self.search_button = W.Button(description="find plans that fit", icon="search", button_style="info",
                                       layout=W.Layout(width="180px"))
         self.search_button.add_class("memsave-plan-search")
+        self.cancel_button = W.Button(description="cancel", icon="stop", disabled=True, layout=W.Layout(width="100px"))
+        self.cancel_button.add_class("memsave-tuner-cancel")
         self.status = W.HTML("")
         self.status.add_class("memsave-tuner-status")
-        # workload knobs (memsave_nb.knobs): 0 / "as given" keeps the workload's own
-        from memsave_nb.knobs import OPTIMIZERS, PRECISIONS
+        self.progress_text = W.HTML("")
+        self.progress_text.add_class("memsave-tuner-progress")
 
+        # workload knobs (memsave_nb.knobs) of the plan on display; 0 / "as given" keeps the workload's own
         small = W.Layout(width="150px")
         self.knob_batch = W.BoundedIntText(value=0, min=0, max=1 << 20, description="batch", layout=small)
         self.knob_seq = W.BoundedIntText(value=0, min=0, max=1 << 24, description="seq len", layout=small)
@@ -128,35 +177,49 @@ class TunerPanel(W.VBox):
         self.knob_optimizer = W.Dropdown(options=[("as given", None)] + [(k, k) for k in OPTIMIZERS], value=None,
                                          description="optimizer", layout=W.Layout(width="220px"))
         self.knob_accumulate = W.BoundedIntText(value=1, min=1, max=1024, description="accumulate", layout=small)
+        self.knob_zero_grad = W.Dropdown(options=ZERO_GRAD_CHOICES, value=None, description="zero_grad",
+                                         layout=W.Layout(width="220px"))
+        for name, w in (("batch", self.knob_batch), ("seq", self.knob_seq), ("precision", self.knob_precision),
+                        ("optimizer", self.knob_optimizer), ("accumulate", self.knob_accumulate),
+                        ("zero-grad", self.knob_zero_grad)):
+            w.add_class(f"memsave-knob-{name}")
         self.knob_apply = W.Button(description="apply knobs", icon="check", layout=W.Layout(width="120px"))
         self.knob_apply.add_class("memsave-knobs-apply")
         self.knob_apply.on_click(lambda _b: self.apply_knobs())
+
         self.code = W.HTML("")
         self.code.add_class("memsave-tuner-code")
         self.plot = pareto([], [], None)
         self.plot.source.selected.on_change("indices", self._tapped)
+        self.front_list = W.VBox([], layout=W.Layout(min_width="300px", max_height="380px", overflow="auto"))
+        self.front_list.add_class("memsave-front-list")
+        self.front_rows: list[W.HBox] = []
         note = W.HTML(f"<small>Fits means the measured peak stays under the headroom line: {html.escape(HEADROOM_WHY)}. "
                       f"Source of the 80% rule: {html.escape(HEADROOM_SOURCE)}. The planner works in fake mode; "
-                      "click a point to load that plan into the explorer.</small>")
+                      "click a point, or <i>load</i> in the list, to load that plan into the explorer.</small>")
         self.target_menu.observe(self._menu_changed, "value")
-        for w in (self.target_gb, self.headroom):
-            w.observe(lambda _ch: self.refresh(), "value")
-        self.max_batch_button.on_click(lambda _b: self.find_max_batch())
-        self.search_button.on_click(lambda _b: self.search())
+        self.target_gb.observe(self._gb_changed, "value")
+        self.headroom.observe(lambda _ch: self.refresh(), "value")
+        self.max_batch_button.on_click(lambda _b: self.find_max_batch(background=True))
+        self.search_button.on_click(lambda _b: self.search(background=True))
+        self.cancel_button.on_click(lambda _b: self.cancel())
         super().__init__([
             W.HBox([self.target_menu, self.target_gb, self.headroom, self.device], layout=W.Layout(flex_flow="row wrap")),
             self.line,
             W.HBox([self.verdict]),
             W.HBox([self.knob_batch, self.knob_seq, self.knob_precision, self.knob_optimizer, self.knob_accumulate,
-                    self.knob_apply], layout=W.Layout(flex_flow="row wrap")),
-            W.HBox([self.max_batch_button, self.max_batch_result]),
-            W.HBox([self.search_button, self.status]),
-            bokeh_widget(self.plot.figure),
+                    self.knob_zero_grad, self.knob_apply], layout=W.Layout(flex_flow="row wrap")),
+            W.HBox([self.max_batch_button, self.max_batch_result], layout=W.Layout(align_items="center")),
+            W.HBox([self.search_button, self.cancel_button, self.progress_text, self.status],
+                   layout=W.Layout(align_items="center", flex_flow="row wrap")),
+            W.HBox([bokeh_widget(self.plot.figure), self.front_list], layout=W.Layout(flex_flow="row wrap")),
             note,
             self.code,
         ])
         self.add_class("memsave-tuner-panel")
         explorer.on_result(lambda _entry: self.refresh())
+        explorer.editor.on_change(self.sync_knobs)  # a loaded or edited plan: the knob controls follow
+        self.sync_knobs()
         self.refresh()
 
     # -- state -----------------------------------------------------------------------------------
@@ -164,38 +227,168 @@ class TunerPanel(W.VBox):
     def target(self) -> Target:
         return Target(float(self.target_gb.value), float(self.headroom.value))
 
+    @property
+    def busy(self) -> bool:
+        return self.runner.busy
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the scheduled and running search / max-batch work is done; False on timeout."""
+        return self.runner.wait(timeout)
+
     def set_target(self, gb: float, headroom: float | None = None) -> None:
         """Choose a preset when ``gb`` is one, else the free value."""
-        self.target_gb.value = float(gb)
-        self.target_menu.value = float(gb) if float(gb) in PRESETS_GB else 0.0
         if headroom is not None:
             self.headroom.value = headroom
+        self.target_gb.value = float(gb)
         self.refresh()
 
     def _menu_changed(self, change: dict) -> None:
-        if change["new"]:
+        if change["new"] and change["new"] != self.target_gb.value:
             self.target_gb.value = change["new"]
 
+    def _gb_changed(self, change: dict) -> None:
+        gb = float(change["new"])
+        menu = gb if gb in PRESETS_GB else 0.0
+        if self.target_menu.value != menu:
+            self.target_menu.value = menu
+        self.refresh()
+
+    def sync_knobs(self) -> None:
+        """Show the workload knobs of the explorer's plan in the knob controls."""
+        plan = self.explorer.plan
+        with self.explorer._ui_lock:
+            self._syncing = True
+            try:
+                self.knob_batch.value = plan.batch_size or 0
+                self.knob_seq.value = plan.seq_len or 0
+                self.knob_precision.value = plan.precision
+                self.knob_optimizer.value = plan.optimizer
+                self.knob_accumulate.value = plan.accumulation_steps or 1
+                self.knob_zero_grad.value = plan.set_to_none
+            finally:
+                self._syncing = False
+
     def refresh(self) -> None:
-        """Headroom line and the verdict for the measurement on display."""
+        """Headroom line, the verdict for the measurement on display, the explorer's target, the
+        front's fits / does not fit, and whether the max batch shown is for the plan on display."""
         try:
             target = self.target
         except MemsaveError as exc:
-            self._error(str(exc))
+            self._set_status("error", str(exc))
             return
-        self.line.value = f"<small>plans must stay under <b>{format_bytes(target.usable_bytes)}</b> ({target.headroom:.0%} of {target.label})</small>"
-        peak = self.explorer.measurement.peak_bytes
-        color = FITS_COLOR if target.fits(peak) else MISS_COLOR
-        self.verdict.value = f"<b style='color:{color}'>peak {format_bytes(peak)}: {html.escape(target.verdict(peak))}</b>"
-        self.plot.rule.location = target.usable_bytes
-        self.plot.rule.visible = True
-        if self.candidates:
-            for c in self.candidates:
-                object.__setattr__(c, "fits", target.fits(c.est_peak_bytes))
-            self.plot.update(self.candidates, self.result.front if self.result else ())
+        with self.explorer._ui_lock:
+            self.line.value = (f"<small>plans must stay under <b>{format_bytes(target.usable_bytes)}</b> "
+                               f"({target.headroom:.0%} of {target.label})</small>")
+            peak = self.explorer.measurement.peak_bytes
+            ok = target.fits(peak)
+            self.verdict.value = (f"<b class='{'memsave-fits' if ok else 'memsave-nofit'}' "
+                                  f"style='color:{FITS_COLOR if ok else MISS_COLOR}'>"
+                                  f"peak {format_bytes(peak)}: {html.escape(target.verdict(peak))}</b>")
+            if self.explorer.target != target:
+                self.explorer.set_target(target)
+            self.plot.rule.location = target.usable_bytes
+            self.plot.rule.visible = True
+            if self.candidates:
+                for c in self.candidates:
+                    object.__setattr__(c, "fits", target.fits(c.est_peak_bytes))
+                self.plot.update(self.candidates, self.result.front if self.result else ())
+                self._show_front()
+            self._show_max_batch()
 
-    def _error(self, text: str) -> None:
-        self.status.value = f"<span style='color:{MISS_COLOR}'>{html.escape(text)}</span>"
+    def _show_max_batch(self) -> None:
+        if self.max_batch is None:
+            return
+        plan, target, r = self.max_batch
+        if self.explorer.max_batch_shown() is None:
+            self.max_batch_result.value = (f"<small style='color:#888'>max batch {r.value} was for "
+                                           f"{html.escape(plan.describe())} at {html.escape(target.label)} "
+                                           f"({target.headroom:.0%}); press <i>max batch</i> for the plan on display</small>")
+            return
+        extra = f"; {r.limit}" if r.limit else ""
+        self.max_batch_result.value = (f"max batch that fits: <b>{r.value}</b> (peak {format_bytes(r.peak_bytes or 0)}, "
+                                       f"{r.count} fake-mode probes{html.escape(extra)})")
+
+    # -- background work -------------------------------------------------------------------------
+    def _set_status(self, state: str, text: str = "") -> None:
+        color = {"error": MISS_COLOR, "cancelled": "#b8860b", "done": FITS_COLOR}.get(state, "#1f77b4")
+        self.state = state
+        self.error = text if state == "error" else None
+        self.status.value = (f"<span style='color:{color}'><b>{html.escape(state)}</b></span> "
+                             f"<small style='color:{color if state == 'error' else 'inherit'}'>{html.escape(text)}</small>")
+
+    def _submit(self, label: str, work: Callable[[threading.Event], Any], done: Callable[[Any], str],
+                background: bool) -> Any:
+        with self.explorer._ui_lock:
+            self._generation += 1
+            generation = self._generation
+        job = lambda ev: self._job(label, work, done, ev, generation)  # noqa: E731
+        if background:
+            self._set_status("waiting", label)
+            self.runner.submit(job, delay_s=0)
+            return None
+        return self.runner.run_sync(job)
+
+    def _job(self, label: str, work: Callable[[threading.Event], Any], done: Callable[[Any], str],
+             cancel_event: threading.Event, generation: int) -> Any:
+        if generation != self._generation:
+            return None  # superseded before it started
+        self._user_cancelled = False
+        self._begin(label)
+        try:
+            value = work(cancel_event)
+        except Cancelled:
+            if generation == self._generation or self._user_cancelled:
+                self._end("cancelled", f"{label}: stopped; the model is as it was")
+            return None
+        except BaseException as exc:  # noqa: BLE001 - shown in the panel, never lost in a thread
+            if generation == self._generation:
+                self._end("error", f"{label}: {one_line(exc)}")
+            return None
+        if generation != self._generation:
+            return None  # a newer request owns the display
+        with self.explorer._ui_lock:
+            text = done(value)
+        self._end("done", text)
+        return value
+
+    def cancel(self) -> bool:
+        """Stop the running search / max batch at its next measurement (the model is restored)."""
+        self._user_cancelled = True
+        stopped = self.runner.cancel()
+        if stopped:
+            self._set_status("cancelled", "cancel requested")
+        return stopped
+
+    def _begin(self, label: str) -> None:
+        with self.explorer._ui_lock:
+            self._label = label
+            self._started = time.perf_counter()
+            self.cancel_button.disabled = False
+            self._tick()
+            self._set_status("running", label)
+        ticker = self._ticker
+        if ticker is None or not ticker.is_alive():
+            self._ticker = threading.Thread(target=self._tick_loop, name="memsave-tuner-progress", daemon=True)
+            self._ticker.start()
+
+    def _tick(self) -> None:
+        started = self._started
+        if started is not None:
+            self.progress_text.value = (f"<small>{html.escape(self._label)} · "
+                                        f"{time.perf_counter() - started:.0f} s elapsed</small>")
+
+    def _tick_loop(self) -> None:
+        while self._started is not None:
+            time.sleep(0.5)
+            with self.explorer._ui_lock:
+                self._tick()
+
+    def _end(self, state: str, text: str) -> None:
+        with self.explorer._ui_lock:
+            self._started = None
+            self.cancel_button.disabled = True
+            self.progress_text.value = ""
+            self._set_status(state, text)
 
     # -- actions ---------------------------------------------------------------------------------
     def apply_knobs(self) -> None:
@@ -207,60 +400,121 @@ class TunerPanel(W.VBox):
                 precision=self.knob_precision.value,
                 optimizer=self.knob_optimizer.value,
                 accumulation_steps=self.knob_accumulate.value if self.knob_accumulate.value > 1 else None,
+                set_to_none=self.knob_zero_grad.value,
             )
         except MemsaveError as exc:
-            self._error(str(exc))
+            self._set_status("error", str(exc))
             return
         self.explorer.set_plan(plan)
 
-    def find_max_batch(self) -> int | None:
+    def find_max_batch(self, *, background: bool = False) -> int | None:
+        """The largest batch that fits the target under the explorer's plan (bisection in fake
+        mode). ``background=True`` (the button) runs it on the worker and returns None."""
         from memsave_nb.target import max_batch
 
-        try:
-            r = max_batch(self.explorer.session.workload, self.explorer.plan, self.target)
-        except MemsaveError as exc:
-            self.max_batch_result.value = f"<span style='color:{MISS_COLOR}'>{html.escape(str(exc))}</span>"
-            return None
-        extra = f"; {r.limit}" if r.limit else ""
-        self.max_batch_result.value = (f"max batch that fits: <b>{r.value}</b> (peak {format_bytes(r.peak_bytes or 0)}, "
-                                       f"{r.count} fake-mode probes{html.escape(extra)})")
-        return r.value
+        workload, plan, target = self.explorer.session.workload, self.explorer.plan, self.target
 
-    def search(self, **options: Any) -> "PlannerResult | None":
-        """Run the planner for the explorer's workload and the current plan's freezing."""
+        def work(ev: threading.Event) -> Any:
+            return max_batch(workload, plan, target, cancel_event=ev)
+
+        def done(r: Any) -> str:
+            self.max_batch = (plan, target, r)
+            self.explorer.set_max_batch(plan, target, r.value)
+            self._show_max_batch()
+            if self.explorer.max_batch_shown() is None:  # the plan on display is not the one searched
+                extra = f"; {r.limit}" if r.limit else ""
+                self.max_batch_result.value = (f"max batch that fits: <b>{r.value}</b> (peak {format_bytes(r.peak_bytes or 0)}, "
+                                               f"{r.count} fake-mode probes{html.escape(extra)}; for "
+                                               f"{html.escape(plan.describe())}, not yet measured)")
+            return f"max batch {r.value} at {target.label} ({r.count} probes)"
+
+        r = self._submit("max batch: bisection in fake mode", work, done, background)
+        return r.value if r is not None else None
+
+    def search(self, *, background: bool = False, **options: Any) -> "PlannerResult | None":
+        """Run the planner for the explorer's workload and the current plan's freezing; options go
+        to :func:`memsave_nb.planner.plan_for`. ``background=True`` (the button) runs it on the
+        worker and returns None; the result is then ``panel.result`` once ``panel.wait()`` returns."""
         from memsave_nb.planner import plan_for
 
-        plan = self.explorer.plan
-        self.status.value = "searching…"
+        plan, target, device = self.explorer.plan, self.target, self.device.value
+        workload = self.explorer.session.workload
         options.setdefault("precisions", (plan.precision, "bf16") if plan.precision != "bf16" else ("bf16",))
-        try:
-            result = plan_for(self.explorer.session.workload, self.target, mode="fake", device=self.device.value,
-                              base_plan=plan.replace(regions={}), **options)
-        except MemsaveError as exc:
-            self._error(str(exc))
-            return None
+
+        def work(ev: threading.Event) -> "PlannerResult":
+            return plan_for(workload, target, mode="fake", device=device, base_plan=plan.replace(regions={}),
+                            cancel_event=ev, **options)
+
+        return self._submit("searching plans (fake mode)", work, self._show_result, background)
+
+    def _show_result(self, result: "PlannerResult") -> str:
         self.result = result
         self.candidates = list(result.candidates)
+        self.picked = None
         self._picking = True
         try:
             self.plot.update(self.candidates, result.front)
             self.plot.source.selected.indices = []
         finally:
             self._picking = False
+        by_id = {id(c): i for i, c in enumerate(self.candidates)}
+        self.front_indices = [by_id[id(c)] for c in result.front if id(c) in by_id]
+        self.front_rows = []
+        for k, index in enumerate(self.front_indices):
+            text = W.HTML("")
+            text.add_class("memsave-front-text")
+            load = W.Button(description="load", icon="upload", layout=W.Layout(width="80px", flex="0 0 auto"),
+                            tooltip="load this plan into the explorer")
+            load.add_class("memsave-front-load")
+            load.on_click(lambda _b, i=index: self.pick(i))
+            row = W.HBox([load, text], layout=W.Layout(align_items="center"))
+            row.add_class("memsave-front-row")
+            self.front_rows.append(row)
+        self.front_list.children = [W.HTML(f"<b>Pareto front</b> <small>({len(self.front_rows)} plans, "
+                                           "lowest estimated peak first)</small>")] + self.front_rows
+        self._show_front()
         chosen = result.chosen
-        self.status.value = html.escape(f"{len(result.candidates)} plans, {len(result.fitting)} fit; "
-                                        + (f"chosen: {chosen.label}" if chosen else "none fits"))
         if chosen is not None:
             self._show_code(chosen)
-        return result
+        return (f"{len(result.candidates)} plans, {len(result.fitting)} fit; "
+                + (f"chosen: {chosen.label}" if chosen else "none fits") + f" ({result.seconds:.1f} s)")
+
+    def _show_front(self) -> None:
+        """Each front entry's text and fits / does not fit class (after a search or a new target)."""
+        for row, index in zip(self.front_rows, self.front_indices):
+            c = self.candidates[index]
+            for cls in ("memsave-fits", "memsave-nofit", "memsave-front-picked"):
+                row.remove_class(cls)
+            row.add_class("memsave-fits" if c.fits else "memsave-nofit")
+            if index == self.picked:
+                row.add_class("memsave-front-picked")
+            color = FITS_COLOR if c.fits else MISS_COLOR
+            row.children[1].value = (
+                f"<span title='{html.escape(c.config)}'>{'<b>' if index == self.picked else ''}"
+                f"{html.escape(c.label)}{'</b>' if index == self.picked else ''}</span> "
+                f"<small>est. peak <b>{format_bytes(c.est_peak_bytes)}</b> · {c.est_seconds * 1e3:.2f} ms · "
+                f"<span style='color:{color}'>{'fits' if c.fits else 'does not fit'}</span></small>"
+            )
 
     def pick(self, index: int) -> None:
-        """Load candidate ``index`` into the explorer (what a click on its point does)."""
+        """Load candidate ``index`` into the explorer (what a click on its point or its list entry's
+        "load" does): every control, the knob controls included, shows that plan, and the explorer
+        reruns it as any plan edit (when live)."""
         if not 0 <= index < len(self.candidates):
             return
         c = self.candidates[index]
+        self.picked = index
+        with self.explorer._ui_lock:
+            self._picking = True
+            try:
+                if list(self.plot.source.selected.indices) != [index]:
+                    self.plot.source.selected.indices = [index]
+            finally:
+                self._picking = False
+            self._show_front()
+            self._show_code(c)
         self.explorer.set_plan(c.plan)
-        self._show_code(c)
+        self.sync_knobs()
 
     def _show_code(self, c: "Candidate") -> None:
         self.code.value = (f"<small>{html.escape(c.label)}: estimated {format_bytes(c.est_peak_bytes)}, "

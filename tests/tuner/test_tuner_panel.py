@@ -36,11 +36,12 @@ def test_target_verdict_max_batch_search_and_pick(explorer):
     panel.target_gb.value = gb
     assert "does not fit" in panel.verdict.value
     # max batch: the same number as the library's bisection
-    panel.max_batch_button.click()
+    panel.max_batch_button.click()  # runs on the tuner's worker thread
+    assert panel.wait(120)
     expected = max_batch(explorer.session.workload, explorer.plan, Target(gb))
     assert f"max batch that fits: <b>{expected.value}</b>" in panel.max_batch_result.value
     # search, then click a fitting point of the front
-    result = panel.search(precisions=(None,))
+    result = panel.search(precisions=(None,))  # in this thread (the button runs it on the worker)
     assert result is not None and result.chosen is not None
     assert panel.plot.source.data["peak_bytes"] == pareto_data(result.candidates, result.front)["peak_bytes"]
     index = next(i for i, c in enumerate(panel.candidates) if c.fits and c.plan.active_regions)
