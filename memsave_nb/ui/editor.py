@@ -24,6 +24,7 @@ REGION_CHOICES: tuple[tuple[str, str], ...] = (
     ("save matmuls", "save_matmuls"),
     ("save compute-intensive", "save_compute_intensive"),
     ("recompute all", "recompute_all"),
+    ("offload to host", "offload"),
     ("custom (per op)", "custom"),
 )
 CUSTOM = "custom"

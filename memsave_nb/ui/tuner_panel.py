@@ -144,7 +144,7 @@ class TunerPanel(W.VBox):
         options = [(f"{g:g} GB", float(g)) for g in PRESETS_GB] + [(FREE, 0.0)]
         self.target_menu = W.Dropdown(options=options, value=24.0, description="my GPU", layout=W.Layout(width="200px"))
         self.target_menu.add_class("memsave-target")
-        self.target_gb = W.BoundedFloatText(value=24.0, min=0.001, max=10000.0, step=1.0, description="GB",
+        self.target_gb = W.BoundedFloatText(value=24.0, min=1e-6, max=10000.0, step=1.0, description="GB",
                                             layout=W.Layout(width="160px"))
         self.target_gb.add_class("memsave-target-gb")
         self.headroom = W.BoundedFloatText(value=DEFAULT_HEADROOM, min=0.05, max=1.0, step=0.05, description="headroom",

@@ -1,0 +1,211 @@
+"""The "Fit a GPU" panel's UI contracts, driven through widget traits and button clicks as a user
+would (no browser): the verdict flips exactly at the headroom line in the panel, the explorer's
+header and the Results table; the planner and the max batch run on the tuner's worker thread
+(progress, cancel, one-line errors, the model untouched); the front list has one entry per front
+plan; loading a plan (list or scatter) puts its knobs in the knob controls and the explorer reruns
+it, its peak equal to an independent measurement of that plan."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+
+from memsave_nb import zoo
+from memsave_nb.measure import measure
+from memsave_nb.model_state import ModelSnapshot
+from memsave_nb.plan import Plan
+from memsave_nb.session import Session
+from memsave_nb.target import Target, max_batch
+from memsave_nb.ui.editor import preset_key
+from memsave_nb.ui.explorer import Explorer
+
+pytestmark = pytest.mark.timeout(300)
+GIB = 2**30
+TINY_GPT = zoo.GPTConfig(vocab_size=96, block_size=32, n_layer=2, n_head=2, n_embd=32, dropout=0.0)
+
+
+def _explorer(live: bool) -> Explorer:
+    return Explorer(Session(zoo.gpt(TINY_GPT, batch_size=4), mode="fake", repeats=0), live=live, debounce_s=0.0)
+
+
+def _peak_of(workload, plan: Plan) -> int:
+    """The oracle: the plan applied by hand and measured, outside the explorer."""
+    with plan.apply(workload) as wl:
+        return measure(wl, mode="fake", repeats=0).peak_bytes
+
+
+def _classes(w) -> set[str]:
+    return set(w._dom_classes)
+
+
+def _wait_until(cond, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition never held"
+        time.sleep(0.02)
+
+
+def test_verdict_flips_exactly_at_the_headroom_line_everywhere():
+    explorer = _explorer(live=False)
+    panel = explorer.tuner
+    workload = explorer.session.workload
+    peak = _peak_of(workload, Plan())
+    assert explorer.measurement.peak_bytes == peak
+    # headroom 0.5 and GB = 2 * peak / GiB: the usable bytes are the peak exactly (powers of two)
+    panel.headroom.value = 0.5
+    panel.target_gb.value = 2 * peak / GIB
+    assert panel.target_menu.value == 0.0  # not a preset: the menu says "other…"
+    assert explorer.target == Target(2 * peak / GIB, 0.5) and explorer.target.usable_bytes == peak
+    assert "memsave-fits" in panel.verdict.value and "does not fit" not in panel.verdict.value
+    assert "memsave-fits" in _classes(explorer.target_verdict)
+    assert explorer.target_verdict.value.startswith("✔ fits (100% of 50% x")
+    row = re.search(r"<tr class='memsave-row-fits'>.*?</tr>", explorer.results.table.value).group(0)
+    assert row.count("memsave-fits") == 2 and "memsave-nofit" not in row  # this plan and the baseline
+    # one byte less: does not fit, in the panel, the header and the table
+    panel.target_gb.value = 2 * (peak - 1) / GIB
+    assert explorer.target.usable_bytes == peak - 1
+    assert "memsave-nofit" in panel.verdict.value and "does not fit" in panel.verdict.value
+    assert _classes(explorer.target_verdict) >= {"memsave-nofit"} and "memsave-fits" not in _classes(explorer.target_verdict)
+    assert explorer.target_verdict.value.startswith("✘ does not fit")
+    row = re.search(r"<tr class='memsave-row-fits'>.*?</tr>", explorer.results.table.value).group(0)
+    assert row.count("memsave-nofit") == 2 and "memsave-fits" not in row
+    # a preset from the menu sets the free value too, and 24 GB holds this tiny model
+    panel.target_menu.value = 24.0
+    assert panel.target_gb.value == 24.0 and "memsave-fits" in _classes(explorer.target_verdict)
+    # a plan that halves the batch: the table's "this plan" fits while the baseline does not
+    panel.target_menu.value = 0.0
+    panel.target_gb.value = 2 * (peak - 1) / GIB
+    explorer.set_plan(Plan(batch_size=2))
+    explorer.run_now(raise_errors=True)
+    assert explorer.measurement.peak_bytes == _peak_of(workload, Plan(batch_size=2)) < peak
+    row = re.search(r"<tr class='memsave-row-fits'>.*?</tr>", explorer.results.table.value).group(0)
+    this, base = re.findall(r"class='(memsave-fits|memsave-nofit)'", row)
+    assert (this, base) == ("memsave-fits", "memsave-nofit")
+    assert "memsave-fits" in _classes(explorer.target_verdict)
+
+
+@pytest.mark.slow
+def test_search_on_the_worker_front_list_and_loading_a_plan():
+    explorer = _explorer(live=True)
+    panel = explorer.tuner
+    workload = explorer.session.workload
+    snapshot = ModelSnapshot.capture(workload.model)
+    peak = explorer.measurement.peak_bytes
+    panel.set_target(peak * 0.9 / 0.8 / GIB)  # the plan on display does not fit
+    assert "does not fit" in panel.verdict.value
+    # the button runs the planner on the worker thread: the kernel thread is free meanwhile
+    panel.search_button.click()
+    assert panel.busy
+    _wait_until(lambda: "s elapsed" in panel.progress_text.value or not panel.busy)
+    assert panel.wait(240)
+    assert panel.state == "done", panel.status.value
+    result = panel.result
+    assert result is not None and result.chosen is not None
+    assert snapshot.differences(workload.model) == []  # the search left the model as it was
+    # the front list: one entry per front plan, fits / does not fit as the target says
+    assert len(panel.front_rows) == len(result.front) == len(panel.front_indices) > 1
+    for row, c in zip(panel.front_rows, result.front):
+        assert ("memsave-fits" if panel.target.fits(c.est_peak_bytes) else "memsave-nofit") in _classes(row)
+        assert c.label in row.children[1].value
+    # a target between the front's peaks: the entries above its line turn "does not fit"
+    peaks = sorted(c.est_peak_bytes for c in result.front)
+    line = (peaks[0] + peaks[-1]) // 2
+    panel.set_target(line / 0.8 / GIB)
+    usable = panel.target.usable_bytes
+    assert [("memsave-fits" in _classes(r)) for r in panel.front_rows] == [c.est_peak_bytes <= usable for c in result.front]
+    assert {"fits", "does not fit"} <= {("fits" if c.est_peak_bytes <= usable else "does not fit") for c in result.front}
+    assert panel.plot.source.data["fits"] == ["fits" if c.est_peak_bytes <= usable else "does not fit" for c in panel.candidates]
+    # "load" on a front entry that fits: the explorer takes that plan and reruns it (live)
+    k = next(k for k, c in enumerate(result.front) if c.fits and c.plan.active_regions)
+    front_plan = result.front[k].plan
+    panel.front_rows[k].children[0].click()
+    assert explorer.plan.replace(name="") == front_plan.replace(name="")
+    assert "memsave-front-picked" in _classes(panel.front_rows[k])
+    assert list(panel.plot.source.selected.indices) == [panel.front_indices[k]]
+    assert explorer.wait(120)
+    assert explorer.measurement.peak_bytes == _peak_of(workload, front_plan)
+    assert explorer.entry.plan.replace(name="") == front_plan.replace(name="")
+    assert panel.target.fits(explorer.measurement.peak_bytes) == ("memsave-fits" in _classes(explorer.target_verdict))
+    assert explorer.code_text == explorer.plan.to_code() == front_plan.to_code()
+
+
+@pytest.mark.slow
+def test_a_clicked_point_sets_the_knob_controls_and_the_explorer_reruns_it():
+    explorer = _explorer(live=True)
+    panel = explorer.tuner
+    workload = explorer.session.workload
+    panel.set_target(24)
+    panel.search(background=True, precisions=(None, "bf16"), micro_batches=(1, 2))
+    assert panel.wait(240) and panel.state == "done", panel.status.value
+    # a candidate that changes several knobs at once: bf16, 2 micro-batches of 2, a region
+    index = next(i for i, c in enumerate(panel.candidates)
+                 if c.plan.precision == "bf16" and c.plan.accumulation_steps == 2 and c.plan.active_regions)
+    chosen = panel.candidates[index].plan
+    panel.plot.source.selected.indices = [index]  # what a tap on the point does
+    assert (panel.knob_batch.value, panel.knob_precision.value, panel.knob_accumulate.value) == (2, "bf16", 2)
+    assert panel.knob_seq.value == 0 and panel.knob_optimizer.value is None and panel.knob_zero_grad.value is None
+    assert (chosen.batch_size, chosen.precision, chosen.accumulation_steps) == (2, "bf16", 2)
+    assert explorer.plan.replace(name="") == chosen.replace(name="")
+    assert explorer.wait(120)
+    assert explorer.measurement.peak_bytes == _peak_of(workload, chosen)
+    # the other tabs follow: the layer table's region menu and the plan as code
+    for region, policy in chosen.active_regions.items():
+        assert explorer.table.row(region).region.value == preset_key(policy) in ("full", "save_matmuls", "offload")
+    assert "accumulation_steps = 2" in explorer.code_text and explorer.code_text == chosen.to_code()
+    # the knob controls edit that plan further: "apply knobs" keeps the regions and the precision
+    panel.knob_accumulate.value = 1
+    panel.knob_batch.value = 4
+    panel.knob_zero_grad.value = False
+    panel.knob_apply.click()
+    plan = explorer.plan
+    assert (plan.batch_size, plan.accumulation_steps, plan.precision, plan.set_to_none) == (4, None, "bf16", False)
+    assert plan.active_regions == chosen.active_regions
+    assert explorer.wait(120)
+    assert explorer.measurement.peak_bytes == _peak_of(workload, plan)
+    # a history click loads the earlier plan: the knob controls follow it back
+    explorer._on_pick(0)  # the baseline point of the history scatter
+    assert (panel.knob_batch.value, panel.knob_precision.value, panel.knob_accumulate.value) == (0, None, 1)
+
+
+def test_max_batch_on_the_worker_shows_in_the_panel_and_the_header():
+    explorer = _explorer(live=False)
+    panel = explorer.tuner
+    peak = explorer.measurement.peak_bytes
+    gb = peak * 2.5 / 0.8 / GIB
+    panel.set_target(gb)
+    panel.max_batch_button.click()
+    assert panel.wait(120) and panel.state == "done", panel.status.value
+    expected = max_batch(explorer.session.workload, Plan(), Target(gb))
+    assert expected.value > 4  # more than the batch of 4 fits at 2.5 x its peak
+    assert f"max batch that fits: <b>{expected.value}</b>" in panel.max_batch_result.value
+    assert explorer.target_verdict.value.endswith(f"max batch {expected.value}")
+    # another plan on display: the header drops the number, the panel says whose it was
+    explorer.set_plan(Plan(batch_size=2))
+    explorer.run_now(raise_errors=True)
+    assert "max batch" not in explorer.target_verdict.value
+    assert "press <i>max batch</i> for the plan on display" in panel.max_batch_result.value
+
+
+def test_errors_are_one_line_and_cancel_stops_the_search():
+    explorer = _explorer(live=False)
+    panel = explorer.tuner
+    workload = explorer.session.workload
+    snapshot = ModelSnapshot.capture(workload.model)
+    panel.search(background=True, region_kinds=("sideways",))
+    assert panel.wait(60)
+    assert panel.state == "error" and panel.result is None
+    assert panel.error == "searching plans (fake mode): region kind 'sideways': choose from ('full', 'save_matmuls', 'offload')"
+    assert "\n" not in panel.error and "Traceback" not in panel.status.value
+    # cancel while the planner measures: status "cancelled", no result, the model as it was
+    panel.search(background=True, precisions=(None, "bf16"), micro_batches=(1, 2))
+    _wait_until(lambda: panel.state == "running")
+    time.sleep(0.3)
+    assert panel.cancel()
+    assert panel.wait(60)
+    assert panel.state == "cancelled" and panel.result is None and panel.candidates == []
+    assert panel.cancel_button.disabled and panel.progress_text.value == ""
+    assert snapshot.differences(workload.model) == []
+    # the explorer still measures afterwards (the model lock was released)
+    assert explorer.run_now(raise_errors=True) is not None
