@@ -103,7 +103,10 @@ def pareto(candidates: Sequence["Candidate"], front: Sequence["Candidate"] = (),
 
 
 # -- the panel ---------------------------------------------------------------------------------
-ZERO_GRAD_CHOICES = (("as given", None), ("set to None", True), ("zero in place", False))
+# Dropdown values are strings: ipywidgets shows a None value as an empty menu, not as "as given"
+AS_GIVEN = ""
+ZERO_GRAD_CHOICES = (("as given", AS_GIVEN), ("set to None", "none"), ("zero in place", "zero"))
+_ZERO_GRAD = {AS_GIVEN: None, "none": True, "zero": False}
 
 
 def one_line(exc: BaseException) -> str:
@@ -172,12 +175,12 @@ class TunerPanel(W.VBox):
         small = W.Layout(width="150px")
         self.knob_batch = W.BoundedIntText(value=0, min=0, max=1 << 20, description="batch", layout=small)
         self.knob_seq = W.BoundedIntText(value=0, min=0, max=1 << 24, description="seq len", layout=small)
-        self.knob_precision = W.Dropdown(options=[("as given", None)] + [(k, k) for k in PRECISIONS], value=None,
+        self.knob_precision = W.Dropdown(options=[("as given", AS_GIVEN)] + [(k, k) for k in PRECISIONS], value=AS_GIVEN,
                                          description="precision", layout=W.Layout(width="220px"))
-        self.knob_optimizer = W.Dropdown(options=[("as given", None)] + [(k, k) for k in OPTIMIZERS], value=None,
+        self.knob_optimizer = W.Dropdown(options=[("as given", AS_GIVEN)] + [(k, k) for k in OPTIMIZERS], value=AS_GIVEN,
                                          description="optimizer", layout=W.Layout(width="220px"))
         self.knob_accumulate = W.BoundedIntText(value=1, min=1, max=1024, description="accumulate", layout=small)
-        self.knob_zero_grad = W.Dropdown(options=ZERO_GRAD_CHOICES, value=None, description="zero_grad",
+        self.knob_zero_grad = W.Dropdown(options=ZERO_GRAD_CHOICES, value=AS_GIVEN, description="zero_grad",
                                          layout=W.Layout(width="220px"))
         for name, w in (("batch", self.knob_batch), ("seq", self.knob_seq), ("precision", self.knob_precision),
                         ("optimizer", self.knob_optimizer), ("accumulate", self.knob_accumulate),
@@ -261,10 +264,10 @@ class TunerPanel(W.VBox):
             try:
                 self.knob_batch.value = plan.batch_size or 0
                 self.knob_seq.value = plan.seq_len or 0
-                self.knob_precision.value = plan.precision
-                self.knob_optimizer.value = plan.optimizer
+                self.knob_precision.value = plan.precision or AS_GIVEN
+                self.knob_optimizer.value = plan.optimizer or AS_GIVEN
                 self.knob_accumulate.value = plan.accumulation_steps or 1
-                self.knob_zero_grad.value = plan.set_to_none
+                self.knob_zero_grad.value = {None: AS_GIVEN, True: "none", False: "zero"}[plan.set_to_none]
             finally:
                 self._syncing = False
 
@@ -397,10 +400,10 @@ class TunerPanel(W.VBox):
             plan = self.explorer.plan.replace(
                 batch_size=self.knob_batch.value or None,
                 seq_len=self.knob_seq.value or None,
-                precision=self.knob_precision.value,
-                optimizer=self.knob_optimizer.value,
+                precision=self.knob_precision.value or None,
+                optimizer=self.knob_optimizer.value or None,
                 accumulation_steps=self.knob_accumulate.value if self.knob_accumulate.value > 1 else None,
-                set_to_none=self.knob_zero_grad.value,
+                set_to_none=_ZERO_GRAD[self.knob_zero_grad.value],
             )
         except MemsaveError as exc:
             self._set_status("error", str(exc))

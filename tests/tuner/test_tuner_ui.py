@@ -145,7 +145,7 @@ def test_a_clicked_point_sets_the_knob_controls_and_the_explorer_reruns_it():
     chosen = panel.candidates[index].plan
     panel.plot.source.selected.indices = [index]  # what a tap on the point does
     assert (panel.knob_batch.value, panel.knob_precision.value, panel.knob_accumulate.value) == (2, "bf16", 2)
-    assert panel.knob_seq.value == 0 and panel.knob_optimizer.value is None and panel.knob_zero_grad.value is None
+    assert panel.knob_seq.value == 0 and panel.knob_optimizer.label == "as given" and panel.knob_zero_grad.label == "as given"
     assert (chosen.batch_size, chosen.precision, chosen.accumulation_steps) == (2, "bf16", 2)
     assert explorer.plan.replace(name="") == chosen.replace(name="")
     assert explorer.wait(120)
@@ -157,7 +157,7 @@ def test_a_clicked_point_sets_the_knob_controls_and_the_explorer_reruns_it():
     # the knob controls edit that plan further: "apply knobs" keeps the regions and the precision
     panel.knob_accumulate.value = 1
     panel.knob_batch.value = 4
-    panel.knob_zero_grad.value = False
+    panel.knob_zero_grad.label = "zero in place"
     panel.knob_apply.click()
     plan = explorer.plan
     assert (plan.batch_size, plan.accumulation_steps, plan.precision, plan.set_to_none) == (4, None, "bf16", False)
@@ -166,7 +166,7 @@ def test_a_clicked_point_sets_the_knob_controls_and_the_explorer_reruns_it():
     assert explorer.measurement.peak_bytes == _peak_of(workload, plan)
     # a history click loads the earlier plan: the knob controls follow it back
     explorer._on_pick(0)  # the baseline point of the history scatter
-    assert (panel.knob_batch.value, panel.knob_precision.value, panel.knob_accumulate.value) == (0, None, 1)
+    assert (panel.knob_batch.value, panel.knob_precision.label, panel.knob_accumulate.value) == (0, "as given", 1)
 
 
 def test_max_batch_on_the_worker_shows_in_the_panel_and_the_header():
