@@ -4,7 +4,8 @@ restore that plan).
 
 With a target GPU set (the "Fit a GPU" tab), the table's first rows say whether this plan's and
 the baseline's peaks fit under the target's headroom line (``.memsave-row-fits``, each verdict a
-``.memsave-fits`` or ``.memsave-nofit`` span).
+``.memsave-fits`` or ``.memsave-nofit`` span), and the timeline draws that line (Bokeh ``Span``
+named ``target_line``: green when the peak fits, red when not; off the chart when far above).
 
 DOM hooks: ``.memsave-results-table`` (the split table), and the Bokeh figures named
 ``peak_split_figure``, ``timeline_figure``, ``layer_bars_figure``, ``history_figure``.
@@ -16,6 +17,7 @@ import html
 from typing import Any, Callable, Sequence
 
 import ipywidgets as W
+from bokeh.models import Span
 
 from memsave_nb.measure import CATEGORIES, Measurement
 from memsave_nb.target import Target
@@ -115,6 +117,10 @@ class ResultsPanel(W.VBox):
                                                                               "zoom on backward", "zoom on the optimizer step"])
         self.zoom.add_class("memsave-timeline-zoom")
         self.zoom.observe(lambda _ch: self._zoom(), "value")
+        # the target's headroom line on the timeline (drawn when the peak comes near it)
+        self.target_line = Span(location=0, dimension="width", line_color="#d62728", line_dash="dashed",
+                                line_width=1.5, visible=False, name="target_line")
+        self.timeline_plot.figure.add_layout(self.target_line)
         self.layers_plot = figures.layer_bars(baseline, baseline)
         self.history_plot = figures.history([baseline_entry], 0)
         self.history_plot.source.selected.on_change("indices", self._tapped)
@@ -138,9 +144,15 @@ class ResultsPanel(W.VBox):
         self.layers_plot.update(m, base)
 
     def show_table(self) -> None:
-        """Rewrite the table (after a new measurement or a new target)."""
+        """Rewrite the table and the timeline's headroom line (after a new measurement or target)."""
         m, base = self._shown
         self.table.value = results_html(m, base, self.target)
+        if self.target is None:
+            self.target_line.visible = False
+        else:
+            self.target_line.location = self.target.usable_bytes
+            self.target_line.line_color = "#2ca02c" if self.target.fits(m.peak_bytes) else "#d62728"
+            self.target_line.visible = True
 
     def set_target(self, target: Target | None) -> None:
         self.target = target
