@@ -20,7 +20,8 @@ DOM hooks for browser tests: ``.memsave-target`` (dropdown), ``.memsave-target-g
 ``.memsave-tuner-code``, ``.memsave-knob-batch`` / ``-seq`` / ``-precision`` / ``-optimizer`` /
 ``-accumulate`` / ``-zero-grad``, ``.memsave-front-list`` with one ``.memsave-front-row`` per
 front plan (``.memsave-fits`` or ``.memsave-nofit``; ``.memsave-front-picked`` on the loaded one)
-holding ``.memsave-front-text`` and a ``.memsave-front-load`` button; the scatter's points are the
+holding ``.memsave-front-text`` and a ``.memsave-front-load`` button; ``.memsave-max-seq`` and
+``.memsave-max-seq-result`` (token workloads only); the scatter's points are the
 Bokeh renderer named ``pareto_points`` (figure ``pareto_figure``).
 """
 
@@ -109,6 +110,19 @@ ZERO_GRAD_CHOICES = (("as given", AS_GIVEN), ("set to None", "none"), ("zero in 
 _ZERO_GRAD = {AS_GIVEN: None, "none": True, "zero": False}
 
 
+def _has_tokens(workload: Any) -> bool:
+    """Whether the workload's batch has token inputs whose length ``seq_len`` can change."""
+    from memsave_nb.knobs import seq_len_of
+
+    if callable(workload.batch):
+        return False
+    try:
+        seq_len_of(workload.batch)
+    except MemsaveError:  # no token tensors: the knob does not apply
+        return False
+    return True
+
+
 def one_line(exc: BaseException) -> str:
     """An error as the one line the panel shows (our errors' message, else type and first line)."""
     if isinstance(exc, MemsaveError):
@@ -161,6 +175,11 @@ class TunerPanel(W.VBox):
         self.max_batch_button.add_class("memsave-max-batch")
         self.max_batch_result = W.HTML("")
         self.max_batch_result.add_class("memsave-max-batch-result")
+        self.max_seq_button = W.Button(description="max seq len", icon="arrows-h", layout=W.Layout(width="120px"))
+        self.max_seq_button.add_class("memsave-max-seq")
+        self.max_seq_result = W.HTML("")
+        self.max_seq_result.add_class("memsave-max-seq-result")
+        self.max_seq = None  # (plan, target, SearchResult) of the last search
         self.search_button = W.Button(description="find plans that fit", icon="search", button_style="info",
                                       layout=W.Layout(width="180px"))
         self.search_button.add_class("memsave-plan-search")
@@ -204,6 +223,7 @@ class TunerPanel(W.VBox):
         self.target_gb.observe(self._gb_changed, "value")
         self.headroom.observe(lambda _ch: self.refresh(), "value")
         self.max_batch_button.on_click(lambda _b: self.find_max_batch(background=True))
+        self.max_seq_button.on_click(lambda _b: self.find_max_seq_len(background=True))
         self.search_button.on_click(lambda _b: self.search(background=True))
         self.cancel_button.on_click(lambda _b: self.cancel())
         super().__init__([
@@ -213,6 +233,7 @@ class TunerPanel(W.VBox):
             W.HBox([self.knob_batch, self.knob_seq, self.knob_precision, self.knob_optimizer, self.knob_accumulate,
                     self.knob_zero_grad, self.knob_apply], layout=W.Layout(flex_flow="row wrap")),
             W.HBox([self.max_batch_button, self.max_batch_result], layout=W.Layout(align_items="center")),
+            W.HBox([self.max_seq_button, self.max_seq_result], layout=W.Layout(align_items="center")),
             W.HBox([self.search_button, self.cancel_button, self.progress_text, self.status],
                    layout=W.Layout(align_items="center", flex_flow="row wrap")),
             W.HBox([bokeh_widget(self.plot.figure), self.front_list], layout=W.Layout(flex_flow="row wrap")),
@@ -220,6 +241,8 @@ class TunerPanel(W.VBox):
             self.code,
         ])
         self.add_class("memsave-tuner-panel")
+        if not _has_tokens(explorer.session.workload):  # no token inputs: no sequence length to search
+            self.max_seq_button.layout.display = "none"
         explorer.on_result(lambda _entry: self.refresh())
         explorer.editor.on_change(self.sync_knobs)  # a loaded or edited plan: the knob controls follow
         self.sync_knobs()
@@ -432,6 +455,29 @@ class TunerPanel(W.VBox):
             return f"max batch {r.value} at {target.label} ({r.count} probes)"
 
         r = self._submit("max batch: bisection in fake mode", work, done, background)
+        return r.value if r is not None else None
+
+    def find_max_seq_len(self, *, background: bool = False) -> int | None:
+        """The longest token sequence that fits the target under the explorer's plan (bisection in
+        fake mode, capped by the model's positions). ``background=True`` (the button) runs it on the
+        worker and returns None."""
+        from memsave_nb.target import max_seq_len
+
+        workload, plan, target = self.explorer.session.workload, self.explorer.plan, self.target
+
+        def work(ev: threading.Event) -> Any:
+            return max_seq_len(workload, plan, target, cancel_event=ev)
+
+        def done(r: Any) -> str:
+            self.max_seq = (plan, target, r)
+            extra = f"; {r.limit}" if r.limit else ""
+            self.max_seq_result.value = (f"max sequence length that fits: <b>{r.value}</b> (peak "
+                                         f"{format_bytes(r.peak_bytes or 0)}, {r.count} fake-mode probes{html.escape(extra)}; "
+                                         f"for {html.escape(plan.describe() or 'the workload as given')} at "
+                                         f"{html.escape(target.label)})")
+            return f"max sequence length {r.value} at {target.label} ({r.count} probes)"
+
+        r = self._submit("max sequence length: bisection in fake mode", work, done, background)
         return r.value if r is not None else None
 
     def search(self, *, background: bool = False, **options: Any) -> "PlannerResult | None":

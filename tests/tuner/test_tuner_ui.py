@@ -213,3 +213,23 @@ def test_errors_are_one_line_and_cancel_stops_the_search():
     assert snapshot.differences(workload.model) == []
     # the explorer still measures afterwards (the model lock was released)
     assert explorer.run_now(raise_errors=True) is not None
+
+
+@pytest.mark.slow
+def test_max_sequence_length_on_the_worker():
+    """The panel's max-seq button equals target.max_seq_len run directly (the oracle), and is hidden
+    where the batch has no token tensors."""
+    from memsave_nb.target import max_seq_len
+
+    explorer = _explorer(live=False)
+    panel = explorer.tuner
+    assert panel.max_seq_button.layout.display != "none"
+    gb = explorer.measurement.peak_bytes * 0.85 / 0.8 / GIB  # under the current peak: a shorter sequence
+    panel.set_target(gb)
+    panel.max_seq_button.click()
+    assert panel.wait(120) and panel.state == "done", panel.status.value
+    expected = max_seq_len(explorer.session.workload, Plan(), Target(gb))
+    assert 1 <= expected.value < TINY_GPT.block_size and "positions" not in expected.limit
+    assert f"max sequence length that fits: <b>{expected.value}</b>" in panel.max_seq_result.value
+    cnn = Explorer(Session(zoo.make("cnn"), mode="fake", repeats=0), live=False, debounce_s=0.0)
+    assert cnn.tuner.max_seq_button.layout.display == "none"
