@@ -42,12 +42,15 @@ def fsdp_kwargs(spec: ParallelSpec, mesh: Any) -> dict[str, Any]:
     return kw
 
 
-def apply_parallel(model: nn.Module, spec: ParallelSpec, mesh: Any) -> nn.Module:
-    """Shard (in place) or wrap ``model``; returns the module the step should call."""
-    if spec.strategy == "ddp":
-        from torch.nn.parallel import DistributedDataParallel
+def apply_parallel(model: nn.Module, spec: ParallelSpec, mesh: Any, *, fake: bool = False) -> nn.Module:
+    """Shard (in place) or wrap ``model``; returns the module the step should call.
 
-        return DistributedDataParallel(model, bucket_cap_mb=spec.bucket_cap_mb)
+    ``fake``: on the fake backend (DDP needs two changes there, see ``ddp.py``).
+    """
+    if spec.strategy == "ddp":
+        from .ddp import wrap_ddp
+
+        return wrap_ddp(model, spec, fake=fake)
     from torch.distributed.fsdp import fully_shard
 
     kw = fsdp_kwargs(spec, mesh)

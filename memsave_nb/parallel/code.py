@@ -19,7 +19,8 @@ def parallel_code(spec: ParallelSpec, model_var: str = "model") -> tuple[list[st
         imports.append("from torch.nn.parallel import DistributedDataParallel")
         body += [
             f"mesh = init_device_mesh(device_type, ({spec.world_size},))",
-            f"{m} = DistributedDataParallel({m}, bucket_cap_mb={spec.bucket_cap_mb!r}, process_group=mesh.get_group())",
+            f"{m} = DistributedDataParallel({m}, bucket_cap_mb={spec.bucket_cap_mb!r}, "
+            f"gradient_as_bucket_view={spec.gradient_as_bucket_view!r}, process_group=mesh.get_group())",
         ]
         return imports, body
     imports.append("from torch.distributed.fsdp import fully_shard")

@@ -5,7 +5,8 @@ seed, applies the same ``fully_shard``/DDP calls (``apply.apply_parallel``) to i
 runs the same tracked step (``step.tracked_step``) on real tensors with real collectives. Its
 peak and split are compared with the fake-mode prediction for that rank (``measure_rank``).
 
-``python -m memsave_nb.parallel.gloo --case tiny-gpt --world-size 2 4`` prints the table.
+``python -m memsave_nb.parallel.gloo --case tiny-gpt --world-size 2 4 [--ddp]`` prints the table.
+Classic DDP runs here exactly as in a training script (its default all-reduce, ``init_sync``).
 """
 
 from __future__ import annotations
@@ -149,11 +150,15 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--case", nargs="+", default=["tiny-gpt", "gpt", "mlp"], choices=sorted(CASES))
     ap.add_argument("--world-size", nargs="+", type=int, default=[2, 4])
+    ap.add_argument("--ddp", action="store_true", help="classic DistributedDataParallel instead of FSDP2")
+    ap.add_argument("--gradient-as-bucket-view", action="store_true", help="with --ddp: gradients as views of its buckets")
     args = ap.parse_args(argv)
     rows = []
     for case in args.case:
         for ws in args.world_size:
-            rows.extend(cross_check(case, ParallelSpec(world_size=ws)))
+            spec = ParallelSpec(world_size=ws, strategy="ddp" if args.ddp else "fsdp",
+                                gradient_as_bucket_view=args.gradient_as_bucket_view)
+            rows.extend(cross_check(case, spec))
     print(markdown_table(rows))
     return 0 if all(r.difference_bytes == 0 for r in rows) else 1
 

@@ -37,11 +37,6 @@ def measure_parallel(workload: Workload, spec: ParallelSpec | None = None, plan:
         spec = getattr(plan, "parallel", None)
         if spec is None:
             raise ParallelError("no parallel spec: pass spec=ParallelSpec(...) or a plan with parallel=...")
-    if spec.strategy == "ddp":
-        raise ParallelError(
-            "DDP cannot be sized in fake mode: its C++ reducer reads parameter data (use strategy 'fsdp', "
-            "or the real gloo run in memsave_nb.parallel.gloo)"
-        )
     if spec.cpu_offload:
         raise ParallelError(
             "cpu_offload cannot be sized here: fake mode runs on the CPU standing in for the accelerator, so host and "
@@ -84,9 +79,9 @@ def measure_rank(workload: Workload, spec: ParallelSpec, plan: Any = None, *, ra
             # The plan restores the twin on exit by comparing its parameter dicts: put back the
             # twin's own tensors first (fully_shard swapped in DTensors), then the plan undoes the rest.
             with entries_restored(wl.model):
-                called = apply_parallel(wl.model, spec, mesh)
+                called = apply_parallel(wl.model, spec, mesh, fake=True)
                 batch = _fake_batch(wl, fake_mode)
-                return tracked_step(wl, called, batch, rank=rank, ranks=ranks or (rank,), steady=steady)
+                return tracked_step(wl, called, batch, rank=rank, ranks=ranks or (rank,), steady=steady, fake=True)
 
 
 @contextlib.contextmanager

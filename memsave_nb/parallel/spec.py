@@ -34,6 +34,8 @@ class ParallelSpec:
     - ``cpu_offload``: FSDP2 ``CPUOffloadPolicy`` (sharded parameters, gradients and optimizer
       state live in host memory).
     - ``bucket_cap_mb``: DDP gradient bucket size.
+    - ``gradient_as_bucket_view``: DDP's option: gradients are views of its buckets (one copy of
+      the gradients instead of two).
     """
 
     world_size: int = 8
@@ -45,6 +47,7 @@ class ParallelSpec:
     reduce_dtype: str | None = None
     cpu_offload: bool = False
     bucket_cap_mb: float = 25.0
+    gradient_as_bucket_view: bool = False
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -68,7 +71,7 @@ class ParallelSpec:
             v = getattr(self, f)
             if v is not None and v not in DTYPES:
                 raise ParallelError(f"{f} must be one of {DTYPES} or None, got {v!r}")
-        for f in ("reshard_after_forward", "cpu_offload"):
+        for f in ("reshard_after_forward", "cpu_offload", "gradient_as_bucket_view"):
             if not isinstance(getattr(self, f), bool):
                 raise ParallelError(f"{f} must be True or False, got {getattr(self, f)!r}")
         b = self.bucket_cap_mb
@@ -94,7 +97,8 @@ class ParallelSpec:
 
     def describe(self) -> str:
         if self.strategy == "ddp":
-            return f"DDP x{self.world_size} (buckets {self.bucket_cap_mb:g} MB)"
+            view = ", gradients as bucket views" if self.gradient_as_bucket_view else ""
+            return f"DDP x{self.world_size} (buckets {self.bucket_cap_mb:g} MB{view})"
         mesh = "x".join(map(str, self.mesh_shape))
         parts = [f"{'HSDP' if self.replicate > 1 else 'FSDP2'} x{self.world_size}" + (f" (mesh {mesh})" if self.replicate > 1 else "")]
         if not self.reshard_after_forward:

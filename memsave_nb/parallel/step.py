@@ -19,6 +19,7 @@ from ..errors import WorkloadError
 from ..measure.tracker import INPUT
 from ..workload import Workload, iter_tensors
 from .apply import unsharded_tensors
+from .ddp import rebuild_buckets, reducer_storages
 from .result import CATEGORIES, RankMeasurement
 from .tracker import ShardTracker
 
@@ -61,13 +62,13 @@ def _call(workload: Workload, model: nn.Module, batch: Any) -> Any:
 
 
 def tracked_step(workload: Workload, model: nn.Module, batch: Any, *, rank: int, ranks: tuple[int, ...],
-                 steady: bool | str = True) -> RankMeasurement:
+                 steady: bool | str = True, fake: bool = False) -> RankMeasurement:
     """Run (steady: two steps, the second tracked) and summarise one rank.
 
     ``workload.model`` is the sharded module whose parameters train; ``model`` is what is called
     (the same module under FSDP2, the DDP wrapper under DDP). ``steady``: True makes the optimizer
     state with one optimizer step on zero gradients, ``"full"`` runs a whole first step, False
-    measures the first step.
+    measures the first step. ``fake``: on fake tensors.
     """
     start = time.perf_counter()
     params = [p for p in workload.model.parameters()]
@@ -75,6 +76,7 @@ def tracked_step(workload: Workload, model: nn.Module, batch: Any, *, rank: int,
     optimizer = workload.make_optimizer() if trainable else None
     if steady == "full":
         _run(workload, model, batch, optimizer, None, {})
+        rebuild_buckets(model, fake=fake)  # DDP re-buckets at the next forward: before tracking
     elif steady and optimizer is not None:
         # The optimizer's first step on zero gradients creates the same state as a first training
         # step, at a fraction of its cost (tests check the tracked step is byte-identical). FSDP2's
@@ -89,6 +91,7 @@ def tracked_step(workload: Workload, model: nn.Module, batch: Any, *, rank: int,
     tracker.register_tensors(params, "sharded_parameters")
     tracker.register_tensors((b for b in workload.model.buffers() if b is not None), "buffers")
     tracker.register_tensors(unsharded_tensors(workload.model), "unsharded_parameters")
+    tracker.register_storages(reducer_storages(model), "communication")  # DDP's gradient buckets
     if optimizer is not None:
         tracker.register_tensors((t for s in optimizer.state.values() for t in iter_tensors(s)), "optimizer_state")
     tracker.register_tensors(iter_tensors(batch), INPUT)

@@ -77,6 +77,14 @@ class ShardTracker(MemoryTracker):
         dt = _dtensor_type()
         self.register_existing((t.to_local() if dt is not None and isinstance(t, dt) else t for t in tensors), kind)
 
+    def register_storages(self, storages, kind: str) -> None:
+        """Count storages that live before the step and have no tensor at hand (DDP's buckets)."""
+        from ..measure.tracker import StorageRecord
+
+        for st in storages:
+            if id(st) not in self._index:
+                self._add(st, StorageRecord(st.nbytes(), "", "", "setup", len(self.events), kind=kind))
+
     def _resized(self, storage: torch.UntypedStorage) -> None:
         idx = self._index.get(id(storage))
         nbytes = storage.nbytes()

@@ -1,7 +1,7 @@
-"""The "GPUs" panel: per-rank memory of the current plan under FSDP2 on 1 to 1024 GPUs.
+"""The "GPUs" panel: per-rank memory of the current plan under FSDP2 or DDP on 1 to 1024 GPUs.
 
 It builds a ``ParallelSpec`` from its controls and asks ``memsave_nb.parallel.measure_parallel``
-(fake mode, PyTorch's own ``fully_shard``) for the per-rank table; it holds no measurement logic.
+(fake mode, PyTorch's own ``fully_shard`` / ``DistributedDataParallel``) for the per-rank table; it holds no measurement logic.
 Changing a control re-sizes on a worker thread (a newer request supersedes an older one).
 
 DOM hooks: ``.memsave-gpus`` (number), ``.memsave-sharding`` (dropdown), ``.memsave-bf16``
@@ -17,12 +17,14 @@ from typing import Any, Callable
 
 import ipywidgets as W
 
-from memsave_nb.parallel import ParallelSpec, measure_parallel
+from memsave_nb.parallel import ParallelError, ParallelSpec, measure_parallel
 
 SHARDINGS = (
     ("FSDP2: fully_shard per block + root", "fsdp"),
     ("FSDP2, keep gathered params after forward", "fsdp-keep"),
     ("HSDP: 2 replica groups", "hsdp"),
+    ("DDP: replicate, gradient buckets", "ddp"),
+    ("DDP, gradients as bucket views", "ddp-view"),
 )
 MAX_GPUS = 1024
 
@@ -34,6 +36,11 @@ def spec_for(gpus: int, sharding: str, bf16: bool) -> ParallelSpec:
         kw["reshard_after_forward"] = False
     elif sharding == "hsdp":
         kw["replicate"] = 2
+    elif sharding in ("ddp", "ddp-view"):
+        if bf16:
+            raise ParallelError("bf16 params with fp32 reduce is FSDP2's MixedPrecisionPolicy; for DDP set the "
+                                "plan's precision instead")
+        return ParallelSpec(strategy="ddp", gradient_as_bucket_view=sharding == "ddp-view", **kw)
     if bf16:
         kw.update(param_dtype="bfloat16", reduce_dtype="float32")
     return ParallelSpec(**kw)
@@ -62,7 +69,7 @@ class ParallelPanel(W.VBox):
         self._generation = 0
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
-        note = W.HTML("<small>Per-rank memory in fake mode with PyTorch's own <code>fully_shard</code> "
+        note = W.HTML("<small>Per-rank memory in fake mode with PyTorch's own <code>fully_shard</code> or DDP "
                       "on a fake process group; the plan's freezing and checkpointing apply.</small>")
         super().__init__([note, W.HBox([self.gpus, self.sharding, self.bf16, self.size_button],
                                        layout=W.Layout(flex_flow="row wrap")), self.peak, self.error, self.table])

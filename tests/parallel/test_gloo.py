@@ -22,3 +22,16 @@ def test_gloo_ranks_measure_what_fake_mode_predicts():
         assert r.measured_bytes >= r.predicted_bytes
         assert r.predicted_split["sharded_parameters"] > 0 and r.predicted_split["communication"] > 0
     assert not dist.is_initialized()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="gloo backend not built")
+def test_gloo_classic_ddp_ranks_measure_what_fake_mode_predicts():
+    """Classic DDP on real gloo (its default all-reduce, init_sync) against fake mode, byte for byte."""
+    rows = cross_check("tiny-gpt", ParallelSpec(world_size=2, strategy="ddp"))
+    for r in rows:
+        assert r.staging_bytes == 0  # DDP all-reduces its buckets in place
+        assert r.measured_bytes == r.predicted_bytes, markdown_table(rows)
+        assert r.measured_split == r.predicted_split
+        assert r.predicted_split["communication"] > 0  # the gradient buckets
+    assert not dist.is_initialized()
