@@ -6,7 +6,9 @@ run the very same calls.
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+from collections.abc import Sequence
+from typing import Any, Iterator
 
 import torch
 from torch import nn
@@ -54,10 +56,65 @@ def apply_parallel(model: nn.Module, spec: ParallelSpec, mesh: Any, *, fake: boo
     from torch.distributed.fsdp import fully_shard
 
     kw = fsdp_kwargs(spec, mesh)
-    for name in shard_units(model, spec):
-        fully_shard(model.get_submodule(name), **kw)
-    fully_shard(model, **kw)
+    with _rank_chunk_only() if fake else contextlib.nullcontext():
+        for name in shard_units(model, spec):
+            fully_shard(model.get_submodule(name), **kw)
+        fully_shard(model, **kw)
     return model
+
+
+class _LazyChunks(Sequence):
+    """``torch.chunk(tensor, n, dim)`` padded with empty tensors to ``n``, each chunk made on demand.
+
+    FSDP2 chunks every parameter into shard-group-size pieces and keeps one: on fake tensors each
+    piece costs a fake tensor, 64 per parameter at 64 ranks (most of ``fully_shard``'s time there).
+    Item ``i`` is the same view ``torch.chunk`` returns (``narrow`` of the same storage, same size,
+    stride and offset); views allocate nothing, so the sizing is unchanged (the FSDPMemTracker
+    tests shard without this and agree byte for byte).
+    """
+
+    def __init__(self, tensor: torch.Tensor, num_chunks: int, dim: int):
+        self.tensor, self.num_chunks, self.dim = tensor, num_chunks, dim
+        d = tensor.size(dim)
+        self.step = -(-d // num_chunks) if d else 0
+        self.real = -(-d // self.step) if self.step else 0  # what torch.chunk returns
+        if d == 0:
+            self.real = num_chunks  # torch.chunk of an empty dim returns n empty chunks
+
+    def __len__(self) -> int:
+        return self.num_chunks
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(self.num_chunks))]
+        if i < 0:
+            i += self.num_chunks
+        if not 0 <= i < self.num_chunks:
+            raise IndexError(i)
+        if i < self.real:
+            d = self.tensor.size(self.dim)
+            start = i * self.step
+            return self.tensor.narrow(self.dim, start, min(self.step, d - start))
+        return self[0].new_empty(0)
+
+
+@contextlib.contextmanager
+def _rank_chunk_only() -> Iterator[None]:
+    """While sharding in fake mode, FSDP2's ``_chunk_with_empty`` builds only the chunks it reads."""
+    try:
+        from torch.distributed.fsdp._fully_shard import _fsdp_param as fp_mod
+    except ImportError:  # pragma: no cover
+        yield
+        return
+    original = getattr(fp_mod, "_chunk_with_empty", None)
+    if original is None:  # pragma: no cover
+        yield
+        return
+    fp_mod._chunk_with_empty = _LazyChunks
+    try:
+        yield
+    finally:
+        fp_mod._chunk_with_empty = original
 
 
 def fsdp_params(model: nn.Module) -> list[Any]:

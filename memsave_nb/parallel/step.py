@@ -51,6 +51,34 @@ def _run(workload: Workload, model: nn.Module, batch: Any, optimizer, tracker: S
     phase("done")
 
 
+_INIT_GROUP_ARGS = ("self", "group", "params_with_grad", "grads", "exp_avgs", "exp_avg_sqs", "max_exp_avg_sqs", "state_steps")
+
+
+def init_optimizer_state(optimizer: torch.optim.Optimizer) -> bool:
+    """Create Adam's / AdamW's state with their own ``_init_group``, without the update's arithmetic.
+
+    The first ``step()`` creates the state there (``step``, ``exp_avg``, ``exp_avg_sq``, and
+    ``max_exp_avg_sq`` with amsgrad) for every parameter with a gradient, then updates in place;
+    the update allocates nothing that outlives it, so the state is the first step's, byte for byte
+    (``step`` holds 0 instead of 1). On DTensor parameters the update is the warm-up's largest cost.
+    False (nothing done) for any other optimizer or a torch whose ``_init_group`` differs.
+    """
+    import inspect
+
+    if type(optimizer) not in (torch.optim.Adam, torch.optim.AdamW):
+        return False
+    init = getattr(type(optimizer), "_init_group", None)
+    try:
+        if init is None or tuple(inspect.signature(init).parameters) != _INIT_GROUP_ARGS:
+            return False
+    except (TypeError, ValueError):  # pragma: no cover
+        return False
+    with torch.no_grad():
+        for group in optimizer.param_groups:
+            init(optimizer, group, [], [], [], [], [], [])
+    return True
+
+
 def _fsdp_lazy_init(model: nn.Module) -> None:
     get = getattr(model, "_get_fsdp_state", None)
     if get is not None:
@@ -84,7 +112,8 @@ def tracked_step(workload: Workload, model: nn.Module, batch: Any, *, rank: int,
         _fsdp_lazy_init(workload.model)
         for p in trainable:
             p.grad = torch.zeros_like(p)
-        optimizer.step()
+        if not init_optimizer_state(optimizer):
+            optimizer.step()
     for p in params:
         p.grad = None
     tracker = ShardTracker(workload.model)

@@ -36,9 +36,19 @@ def _dtensor_type():
 
 
 def _active_fake_mode():
+    """The fake mode now in force (one C call per op; ``torch._guards.active_fake_mode`` walks the
+    whole mode stack in Python)."""
+    return _get_dispatch_mode(_FAKE_KEY) if _FAKE_KEY is not None else _guards_active_fake_mode()
+
+
+def _guards_active_fake_mode():
     from torch._guards import active_fake_mode
 
     return active_fake_mode()
+
+
+_get_dispatch_mode = getattr(torch._C, "_get_dispatch_mode", None)
+_FAKE_KEY = getattr(getattr(torch._C, "_TorchDispatchModeKey", None), "FAKE", None) if _get_dispatch_mode else None
 
 
 class _ShardWatcher(_DispatchWatcher):
