@@ -79,25 +79,43 @@ class _RealIndexTensors(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
-def rebuild_buckets(module: nn.Module, *, fake: bool = False) -> bool:
+class _ObservedReducer:
+    """Stands in for ``ddp.reducer`` on the Python side (DDP's Python code only calls its methods):
+    a bucket rebuild records the new buckets' storages, and in fake mode runs its index sync on
+    real int32 tensors (``_RealIndexTensors``). Everything else goes to the C++ reducer."""
+
+    def __init__(self, reducer: Any, ddp: nn.Module, fake: bool):
+        object.__setattr__(self, "_reducer", reducer)
+        object.__setattr__(self, "_ddp", weakref.ref(ddp))
+        object.__setattr__(self, "_fake", fake)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._reducer, name)
+
+    def _rebuild_buckets(self) -> bool:
+        births = _Births()
+        with births:
+            if self._fake:
+                with _RealIndexTensors():
+                    done = self._reducer._rebuild_buckets()
+            else:
+                done = self._reducer._rebuild_buckets()
+        ddp = self._ddp()
+        if done and ddp is not None:
+            _BORN[ddp] = [r for r in births.refs.values() if r() is not None]
+        return done
+
+
+def rebuild_buckets(module: nn.Module) -> bool:
     """Rebuild a DDP wrapper's buckets in gradient-ready order now, as its next forward would.
 
     After its first backward DDP re-buckets once, at the start of the next forward; the steady
-    state is measured after that. ``fake``: on fake tensors (see ``_RealIndexTensors``).
+    state is measured after that.
     """
     reducer = getattr(module, "reducer", None)
-    if reducer is None or module not in _BORN:
+    if not isinstance(reducer, _ObservedReducer):
         return False
-    births = _Births()
-    with births:
-        if fake:
-            with _RealIndexTensors():
-                done = reducer._rebuild_buckets()
-        else:
-            done = reducer._rebuild_buckets()
-    if done:
-        _BORN[module] = [r for r in births.refs.values() if r() is not None]
-    return done
+    return reducer._rebuild_buckets()
 
 
 def _fake_pg_allreduce_hook(state, bucket):  # no annotations: DDP checks them against its own types
@@ -123,6 +141,7 @@ def wrap_ddp(model: nn.Module, spec: ParallelSpec, *, fake: bool = False) -> nn.
     if fake:
         ddp.register_comm_hook(None, _fake_pg_allreduce_hook)
     _BORN[ddp] = [r for r in births.refs.values() if r() is not None]
+    ddp.reducer = _ObservedReducer(ddp.reducer, ddp, fake)  # after the hook: that call needs the C++ object
     return ddp
 
 

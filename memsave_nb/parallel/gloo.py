@@ -12,6 +12,7 @@ Classic DDP runs here exactly as in a training script (its default all-reduce, `
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -69,14 +70,15 @@ class CrossCheckRow:
         return self.comparable_bytes - self.predicted_bytes
 
 
-def _rank_main(rank: int, case: str, spec_dict: dict, store_path: str, out_dir: str) -> None:
+def _rank_main(rank: int, case: str, spec_dict: dict, store_path: str, out_dir: str, plan_json: str | None = None) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
     from .apply import apply_parallel
-    from .measure import entries_restored  # noqa: F401  (same module set as fake mode)
+    from ..plan import Plan
+    from .measure import entries_restored
     from .step import tracked_step
 
     torch.set_num_threads(1)
@@ -86,9 +88,12 @@ def _rank_main(rank: int, case: str, spec_dict: dict, store_path: str, out_dir: 
         names = ("replicate", "shard") if len(spec.mesh_shape) == 2 else ("shard",)
         mesh = init_device_mesh("cpu", spec.mesh_shape, mesh_dim_names=names)
         workload = CASES[case]()
-        called = apply_parallel(workload.model, spec, mesh)
-        batch = workload.make_batch()
-        result = tracked_step(workload, called, batch, rank=rank, ranks=(rank,), steady=True)
+        plan = Plan.from_json(plan_json) if plan_json else None
+        with (plan.apply(workload) if plan is not None else contextlib.nullcontext(workload)) as wl, \
+                entries_restored(wl.model):
+            called = apply_parallel(wl.model, spec, mesh)
+            batch = wl.make_batch()
+            result = tracked_step(wl, called, batch, rank=rank, ranks=(rank,), steady=True)
         with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
             json.dump(result.as_dict(), f)
     finally:
@@ -96,13 +101,15 @@ def _rank_main(rank: int, case: str, spec_dict: dict, store_path: str, out_dir: 
 
 
 def measure_gloo(case: str, spec: ParallelSpec, start_method: str = "fork",
-                 timeout_s: float = 600.0) -> list[RankMeasurement]:
-    """Each rank's measured step on a real gloo group of ``spec.world_size`` CPU processes."""
+                 timeout_s: float = 600.0, plan: Any = None) -> list[RankMeasurement]:
+    """Each rank's measured step on a real gloo group of ``spec.world_size`` CPU processes
+    (``plan``, a ``memsave_nb.Plan``, applied to each rank's model first, as in fake mode)."""
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory() as tmp:
         # fork: the ranks inherit the imported torch (spawn re-imports it per rank, ~10 s each here)
-        ctx = mp.start_processes(_rank_main, args=(case, spec.to_dict(), os.path.join(tmp, "store"), tmp),
+        ctx = mp.start_processes(_rank_main, args=(case, spec.to_dict(), os.path.join(tmp, "store"), tmp,
+                                                           plan.to_json() if plan is not None else None),
                                  nprocs=spec.world_size, join=False, start_method=start_method)
         deadline = time.monotonic() + timeout_s
         while not ctx.join(timeout=1):
@@ -123,15 +130,15 @@ def measure_gloo(case: str, spec: ParallelSpec, start_method: str = "fork",
     return out
 
 
-def cross_check(case: str, spec: ParallelSpec) -> list[CrossCheckRow]:
+def cross_check(case: str, spec: ParallelSpec, plan: Any = None) -> list[CrossCheckRow]:
     """Fake-mode prediction against the real gloo measurement, per rank."""
     from .measure import measure_rank
 
     workload = CASES[case]()
-    measured = measure_gloo(case, spec)
+    measured = measure_gloo(case, spec, plan=plan)
     rows = []
     for m in measured:
-        p = measure_rank(workload, spec, rank=m.rank)
+        p = measure_rank(workload, spec, plan, rank=m.rank)
         rows.append(CrossCheckRow(case, spec.world_size, m.rank, p.peak_bytes, m.peak_bytes, p.peak_split, m.peak_split,
                                   m.backend_staging_bytes, m.peak_without_staging_bytes))
     return rows

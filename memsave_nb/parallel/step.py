@@ -34,17 +34,21 @@ def _run(workload: Workload, model: nn.Module, batch: Any, optimizer, tracker: S
         if tracker is not None:
             tracker.phase = p
 
-    phase("forward")
-    output = workload.forward(batch) if model is workload.model else _call(workload, model, batch)
-    loss = workload.compute_loss(output)
-    if not loss.requires_grad:
-        raise WorkloadError("the loss does not depend on anything that requires grad")
-    if tracker is not None:
-        marks["forward_end"] = len(tracker.events)
-        marks["live"] = set(tracker.live_records())
-    phase("backward")
-    loss.backward()
-    del output, loss
+    k = workload.accumulation_steps
+    for micro in range(k):  # k micro-steps (forward, loss / k, backward), as the engine runs them
+        phase("forward")
+        output = workload.forward(batch) if model is workload.model else _call(workload, model, batch)
+        loss = workload.compute_loss(output)
+        if not loss.requires_grad:
+            raise WorkloadError("the loss does not depend on anything that requires grad")
+        if k > 1:
+            loss = loss / k
+        if tracker is not None and micro == k - 1:
+            marks["forward_end"] = len(tracker.events)
+            marks["live"] = set(tracker.live_records())
+        phase("backward")
+        loss.backward()
+        del output, loss
     if optimizer is not None:
         phase("optimizer")
         optimizer.step()
@@ -96,15 +100,20 @@ def tracked_step(workload: Workload, model: nn.Module, batch: Any, *, rank: int,
     ``workload.model`` is the sharded module whose parameters train; ``model`` is what is called
     (the same module under FSDP2, the DDP wrapper under DDP). ``steady``: True makes the optimizer
     state with one optimizer step on zero gradients, ``"full"`` runs a whole first step, False
-    measures the first step. ``fake``: on fake tensors.
+    measures the first step. The workload's ``accumulation_steps`` and ``set_to_none`` are honoured
+    as the engine honours them (the same batch for each micro-step). ``fake``: on fake tensors.
     """
     start = time.perf_counter()
     params = [p for p in workload.model.parameters()]
     trainable = [p for p in params if p.requires_grad]
     optimizer = workload.make_optimizer() if trainable else None
+    if steady is True and getattr(model, "reducer", None) is not None:
+        # DDP re-buckets once, at the first forward after a backward (the next micro-step's, with
+        # accumulation): a whole first step and that rebuild come before the tracked step
+        steady = "full"
     if steady == "full":
         _run(workload, model, batch, optimizer, None, {})
-        rebuild_buckets(model, fake=fake)  # DDP re-buckets at the next forward: before tracking
+        rebuild_buckets(model)  # DDP re-buckets at the next forward: before tracking
     elif steady and optimizer is not None:
         # The optimizer's first step on zero gradients creates the same state as a first training
         # step, at a fraction of its cost (tests check the tracked step is byte-identical). FSDP2's
@@ -116,8 +125,13 @@ def tracked_step(workload: Workload, model: nn.Module, batch: Any, *, rank: int,
             optimizer.step()
     for p in params:
         p.grad = None
+    if not workload.set_to_none:  # zero_grad(set_to_none=False): zeroed gradients alive from the start
+        with torch.no_grad():
+            for p in trainable:
+                p.grad = torch.zeros_like(p)
     tracker = ShardTracker(workload.model)
     tracker.register_tensors(params, "sharded_parameters")
+    tracker.register_tensors((p.grad for p in params if p.grad is not None), "gradients")
     tracker.register_tensors((b for b in workload.model.buffers() if b is not None), "buffers")
     tracker.register_tensors(unsharded_tensors(workload.model), "unsharded_parameters")
     tracker.register_storages(reducer_storages(model), "communication")  # DDP's gradient buckets

@@ -61,10 +61,14 @@ def fsdp_mem_tracker_peak(workload: Workload, spec, plan=None, rank: int = 0) ->
             batch = _fake_batch(w, fm)
             opt = w.make_optimizer()
 
+            k = w.accumulation_steps
+
             def step():
-                out = w.forward(batch)
-                w.compute_loss(out).backward()
-                del out
+                for _ in range(k):  # micro-steps as memsave_nb runs them: loss / k, same batch
+                    out = w.forward(batch)
+                    loss = w.compute_loss(out)
+                    (loss / k if k > 1 else loss).backward()
+                    del out, loss
                 opt.step()
                 opt.zero_grad()
 
