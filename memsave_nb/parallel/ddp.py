@@ -56,7 +56,9 @@ class _Births(TorchDispatchMode):
                     st = t.untyped_storage()
                 except (RuntimeError, NotImplementedError):
                     continue
-                self.refs.setdefault(id(st), weakref.ref(st))
+                ref = self.refs.get(id(st))
+                if ref is None or ref() is not st:  # an id is reused once its storage has died
+                    self.refs[id(st)] = weakref.ref(st)
         return out
 
 
