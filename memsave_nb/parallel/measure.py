@@ -1,5 +1,8 @@
 """``measure_parallel``: per-rank peaks in fake mode, one process, PyTorch's own FSDP2/DDP code.
 
+DDP runs with two fake-backend changes (``ddp.py``); FSDP2 builds only the parameter chunk each
+rank keeps (``apply._LazyChunks``, the same views); neither changes a byte.
+
 For each group of ranks with equal shard shapes (``apply.rank_layouts``), one rank is measured:
 a fake process group for that rank and its mesh (outside fake mode); under ``FakeTensorMode`` a
 fake twin of the model, the plan's choices on the twin, ``fully_shard``/DDP, the batch, the
@@ -39,8 +42,8 @@ def measure_parallel(workload: Workload, spec: ParallelSpec | None = None, plan:
             raise ParallelError("no parallel spec: pass spec=ParallelSpec(...) or a plan with parallel=...")
     if spec.cpu_offload:
         raise ParallelError(
-            "cpu_offload cannot be sized here: fake mode runs on the CPU standing in for the accelerator, so host and "
-            "device memory (and the copies between them) cannot be told apart"
+            "cpu_offload cannot be sized here: on a CPU mesh host and device are one (FSDP2's copies between them "
+            "vanish), and a 'cuda' mesh needs the CUDA runtime, which this torch build lacks (docs/parallel.md)"
         )
     if plan is not None and getattr(plan, "compile_budget", None) is not None:
         raise ParallelError("a compile budget cannot be sized per rank in fake mode (fake tensors do not compile)")
