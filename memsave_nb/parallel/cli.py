@@ -14,10 +14,12 @@ def add_arguments(rep: argparse.ArgumentParser, positive_int) -> None:
     group = rep.add_mutually_exclusive_group()
     group.add_argument("--fsdp", action="store_true", help="with --world-size: FSDP2 fully_shard per repeated block plus the root")
     group.add_argument("--ddp", action="store_true", help="with --world-size: DistributedDataParallel")
+    rep.add_argument("--gradient-as-bucket-view", action="store_true",
+                     help="with --ddp: gradients are views of DDP's buckets (one gradient copy instead of two)")
 
 
 def wants_parallel(args: argparse.Namespace) -> bool:
-    return args.world_size is not None or args.fsdp or args.ddp
+    return args.world_size is not None or args.fsdp or args.ddp or args.gradient_as_bucket_view
 
 
 def report_parallel(args: argparse.Namespace) -> int:
@@ -26,12 +28,15 @@ def report_parallel(args: argparse.Namespace) -> int:
     from .spec import ParallelSpec
 
     if args.world_size is None:
-        raise MemsaveError("--fsdp and --ddp need --world-size N")
+        raise MemsaveError("--fsdp, --ddp and --gradient-as-bucket-view need --world-size N")
     if args.out:
         raise MemsaveError("--out writes single-device reports; drop it with --world-size")
     if args.mode == "real":
         raise MemsaveError("--world-size sizes ranks in fake mode only; drop --mode real")
-    spec = ParallelSpec(world_size=args.world_size, strategy="ddp" if args.ddp else "fsdp")
+    if args.gradient_as_bucket_view and not args.ddp:
+        raise MemsaveError("--gradient-as-bucket-view needs --ddp")
+    spec = ParallelSpec(world_size=args.world_size, strategy="ddp" if args.ddp else "fsdp",
+                        gradient_as_bucket_view=args.gradient_as_bucket_view)
     workload = zoo.make(args.model, args.batch, device=args.device)
     batch = args.batch or zoo.DEFAULT_BATCH.get(args.model)
     m = measure_parallel(workload, spec)

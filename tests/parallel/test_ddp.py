@@ -65,10 +65,21 @@ def test_ddp_steady_state_comes_after_the_bucket_rebuild(view):
     assert not dist.is_initialized()
 
 
-def test_ddp_to_code_line():
-    code = Plan(parallel=ParallelSpec(world_size=8, strategy="ddp", bucket_cap_mb=50, gradient_as_bucket_view=True)).to_code()
+def test_ddp_to_code_runs_on_a_real_group(tmp_path):
+    """The snippet builds the DDP the prediction sized (one-rank gloo group: real tensors)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    code = Plan(parallel=ParallelSpec(world_size=1, strategy="ddp", bucket_cap_mb=50, gradient_as_bucket_view=True)).to_code()
     assert "DistributedDataParallel(model, bucket_cap_mb=50.0, gradient_as_bucket_view=True" in code
-    compile(code, "<plan>", "exec")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        ns = {"model": blocks_workload().model}
+        exec(compile(code, "<plan>", "exec"), ns)
+        ddp = ns["model"]
+        assert isinstance(ddp, DistributedDataParallel)
+        assert ddp.gradient_as_bucket_view and ddp.bucket_bytes_cap == 50 * 1024 * 1024
+    finally:
+        dist.destroy_process_group()
 
 
 def test_gpus_panel_sizes_ddp():
@@ -94,3 +105,7 @@ def test_report_world_size_ddp(capsys):
     out = capsys.readouterr().out
     assert measure_parallel(zoo.make("mlp", 8), ParallelSpec(world_size=4, strategy="ddp")).table() in out
     assert "DDP x4" in out and not dist.is_initialized()
+    assert main(["report", "--model", "mlp", "--batch", "8", "--world-size", "4", "--ddp", "--gradient-as-bucket-view"]) == 0
+    assert "gradients as bucket views" in capsys.readouterr().out
+    assert main(["report", "--model", "mlp", "--world-size", "4", "--gradient-as-bucket-view"]) == 2
+    assert "needs --ddp" in capsys.readouterr().err
