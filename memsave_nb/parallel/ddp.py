@@ -1,6 +1,6 @@
 """Classic DDP (``DistributedDataParallel``, its C++ reducer) on a fake process group, fake tensors.
 
-What stops stock DDP there, and the two narrow changes made for fake mode only (the real gloo
+What stops stock DDP there, and the narrow changes made for fake mode only (the real gloo
 ranks run DDP exactly as a training script does):
 
 - ``init_sync``: DDP's constructor verifies parameter shapes across ranks and broadcasts rank 0's
@@ -12,6 +12,9 @@ ranks run DDP exactly as a training script does):
   reducer's assertion fails in the first backward (real tensors too). Fake mode registers a comm
   hook doing what the built-in one does (average the bucket in place, all-reduce it) and returning
   a future holding the bucket. Both run in place: no storage is allocated either way.
+- **The bucket rebuild** (first forward after a backward): the reducer syncs the new bucket order
+  through int32 tensors it fills with accessors; in fake mode those few ops run on real tensors
+  (``_RealIndexTensors``), the new buckets stay fake.
 
 The reducer's gradient buckets are allocated by its C++ code through the dispatcher, so under
 ``FakeTensorMode`` they are fake tensors of the real sizes. ``wrap_ddp`` records the storages DDP's
