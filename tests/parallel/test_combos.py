@@ -88,6 +88,7 @@ def _grads_under(wl, plan, strategy: str, tmp_path) -> dict[str, torch.Tensor]:
         mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("shard",))
         names = [n for n, _ in model.named_parameters()]
         with plan.apply(wl.replace(model=model)) as w, entries_restored(w.model):
+            assert any(type(m).__name__.startswith("MemSave") for m in w.model.modules())  # the layers swapped in
             called = apply_parallel(w.model, ParallelSpec(world_size=1, strategy=strategy), mesh)
             loss = w.compute_loss(w.replace(model=called).forward(w.make_batch()))
             loss.backward()
