@@ -84,7 +84,7 @@ def measure_rank(workload: Workload, spec: ParallelSpec, plan: Any = None, *, ra
             with entries_restored(wl.model):
                 called = apply_parallel(wl.model, spec, mesh, fake=True)
                 batch = _fake_batch(wl, fake_mode)
-                return tracked_step(wl, called, batch, rank=rank, ranks=ranks or (rank,), steady=steady, fake=True)
+                return tracked_step(wl, called, batch, rank=rank, ranks=ranks or (rank,), steady=steady)
 
 
 @contextlib.contextmanager

@@ -94,14 +94,14 @@ def _call(workload: Workload, model: nn.Module, batch: Any) -> Any:
 
 
 def tracked_step(workload: Workload, model: nn.Module, batch: Any, *, rank: int, ranks: tuple[int, ...],
-                 steady: bool | str = True, fake: bool = False) -> RankMeasurement:
+                 steady: bool | str = True) -> RankMeasurement:
     """Run (steady: two steps, the second tracked) and summarise one rank.
 
     ``workload.model`` is the sharded module whose parameters train; ``model`` is what is called
     (the same module under FSDP2, the DDP wrapper under DDP). ``steady``: True makes the optimizer
     state with one optimizer step on zero gradients, ``"full"`` runs a whole first step, False
     measures the first step. The workload's ``accumulation_steps`` and ``set_to_none`` are honoured
-    as the engine honours them (the same batch for each micro-step). ``fake``: on fake tensors.
+    as the engine honours them (the same batch for each micro-step).
     """
     start = time.perf_counter()
     params = [p for p in workload.model.parameters()]
