@@ -12,16 +12,27 @@ from memsave_nb.parallel.gloo import cross_check, markdown_table
 @pytest.mark.slow
 @pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="gloo backend not built")
 def test_gloo_ranks_measure_what_fake_mode_predicts():
-    rows = cross_check("tiny-gpt", ParallelSpec(world_size=2))
-    assert [r.rank for r in rows] == [0, 1]
-    for r in rows:
-        # gloo reduce-scatters by all-reducing a full-size copy of the input (NCCL and the fake
-        # backend make none); without those copies the real rank's peak is the prediction, exactly
-        assert r.staging_bytes > 0
-        assert r.comparable_bytes == r.predicted_bytes, markdown_table(rows)
-        assert r.measured_bytes >= r.predicted_bytes
-        assert r.predicted_split["sharded_parameters"] > 0 and r.predicted_split["communication"] > 0
-    assert not dist.is_initialized()
+    # gloo's worker thread drops its Work objects (and their buffers) at a time that depends on
+    # thread scheduling: now and then (about 1 rank-check in 16, docs/parallel.md) a buffer outlives
+    # its fake-mode twin by a few events. Every attempt must be within 1% and never under the
+    # prediction; one of up to three attempts must be exact on every rank.
+    tables = []
+    for _attempt in range(3):
+        rows = cross_check("tiny-gpt", ParallelSpec(world_size=2))
+        tables.append(markdown_table(rows))
+        assert [r.rank for r in rows] == [0, 1]
+        for r in rows:
+            # gloo reduce-scatters by all-reducing a full-size copy of the input (NCCL and the fake
+            # backend make none); without those copies the real rank's peak is the prediction
+            assert r.staging_bytes > 0
+            assert r.predicted_bytes <= r.comparable_bytes <= r.predicted_bytes * 1.01, tables[-1]
+            assert r.measured_bytes >= r.predicted_bytes
+            assert r.predicted_split["sharded_parameters"] > 0 and r.predicted_split["communication"] > 0
+        assert not dist.is_initialized()
+        if all(r.comparable_bytes == r.predicted_bytes for r in rows):
+            break
+    else:
+        pytest.fail("no attempt was byte-exact:\n" + "\n".join(tables))
 
 
 @pytest.mark.slow
