@@ -894,7 +894,8 @@ still sees every storage born and freed, so `mode="fake"` measures a whole train
 Llama-7B-shaped decoder (32 blocks, width 4096, bf16, 2048 tokens) in seconds on this CPU with a
 few hundred MB of RAM.
 
-(A CPU-only PyTorch cannot make fake CUDA tensors; sizes on a fake CPU device are the same.
+(The model is built on a fake CPU device: building it on `cuda` runs CUDA's random initialisers,
+which a CPU-only PyTorch lacks. Byte sizes are the same on either device.
 What fake mode cannot see: the CUDA context, allocator fragmentation and kernel workspaces, so
 the table below keeps 10% of each GPU free.)
 """),
