@@ -145,12 +145,17 @@ class _Step:
         self.optimizer: torch.optim.Optimizer | None = None
         self.backup: _OptimizerBackup | None = None
         self.made_optimizer = False
+        self.fake = False  # under FakeTensorMode: the optimizer's .item() reads answer 1 (fake_compat)
 
     def set_phase(self, phase: str) -> None:
         self.phase = phase
         if self.tracker is not None:
             # the loss is computed in the forward phase of the timeline; only errors name it apart
             self.tracker.phase = "forward" if phase == "loss" else phase
+            # no module runs between phases; a checkpointed region's recomputation stops early in
+            # backward (its forward hooks never close), so its modules would stay on the stack and
+            # later ops outside any module (a loss, the optimizer) would be charged to them
+            self.tracker.module_stack.clear()
         if self.cancel_event is not None and self.cancel_event.is_set():
             raise Cancelled("run cancelled")
 
@@ -172,7 +177,16 @@ class _Step:
                     f"the optimizer factory returned an optimizer over {len(foreign)} tensor(s) that are not the model's "
                     "parameters; build the optimizer from the parameters the factory is given"
                 )
-            self.backup = _OptimizerBackup(optimizer)
+            # the backup's copies of state the optimizer made at construction (bf16_master's fp32
+            # masters) are the engine's own memory, not the step's: hidden from the tracker
+            tracker = self.tracker
+            if tracker is not None:
+                tracker.ignore = True
+            try:
+                self.backup = _OptimizerBackup(optimizer)
+            finally:
+                if tracker is not None:
+                    tracker.ignore = False
         self.optimizer = optimizer
 
     def _batch_requires_grad(self) -> bool:
@@ -227,7 +241,8 @@ class _Step:
                 del output, loss
         if self.optimizer is not None:
             self.set_phase("optimizer")
-            self.optimizer.step()
+            with fake_compat.optimizer_numbers() if self.fake else contextlib.nullcontext():
+                self.optimizer.step()
         self.set_phase("done")
         del output, loss
         return batches
@@ -316,6 +331,7 @@ def _run(workload: Workload, *, fake_mode, flops: bool, cancel_event, steady_sta
     for p in model.parameters():
         p.grad = None
     step = _Step(workload, cancel_event)
+    step.fake = fake_mode is not None
     tracker: MemoryTracker | None = None
     try:
         with fake_mode if fake_mode is not None else contextlib.nullcontext():

@@ -197,3 +197,42 @@ def same_path_as_real(workload: Workload) -> Iterator[None]:
             UserWarning,
             stacklevel=3,
         )
+
+
+# -- optimizers that read values as Python numbers ----------------------------------------------------
+# torch.optim.Adafactor's step reads ``step_t.item()``, ``param.norm(2).item()`` and
+# ``update.norm(2).item()``: fake tensors have no values (``DataDependentOutputException``), so a fake
+# step with Adafactor failed in its optimizer phase. Those numbers only scale the update (learning-rate
+# factors, a clipping divisor); no allocation depends on them. While the engine runs the optimizer's
+# step in fake mode, ``Tensor.item`` on a fake tensor answers 1 (1.0 for floating tensors, True for
+# bool); real tensors, and every other phase (where a value can change the path), are untouched.
+_ITEM_LOCK = threading.Lock()
+_ITEM_USERS: list[object] = []
+_ORIGINAL_ITEM = torch.Tensor.item
+
+
+def _fake_item(self: torch.Tensor) -> Any:
+    if not _is_fake(self):
+        return _ORIGINAL_ITEM(self)
+    if self.numel() != 1:
+        return _ORIGINAL_ITEM(self)  # the usual error for a tensor of several elements
+    if self.dtype == torch.bool:
+        return True
+    return 1.0 if (self.is_floating_point() or self.is_complex()) else 1
+
+
+@contextlib.contextmanager
+def optimizer_numbers() -> Iterator[None]:
+    """Around a fake-mode ``optimizer.step()``: ``.item()`` of a fake scalar answers 1 (see above)."""
+    token = object()
+    with _ITEM_LOCK:
+        if not _ITEM_USERS:
+            torch.Tensor.item = _fake_item  # type: ignore[method-assign]
+        _ITEM_USERS.append(token)
+    try:
+        yield
+    finally:
+        with _ITEM_LOCK:
+            _ITEM_USERS.remove(token)
+            if not _ITEM_USERS:
+                del torch.Tensor.item  # back to TensorBase.item
