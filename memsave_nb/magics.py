@@ -351,6 +351,10 @@ def cell_summary(m: Any, top: int = 5) -> str:
         f"peak memory: {format_bytes(m.peak_bytes)} (during {m.peak_phase or '-'}; {split})",
         f"saved activations: {format_bytes(m.saved_bytes)}",
     ]
+    if m.output_bytes:  # what only the outputs keep (logits, KV cache, loss), beside saved-for-backward
+        parts = ", ".join(f"{name} {format_bytes(n)}" for name, n in m.output_parts)
+        lines.append(f"outputs kept to the end of forward: {format_bytes(m.output_bytes)} ({parts})")
+        lines += [f"  hint: {a}" for a in m.advice]
     if m.cuda_peak_bytes is not None:
         lines.append(f"CUDA allocator peak: {format_bytes(m.cuda_peak_bytes)}")
     leaves = sorted((r for r in m.modules if r.is_leaf and r.saved_bytes), key=lambda r: -r.saved_bytes)[:top]

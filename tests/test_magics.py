@@ -62,19 +62,16 @@ def test_cell_magic_measures_the_step_the_cell_runs(ip, capsys):
     assert isinstance(m, Measurement)
     printed = capsys.readouterr().out
     assert "peak memory:" in printed and "saved activations:" in printed
+    assert "outputs kept to the end of forward: 644 B (output 640 B, loss 4 B)" in printed
     # the same step driven by the engine gives the same bytes
     ns = ip.user_ns
     ref = measure(Workload(ns["model"], ns["x"], loss=lambda o: F.cross_entropy(o, ns["y"])), repeats=0)
-    # what the step keeps at the end of forward; the engine splits the outputs (logits, loss) from
-    # saved-for-backward, measure_callable does not (yet): compare the sums
-    kept = m.saved_bytes + getattr(m, "output_bytes", 0)
-    assert kept == ref.saved_bytes + getattr(ref, "output_bytes", 0) > 0
+    # what the step keeps at the end of forward, split as the engine splits it: saved for backward,
+    # and the outputs (the logits, 16 x 10 float32, and the loss) that autograd did not save
+    assert (m.saved_bytes, m.output_bytes) == (ref.saved_bytes, ref.output_bytes)
+    assert m.output_bytes == 16 * 10 * 4 + 4 and dict(m.output_parts) == {"output": 16 * 10 * 4, "loss": 4}
     assert m.peak_bytes == ref.peak_bytes
-    split, ref_split = m.peak_split.as_dict(), ref.peak_split.as_dict()
-    joined = lambda d: d.get("activations", 0) + d.get("outputs", 0)  # noqa: E731 - the same split caveat
-    assert joined(split) == joined(ref_split)
-    assert {k: v for k, v in split.items() if k not in ("activations", "outputs")} == {
-        k: v for k, v in ref_split.items() if k not in ("activations", "outputs")}
+    assert m.peak_split == ref.peak_split  # (its end of forward has the steady state's optimizer state too)
     assert m.module("1").saved_bytes == ref.module("1").saved_bytes
     assert m.peak_phase == "optimizer" and m.peak_split.optimizer_state > 0
     # the cell really ran: its names are in the namespace, the optimizer stepped once
@@ -179,9 +176,10 @@ def test_a_cell_without_modules(ip):
     )
     ip.run_cell("for _k in ('model', 'opt'): globals().pop(_k, None)")
     m = ip.run_cell_magic("memsave", "-r -q", cell)
-    # relu keeps its output (64 x 100 float32) and the loss scalar; the data the cell made are
-    # inputs (xx) and parameters (w), w.grad a gradient
-    assert m.saved_bytes == 64 * 100 * 4 + 4
+    # relu keeps its output (64 x 100 float32); the loss scalar is the step's output; the data the
+    # cell made are inputs (xx) and parameters (w), w.grad a gradient
+    assert m.saved_bytes == 64 * 100 * 4
+    assert m.output_bytes == 4 and m.output_parts == (("loss", 4),)
     assert m.peak_split.inputs >= 64 * 100 * 4
     assert m.peak_split.parameters >= 100 * 100 * 4  # w, and any module left in the namespace
     assert m.peak_split.gradients == 100 * 100 * 4
@@ -241,3 +239,58 @@ def test_report_without_a_path_writes_the_default_file_and_says_where(ip, tmp_pa
     path = tmp_path / "memsave_report.html"
     assert path.read_text().startswith("<!DOCTYPE html>")
     assert str(path) in out
+
+
+HF_SETUP = """
+import transformers
+transformers.logging.set_verbosity_error()
+torch.manual_seed(0)
+gpt = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=50, n_positions=16))
+ids = torch.randint(0, 50, (2, 12))
+"""
+
+HF_STEP = """\
+out = gpt(input_ids=ids, labels=ids)
+out.loss.backward()
+"""
+
+
+def _hooks_count(model, kwargs):
+    """Independent of the tracker: unique storages a saved_tensors_hooks pack hook sees in one forward
+    (parameters, buffers and inputs excluded), and the output's storages (logits, KV cache, loss)
+    that autograd did not save."""
+    from memsave_nb.workload import iter_output_tensors
+
+    pre = {id(t.untyped_storage()) for t in [*model.parameters(), *model.buffers(), *kwargs.values()]}
+    saved = {}
+
+    def pack(t):
+        st = t.untyped_storage()
+        if id(st) not in pre:
+            saved[id(st)] = st.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        output = model(**kwargs)
+    outputs = {id(t.untyped_storage()): t.untyped_storage().nbytes() for t in iter_output_tensors(output)}
+    outputs = {k: v for k, v in outputs.items() if k not in saved and k not in pre}
+    return sum(saved.values()), sum(outputs.values())
+
+
+def test_cell_magic_splits_outputs_from_saved_on_a_hugging_face_model(ip):
+    pytest.importorskip("transformers")
+    ip.run_cell(HF_SETUP)
+    ns = ip.user_ns
+    m = ip.run_cell_magic("memsave", "-r -q -m gpt", HF_STEP)
+    saved, outputs = _hooks_count(ns["gpt"], {"input_ids": ns["ids"], "labels": ns["ids"]})
+    assert m.saved_bytes == saved > 0
+    assert m.output_bytes == outputs
+    parts = dict(m.output_parts)
+    assert parts["logits"] == 2 * 12 * 50 * 4  # returned, never saved: cross-entropy keeps its log-softmax
+    assert parts["loss"] == 4
+    assert sum(parts.values()) == m.output_bytes > parts["logits"] + 4  # and the KV cache
+    assert m.end_of_forward.activations == m.saved_bytes and m.end_of_forward.outputs == m.output_bytes
+    assert any("use_cache=False" in a for a in m.advice)
+    # the engine, driving the same step, splits it the same way
+    ref = measure(Workload(ns["gpt"], {"input_ids": ns["ids"], "labels": ns["ids"]}, optimizer=None), repeats=0, steady_state=False)
+    assert (ref.saved_bytes, ref.output_bytes, ref.output_parts) == (m.saved_bytes, m.output_bytes, m.output_parts)

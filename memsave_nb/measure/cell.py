@@ -9,6 +9,12 @@ same tracker, and finds the phases as they happen:
   storages alive then are the saved activations),
 - ``backward``, then ``optimizer`` from the first ``Optimizer.step``.
 
+What is alive at the end of forward is split as :func:`~memsave_nb.measure.measure` splits it:
+*activations* are what autograd saved for backward (noted by a ``saved_tensors_hooks`` pack hook
+around the code, during its forward), *outputs* what only the step's outputs keep -- the return
+values of ``models``' forward calls (logits, a KV cache) and the tensors handed to the first
+``backward``/``grad`` (the loss) -- and autograd did not save. ``measurement.output_parts`` names them.
+
 Parameters and buffers of ``models`` that exist before the run count as parameters; their
 ``.grad`` after the run as gradients; the state of every optimizer stepped as optimizer state.
 The code's side effects are kept (it runs exactly once). This is what ``%%memsave`` uses.
@@ -25,8 +31,8 @@ import torch
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from ..workload import iter_tensors
-from .engine import _summarise
+from ..workload import iter_output_tensors, iter_tensors, output_parts
+from .engine import _packer, _summarise, _unpack
 from .result import Measurement
 from .tracker import INPUT, PARAMETER, MemoryTracker
 
@@ -73,10 +79,24 @@ def measure_callable(
             tracker.phase = "forward"
             saw_module.append(True)
 
-    def to_backward() -> None:
+    saved_records: set[int | None] = set()
+    parts: list[tuple[str, set[int]]] = []  # the step's outputs, as the engine names them
+
+    def note_saved(t: torch.Tensor) -> None:
+        if threading.get_ident() == thread and "event" not in forward_end:  # saved in forward only
+            saved_records.add(tracker.record_of(t))
+
+    def note_output(module: nn.Module, args: Any, output: Any) -> None:
+        if threading.get_ident() == thread and "event" not in forward_end:
+            for name, tensors in output_parts(output):
+                parts.append((name, {tracker.record_of(t) for t in tensors} - {None}))
+
+    def to_backward(loss: Any = None) -> None:
         if threading.get_ident() != thread:
             return
         if "event" not in forward_end:
+            if loss is not None:
+                parts.append(("loss", {tracker.record_of(t) for t in iter_output_tensors(loss)} - {None}))
             forward_end["event"] = len(tracker.events)
             forward_end["live"] = tracker.live_records()
         if tracker.phase in ("setup", "forward"):
@@ -93,19 +113,20 @@ def measure_callable(
     original_backward, original_grad = torch.autograd.backward, torch.autograd.grad
 
     def backward(*args: Any, **kwargs: Any) -> Any:
-        to_backward()
+        to_backward(args[0] if args else kwargs.get("tensors"))
         out = original_backward(*args, **kwargs)
         if threading.get_ident() == thread:
             note_grads(p for m in model_list for p in m.parameters())
         return out
 
     def grad(*args: Any, **kwargs: Any) -> Any:
-        to_backward()
+        to_backward(args[0] if args else kwargs.get("outputs"))
         return original_grad(*args, **kwargs)
 
     handles = [
         nn.modules.module.register_module_forward_pre_hook(lambda module, args: to_forward()),
         register_optimizer_step_pre_hook(on_step),
+        *(m.register_forward_hook(note_output) for m in model_list),
     ]
     cuda: dict[str, int] = {}
     torch.autograd.backward, torch.autograd.grad = backward, grad
@@ -115,7 +136,7 @@ def measure_callable(
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
             cuda["baseline"] = torch.cuda.memory_allocated()
-        with tracker:
+        with tracker, torch.autograd.graph.saved_tensors_hooks(_packer(note_saved, tracker), _unpack):
             tracker.phase = "setup"
             result = run()
             if "event" not in forward_end:  # no backward in the code: the end is the end of forward
@@ -155,10 +176,12 @@ def measure_callable(
                 if g is not None:
                     tracker.grad_records.add(g)  # type: ignore[attr-defined]
     tracker.forward_end = forward_end  # type: ignore[attr-defined]
+    tracker.saved_records = saved_records - {None}  # type: ignore[attr-defined]
+    tracker.output_records = set().union(*(records for _, records in parts))  # type: ignore[attr-defined]
     if not hasattr(tracker, "flop_counts"):
         tracker.flop_counts = {}  # type: ignore[attr-defined]
     workload = SimpleNamespace(model=root, device=device)
-    measurement = _summarise(tracker, workload, "real", [elapsed], cuda)  # type: ignore[arg-type]
+    measurement = _summarise(tracker, workload, "real", [elapsed], cuda, output_parts=parts)  # type: ignore[arg-type]
     return measurement, result
 
 

@@ -287,9 +287,10 @@ class Checker:
             self._oracles[key] = grads
         return self._oracles[key]
 
-    def check(self, fields: dict[str, Any], outcome: Outcome) -> None:
+    def check(self, fields: dict[str, Any], outcome: Outcome, steady_state: bool = False) -> None:
         """Build, apply and measure the plan (real, then fake); assert stock gradients, real = fake
-        bytes, the model unchanged, or a one-line PlanError that changed nothing."""
+        bytes, the model unchanged, or a one-line PlanError that changed nothing. ``steady_state``:
+        measure training's second step (the gradients compared are the first step's)."""
         outcome.tried += 1
         dtype = torch.float32 if fields.get("precision") else torch.float64
         wl = self.workload(dtype)
@@ -324,12 +325,12 @@ class Checker:
             try:
                 torch.manual_seed(SEED)
                 with plan.apply(wl) as applied:
-                    real = measure(applied, "real", repeats=0, flops=False, steady_state=False)
+                    real = measure(applied, "real", repeats=0, flops=False, steady_state=steady_state)
             finally:
                 handle.remove()
             unchanged()
             with plan.apply(wl) as applied:
-                fake = measure(applied, "fake", flops=False, steady_state=False)
+                fake = measure(applied, "fake", flops=False, steady_state=steady_state)
         except PlanError as exc:
             text = str(exc)
             assert text and "\n" not in text, f"a refusal must be one line: {text!r}"
@@ -355,7 +356,7 @@ class Checker:
 
 def assert_fake_equals_real(fake: Any, real: Any) -> None:
     pairs = [(k, getattr(fake, k), getattr(real, k)) for k in ("peak_bytes", "saved_bytes", "output_bytes", "peak_split",
-                                                            "end_of_forward", "output_parts")]
+                                                            "end_of_forward", "output_parts", "first_step_peak_bytes")]
     wrong = [f"{k}: fake {f} != real {r}" for k, f, r in pairs if f != r]
     rows = {(m.name, m.saved_bytes, m.output_bytes) for m in fake.modules} ^ {(m.name, m.saved_bytes, m.output_bytes) for m in real.modules}
     if rows:
@@ -374,8 +375,8 @@ def _tolerance(precision: str | None, dtype: torch.dtype) -> tuple[float, float]
     return 1e-5, 1e-7
 
 
-def replay(model: str, fields_json: str) -> Outcome:
-    """Re-run one plan printed by a failure: ``replay("gpt2", '{"regions": ...}')``."""
+def replay(model: str, fields_json: str, steady_state: bool = False) -> Outcome:
+    """Re-run one plan printed by a failure: ``replay("gpt2", '{"regions": ...}', False)``."""
     outcome = Outcome()
-    Checker(model).check(json.loads(fields_json), outcome)
+    Checker(model).check(json.loads(fields_json), outcome, steady_state)
     return outcome
