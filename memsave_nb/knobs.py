@@ -79,7 +79,12 @@ OPTIMIZERS: dict[str, str] = {
     "adamw_8bit": "bitsandbytes.optim.AdamW8bit(lr=1e-3), where bitsandbytes imports",
 }
 
-TOKEN_KEYS = ("input_ids", "labels", "attention_mask", "token_type_ids", "position_ids", "idx", "targets")
+# dict keys of (B, T, ...) tensors that follow the sequence length: Hugging Face's names (the
+# embeddings a model takes instead of ids, the decoder's of an encoder-decoder) and the zoo's
+TOKEN_KEYS = (
+    "input_ids", "labels", "attention_mask", "token_type_ids", "position_ids", "inputs_embeds",
+    "decoder_input_ids", "decoder_attention_mask", "decoder_inputs_embeds", "idx", "targets",
+)
 
 # Plan fields owned by this module, with their "keep the workload's" value.
 KNOB_FIELDS = ("batch_size", "seq_len", "precision", "optimizer", "accumulation_steps", "set_to_none")

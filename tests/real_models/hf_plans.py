@@ -94,21 +94,28 @@ BUILDERS: dict[str, Callable[[], nn.Module]] = {"gpt2": _gpt2, "llama": _llama, 
 MODELS = tuple(BUILDERS)
 
 
-def _batch(name: str) -> dict[str, torch.Tensor]:
+EMBEDS_MODELS = ("gpt2", "llama")  # also run from float inputs_embeds (the input can require grad)
+
+
+def _batch(name: str, embeds: bool = False) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(1, VOCAB, (BATCH, SEQ), generator=g)  # (B, T)
+    if embeds:
+        return {"inputs_embeds": torch.randn(BATCH, SEQ, HIDDEN, generator=g), "labels": ids}  # (B, T, H)
     if name == "t5":  # labels of another length: seq_len resizes both (both are token keys)
         return {"input_ids": ids, "labels": torch.randint(1, VOCAB, (BATCH, SEQ // 2), generator=g)}
     return {"input_ids": ids, "labels": ids.clone()}
 
 
-def build(name: str, dtype: torch.dtype) -> Workload:
-    """The model in ``dtype`` with seeded weights, in train mode, and its batch."""
+def build(name: str, dtype: torch.dtype, embeds: bool = False) -> Workload:
+    """The model in ``dtype`` with seeded weights, in train mode, and its batch (token ids, or
+    ``inputs_embeds`` in ``dtype``)."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         model = BUILDERS[name]().to(dtype)
     model.train()
-    return Workload(model, _batch(name), name=f"{name}-{str(dtype).split('.')[-1]}")
+    batch = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in _batch(name, embeds).items()}
+    return Workload(model, batch, name=f"{name}-{str(dtype).split('.')[-1]}{'-embeds' * embeds}")
 
 
 # -- random plans --------------------------------------------------------------------------------
@@ -120,8 +127,9 @@ OPS = (
     "aten.pow", "aten.embedding", "aten.cat", "aten.neg", "aten.cos", "aten.sin", "aten.clone",
     "aten.view", "aten.t", "aten._log_softmax", "aten.where", "aten.div",
 )
-PRECISIONS = ("autocast_bf16", "bf16", "bf16_master")
-OPTIMIZERS = ("adamw", "adamw_foreach", "sgd", "sgd_momentum", "adafactor")
+PRECISIONS = ("autocast_bf16", "autocast_fp16", "bf16", "bf16_master")
+OPTIMIZERS = ("adamw", "adamw_foreach", "adamw_fused", "sgd", "sgd_momentum", "adafactor")
+AUTOCAST = {"autocast_bf16": torch.bfloat16, "autocast_fp16": torch.float16}
 
 
 def random_policy(rng: random.Random) -> Any:
@@ -168,13 +176,13 @@ def random_plan(rng: random.Random, model: nn.Module, *, precision_ok: bool = Tr
         fields["memsave"] = rng.sample(modules, rng.randint(1, 3))
     candidates = _region_candidates(model)
     fields["regions"] = {n: random_policy(rng) for n in rng.sample(candidates, rng.choice([0, 1, 1, 2, 2, 3]))}
-    if rng.random() < 0.15:
-        fields["input_requires_grad"] = rng.choice([True, False])
+    if rng.random() < 0.25:
+        fields["input_requires_grad"] = rng.choice([True, True, False])
     # knobs
     if rng.random() < 0.35:
         fields["batch_size"] = rng.choice([1, 3])
     if rng.random() < 0.35:
-        fields["seq_len"] = rng.choice([4, 6, 12])
+        fields["seq_len"] = rng.choice([4, 6, 12, 12, 20])  # 20: beyond GPT-2's and Llama's 16 positions
     if rng.random() < 0.35:
         fields["accumulation_steps"] = rng.choice([2, 3])
     if rng.random() < 0.3:
@@ -203,10 +211,10 @@ def resized_batch(batch: dict[str, torch.Tensor], batch_size: int | None, seq_le
     return out
 
 
-def plain_gradients(model: nn.Module, batch: dict[str, torch.Tensor], *, accumulation: int, autocast: bool,
-                    seed: int) -> dict[int, torch.Tensor]:
+def plain_gradients(model: nn.Module, batch: dict[str, torch.Tensor], *, accumulation: int,
+                    autocast: torch.dtype | None, seed: int) -> dict[int, torch.Tensor]:
     """``{id(parameter): grad}`` of a plain training step: every parameter trainable, ``accumulation``
-    micro-batches of ``loss / k`` (the same batch each, dropout drawing on), optional bf16 autocast."""
+    micro-batches of ``loss / k`` (the same batch each, dropout drawing on), optional autocast."""
     flags = {p: p.requires_grad for p in model.parameters()}
     grads_before = {p: p.grad for p in model.parameters()}
     try:
@@ -215,8 +223,8 @@ def plain_gradients(model: nn.Module, batch: dict[str, torch.Tensor], *, accumul
             p.grad = None
         torch.manual_seed(seed)
         for _ in range(accumulation):
-            if autocast:
-                with torch.autocast("cpu", dtype=torch.bfloat16):
+            if autocast is not None:
+                with torch.autocast("cpu", dtype=autocast):
                     loss = model(**batch).loss
             else:
                 loss = model(**batch).loss
@@ -263,13 +271,19 @@ class Checker:
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self.workloads = {torch.float64: build(name, torch.float64)}
+        self.workloads = {(torch.float64, False): build(name, torch.float64)}
         self._oracles: dict[tuple, dict[int, torch.Tensor]] = {}
 
-    def workload(self, dtype: torch.dtype) -> Workload:
-        if dtype not in self.workloads:
-            self.workloads[dtype] = build(self.name, dtype)
-        return self.workloads[dtype]
+    def workload(self, dtype: torch.dtype, embeds: bool = False) -> Workload:
+        """The model in ``dtype`` (each dtype its own model object, the same weights), fed token
+        ids or, with ``embeds``, ``inputs_embeds`` (same model object as the ids batch)."""
+        if (dtype, embeds) not in self.workloads:
+            base = self.workloads.get((dtype, False)) or build(self.name, dtype)
+            self.workloads[(dtype, False)] = base
+            if embeds:
+                self.workloads[(dtype, True)] = base.replace(batch=build(self.name, dtype, embeds=True).batch,
+                                                             name=base.name + "-embeds")
+        return self.workloads[(dtype, embeds)]
 
     def oracle(self, wl: Workload, plan: Plan) -> dict[int, torch.Tensor]:
         key = (wl.name, plan.batch_size, plan.seq_len, plan.accumulation_steps or 1, plan.precision)
@@ -278,22 +292,24 @@ class Checker:
             batch = resized_batch(wl.batch, plan.batch_size, plan.seq_len)
             if plan.precision in ("bf16", "bf16_master"):  # a bf16 copy: the same weights, rounded
                 twin = copy.deepcopy(model).to(torch.bfloat16)
-                grads = plain_gradients(twin, batch, accumulation=plan.accumulation_steps or 1, autocast=False, seed=SEED)
+                batch = {k: (v.to(torch.bfloat16) if v.is_floating_point() else v) for k, v in batch.items()}
+                grads = plain_gradients(twin, batch, accumulation=plan.accumulation_steps or 1, autocast=None, seed=SEED)
                 by_index = [grads.get(id(p)) for p in twin.parameters()]
                 grads = {id(p): g for p, g in zip(model.parameters(), by_index) if g is not None}
             else:
                 grads = plain_gradients(model, batch, accumulation=plan.accumulation_steps or 1,
-                                        autocast=plan.precision == "autocast_bf16", seed=SEED)
+                                        autocast=AUTOCAST.get(plan.precision or ""), seed=SEED)
             self._oracles[key] = grads
         return self._oracles[key]
 
-    def check(self, fields: dict[str, Any], outcome: Outcome, steady_state: bool = False) -> None:
+    def check(self, fields: dict[str, Any], outcome: Outcome, steady_state: bool = False, embeds: bool = False) -> None:
         """Build, apply and measure the plan (real, then fake); assert stock gradients, real = fake
         bytes, the model unchanged, or a one-line PlanError that changed nothing. ``steady_state``:
-        measure training's second step (the gradients compared are the first step's)."""
+        measure training's second step (the gradients compared are the first step's). ``embeds``: the
+        batch is ``inputs_embeds`` (float: the input may require grad)."""
         outcome.tried += 1
         dtype = torch.float32 if fields.get("precision") else torch.float64
-        wl = self.workload(dtype)
+        wl = self.workload(dtype, embeds and self.name in EMBEDS_MODELS)
         model = wl.model
         before = ModelSnapshot.capture(model)
         cache_before = _use_cache(model)
@@ -318,7 +334,8 @@ class Checker:
         try:
             plan = Plan(**fields)
             trainable = set(plan.trainable_parameter_names(model))
-            if not trainable:  # token ids cannot require grad: the step has nothing to differentiate
+            input_grad = bool(plan.input_requires_grad) and "inputs_embeds" in wl.batch
+            if not trainable and not input_grad:  # token ids cannot require grad: nothing to differentiate
                 outcome.skipped += 1
                 return
             handle = register_optimizer_step_pre_hook(capture)
@@ -375,8 +392,8 @@ def _tolerance(precision: str | None, dtype: torch.dtype) -> tuple[float, float]
     return 1e-5, 1e-7
 
 
-def replay(model: str, fields_json: str, steady_state: bool = False) -> Outcome:
-    """Re-run one plan printed by a failure: ``replay("gpt2", '{"regions": ...}', False)``."""
+def replay(model: str, fields_json: str, steady_state: bool = False, embeds: bool = False) -> Outcome:
+    """Re-run one plan printed by a failure: ``replay("gpt2", '{"regions": ...}', False, False)``."""
     outcome = Outcome()
-    Checker(model).check(json.loads(fields_json), outcome, steady_state)
+    Checker(model).check(json.loads(fields_json), outcome, steady_state, embeds)
     return outcome

@@ -41,11 +41,12 @@ def test_random_hf_plans_match_plain_pytorch_or_refuse(model):
     for i in range(n):
         fields = random_plan(rng, checker.workload(torch.float64).model)
         steady = rng.random() < 0.3  # some plans measure training's second step
+        embeds = rng.random() < 0.3  # GPT-2 and Llama: some run from inputs_embeds (input grads possible)
         try:
-            checker.check(fields, outcome, steady)
+            checker.check(fields, outcome, steady, embeds)
         except BaseException as exc:
             raise AssertionError(
-                f"{model} plan #{i} (replay: hf_plans.replay({model!r}, {json.dumps(json.dumps(fields))}, {steady})): "
+                f"{model} plan #{i} (replay: hf_plans.replay({model!r}, {json.dumps(json.dumps(fields))}, {steady}, {embeds})): "
                 f"{type(exc).__name__}: {exc}"
             ) from exc
     print(f"{model}: {outcome.tried} tried, {outcome.compared} compared ({outcome.compared_tensors} gradients), "
