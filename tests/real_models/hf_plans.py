@@ -14,6 +14,7 @@ global optimizer-step pre-hook), from ``measure(..., "real")``: the path a user'
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
@@ -31,6 +32,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook  # noqa: E402
 from torch.utils._python_dispatch import _disable_current_modes  # noqa: E402
 
 from memsave_nb.checkpointing import POLICY_PRESETS, PlanError  # noqa: E402
+from memsave_nb.knobs import KNOB_FIELDS  # noqa: E402
 from memsave_nb.measure import measure  # noqa: E402
 from memsave_nb.model_state import ModelSnapshot  # noqa: E402
 from memsave_nb.plan import Plan  # noqa: E402
@@ -244,6 +246,7 @@ class Outcome:
     refused: int = 0  # one-line PlanError, model unchanged
     skipped: int = 0  # nothing to differentiate
     compared_tensors: int = 0
+    snippets: int = 0  # compared plans whose to_code() snippet was also run on a fresh model
     kinds: dict[str, int] = field(default_factory=dict)  # what the compared plans combined
     refusals: set[str] = field(default_factory=set)
 
@@ -302,11 +305,13 @@ class Checker:
             self._oracles[key] = grads
         return self._oracles[key]
 
-    def check(self, fields: dict[str, Any], outcome: Outcome, steady_state: bool = False, embeds: bool = False) -> None:
+    def check(self, fields: dict[str, Any], outcome: Outcome, steady_state: bool = False, embeds: bool = False,
+              snippet: bool = False) -> None:
         """Build, apply and measure the plan (real, then fake); assert stock gradients, real = fake
         bytes, the model unchanged, or a one-line PlanError that changed nothing. ``steady_state``:
         measure training's second step (the gradients compared are the first step's). ``embeds``: the
-        batch is ``inputs_embeds`` (float: the input may require grad)."""
+        batch is ``inputs_embeds`` (float: the input may require grad). ``snippet``: also run the plan's
+        ``to_code()`` on a fresh model (:meth:`check_snippet`)."""
         outcome.tried += 1
         dtype = torch.float32 if fields.get("precision") else torch.float64
         wl = self.workload(dtype, embeds and self.name in EMBEDS_MODELS)
@@ -369,6 +374,47 @@ class Checker:
         assert_fake_equals_real(fake, real)
         outcome.compared += 1
         outcome.note(fields)
+        if snippet:
+            self.check_snippet(plan, wl, real, dtype, embeds and self.name in EMBEDS_MODELS)
+            outcome.snippets += 1
+
+    def check_snippet(self, plan: Plan, wl: Workload, real: Any, dtype: torch.dtype, embeds: bool) -> None:
+        """``plan.to_code()`` run on a fresh copy of the model (same seed, same weights) trains the same
+        parameters with the same gradients (a plain loop doing what the snippet's comments say for the
+        knobs: resized batch, accumulation, autocast) and, measured under the plan's knobs only, keeps
+        the plan's bytes (but offload: on the CPU the snippet's host copy is device memory too)."""
+        fresh = build(self.name, dtype, embeds)
+        namespace: dict[str, Any] = {"net": fresh.model}
+        exec(compile(plan.to_code(model_var="net"), "<plan>", "exec", dont_inherit=True), namespace)  # noqa: S102
+        net = namespace["net"]
+        trained = {n for n, p in net.named_parameters() if p.requires_grad}
+        assert trained == set(plan.trainable_parameter_names(wl.model)), sorted(trained ^ set(plan.trainable_parameter_names(wl.model)))
+        batch = resized_batch(fresh.batch, plan.batch_size, plan.seq_len)
+        if plan.precision in ("bf16", "bf16_master"):
+            batch = {k: (v.to(torch.bfloat16) if v.is_floating_point() else v) for k, v in batch.items()}
+        grads_before = {p: p.grad for p in net.parameters()}
+        torch.manual_seed(SEED)
+        for _ in range(plan.accumulation_steps or 1):
+            with torch.autocast("cpu", dtype=AUTOCAST[plan.precision]) if plan.precision in AUTOCAST else contextlib.nullcontext():
+                loss = net(**batch).loss
+            (loss / (plan.accumulation_steps or 1)).backward()
+        expected = self.oracle(wl, plan)
+        by_name = {n: expected[id(p)] for n, p in wl.model.named_parameters() if id(p) in expected}
+        rtol, atol = _tolerance(plan.precision, dtype)
+        for n, p in net.named_parameters():
+            if p.requires_grad and n not in by_name:  # unused by this batch (embeddings of an inputs_embeds step)
+                assert p.grad is None, f"snippet {n}: a gradient plain PyTorch does not compute"
+            elif p.requires_grad:
+                torch.testing.assert_close(p.grad, by_name[n], rtol=rtol, atol=atol, msg=lambda m, n=n: f"snippet {n}: {m}")
+        for p in net.parameters():
+            p.grad = grads_before[p]
+        if any(r.kind.value == "offload" for r in plan.active_regions.values()):
+            return
+        knobs = Plan(**{k: getattr(plan, k) for k in KNOB_FIELDS}, input_requires_grad=plan.input_requires_grad)
+        with knobs.apply(fresh.replace(model=net)) as applied:
+            got = measure(applied, "real", repeats=0, flops=False, steady_state=real.steady_state)
+        assert (got.saved_bytes, got.output_bytes, got.peak_bytes) == (real.saved_bytes, real.output_bytes, real.peak_bytes), \
+            f"snippet: saved/outputs/peak {(got.saved_bytes, got.output_bytes, got.peak_bytes)} != plan's {(real.saved_bytes, real.output_bytes, real.peak_bytes)}"
 
 
 def assert_fake_equals_real(fake: Any, real: Any) -> None:
@@ -392,8 +438,8 @@ def _tolerance(precision: str | None, dtype: torch.dtype) -> tuple[float, float]
     return 1e-5, 1e-7
 
 
-def replay(model: str, fields_json: str, steady_state: bool = False, embeds: bool = False) -> Outcome:
-    """Re-run one plan printed by a failure: ``replay("gpt2", '{"regions": ...}', False, False)``."""
+def replay(model: str, fields_json: str, steady_state: bool = False, embeds: bool = False, snippet: bool = False) -> Outcome:
+    """Re-run one plan printed by a failure: ``replay("gpt2", '{"regions": ...}', False, False, False)``."""
     outcome = Outcome()
-    Checker(model).check(json.loads(fields_json), outcome, steady_state, embeds)
+    Checker(model).check(json.loads(fields_json), outcome, steady_state, embeds, snippet)
     return outcome

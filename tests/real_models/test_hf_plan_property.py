@@ -12,7 +12,12 @@ float64 (float32 for the precision knobs). For every plan (see ``hf_plans.Checke
   parts and every module row (docs/architecture.md: "bytes equal real mode on the CPU");
 - the model is as it was: parameters (bits, dtype), requires_grad, grads, module objects and
   classes, train/eval, hooks, ``config.use_cache``; the batch too;
-- or the plan is refused with one PlanError line, and the model is unchanged.
+- or the plan is refused with one PlanError line, and the model is unchanged;
+- for some plans, ``to_code()``'s snippet run on a fresh copy of the model trains the same
+  parameters to the same gradients and (but offload) keeps the same bytes under the same knobs.
+
+GPT-2 and Llama also run some plans from ``inputs_embeds`` (float: the input may require grad) and
+some measure training's second step (steady state).
 
 Counts per model are printed (``-s``); the sample must exercise the combinations it claims.
 """
@@ -42,14 +47,16 @@ def test_random_hf_plans_match_plain_pytorch_or_refuse(model):
         fields = random_plan(rng, checker.workload(torch.float64).model)
         steady = rng.random() < 0.3  # some plans measure training's second step
         embeds = rng.random() < 0.3  # GPT-2 and Llama: some run from inputs_embeds (input grads possible)
+        snippet = rng.random() < 0.4  # some also run their to_code() snippet on a fresh model
         try:
-            checker.check(fields, outcome, steady, embeds)
+            checker.check(fields, outcome, steady, embeds, snippet)
         except BaseException as exc:
             raise AssertionError(
-                f"{model} plan #{i} (replay: hf_plans.replay({model!r}, {json.dumps(json.dumps(fields))}, {steady}, {embeds})): "
+                f"{model} plan #{i} (replay: hf_plans.replay({model!r}, {json.dumps(json.dumps(fields))}, {steady}, {embeds}, {snippet})): "
                 f"{type(exc).__name__}: {exc}"
             ) from exc
-    print(f"{model}: {outcome.tried} tried, {outcome.compared} compared ({outcome.compared_tensors} gradients), "
+    print(f"{model}: {outcome.tried} tried, {outcome.compared} compared ({outcome.compared_tensors} gradients, "
+          f"{outcome.snippets} snippets), "
           f"{outcome.refused} refused, {outcome.skipped} with nothing to differentiate; {outcome.kinds}; "
           f"refusals: {sorted(outcome.refusals)}")
     assert outcome.tried == n == outcome.compared + outcome.refused + outcome.skipped
