@@ -15,6 +15,7 @@ CASE = {c.name: c for c in CASES}
 ROW_KEYS = {
     "name", "type_name", "depth", "output_shape", "trainable_params", "frozen_params",
     "saved_bytes_own", "saved_bytes", "calls", "is_leaf", "share", "output_bytes_own", "output_bytes",
+    "trainable_params_subtree", "frozen_params_subtree",
 }
 
 
