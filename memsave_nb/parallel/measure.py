@@ -40,11 +40,6 @@ def measure_parallel(workload: Workload, spec: ParallelSpec | None = None, plan:
         spec = getattr(plan, "parallel", None)
         if spec is None:
             raise ParallelError("no parallel spec: pass spec=ParallelSpec(...) or a plan with parallel=...")
-    if spec.cpu_offload:
-        raise ParallelError(
-            "cpu_offload cannot be sized here: on a CPU mesh host and device are one (FSDP2's copies between them "
-            "vanish), and a 'cuda' mesh needs the CUDA runtime, which this torch build lacks (docs/parallel.md)"
-        )
     if plan is not None and getattr(plan, "compile_budget", None) is not None:
         raise ParallelError("a compile budget cannot be sized per rank in fake mode (fake tensors do not compile)")
     layouts = rank_layouts(workload.model, spec)
@@ -58,9 +53,11 @@ def measure_parallel(workload: Workload, spec: ParallelSpec | None = None, plan:
                 raise ParallelError(f"rank {r} is outside world size {spec.world_size}")
             chosen.append((r, (r,)))
     results = tuple(measure_rank(workload, spec, plan, rank=r, ranks=g, steady=steady) for r, g in chosen)
-    worst = max(r.peak_bytes for r in results)
+    worst = max(results, key=lambda r: (r.device_bytes, r.peak_bytes, -r.rank))
+    unseen = unseen_lines(spec, worst.device_bytes, max(r.offload_h2d_bytes for r in results),
+                          max(r.offload_d2h_bytes for r in results))
     return ParallelMeasurement(spec=spec, ranks=results, steady=steady, plan_name=getattr(plan, "name", "") or "",
-                               unseen=unseen_lines(spec, worst))
+                               unseen=unseen)
 
 
 # One default process group per process: measurements from several threads (the explorer's GPUs

@@ -34,9 +34,27 @@ class Unseen:
     source: str
 
 
-def unseen_lines(spec: ParallelSpec, peak_bytes: int) -> tuple[Unseen, ...]:
-    """The explicit lines added beside every per-rank peak (figures per rank)."""
+def unseen_lines(spec: ParallelSpec, peak_bytes: int, offload_h2d_bytes: int = 0,
+                 offload_d2h_bytes: int = 0) -> tuple[Unseen, ...]:
+    """The explicit lines added beside every per-rank peak (figures per rank).
+
+    ``peak_bytes`` is the device peak; under CPU offload ``offload_*_bytes`` are the upper bounds
+    of the device-side copies a CPU mesh cannot show (``host.copy_bounds``), estimates.
+    """
     lines = []
+    if spec.cpu_offload:
+        lines.append(Unseen(
+            "CPU offload: device copy of each shard before its all-gather (estimate, upper bound)", 0, offload_h2d_bytes,
+            "FSDP2 copies the host shards of a group to the device before the all-gather (_fsdp_param.py "
+            "all_gather_inputs: .to(device)); on a CPU mesh that copy is a no-op. Bound: the largest group's "
+            "padded shard bytes (one parameter's with a param_dtype cast); transient, so 0 if not at the peak",
+        ))
+        lines.append(Unseen(
+            "CPU offload: device gradient shards before their copy to the host (estimate, upper bound)", 0, offload_d2h_bytes,
+            "FSDP2 reduce-scatters on the device and then copies the gradient shards to the host "
+            "(_fsdp_collectives.py foreach_reduce: .to('cpu')); on a CPU mesh they are the host gradients. Bound: "
+            "the largest group's padded shard bytes in the parameters' dtype; transient, so 0 if not at the peak",
+        ))
     if spec.world_size > 1:
         n = spec.communicators
         lines.append(Unseen(
@@ -76,6 +94,19 @@ class RankMeasurement:
     seconds: float = 0.0
     backend_staging_bytes: int = 0  # real backends only: buffers the backend allocates itself (gloo)
     peak_without_staging_bytes: int | None = None
+    # FSDP2 CPU offload only (None / 0 otherwise): ``peak_bytes`` counts host and device together;
+    # these split it by where a GPU run keeps each storage (``host.py``).
+    device_peak_bytes: int | None = None  # the number that decides out-of-memory on the GPU
+    device_peak_split: dict[str, int] | None = None
+    device_peak_phase: str = ""
+    host_peak_bytes: int | None = None
+    offload_h2d_bytes: int = 0  # upper bounds of the device-side copies a CPU mesh cannot show
+    offload_d2h_bytes: int = 0
+
+    @property
+    def device_bytes(self) -> int:
+        """The device (GPU) peak: ``device_peak_bytes`` under CPU offload, else ``peak_bytes``."""
+        return self.peak_bytes if self.device_peak_bytes is None else self.device_peak_bytes
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -83,6 +114,10 @@ class RankMeasurement:
             "peak_split": dict(self.peak_split), "peak_phase": self.peak_phase,
             "saved_bytes": self.saved_bytes, "end_split": dict(self.end_split), "seconds": self.seconds,
             "backend_staging_bytes": self.backend_staging_bytes, "peak_without_staging_bytes": self.peak_without_staging_bytes,
+            "device_peak_bytes": self.device_peak_bytes, "device_peak_phase": self.device_peak_phase,
+            "device_peak_split": None if self.device_peak_split is None else dict(self.device_peak_split),
+            "host_peak_bytes": self.host_peak_bytes, "offload_h2d_bytes": self.offload_h2d_bytes,
+            "offload_d2h_bytes": self.offload_d2h_bytes,
         }
 
 
@@ -98,12 +133,24 @@ class ParallelMeasurement:
 
     @property
     def worst(self) -> RankMeasurement:
-        return max(self.ranks, key=lambda r: (r.peak_bytes, -r.rank))
+        """The rank with the largest device peak (``peak_bytes`` unless CPU offload is on)."""
+        return max(self.ranks, key=lambda r: (r.device_bytes, r.peak_bytes, -r.rank))
 
     @property
     def peak_bytes(self) -> int:
-        """The worst rank's counted peak (unseen lines not included)."""
+        """The worst rank's counted peak, host and device together (unseen lines not included)."""
         return self.worst.peak_bytes
+
+    @property
+    def device_peak_bytes(self) -> int:
+        """The worst rank's device peak: what must fit on the GPU (``peak_bytes`` without offload)."""
+        return self.worst.device_bytes
+
+    @property
+    def host_peak_bytes(self) -> int | None:
+        """The largest host peak of any rank under CPU offload, else None."""
+        hosts = [r.host_peak_bytes for r in self.ranks if r.host_peak_bytes is not None]
+        return max(hosts) if hosts else None
 
     @property
     def unseen_low_bytes(self) -> int:
@@ -124,7 +171,8 @@ class ParallelMeasurement:
         return {
             "spec": self.spec.to_dict(), "steady": self.steady, "plan": self.plan_name,
             "ranks": [r.as_dict() for r in self.ranks], "worst_rank": self.worst.rank,
-            "peak_bytes": self.peak_bytes,
+            "peak_bytes": self.peak_bytes, "device_peak_bytes": self.device_peak_bytes,
+            "host_peak_bytes": self.host_peak_bytes,
             "unseen": [{"name": u.name, "low_bytes": u.low_bytes, "high_bytes": u.high_bytes, "source": u.source} for u in self.unseen],
         }
 
@@ -133,17 +181,31 @@ class ParallelMeasurement:
         def fmt(n: int) -> str:
             return f"{n / GIB:9.2f} GiB" if n >= GIB else f"{n / MIB:9.1f} MiB"
 
-        cols = [c for c in CATEGORIES if any(r.peak_split.get(c) for r in self.ranks)]
+        offload = self.host_peak_bytes is not None
         head = f"{self.spec.describe()}{' (steady state)' if self.steady else ' (first step)'}"
-        lines = [head, "rank(s)        peak          " + "  ".join(f"{c:>14.14}" for c in cols)]
+        if offload:  # the split at the device peak; host memory in its own column
+            def split(r: RankMeasurement) -> dict[str, int]:
+                return r.device_peak_split or {}
+            head += "; device = GPU memory, host = CPU memory (sharded parameters, gradients, optimizer)"
+            first = "rank(s)        device peak   host peak     "
+        else:
+            def split(r: RankMeasurement) -> dict[str, int]:
+                return r.peak_split
+            first = "rank(s)        peak          "
+        cols = [c for c in CATEGORIES if any(split(r).get(c) for r in self.ranks)]
+        lines = [head, first + "  ".join(f"{c:>14.14}" for c in cols)]
         for r in self.ranks:
             label = _ranks_label(r.ranks)
-            lines.append(f"{label:<14} {fmt(r.peak_bytes)}  " + "  ".join(f"{fmt(r.peak_split.get(c, 0)):>14}" for c in cols))
-        lines.append(f"worst rank {self.worst.rank}: {fmt(self.peak_bytes)} counted")
+            host = f"{fmt(r.host_peak_bytes or 0)}  " if offload else ""
+            lines.append(f"{label:<14} {fmt(r.device_bytes)}  {host}" + "  ".join(f"{fmt(split(r).get(c, 0)):>14}" for c in cols))
+        where = " on the device" if offload else ""
+        lines.append(f"worst rank {self.worst.rank}: {fmt(self.device_peak_bytes)} counted{where}")
         for u in self.unseen:
             lines.append(f"  + {u.name}: {fmt(u.low_bytes).strip()} .. {fmt(u.high_bytes).strip()}  [{u.source}]")
-        lines.append(f"worst rank with unseen lines: {fmt(self.peak_bytes + self.unseen_low_bytes).strip()} .. "
-                     f"{fmt(self.peak_bytes + self.unseen_high_bytes).strip()}")
+        lines.append(f"worst rank with unseen lines: {fmt(self.device_peak_bytes + self.unseen_low_bytes).strip()} .. "
+                     f"{fmt(self.device_peak_bytes + self.unseen_high_bytes).strip()}{where}")
+        if offload:
+            lines.append(f"host memory per rank (worst): {fmt(self.host_peak_bytes).strip()}")
         return "\n".join(lines)
 
 

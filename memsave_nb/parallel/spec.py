@@ -67,6 +67,8 @@ class ParallelSpec:
             raise ParallelError(f"replicate must be a positive divisor of world_size {ws}, got {r!r}")
         if r > 1 and self.strategy != "fsdp":
             raise ParallelError("replicate (HSDP) needs strategy 'fsdp'")
+        if self.cpu_offload is True and self.strategy != "fsdp":
+            raise ParallelError("cpu_offload is FSDP2's CPUOffloadPolicy: it needs strategy 'fsdp'")
         for f in ("param_dtype", "reduce_dtype"):
             v = getattr(self, f)
             if v is not None and v not in DTYPES:

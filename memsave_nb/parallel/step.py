@@ -19,6 +19,7 @@ from ..errors import WorkloadError
 from ..measure.tracker import INPUT
 from ..workload import Workload, iter_tensors
 from .apply import unsharded_tensors
+from .host import copy_bounds, host_records
 from .ddp import rebuild_buckets, reducer_storages
 from .result import CATEGORIES, RankMeasurement
 from .tracker import ShardTracker
@@ -147,14 +148,18 @@ def tracked_step(workload: Workload, model: nn.Module, batch: Any, *, rank: int,
         if optimizer is not None:
             opt = {tracker.record_of(_local(t)) for s in optimizer.state.values() for t in iter_tensors(s)}
         unsharded = {tracker.record_of(t) for t in unsharded_tensors(workload.model)}
+        host = host_records(tracker, workload.model, optimizer)  # FSDP2 CPU offload: what lives on the host
     kinds = categorise(tracker, grads - {None}, opt - {None}, unsharded - {None}, marks)
     staging = backend_staging(tracker, kinds)
-    result = summarise(tracker, kinds, marks, rank=rank, ranks=ranks, seconds=time.perf_counter() - start)
+    result = summarise(tracker, kinds, marks, rank=rank, ranks=ranks, seconds=time.perf_counter() - start, host=host)
+    if host:
+        h2d, d2h = copy_bounds(workload.model)
+        result = dataclasses.replace(result, offload_h2d_bytes=h2d, offload_d2h_bytes=d2h)
     if not staging:
         return result
     # A real backend's own staging copies: counted in ``peak_bytes``; the peak without them is kept
     # beside it, since the fake backend (and NCCL) make no such copies.
-    without = summarise(tracker, kinds, marks, rank=rank, ranks=ranks, seconds=result.seconds, skip=staging)
+    without = summarise(tracker, kinds, marks, rank=rank, ranks=ranks, seconds=result.seconds, skip=staging, host=host)
     return dataclasses.replace(result, backend_staging_bytes=sum(tracker.records[i].nbytes for i in staging),
                                peak_without_staging_bytes=without.peak_bytes)
 
@@ -195,24 +200,44 @@ def categorise(tracker: ShardTracker, grads: set, opt: set, unsharded: set, mark
 
 
 def summarise(tracker: ShardTracker, kinds: list[str], marks: dict, *, rank: int, ranks: tuple[int, ...],
-              seconds: float, skip: set[int] = frozenset()) -> RankMeasurement:
+              seconds: float, skip: set[int] = frozenset(), host: set[int] = frozenset()) -> RankMeasurement:
+    """Peak and split over the step's events; with ``host`` (records in host memory under CPU
+    offload) also the device peak (everything else) and its split, and the host peak."""
     live = {c: 0 for c in CATEGORIES}
     peak, peak_split, peak_phase = -1, dict(live), ""
+    device = {c: 0 for c in CATEGORIES}
+    device_peak, device_split, device_phase = -1, dict(device), ""
+    host_live = host_peak = 0
     fwd_end = marks.get("forward_end")
     saved = 0
     preexisting = {i for i, rec in enumerate(tracker.records) if rec.late and rec.died is None}
     for i in preexisting:
         live[kinds[i]] += tracker.records[i].nbytes
+        if i in host:
+            host_live += tracker.records[i].nbytes
+        else:
+            device[kinds[i]] += tracker.records[i].nbytes
     for e, ((idx, delta), phase) in enumerate(zip(tracker.events, tracker.event_phase)):
         if idx in skip:
             continue
         if not (idx in preexisting and delta > 0 and e == tracker.records[idx].born):
             live[kinds[idx]] += delta
+            if idx in host:
+                host_live += delta
+            else:
+                device[kinds[idx]] += delta
         total = sum(live.values())
         if total > peak:
             peak, peak_split, peak_phase = total, dict(live), phase
+        if host:
+            on_device = total - host_live
+            if on_device > device_peak:
+                device_peak, device_split, device_phase = on_device, dict(device), phase
+            host_peak = max(host_peak, host_live)
         if fwd_end is not None and e == fwd_end - 1:
             saved = live["activations"]
     return RankMeasurement(rank=rank, ranks=ranks, peak_bytes=max(peak, 0), peak_split=peak_split,
                            peak_phase=peak_phase, saved_bytes=saved, end_split=dict(live),
-                           events=len(tracker.events), seconds=seconds)
+                           events=len(tracker.events), seconds=seconds,
+                           **(dict(device_peak_bytes=max(device_peak, 0), device_peak_split=device_split,
+                                   device_peak_phase=device_phase, host_peak_bytes=host_peak) if host else {}))
