@@ -16,10 +16,12 @@ def add_arguments(rep: argparse.ArgumentParser, positive_int) -> None:
     group.add_argument("--ddp", action="store_true", help="with --world-size: DistributedDataParallel")
     rep.add_argument("--gradient-as-bucket-view", action="store_true",
                      help="with --ddp: gradients are views of DDP's buckets (one gradient copy instead of two)")
+    rep.add_argument("--cpu-offload", action="store_true",
+                     help="with --world-size: FSDP2 CPUOffloadPolicy (sharded parameters, gradients, optimizer on the host)")
 
 
 def wants_parallel(args: argparse.Namespace) -> bool:
-    return args.world_size is not None or args.fsdp or args.ddp or args.gradient_as_bucket_view
+    return args.world_size is not None or args.fsdp or args.ddp or args.gradient_as_bucket_view or args.cpu_offload
 
 
 def report_parallel(args: argparse.Namespace) -> int:
@@ -28,15 +30,17 @@ def report_parallel(args: argparse.Namespace) -> int:
     from .spec import ParallelSpec
 
     if args.world_size is None:
-        raise MemsaveError("--fsdp, --ddp and --gradient-as-bucket-view need --world-size N")
+        raise MemsaveError("--fsdp, --ddp, --gradient-as-bucket-view and --cpu-offload need --world-size N")
     if args.out:
         raise MemsaveError("--out writes single-device reports; drop it with --world-size")
     if args.mode == "real":
         raise MemsaveError("--world-size sizes ranks in fake mode only; drop --mode real")
     if args.gradient_as_bucket_view and not args.ddp:
         raise MemsaveError("--gradient-as-bucket-view needs --ddp")
+    if args.cpu_offload and args.ddp:
+        raise MemsaveError("--cpu-offload is FSDP2's CPUOffloadPolicy; drop --ddp")
     spec = ParallelSpec(world_size=args.world_size, strategy="ddp" if args.ddp else "fsdp",
-                        gradient_as_bucket_view=args.gradient_as_bucket_view)
+                        gradient_as_bucket_view=args.gradient_as_bucket_view, cpu_offload=args.cpu_offload)
     workload = zoo.make(args.model, args.batch, device=args.device)
     batch = args.batch or zoo.DEFAULT_BATCH.get(args.model)
     m = measure_parallel(workload, spec)

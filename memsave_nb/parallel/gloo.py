@@ -5,7 +5,7 @@ seed, applies the same ``fully_shard``/DDP calls (``apply.apply_parallel``) to i
 runs the same tracked step (``step.tracked_step``) on real tensors with real collectives. Its
 peak and split are compared with the fake-mode prediction for that rank (``measure_rank``).
 
-``python -m memsave_nb.parallel.gloo --case tiny-gpt --world-size 2 4 [--ddp]`` prints the table.
+``python -m memsave_nb.parallel.gloo --case tiny-gpt --world-size 2 4 [--ddp | --cpu-offload]`` prints the table.
 Classic DDP runs here exactly as in a training script (its default all-reduce, ``init_sync``).
 """
 
@@ -58,6 +58,8 @@ class CrossCheckRow:
     measured_split: dict
     staging_bytes: int = 0  # gloo's own reduce-scatter copies (NCCL and the fake backend make none)
     measured_without_staging_bytes: int | None = None
+    predicted_host_bytes: int | None = None  # CPU offload: host peaks (FSDP2's host storages, host.py)
+    measured_host_bytes: int | None = None
 
     @property
     def comparable_bytes(self) -> int:
@@ -126,7 +128,11 @@ def measure_gloo(case: str, spec: ParallelSpec, start_method: str = "fork",
                                        peak_split=d["peak_split"], peak_phase=d["peak_phase"], saved_bytes=d["saved_bytes"],
                                        end_split=d["end_split"], events=0, seconds=d["seconds"],
                                        backend_staging_bytes=d["backend_staging_bytes"],
-                                       peak_without_staging_bytes=d["peak_without_staging_bytes"]))
+                                       peak_without_staging_bytes=d["peak_without_staging_bytes"],
+                                       device_peak_bytes=d.get("device_peak_bytes"),
+                                       device_peak_split=d.get("device_peak_split"),
+                                       device_peak_phase=d.get("device_peak_phase", ""),
+                                       host_peak_bytes=d.get("host_peak_bytes")))
     return out
 
 
@@ -140,16 +146,21 @@ def cross_check(case: str, spec: ParallelSpec, plan: Any = None) -> list[CrossCh
     for m in measured:
         p = measure_rank(workload, spec, plan, rank=m.rank)
         rows.append(CrossCheckRow(case, spec.world_size, m.rank, p.peak_bytes, m.peak_bytes, p.peak_split, m.peak_split,
-                                  m.backend_staging_bytes, m.peak_without_staging_bytes))
+                                  m.backend_staging_bytes, m.peak_without_staging_bytes,
+                                  p.host_peak_bytes, m.host_peak_bytes))
     return rows
 
 
 def markdown_table(rows: list[CrossCheckRow]) -> str:
-    lines = ["| model | world size | rank | predicted (fake) | measured (gloo) | gloo staging copies (sum over the step) | measured without them | difference |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    host = any(r.predicted_host_bytes is not None for r in rows)
+    extra_head, extra_rule = (" predicted host peak | measured host peak |", "---:|---:|") if host else ("", "")
+    lines = ["| model | world size | rank | predicted (fake) | measured (gloo) | gloo staging copies (sum over the step) | "
+             f"measured without them | difference |{extra_head}",
+             f"|---|---:|---:|---:|---:|---:|---:|---:|{extra_rule}"]
     for r in rows:
+        extra = f" {r.predicted_host_bytes or 0:,} | {r.measured_host_bytes or 0:,} |" if host else ""
         lines.append(f"| {r.case} | {r.world_size} | {r.rank} | {r.predicted_bytes:,} | {r.measured_bytes:,} | "
-                     f"{r.staging_bytes:,} | {r.comparable_bytes:,} | {r.difference_bytes:+,} |")
+                     f"{r.staging_bytes:,} | {r.comparable_bytes:,} | {r.difference_bytes:+,} |{extra}")
     return "\n".join(lines)
 
 
@@ -159,15 +170,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--world-size", nargs="+", type=int, default=[2, 4])
     ap.add_argument("--ddp", action="store_true", help="classic DistributedDataParallel instead of FSDP2")
     ap.add_argument("--gradient-as-bucket-view", action="store_true", help="with --ddp: gradients as views of its buckets")
+    ap.add_argument("--cpu-offload", action="store_true", help="FSDP2 with CPUOffloadPolicy (host and device totals)")
     args = ap.parse_args(argv)
     rows = []
     for case in args.case:
         for ws in args.world_size:
             spec = ParallelSpec(world_size=ws, strategy="ddp" if args.ddp else "fsdp",
-                                gradient_as_bucket_view=args.gradient_as_bucket_view)
+                                gradient_as_bucket_view=args.gradient_as_bucket_view, cpu_offload=args.cpu_offload)
             rows.extend(cross_check(case, spec))
     print(markdown_table(rows))
-    return 0 if all(r.difference_bytes == 0 for r in rows) else 1
+    return 0 if all(r.difference_bytes == 0 and r.measured_host_bytes == r.predicted_host_bytes for r in rows) else 1
 
 
 if __name__ == "__main__":

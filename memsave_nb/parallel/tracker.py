@@ -12,6 +12,10 @@
 - **Communication buffers**: storages born inside FSDP2's ``foreach_all_gather`` /
   ``foreach_reduce`` (all-gather input/output, reduce-scatter input/output) are marked; those that
   become gathered parameters or gradient shards are re-categorised after the step.
+- **Sharding propagation on a cold cache**: the first time DTensor meets an op signature it runs the
+  op on fake global-shape tensors to learn the output's metadata, under the fake mode then active,
+  which in fake mode is ours. Those ops are not the rank's computation (later measurements in the
+  same process hit DTensor's cache and never run them): they are ignored while they run.
 """
 
 from __future__ import annotations
@@ -62,7 +66,7 @@ class _ShardWatcher(_DispatchWatcher):
         if dt is not None and any(issubclass(t, dt) for t in types):
             return NotImplemented  # let DTensor desugar into local-shard ops, seen next
         out = func(*args, **kwargs) if kwargs else func(*args)
-        if _active_fake_mode() is self.entry_fake_mode:  # not DTensor's sharding propagation
+        if not self.tracker._in_propagation and _active_fake_mode() is self.entry_fake_mode:  # not DTensor's sharding propagation
             self.tracker._observe(func, args, kwargs, out)
         return out
 
@@ -74,6 +78,7 @@ class ShardTracker(MemoryTracker):
         super().__init__(model, count_flops=count_flops)
         self.comm_records: set[int] = set()
         self._in_collective = 0
+        self._in_propagation = 0
         self._stack = contextlib.ExitStack()
 
     # -- storages -------------------------------------------------------------------------------
@@ -113,6 +118,7 @@ class ShardTracker(MemoryTracker):
         stack = self._stack
         stack.enter_context(_patched_resize(self))
         stack.enter_context(_marked_collectives(self))
+        stack.enter_context(_ignored_propagation(self))
         try:
             self._install_module_hooks()
             self._mode = _ShardWatcher(self)
@@ -179,3 +185,32 @@ def _marked_collectives(tracker: ShardTracker) -> Iterator[None]:
     finally:
         for n, fn in originals.items():
             setattr(pg_mod, n, fn)
+
+
+@contextlib.contextmanager
+def _ignored_propagation(tracker: ShardTracker) -> Iterator[None]:
+    """Ignore the ops DTensor's sharding propagation runs on a cache miss (fake global-shape tensors,
+    only to learn output metadata). A torch without that method: nothing is ignored, nothing fails."""
+    try:
+        from torch.distributed.tensor._sharding_prop import ShardingPropagator
+    except ImportError:  # pragma: no cover
+        yield
+        return
+    original = ShardingPropagator.__dict__.get("_propagate_tensor_meta_non_cached")
+    if original is None:  # pragma: no cover
+        yield
+        return
+
+    @functools.wraps(original)
+    def propagate(self, *args, **kwargs):
+        tracker._in_propagation += 1
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            tracker._in_propagation -= 1
+
+    ShardingPropagator._propagate_tensor_meta_non_cached = propagate  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        ShardingPropagator._propagate_tensor_meta_non_cached = original  # type: ignore[method-assign]

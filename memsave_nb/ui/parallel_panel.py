@@ -5,7 +5,7 @@ It builds a ``ParallelSpec`` from its controls and asks ``memsave_nb.parallel.me
 Changing a control re-sizes on a worker thread (a newer request supersedes an older one).
 
 DOM hooks: ``.memsave-gpus`` (number), ``.memsave-sharding`` (dropdown), ``.memsave-bf16``
-(checkbox), ``.memsave-parallel-size`` (button), ``.memsave-parallel-peak`` (worst rank),
+(checkbox), ``.memsave-offload`` (checkbox: FSDP2 CPU offload), ``.memsave-parallel-size`` (button), ``.memsave-parallel-peak`` (worst rank),
 ``.memsave-parallel-table`` (the table), ``.memsave-parallel-error``.
 """
 
@@ -29,9 +29,13 @@ SHARDINGS = (
 MAX_GPUS = 1024
 
 
-def spec_for(gpus: int, sharding: str, bf16: bool) -> ParallelSpec:
+def spec_for(gpus: int, sharding: str, bf16: bool, offload: bool = False) -> ParallelSpec:
     """The ``ParallelSpec`` the controls describe (HSDP needs an even number of GPUs)."""
     kw: dict[str, Any] = {"world_size": gpus}
+    if offload:
+        if sharding in ("ddp", "ddp-view"):
+            raise ParallelError("CPU offload is FSDP2's CPUOffloadPolicy: pick an FSDP2 sharding")
+        kw["cpu_offload"] = True
     if sharding == "fsdp-keep":
         kw["reshard_after_forward"] = False
     elif sharding == "hsdp":
@@ -57,6 +61,8 @@ class ParallelPanel(W.VBox):
         self.sharding.add_class("memsave-sharding")
         self.bf16 = W.Checkbox(value=False, description="bf16 params, fp32 reduce", indent=False)
         self.bf16.add_class("memsave-bf16")
+        self.offload = W.Checkbox(value=False, description="CPU offload (params, grads, optimizer on host)", indent=False)
+        self.offload.add_class("memsave-offload")
         self.size_button = W.Button(description="size per rank", icon="server", button_style="info")
         self.size_button.add_class("memsave-parallel-size")
         self.peak = W.HTML()
@@ -71,14 +77,14 @@ class ParallelPanel(W.VBox):
         self._thread: threading.Thread | None = None
         note = W.HTML("<small>Per-rank memory in fake mode with PyTorch's own <code>fully_shard</code> or DDP "
                       "on a fake process group; the plan's freezing and checkpointing apply.</small>")
-        super().__init__([note, W.HBox([self.gpus, self.sharding, self.bf16, self.size_button],
+        super().__init__([note, W.HBox([self.gpus, self.sharding, self.bf16, self.offload, self.size_button],
                                        layout=W.Layout(flex_flow="row wrap")), self.peak, self.error, self.table])
-        for w in (self.gpus, self.sharding, self.bf16):
+        for w in (self.gpus, self.sharding, self.bf16, self.offload):
             w.observe(lambda _ch: self._changed(), "value")
         self.size_button.on_click(lambda _b: self.refresh(background=True))
 
     def spec(self) -> ParallelSpec:
-        return spec_for(self.gpus.value, self.sharding.value, self.bf16.value)
+        return spec_for(self.gpus.value, self.sharding.value, self.bf16.value, self.offload.value)
 
     def _changed(self) -> None:
         if self.live:
@@ -114,8 +120,12 @@ class ParallelPanel(W.VBox):
             return
         self.result = result
         self.error.value = ""
-        gib = result.peak_bytes / (1 << 30)
-        hi = (result.peak_bytes + result.unseen_high_bytes) / (1 << 30)
-        self.peak.value = (f"<b>worst rank {result.worst.rank}: {gib:.2f} GiB counted</b>, "
-                           f"up to {hi:.2f} GiB with the unseen lines ({html.escape(spec.describe())})")
+        gib = result.device_peak_bytes / (1 << 30)
+        hi = (result.device_peak_bytes + result.unseen_high_bytes) / (1 << 30)
+        where, host = "", ""
+        if result.host_peak_bytes is not None:
+            where = " on the GPU"
+            host = f"; host memory {result.host_peak_bytes / (1 << 30):.2f} GiB per rank"
+        self.peak.value = (f"<b>worst rank {result.worst.rank}: {gib:.2f} GiB counted{where}</b>, "
+                           f"up to {hi:.2f} GiB with the unseen lines{host} ({html.escape(spec.describe())})")
         self.table.value = f"<pre style='font-size:11px'>{html.escape(result.table())}</pre>"
