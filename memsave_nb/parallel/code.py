@@ -34,7 +34,8 @@ def parallel_code(spec: ParallelSpec, model_var: str = "model") -> tuple[list[st
         kwargs.append(f"mp_policy=MixedPrecisionPolicy(param_dtype={pd}, reduce_dtype={rd})")
     if spec.cpu_offload:
         imports.append("from torch.distributed.fsdp import CPUOffloadPolicy")
-        kwargs.append("offload_policy=CPUOffloadPolicy()")
+        # pinned host memory makes the copies asynchronous; it needs the CUDA runtime
+        kwargs.append("offload_policy=CPUOffloadPolicy(pin_memory=torch.cuda.is_available())")
     body.append(f"fsdp_kwargs = dict({', '.join(kwargs)})")
     if spec.shard_modules:
         body.append(f"shard_units = {[n for n in spec.shard_modules if n]!r}")

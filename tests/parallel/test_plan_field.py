@@ -38,7 +38,8 @@ def test_measure_parallel_takes_the_spec_from_the_plan():
 @pytest.mark.parametrize("spec", [
     ParallelSpec(world_size=4),
     ParallelSpec(world_size=4, shard_modules=("blocks.0",), reshard_after_forward=False),
-], ids=["suggested-units", "named-unit"])
+    ParallelSpec(world_size=4, cpu_offload=True),
+], ids=["suggested-units", "named-unit", "cpu-offload"])
 def test_to_code_shards_like_the_prediction(spec):
     """Exec the snippet on a fresh real model on a fake group of 4 (rank 0), run the tracked step,
     and require the fake-mode prediction's bytes exactly."""
@@ -61,6 +62,8 @@ def test_to_code_shards_like_the_prediction(spec):
         dist.destroy_process_group()
     assert measured.peak_bytes == predicted.peak_bytes
     assert measured.peak_split == predicted.peak_split
+    assert (measured.device_peak_bytes, measured.host_peak_bytes) == (predicted.device_peak_bytes, predicted.host_peak_bytes)
+    assert (predicted.host_peak_bytes is not None) == spec.cpu_offload
 
 
 def test_to_code_mixed_precision_and_ddp_lines():
