@@ -26,6 +26,7 @@ def _host_states(numel: int, tensors: int, world_size: int) -> tuple[int, int, i
     return shard, shard, 2 * shard + 4 * tensors
 
 
+@pytest.mark.slow
 def test_offload_total_equals_fsdp_mem_tracker_and_device_excludes_host_states():
     wl = tiny_gpt()
     spec = ParallelSpec(world_size=2, cpu_offload=True)
@@ -100,3 +101,36 @@ def test_gloo_ranks_with_offload_measure_the_predicted_host_and_total():
     else:
         pytest.fail("no attempt was byte-exact:\n" + "\n".join(tables))
     assert not dist.is_initialized()
+
+
+def test_report_cpu_offload_prints_host_and_device(capsys):
+    from memsave_nb import zoo
+    from memsave_nb.cli import main
+
+    assert main(["report", "--model", "mlp", "--batch", "8", "--world-size", "4", "--cpu-offload"]) == 0
+    out = capsys.readouterr().out
+    assert measure_parallel(zoo.make("mlp", 8), ParallelSpec(world_size=4, cpu_offload=True)).table() in out
+    assert "device peak" in out and "host memory per rank" in out
+    assert main(["report", "--model", "mlp", "--world-size", "4", "--ddp", "--cpu-offload"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--cpu-offload" in err
+
+
+def test_gpus_tab_offload_checkbox_shows_the_device_peak_and_host_memory():
+    from memsave_nb import Plan
+    from memsave_nb.ui.parallel_panel import ParallelPanel, spec_for
+
+    assert spec_for(8, "fsdp", True, True) == ParallelSpec(world_size=8, param_dtype="bfloat16", reduce_dtype="float32",
+                                                           cpu_offload=True)
+    wl = blocks_workload()
+    panel = ParallelPanel(wl, plan_fn=lambda: Plan(), live=False)
+    panel.gpus.value = 4
+    panel.offload.value = True
+    panel.refresh()
+    expected = measure_parallel(wl, ParallelSpec(world_size=4, cpu_offload=True))
+    assert panel.result.device_peak_bytes == expected.device_peak_bytes < expected.peak_bytes
+    assert f"{expected.device_peak_bytes / (1 << 30):.2f} GiB counted on the GPU" in panel.peak.value
+    assert "host memory" in panel.peak.value
+    panel.sharding.value = "ddp"
+    panel.refresh()
+    assert "CPU offload" in panel.error.value and "FSDP2" in panel.error.value
