@@ -134,3 +134,21 @@ def test_gpus_tab_offload_checkbox_shows_the_device_peak_and_host_memory():
     panel.sharding.value = "ddp"
     panel.refresh()
     assert "CPU offload" in panel.error.value and "FSDP2" in panel.error.value
+
+
+def test_a_cold_sharding_propagation_cache_changes_nothing():
+    """DTensor runs each new op signature once on fake global-shape tensors under the active fake
+    mode (ours) to learn its output metadata; those ops are not the rank's and must not be counted:
+    the first measurement in a process equals a later one."""
+    from torch.distributed.tensor import DTensor
+
+    from memsave_nb.parallel import measure_rank
+
+    spec = ParallelSpec(world_size=2, cpu_offload=True)
+    first = measure_rank(tiny_gpt(), spec, rank=0)  # cold or warm, depending on the tests before
+    propagator = DTensor._op_dispatcher.sharding_propagator
+    propagator._propagate_tensor_meta_cached.cache_clear()
+    propagator.propagate_op_sharding.cache_clear()
+    cold = measure_rank(tiny_gpt(), spec, rank=0)
+    assert (cold.peak_bytes, cold.host_peak_bytes, cold.device_peak_bytes, cold.events) == \
+        (first.peak_bytes, first.host_peak_bytes, first.device_peak_bytes, first.events)
