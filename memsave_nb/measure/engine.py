@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import functools
 import statistics
 import threading
@@ -100,9 +101,34 @@ def measure(
             snapshot.restore(model)
             for t, g in leaves:
                 t.grad = g
-    tracker, cuda, times, first_peak, parts = result
-    return _summarise(tracker, workload, mode, times, cuda, first_step_peak=first_peak, steady_state=steady_state,
-                      output_parts=parts)
+    tracker, cuda, times, first_peak, parts, optimizer_kind = result
+    m = _summarise(tracker, workload, mode, times, cuda, first_step_peak=first_peak, steady_state=steady_state,
+                   output_parts=parts)
+    if mode == "fake" and optimizer_kind is not None:
+        m = dataclasses.replace(m, notes=m.notes + (foreach_note(optimizer_kind),))
+    return m
+
+
+def single_tensor_default(optimizer: Any) -> str | None:
+    """The optimizer's class name when it was left to pick its implementation (``foreach=None``,
+    not fused) over CPU parameters: torch then runs its single-tensor loop, while on a CUDA GPU the
+    same constructor picks the foreach step, whose temporaries are larger. None otherwise."""
+    if not isinstance(optimizer, torch.optim.Optimizer) or "foreach" not in optimizer.defaults:
+        return None
+    groups = optimizer.param_groups
+    if not any(g.get("foreach") is None and not g.get("fused") for g in groups):
+        return None
+    if not all(p.device.type == "cpu" for g in groups for p in g["params"]):
+        return None
+    return type(optimizer).__name__
+
+
+def foreach_note(name: str) -> str:
+    return (
+        f"{name} ran its single-tensor step (fake mode on the CPU); on a CUDA GPU torch's default is its foreach "
+        "step, whose temporaries during the optimizer step are larger (up to about the size of the trainable "
+        "parameters): to size for a GPU, measure with the optimizer knob 'adamw_foreach' (or foreach=True)"
+    )
 
 
 def _is_compiled(model: nn.Module) -> bool:
@@ -369,7 +395,7 @@ def _run(workload: Workload, *, fake_mode, flops: bool, cancel_event, steady_sta
             step.backup.restore()
         for p in model.parameters():
             p.grad = None
-    return tracker, cuda, times, first_peak, parts
+    return tracker, cuda, times, first_peak, parts, single_tensor_default(step.optimizer)
 
 
 def _register_model(tracker: MemoryTracker, model: nn.Module) -> None:

@@ -252,3 +252,31 @@ def test_knobs_export_code():
     exec(compile(code, "<plan>", "exec", dont_inherit=True), namespace)
     assert model.weight.dtype == torch.bfloat16
     assert isinstance(namespace["optimizer"], torch.optim.Adafactor)
+
+
+def test_fake_mode_says_when_the_gpu_would_run_the_foreach_step():
+    """On CPU parameters torch's default AdamW runs its single-tensor loop; on a CUDA GPU the same
+    constructor picks foreach, whose step keeps more temporaries. Fake mode says so, and the knob
+    'adamw_foreach' measures that step: its optimizer-phase peak is higher by at most the size of
+    the trainable parameters."""
+    from memsave_nb import zoo
+
+    w = zoo.make("gpt", 1)
+    params = sum(p.numel() * p.element_size() for p in w.model.parameters())
+
+    def optimizer_phase_peak(m):
+        t = m.timeline
+        totals = [sum(v[i] for v in t.by_category.values()) for i in range(len(t.phase))]
+        return max(x for x, ph in zip(totals, t.phase) if ph == "optimizer")
+
+    with Plan(optimizer="adamw").apply(w) as a:
+        default = measure(a, mode="fake")
+    with Plan(optimizer="adamw_foreach").apply(w) as a:
+        foreach = measure(a, mode="fake")
+    assert any("single-tensor step" in n and "adamw_foreach" in n for n in default.notes)
+    assert not any("single-tensor step" in n for n in foreach.notes)
+    extra = optimizer_phase_peak(foreach) - optimizer_phase_peak(default)
+    assert 0 < extra <= params
+    with Plan(optimizer="adamw").apply(w) as a:
+        real = measure(a, mode="real", repeats=0)
+    assert not any("single-tensor step" in n for n in real.notes)  # real mode measures what runs
