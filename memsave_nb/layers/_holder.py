@@ -24,7 +24,7 @@ import weakref
 import torch
 from torch import Tensor
 
-from ._bits import pack_bits, unpack_bits
+from ._bits import pack_bits, pack_inside, positive, unpack_bits
 
 # A storage held by our alias alone shows two uses: the alias and the temporary Python
 # storage object created to ask for the count.
@@ -55,7 +55,10 @@ class OutputHolder:
         uses = torch._C._storage_Use_Count(output.untyped_storage()._cdata)
         if uses > _SOLE_HOLDER_USES:
             return False
-        self.packed = pack_bits(self._passes(output))
+        packed = None
+        if self.bounds is not None:
+            packed = pack_inside(output, *self.bounds)
+        self.packed = pack_bits(self._passes(output)) if packed is None else packed
         self.output = None
         return True
 
@@ -65,7 +68,7 @@ class OutputHolder:
             return inside_mask(output, *self.bounds)
         # a ReLU output is >= 0 (or NaN, which backward lets through): nonzero is the test;
         # a leaky output (slope > 0) is positive exactly where its input was
-        return output.bool() if self.relu else output > 0
+        return output.bool() if self.relu else positive(output)
 
     def release(self) -> None:
         """Drop what is held (the alias or the mask), as autograd frees saved tensors once

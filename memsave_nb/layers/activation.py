@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from . import _holder
-from ._bits import pack_bits, unpack_bits
+from ._bits import pack_bits, pack_inside, positive, unpack_bits
 
 
 class _MaskedLeakyReLU(torch.autograd.Function):
@@ -23,7 +23,7 @@ class _MaskedLeakyReLU(torch.autograd.Function):
         lazy = lazy and (slope is None or slope > 0)
         # Leaky: the input's sign, taken before an in-place op. ReLU: from the output below,
         # ``out != 0``, which lets NaN through as stock's ``not (out <= 0)`` does.
-        mask = x > 0 if (not lazy and slope is not None) else None
+        mask = positive(x) if (not lazy and slope is not None) else None
         if slope is None:
             out = torch.relu_(x) if inplace else torch.relu(x)
         else:
@@ -117,7 +117,10 @@ class _MaskedHardtanh(torch.autograd.Function):
         else:
             ctx.holder = None
             # inside exactly where the input was (low < high)
-            ctx.save_for_backward(pack_bits(_holder.inside_mask(out, low, high)))
+            packed = pack_inside(out, low, high)
+            if packed is None:
+                packed = pack_bits(_holder.inside_mask(out, low, high))
+            ctx.save_for_backward(packed)
         return x if inplace else out
 
     @staticmethod

@@ -33,7 +33,7 @@ class _Dropout(torch.autograd.Function):
         else:
             noise = torch.empty_like(x).bernoulli_(1 - p)  # the stock CPU draw
             noise.div_(1 - p)
-            mask = noise != 0
+            mask = noise.bool()  # nonzero: kept (as != 0, in one fast cast)
             ctx.fused = False
             out = x.mul_(noise) if inplace else x * noise
         if inplace:
@@ -89,7 +89,7 @@ class _NoiseDropout(torch.autograd.Function):
         else:
             noise = torch.empty_like(x)
         noise.bernoulli_(1 - p)
-        mask = noise != 0
+        mask = noise.bool()  # nonzero: kept (as != 0, in one fast cast)
         shift = None
         if alpha:
             a = 1.0 / ((_SELU_ALPHA * _SELU_ALPHA * p + 1) * (1 - p)) ** 0.5
