@@ -292,22 +292,70 @@ def _adamw(params) -> torch.optim.Optimizer:
 
 
 def peak_ratios(model: nn.Module, input_grad: bool, batches: list[int], size: int) -> dict:
-    """Converted / stock peak of a full step with AdamW (fake mode) at each batch size."""
-    ratios = {}
+    """Converted / stock peak of a training step with AdamW (fake mode) at each batch size:
+    the steady-state step's (training's step 2 on, AdamW's state alive; ``measure()``'s
+    default) and, beside it, the first step's."""
+    ratios: dict = {"steady": {}, "first": {}}
     for b in batches:
         x = torch.randn(b, 3, size, size)
         workload = Workload(model, x, loss=lambda out: out.sum(), optimizer=_adamw,
                             input_requires_grad=input_grad, name="bench")
-        peaks = []
+        steady, first = [], []
         for label in ("stock", "ours"):
             conversion = convert(model) if label == "ours" else None
             try:
-                peaks.append(measure(workload, mode="fake", repeats=0, flops=False).peak_bytes)
+                m = measure(workload, mode="fake", repeats=0, flops=False, steady_state=True)
+                steady.append(m.peak_bytes)
+                first.append(m.first_step_peak_bytes or m.peak_bytes)
             finally:
                 if conversion is not None:
                     revert(conversion)
-        ratios[str(b)] = peaks[1] / peaks[0]
+        ratios["steady"][str(b)] = steady[1] / steady[0]
+        ratios["first"][str(b)] = first[1] / first[0]
     return ratios
+
+
+def quartiles(values: list[float]) -> tuple[float, float, float]:
+    """(first quartile, median, third quartile), interpolated as statistics' 'inclusive'."""
+    if len(values) == 1:
+        return values[0], values[0], values[0]
+    q1, q2, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return q1, q2, q3
+
+
+def time_pairs(step: Callable[[], float], model: nn.Module, repeats: int) -> dict:
+    """Step time, stock vs converted, in ``repeats`` interleaved pairs whose order alternates
+    (stock first, then converted first), so that drifting load hits both sides alike.
+
+    Returns both medians, the median of the per-pair ratios with its quartiles (the spread),
+    and the ratio of the two minima (the least disturbed run of each)."""
+    times: dict[str, list[float]] = {"stock": [], "ours": []}
+
+    def run(label: str) -> float:
+        conversion = convert(model) if label == "ours" else None
+        try:
+            return step()
+        finally:
+            if conversion is not None:
+                revert(conversion)
+
+    run("stock")  # warm-up, both sides
+    run("ours")
+    for i in range(repeats):
+        order = ("stock", "ours") if i % 2 == 0 else ("ours", "stock")
+        for label in order:
+            times[label].append(run(label))
+    ratios = [o / s for o, s in zip(times["ours"], times["stock"])]
+    q1, med, q3 = quartiles(ratios)
+    return {
+        "stock_step_seconds": statistics.median(times["stock"]),
+        "ours_step_seconds": statistics.median(times["ours"]),
+        "time_ratio": med,
+        "time_ratio_q1": q1,
+        "time_ratio_q3": q3,
+        "time_ratio_min": min(times["ours"]) / min(times["stock"]),
+        "step_seconds": times,
+    }
 
 
 def bench_case(model: nn.Module, batch: Tensor, case: str, repeats: int, bytes_mode: str,
@@ -315,8 +363,9 @@ def bench_case(model: nn.Module, batch: Tensor, case: str, repeats: int, bytes_m
     input_grad = apply_case(model, case)
     row: dict = {"case": case}
     if peak_batches:
-        row["peak_ratio_adamw"] = peak_ratios(model, input_grad, peak_batches,
-                                              bytes_batch.shape[-1])
+        peaks = peak_ratios(model, input_grad, peak_batches, bytes_batch.shape[-1])
+        row["peak_ratio_adamw"] = peaks["steady"]
+        row["first_step_peak_ratio_adamw"] = peaks["first"]
     for label in ("stock", "ours"):
         conversion = convert(model) if label == "ours" else None
         try:
@@ -327,22 +376,10 @@ def bench_case(model: nn.Module, batch: Tensor, case: str, repeats: int, bytes_m
         finally:
             if conversion is not None:
                 revert(conversion)
-    times: dict[str, list[float]] = {"stock": [], "ours": []}
-    _step_seconds(model, batch, input_grad)  # warm-up
-    for _ in range(repeats):  # interleaved, so drifting machine load hits both alike
-        times["stock"].append(_step_seconds(model, batch, input_grad))
-        conversion = convert(model)
-        try:
-            if not times["ours"]:
-                _step_seconds(model, batch, input_grad)  # warm-up
-            times["ours"].append(_step_seconds(model, batch, input_grad))
-        finally:
-            revert(conversion)
-    for label in ("stock", "ours"):
-        row[f"{label}_step_seconds"] = statistics.median(times[label])
+    if repeats:
+        row.update(time_pairs(lambda: _step_seconds(model, batch, input_grad), model, repeats))
     row["saved_ratio"] = row["ours_saved_bytes"] / row["stock_saved_bytes"]
     row["peak_ratio"] = row["ours_peak_bytes"] / row["stock_peak_bytes"]
-    row["time_ratio"] = row["ours_step_seconds"] / row["stock_step_seconds"]
     return row
 
 
@@ -397,22 +434,10 @@ def bench_gpt_case(model: nn.Module, batch: dict, case: str, repeats: int) -> di
         model.zero_grad(set_to_none=True)
         return seconds
 
-    times: dict[str, list[float]] = {"stock": [], "ours": []}
-    step()
-    for _ in range(repeats):
-        times["stock"].append(step())
-        conversion = convert(model)
-        try:
-            if not times["ours"]:
-                step()
-            times["ours"].append(step())
-        finally:
-            revert(conversion)
-    for label in ("stock", "ours"):
-        row[f"{label}_step_seconds"] = statistics.median(times[label])
+    if repeats:
+        row.update(time_pairs(step, model, repeats))
     row["saved_ratio"] = row["ours_saved_bytes"] / row["stock_saved_bytes"]
     row["peak_ratio"] = row["ours_peak_bytes"] / row["stock_peak_bytes"]
-    row["time_ratio"] = row["ours_step_seconds"] / row["stock_step_seconds"]
     row["reference_saved_ratio"] = None
     return row
 
@@ -435,6 +460,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="batch sizes of the AdamW peak-ratio columns (fake mode; '' for none)")
     parser.add_argument("--quick", action="store_true",
                         help="a fast look: 3 timing repeats, AdamW peaks at batch 2 only")
+    parser.add_argument("--bits", action="store_true",
+                        help="only the mask-packing microbench (numpy vs torch ops)")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "layers.json"))
     args = parser.parse_args(argv)
     if args.quick:
@@ -443,6 +470,9 @@ def main(argv: list[str] | None = None) -> int:
     peak_batches = [int(b) for b in args.peak_batches.split(",") if b]
     torch.manual_seed(0)
     torch.set_num_threads(args.threads)
+    if args.bits:
+        bench_bits(args.repeats)
+        return 0
     results: dict = {"settings": vars(args), "torch": torch.__version__, "models": {}}
     for name in args.models.split(","):
         model = MODELS[name]()
@@ -479,8 +509,8 @@ def _write(path: str, results: dict) -> Path:
 
 
 HEADER = (f"{'model':18s} {'case':19s} {'stock saved MB':>14s} {'saved ours/stock':>16s} "
-          f"{'reference':>9s} {'peak ours/stock':>15s} {'time ours/stock':>15s} "
-          f"{'AdamW peak ours/stock by batch':>30s}")
+          f"{'reference':>9s} {'peak ours/stock':>15s} {'time ours/stock [q1..q3] min':>30s} "
+          f"{'AdamW steady peak ours/stock by batch (max first-step)':>56s}")
 
 
 def _format_row(model: str, row: dict) -> str:
@@ -489,9 +519,59 @@ def _format_row(model: str, row: dict) -> str:
         _format_row.printed = True  # type: ignore[attr-defined]
     ref = row["reference_saved_ratio"]
     by_batch = " ".join(f"b{b}:{r:.3f}" for b, r in row.get("peak_ratio_adamw", {}).items())
+    first = row.get("first_step_peak_ratio_adamw")
+    if first:
+        by_batch += f" ({max(first.values()):.3f})"
+    timing = ""
+    if "time_ratio" in row:
+        timing = (f"{row['time_ratio']:.3f} [{row['time_ratio_q1']:.3f}..{row['time_ratio_q3']:.3f}]"
+                  f" {row['time_ratio_min']:.3f}")
     return (f"{model:18s} {row['case']:19s} {row['stock_saved_bytes'] / 2**20:14.1f} "
             f"{row['saved_ratio']:16.3f} {('' if ref is None else f'{ref:.3f}'):>9s} "
-            f"{row['peak_ratio']:15.3f} {row['time_ratio']:15.3f} {by_batch:>30s}")
+            f"{row['peak_ratio']:15.3f} {timing:>30s} {by_batch:>56s}")
+
+
+def bench_bits(repeats: int) -> dict:
+    """Mask packing side by side: numpy's packbits/unpackbits (the CPU path of
+    ``memsave_nb.layers._bits``) against the torch-op path (what runs under dispatch modes,
+    compilers and on other devices), on ReLU-sized masks; minima of ``repeats`` runs."""
+    from memsave_nb.layers import _bits
+
+    def best(fn: Callable[[], object]) -> float:
+        fn()
+        times = []
+        for _ in range(max(3, repeats)):
+            start = time.process_time()
+            fn()
+            times.append(time.process_time() - start)
+        return min(times)
+
+    rows = {}
+    for numel in (451_584, 1_204_224, 3_211_264):
+        out = torch.relu(torch.randn(numel))
+        mask = out.bool()
+        shape = (numel,)
+        packed = _bits.pack_bits(mask)
+        timings: dict[str, float] = {}
+        for label in ("numpy", "torch"):
+            saved = _bits.np
+            if label == "torch":
+                _bits.np = None  # type: ignore[assignment]
+            try:
+                timings[f"{label}_pack"] = best(lambda: _bits.pack_bits(mask))
+                timings[f"{label}_unpack"] = best(lambda: _bits.unpack_bits(packed, shape,
+                                                                            torch.uint8))
+                timings[f"{label}_relu6_mask_pack"] = best(
+                    lambda: _bits.pack_inside(out, 0.0, 6.0) if _bits.np is not None
+                    else _bits.pack_bits((out > 0) & (out < 6)))
+            finally:
+                _bits.np = saved
+        rows[str(numel)] = timings
+        print(f"{numel:>9d} elements: " + ", ".join(
+            f"{what} torch/numpy {timings['torch_' + what] / timings['numpy_' + what]:.2f}"
+            f" ({timings['numpy_' + what] * 1e6:.0f} us numpy)"
+            for what in ("pack", "unpack", "relu6_mask_pack")), flush=True)
+    return rows
 
 
 if __name__ == "__main__":

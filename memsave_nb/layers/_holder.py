@@ -32,18 +32,34 @@ _SOLE_HOLDER_USES = 2
 
 
 class OutputHolder:
-    """A detached alias of an output, or (after compaction) its packed positive mask."""
+    """A detached alias of an output, or (after compaction) its packed positive mask.
 
-    __slots__ = ("output", "version", "packed", "shape", "relu", "bounds", "__weakref__")
+    ``key`` (the layer module, optional) lets the holder remember, per layer, whether the
+    output was left to it alone last time (see :func:`pack_early`)."""
+
+    __slots__ = ("output", "version", "packed", "shape", "relu", "bounds", "key",
+                 "__weakref__")
 
     def __init__(self, output: Tensor, relu: bool = True,
-                 bounds: tuple[float, float] | None = None) -> None:
+                 bounds: tuple[float, float] | None = None, key: object = None) -> None:
         self.relu = relu
         self.bounds = bounds  # hardtanh: the gradient passes strictly between the bounds
         self.output: Tensor | None = output.detach()
         self.version = output._version
         self.packed: Tensor | None = None
         self.shape = output.shape
+        self.key = None if key is None else weakref.ref(key)
+
+    def pack_now(self) -> None:
+        """Pack the mask from the held output now, keeping the output too (until
+        :meth:`try_compact` drops it, or :meth:`settle` drops the mask)."""
+        output = self.output
+        if output is None or self.packed is not None:
+            return
+        packed = None
+        if self.bounds is not None:
+            packed = pack_inside(output, *self.bounds)
+        self.packed = pack_bits(self._passes(output)) if packed is None else packed
 
     def try_compact(self) -> bool:
         """Swap the output for a packed mask if no one else holds its storage; True when done."""
@@ -55,12 +71,25 @@ class OutputHolder:
         uses = torch._C._storage_Use_Count(output.untyped_storage()._cdata)
         if uses > _SOLE_HOLDER_USES:
             return False
-        packed = None
-        if self.bounds is not None:
-            packed = pack_inside(output, *self.bounds)
-        self.packed = pack_bits(self._passes(output)) if packed is None else packed
+        self.pack_now()
         self.output = None
+        self._remember(True)
         return True
+
+    def settle(self) -> None:
+        """End of the forward: the output is still kept by someone else (a layer saved it for
+        backward, or the model returned it), so a mask packed early is not needed: drop it."""
+        if self.output is not None and self.packed is not None:
+            self.packed = None
+        self._remember(False)
+
+    def _remember(self, sole: bool) -> None:
+        key = None if self.key is None else self.key()
+        if key is not None:
+            try:
+                _left_alone[key] = sole
+            except TypeError:  # not weak-referenceable: no memory of it
+                pass
 
     def _passes(self, output: Tensor) -> Tensor:
         """Where the gradient passes, from the output (bool)."""
@@ -107,6 +136,25 @@ def inside_mask(output: Tensor, low: float, high: float) -> Tensor:
     return torch.ops.aten.hardtanh_backward(nonzero_inside, output, low, high).bool()
 
 
+# layer -> whether its last held output was left to the holder alone before the end of the
+# forward (then its mask is needed, and packing it at once, while the output is still in the
+# cache, costs a fraction of packing it later from memory)
+_left_alone: "weakref.WeakKeyDictionary[object, bool]" = weakref.WeakKeyDictionary()
+
+
+def pack_early(key: object) -> bool:
+    """True when the layer ``key``'s held output was left to its holder alone last time: its
+    mask is then packed in its forward, beside the held output (see :meth:`OutputHolder.settle`
+    for a guess that turns out wrong). A speed choice only: what is kept through backward is
+    the same either way, when the root forward hook of :func:`memsave_nb.layers.convert` runs."""
+    if key is None:
+        return False
+    try:
+        return _left_alone.get(key, False)
+    except TypeError:
+        return False
+
+
 _pending: list[weakref.ref[OutputHolder]] = []
 _lock = threading.RLock()  # a UI thread and a measuring thread may both run models
 
@@ -124,11 +172,13 @@ RECENT = 8
 _PRUNE_AT = 4096
 
 
-def compact(recent: int | None = None) -> int:
+def compact(recent: int | None = None, final: bool = False) -> int:
     """Shrink held outputs that no one else keeps to packed masks; returns how many.
 
     ``recent`` limits the sweep to the latest holders (what layers do at each forward);
-    ``None`` sweeps all (what :func:`memsave_nb.layers.convert`'s root hook does).
+    ``None`` sweeps all (what :func:`memsave_nb.layers.convert`'s root hook does, with
+    ``final=True``: holders whose output is still kept elsewhere then drop a mask packed
+    early, and remember that for the next step).
     """
     if torch.compiler.is_compiling() or not _pending or _inside_saved_tensor_hooks():
         return 0
@@ -145,6 +195,8 @@ def compact(recent: int | None = None) -> int:
             if holder.try_compact():
                 done += 1
             else:
+                if final:
+                    holder.settle()
                 still.append(ref)
         _pending[:] = still
     return done

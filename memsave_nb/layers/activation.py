@@ -16,7 +16,8 @@ class _MaskedLeakyReLU(torch.autograd.Function):
     """``y = x if x > 0 else slope * x`` (``slope=None``: ReLU); backward needs only a mask."""
 
     @staticmethod
-    def forward(ctx: Any, x: Tensor, slope: float | None, inplace: bool, lazy: bool) -> Tensor:
+    def forward(ctx: Any, x: Tensor, slope: float | None, inplace: bool, lazy: bool,
+                key: object = None) -> Tensor:
         ctx.slope = slope
         ctx.shape = x.shape
         # With slope < 0 the output's sign no longer tells the input's: mask from the input.
@@ -31,7 +32,9 @@ class _MaskedLeakyReLU(torch.autograd.Function):
         if inplace:
             ctx.mark_dirty(x)
         if lazy:
-            holder = _holder.OutputHolder(out, relu=slope is None)
+            holder = _holder.OutputHolder(out, relu=slope is None, key=key)
+            if _holder.pack_early(key):
+                holder.pack_now()  # while the output is in the cache
             ctx.holder = holder
             _holder.register(holder)
             ctx.save_for_backward()
@@ -41,7 +44,7 @@ class _MaskedLeakyReLU(torch.autograd.Function):
         return x if inplace else out  # the very input object: what dynamo checks for mark_dirty
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, None, None, None]:
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, None, None, None, None]:
         holder = ctx.holder
         if holder is not None:
             output = holder.held_output()
@@ -52,9 +55,10 @@ class _MaskedLeakyReLU(torch.autograd.Function):
                 holder.release()
             if output is not None:  # stock's own kernels on the very output: no mask built
                 if ctx.slope is None:
-                    return torch.ops.aten.threshold_backward(grad, output, 0), None, None, None
+                    return (torch.ops.aten.threshold_backward(grad, output, 0),
+                            None, None, None, None)
                 return (torch.ops.aten.leaky_relu_backward(grad, output, ctx.slope, True),
-                        None, None, None)
+                        None, None, None, None)
         else:
             (packed,) = ctx.saved_tensors
             mask = unpack_bits(packed, ctx.shape, torch.uint8)
@@ -62,21 +66,23 @@ class _MaskedLeakyReLU(torch.autograd.Function):
         # gradient's dtype, as they would promote it anyway (mixed dtypes run ~3x slower)
         mask = mask.to(grad.dtype)
         if ctx.slope is None:
-            return torch.ops.aten.threshold_backward(grad, mask, 0), None, None, None
+            return torch.ops.aten.threshold_backward(grad, mask, 0), None, None, None, None
         return (torch.ops.aten.leaky_relu_backward(grad, mask, ctx.slope, False),
-                None, None, None)
+                None, None, None, None)
 
 
-def masked_leaky_relu(x: Tensor, slope: float | None = None, inplace: bool = False) -> Tensor:
+def masked_leaky_relu(x: Tensor, slope: float | None = None, inplace: bool = False,
+                      key: object = None) -> Tensor:
     """Leaky ReLU (ReLU for ``slope=None``) keeping a 1-bit mask, or nothing new when the
-    output is kept by someone else anyway (see :mod:`._holder`)."""
+    output is kept by someone else anyway (see :mod:`._holder`; ``key``, the layer, lets it
+    pack the mask early where that layer's output was left to it last time)."""
     if not (torch.is_grad_enabled() and x.requires_grad):
         if slope is None:
             return F.relu(x, inplace=inplace)
         return F.leaky_relu(x, slope, inplace=inplace)
     _holder.compact(_holder.RECENT)
     lazy = _holder.lazy_allowed()
-    out = _MaskedLeakyReLU.apply(x, slope, inplace, lazy)
+    out = _MaskedLeakyReLU.apply(x, slope, inplace, lazy, key if lazy else None)
     if lazy and inplace and out.grad_fn.holder is not None:
         # apply() bumps the version of a tensor marked dirty after forward returns
         out.grad_fn.holder.version = out._version
@@ -87,22 +93,22 @@ class MemSaveReLU(nn.ReLU):
     """``nn.ReLU`` keeping ceil(N/8) bytes for backward (stock keeps the float output)."""
 
     def forward(self, input: Tensor) -> Tensor:
-        return masked_leaky_relu(input, None, self.inplace)
+        return masked_leaky_relu(input, None, self.inplace, self)
 
 
 class MemSaveLeakyReLU(nn.LeakyReLU):
     """``nn.LeakyReLU`` keeping ceil(N/8) bytes for backward (stock keeps the float input)."""
 
     def forward(self, input: Tensor) -> Tensor:
-        return masked_leaky_relu(input, float(self.negative_slope), self.inplace)
+        return masked_leaky_relu(input, float(self.negative_slope), self.inplace, self)
 
 
 class _MaskedHardtanh(torch.autograd.Function):
     """``y = clamp(x, low, high)``; backward needs only where ``low < x < high``: a mask."""
 
     @staticmethod
-    def forward(ctx: Any, x: Tensor, low: float, high: float, inplace: bool, lazy: bool
-                ) -> Tensor:
+    def forward(ctx: Any, x: Tensor, low: float, high: float, inplace: bool, lazy: bool,
+                key: object = None) -> Tensor:
         ctx.bounds = (low, high)
         ctx.shape = x.shape
         out = torch._C._nn.hardtanh_(x, low, high) if inplace else torch._C._nn.hardtanh(
@@ -110,7 +116,9 @@ class _MaskedHardtanh(torch.autograd.Function):
         if inplace:
             ctx.mark_dirty(x)
         if lazy:
-            holder = _holder.OutputHolder(out, relu=False, bounds=(low, high))
+            holder = _holder.OutputHolder(out, relu=False, bounds=(low, high), key=key)
+            if _holder.pack_early(key):
+                holder.pack_now()  # while the output is in the cache
             ctx.holder = holder
             _holder.register(holder)
             ctx.save_for_backward()
@@ -124,7 +132,7 @@ class _MaskedHardtanh(torch.autograd.Function):
         return x if inplace else out
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, None, None, None, None]:
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, None, None, None, None, None]:
         low, high = ctx.bounds
         holder = ctx.holder
         if holder is not None:
@@ -135,24 +143,24 @@ class _MaskedHardtanh(torch.autograd.Function):
                 holder.release()
             if output is not None:  # stock's kernel on the very output
                 return (torch.ops.aten.hardtanh_backward(grad, output, low, high),
-                        None, None, None, None)
+                        None, None, None, None, None)
         else:
             (packed,) = ctx.saved_tensors
             mask = unpack_bits(packed, ctx.shape, torch.uint8)
         # a 0/1 mask through stock's ReLU kernel: grad where 1, exact zeros elsewhere
         return (torch.ops.aten.threshold_backward(grad, mask.to(grad.dtype), 0),
-                None, None, None, None)
+                None, None, None, None, None)
 
 
-def masked_hardtanh(x: Tensor, low: float = -1.0, high: float = 1.0, inplace: bool = False
-                    ) -> Tensor:
+def masked_hardtanh(x: Tensor, low: float = -1.0, high: float = 1.0, inplace: bool = False,
+                    key: object = None) -> Tensor:
     """Hardtanh (ReLU6 for 0, 6) keeping a 1-bit mask of the linear region, or nothing new
     when the output is kept by someone else anyway (see :mod:`._holder`)."""
     if not (torch.is_grad_enabled() and x.requires_grad):
         return F.hardtanh(x, low, high, inplace)
     _holder.compact(_holder.RECENT)
     lazy = _holder.lazy_allowed()
-    out = _MaskedHardtanh.apply(x, float(low), float(high), inplace, lazy)
+    out = _MaskedHardtanh.apply(x, float(low), float(high), inplace, lazy, key if lazy else None)
     if lazy and inplace and out.grad_fn.holder is not None:
         out.grad_fn.holder.version = out._version
     return out
@@ -162,11 +170,11 @@ class MemSaveHardtanh(nn.Hardtanh):
     """``nn.Hardtanh`` keeping ceil(N/8) bytes for backward (stock keeps the float input)."""
 
     def forward(self, input: Tensor) -> Tensor:
-        return masked_hardtanh(input, self.min_val, self.max_val, self.inplace)
+        return masked_hardtanh(input, self.min_val, self.max_val, self.inplace, self)
 
 
 class MemSaveReLU6(nn.ReLU6):
     """``nn.ReLU6`` keeping ceil(N/8) bytes for backward (stock keeps the float input)."""
 
     def forward(self, input: Tensor) -> Tensor:
-        return masked_hardtanh(input, self.min_val, self.max_val, self.inplace)
+        return masked_hardtanh(input, self.min_val, self.max_val, self.inplace, self)

@@ -145,7 +145,7 @@ def convert(
 
 
 def _compact_hook(module: nn.Module, args: object, output: object) -> None:
-    _holder.compact()
+    _holder.compact(final=True)
 
 
 def revert(conversion: Conversion) -> None:
