@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from . import _holder
+from ._apply import apply
 from ._bits import pack_bits, pack_inside, positive, unpack_bits
 
 
@@ -82,7 +83,7 @@ def masked_leaky_relu(x: Tensor, slope: float | None = None, inplace: bool = Fal
         return F.leaky_relu(x, slope, inplace=inplace)
     _holder.compact(_holder.RECENT)
     lazy = _holder.lazy_allowed()
-    out = _MaskedLeakyReLU.apply(x, slope, inplace, lazy, key if lazy else None)
+    out = apply(_MaskedLeakyReLU, x, slope, inplace, lazy, key if lazy else None)
     if lazy and inplace and out.grad_fn.holder is not None:
         # apply() bumps the version of a tensor marked dirty after forward returns
         out.grad_fn.holder.version = out._version
@@ -160,7 +161,7 @@ def masked_hardtanh(x: Tensor, low: float = -1.0, high: float = 1.0, inplace: bo
         return F.hardtanh(x, low, high, inplace)
     _holder.compact(_holder.RECENT)
     lazy = _holder.lazy_allowed()
-    out = _MaskedHardtanh.apply(x, float(low), float(high), inplace, lazy, key if lazy else None)
+    out = apply(_MaskedHardtanh, x, float(low), float(high), inplace, lazy, key if lazy else None)
     if lazy and inplace and out.grad_fn.holder is not None:
         out.grad_fn.holder.version = out._version
     return out

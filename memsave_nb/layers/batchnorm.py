@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from . import _holder
+from ._apply import apply
 
 
 class _FrozenAffineBatchNorm(torch.autograd.Function):
@@ -65,9 +66,8 @@ class _MemSaveBatchNormMixin:
         if use_running and grads and not (weight is not None and weight.requires_grad):
             mod._check_input_dim(input)
             _holder.compact(_holder.RECENT)
-            out = _FrozenAffineBatchNorm.apply(
-                input, weight, bias, mod.running_mean, mod.running_var, mod.eps
-            )
+            out = apply(_FrozenAffineBatchNorm, input, weight, bias, mod.running_mean,
+                        mod.running_var, mod.eps)
             return out
         return super().forward(input)  # type: ignore[misc]
 

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from . import _holder
+from ._apply import apply
 
 
 def _tuple(value: int | Sequence[int], n: int) -> list[int]:
@@ -47,7 +48,7 @@ class _Convolution(torch.autograd.Function):
         ctx.x_channels_last = _channels_last(x)
         ctx.bias_sizes = None if bias is None else list(bias.shape)
         ctx.save_for_backward(x if need_w else None, weight if need_x else None)
-        return torch.ops.aten.convolution(
+        return torch.convolution(
             x, weight, bias, stride, padding, dilation, transposed, output_padding, groups
         )
 
@@ -96,7 +97,7 @@ def _adjoint(grad: Tensor, weight: Tensor, x_shape: torch.Size, stride: list[int
         # the adjoint is a plain convolution; it lands on the input size iff output_padding < stride
         if any(op >= s for op, s in zip(output_padding, stride)):
             return None
-        return torch.ops.aten.convolution(grad, weight, None, stride, padding, dilation, False,
+        return torch.convolution(grad, weight, None, stride, padding, dilation, False,
                                           [0] * n, groups)
     extra = [
         x_shape[2 + d] - ((out[d] - 1) * stride[d] - 2 * padding[d] + dilation[d] * (k[d] - 1) + 1)
@@ -104,7 +105,7 @@ def _adjoint(grad: Tensor, weight: Tensor, x_shape: torch.Size, stride: list[int
     ]
     if any(e < 0 or e >= max(stride[d], dilation[d]) for d, e in enumerate(extra)):
         return None
-    return torch.ops.aten.convolution(grad, weight, None, stride, padding, dilation, True, extra,
+    return torch.convolution(grad, weight, None, stride, padding, dilation, True, extra,
                                       groups)
 
 
@@ -173,9 +174,8 @@ def convolution(
             low = torch.get_autocast_dtype(device)
             x, weight = x.to(low), weight.to(low)
             bias = None if bias is None else bias.to(low)
-        out = _Convolution.apply(
-            x, weight, bias, stride_l, padding_l, dilation_l, transposed, out_pad, groups
-        )
+        out = apply(_Convolution, x, weight, bias, stride_l, padding_l, dilation_l, transposed,
+                    out_pad, groups)
     elif transposed:  # the stock functionals: autocast wraps them (not aten.convolution)
         out = _CONV_T[n](x, weight, bias, stride_l, padding_l, out_pad, groups, dilation_l)
     else:
