@@ -460,6 +460,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="batch sizes of the AdamW peak-ratio columns (fake mode; '' for none)")
     parser.add_argument("--quick", action="store_true",
                         help="a fast look: 3 timing repeats, AdamW peaks at batch 2 only")
+    parser.add_argument("--table", metavar="JSON",
+                        help="print the markdown table of a results file and exit")
     parser.add_argument("--bits", action="store_true",
                         help="only the mask-packing microbench (numpy vs torch ops)")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "layers.json"))
@@ -470,6 +472,9 @@ def main(argv: list[str] | None = None) -> int:
     peak_batches = [int(b) for b in args.peak_batches.split(",") if b]
     torch.manual_seed(0)
     torch.set_num_threads(args.threads)
+    if args.table:
+        print(markdown_table(json.loads(Path(args.table).read_text())))
+        return 0
     if args.bits:
         bench_bits(args.repeats)
         return 0
@@ -529,6 +534,33 @@ def _format_row(model: str, row: dict) -> str:
     return (f"{model:18s} {row['case']:19s} {row['stock_saved_bytes'] / 2**20:14.1f} "
             f"{row['saved_ratio']:16.3f} {('' if ref is None else f'{ref:.3f}'):>9s} "
             f"{row['peak_ratio']:15.3f} {timing:>30s} {by_batch:>56s}")
+
+
+def markdown_table(results: dict) -> str:
+    """The docs' table from a results JSON (``--table``)."""
+    lines = [
+        "| model | case | stock saved MB | saved ours/stock | reference | peak ours/stock "
+        "| time ours/stock: median [q1..q3] | min/min | AdamW steady-state peak ours/stock, "
+        "batch 1 / 2 / 8 / 32 | first-step peak, max |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for model, rows in results["models"].items():
+        for row in rows:
+            ref = row.get("reference_saved_ratio")
+            steady = row.get("peak_ratio_adamw") or {}
+            first = row.get("first_step_peak_ratio_adamw") or {}
+            timing = minimum = ""
+            if "time_ratio" in row:
+                timing = (f"{row['time_ratio']:.3f} [{row['time_ratio_q1']:.3f}.."
+                          f"{row['time_ratio_q3']:.3f}]")
+                minimum = f"{row['time_ratio_min']:.3f}"
+            lines.append(
+                f"| {model} | {row['case']} | {row['stock_saved_bytes'] / 2**20:.1f} "
+                f"| {row['saved_ratio']:.3f} | {'' if ref is None else f'{ref:.3f}'} "
+                f"| {row['peak_ratio']:.3f} | {timing} | {minimum} "
+                f"| {' / '.join(f'{v:.3f}' for v in steady.values())} "
+                f"| {f'{max(first.values()):.3f}' if first else ''} |")
+    return "\n".join(lines)
 
 
 def bench_bits(repeats: int) -> dict:

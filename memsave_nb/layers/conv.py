@@ -162,7 +162,10 @@ def convolution(
         padding_l = _tuple(padding, n)
     out_pad = [0] * n if output_padding is None else _tuple(output_padding, n)
     bias_grad = bias is not None and bias.requires_grad
-    if torch.is_grad_enabled() and not weight.requires_grad and (x.requires_grad or bias_grad):
+    if (torch.is_grad_enabled() and not weight.requires_grad and (x.requires_grad or bias_grad)
+            and x.shape[2:].numel() != 1):
+        # (A 1x1 feature map, as squeeze-excite's pooled vector, runs stock below: stock keeps
+        # N x C numbers there, less than our Function's per-call cost is worth.)
         # Only with a frozen weight does stock keep more than needed (the input); with a
         # trainable weight it keeps the input and the weight (a parameter), the minimum,
         # so stock's op runs then and costs nothing extra.

@@ -145,3 +145,19 @@ def test_pointwise_conv_input_grad(make, shape: tuple, channels_last: bool) -> N
     b = run(ours, x, requires)
     a = run(stock, x, requires)
     assert_same(a, b, exact_output=True, exact_grads=False)
+
+
+def test_frozen_conv_on_a_1x1_map_runs_stock() -> None:
+    """Squeeze-excite's convs see a pooled (N, C, 1, 1) vector: stock keeps N x C numbers
+    there, so the stock op runs (no Function call per layer); the gradients are stock's."""
+    stock = nn.Conv2d(16, 4, 1)
+    stock.requires_grad_(False)
+    ours = twin(stock, MEMSAVE_LAYERS[nn.Conv2d])
+    x = torch.randn(3, 16, 1, 1, requires_grad=True)
+    out = ours(x)
+    assert type(out.grad_fn).__name__ == "ConvolutionBackward0"
+    requires = {"input": True, "weight": False, "bias": False}
+    assert_same(run(stock, x, requires), run(ours, x, requires), exact_output=True,
+                exact_grads=True)
+    big = ours(torch.randn(3, 16, 2, 1, requires_grad=True))
+    assert type(big.grad_fn).__name__ != "ConvolutionBackward0"  # ours where it saves bytes
