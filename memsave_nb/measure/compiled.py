@@ -132,14 +132,9 @@ class _Loop:
 
     def zero_grad(self) -> None:
         """Between steps, as ``zero_grad(set_to_none=workload.set_to_none)`` does."""
-        for p in self.model.parameters():
-            if p.grad is None:
-                continue
-            if self.workload.set_to_none:
-                p.grad = None
-            else:
-                p.grad.detach_()
-                p.grad.zero_()
+        from .engine import clear_grads
+
+        clear_grads(self.model, self.workload.set_to_none)
 
     def step(self, *, profile: bool) -> _Profiled | None:
         from torch.profiler import ProfilerActivity, record_function

@@ -156,6 +156,19 @@ def _user_leaf_grads(workload: Workload) -> list[tuple[torch.Tensor, Any]]:
 # -- the step ----------------------------------------------------------------------------------
 
 
+def clear_grads(model: nn.Module, set_to_none: bool) -> None:
+    """What ``optimizer.zero_grad(set_to_none=...)`` does between steps: drop the grads, or zero
+    them in place (their storages stay allocated)."""
+    for p in model.parameters():
+        if p.grad is None:
+            continue
+        if set_to_none:
+            p.grad = None
+        else:
+            p.grad.detach_()
+            p.grad.zero_()
+
+
 class _Step:
     """Training steps with phase bookkeeping, shared by tracked and timed runs.
 
@@ -220,14 +233,7 @@ class _Step:
 
     def zero_grad(self) -> None:
         """Between steps, as a training loop clears grads."""
-        for p in self.workload.model.parameters():
-            if p.grad is None:
-                continue
-            if self.workload.set_to_none:
-                p.grad = None
-            else:
-                p.grad.detach_()
-                p.grad.zero_()
+        clear_grads(self.workload.model, self.workload.set_to_none)
 
     def run(self, make_batch: Callable[[], Any], on_forward_end: Callable[[Any, Any], None] | None = None,
             saved_hook: Callable[[torch.Tensor], None] | None = None) -> list[Any]:
