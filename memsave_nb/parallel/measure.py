@@ -55,7 +55,7 @@ def measure_parallel(workload: Workload, spec: ParallelSpec | None = None, plan:
     results = tuple(measure_rank(workload, spec, plan, rank=r, ranks=g, steady=steady) for r, g in chosen)
     worst = max(results, key=lambda r: (r.device_bytes, r.peak_bytes, -r.rank))
     unseen = unseen_lines(spec, worst.device_bytes, max(r.offload_h2d_bytes for r in results),
-                          max(r.offload_d2h_bytes for r in results))
+                          max(r.offload_d2h_bytes for r in results), max(r.foreach_temp_bytes for r in results))
     return ParallelMeasurement(spec=spec, ranks=results, steady=steady, plan_name=getattr(plan, "name", "") or "",
                                unseen=unseen)
 

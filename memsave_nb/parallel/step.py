@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from ..errors import WorkloadError
+from ..measure.engine import single_tensor_default
 from ..measure.tracker import INPUT
 from ..workload import Workload, iter_tensors
 from .apply import unsharded_tensors
@@ -155,6 +156,10 @@ def tracked_step(workload: Workload, model: nn.Module, batch: Any, *, rank: int,
     if host:
         h2d, d2h = copy_bounds(workload.model)
         result = dataclasses.replace(result, offload_h2d_bytes=h2d, offload_d2h_bytes=d2h)
+    elif optimizer is not None and single_tensor_default(optimizer):
+        # under CPU offload the step runs on the host, single-tensor, as measured; on a GPU it would not
+        result = dataclasses.replace(result, foreach_temp_bytes=sum(
+            _local(p).numel() * _local(p).element_size() for g in optimizer.param_groups for p in g["params"]))
     if not staging:
         return result
     # A real backend's own staging copies: counted in ``peak_bytes``; the peak without them is kept

@@ -117,3 +117,19 @@ def test_gradients_under_parallel_and_plan_equal_the_plain_models(strategy, tmp_
     for n in want:
         torch.testing.assert_close(got[n], want[n], rtol=1e-5, atol=1e-6, msg=n)
     assert not dist.is_initialized()
+
+
+def test_gpu_foreach_optimizer_step_is_an_explicit_unseen_line():
+    """Sized on CPU shards, AdamW runs its single-tensor step; a GPU's default is foreach. The
+    per-rank table says so as an upper-bounded line (the rank's trainable shard bytes), and sizing
+    with the 'adamw_foreach' knob measures that step: within the bound, and the line goes away."""
+    wl = tiny_gpt()
+    spec = ParallelSpec(world_size=2)
+    default = measure_parallel(wl, spec)
+    line = [u for u in default.unseen if u.name.startswith("optimizer step on a GPU")]
+    assert len(line) == 1 and line[0].low_bytes == 0
+    shard = sum(p.numel() * p.element_size() for p in wl.model.parameters() if p.requires_grad) // 2
+    assert abs(line[0].high_bytes - shard) <= 64 * 4 * 64  # even halves, up to FSDP2's padding rows
+    foreach = measure_parallel(wl, spec, Plan(optimizer="adamw_foreach"))
+    assert not [u for u in foreach.unseen if u.name.startswith("optimizer step on a GPU")]
+    assert 0 <= foreach.peak_bytes - default.peak_bytes <= line[0].high_bytes
