@@ -1097,7 +1097,8 @@ def batch(batch_size=8):  # called inside the fake mode by measure()
     return {"idx": idx, "targets": idx.roll(-1, dims=1)}
 
 
-workload = Workload(model, batch, name="llama-1.3b")
+# AdamW as torch runs it on a GPU (the foreach step; fake mode on this CPU would run the loop)
+workload = Workload(model, batch, optimizer=lambda params: torch.optim.AdamW(params, foreach=True), name="llama-1.3b")
 target = Target(24)
 print(f"{sum(p.numel() for p in model.parameters()) / 1e9:.2f} B parameters; {target.line()}")
 """),
