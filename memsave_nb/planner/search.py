@@ -198,6 +198,10 @@ def plan_for(
                 configs.append(_Config(label, plan, m, cost))
     if not configs:
         raise PlanError("the planner found no configuration that runs; see the notes of a single measurement")
+    # a measurement's caveat that holds for every candidate (e.g. the optimizer ran the CPU's
+    # single-tensor step where a GPU runs foreach) goes into the planner's notes, once
+    for note in dict.fromkeys(n for c in configs for n in c.measurement.notes if "single-tensor step" in n):
+        notes.append(note)
 
     # 2. region kinds, measured once at the first configuration
     ratio: dict[str, dict[str, float]] = {r: {"none": 1.0} for r in regions}

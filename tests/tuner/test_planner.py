@@ -101,3 +101,20 @@ def test_compile_budgets_are_real_mode_candidates():
         assert c.measured_seconds > 0 and c.est_peak_bytes == c.measured_peak_bytes
         again = measure_peak(wl, c.plan, "real")
         assert again.peak_bytes == pytest.approx(c.measured_peak_bytes, rel=0.02)
+
+
+def test_planner_passes_on_the_single_tensor_optimizer_caveat():
+    """Fake mode on the CPU runs AdamW's single-tensor step; the planner's notes say so (once), and
+    not when the workload asks for the GPU's foreach step itself."""
+    import torch
+
+    from memsave_nb import zoo
+    from memsave_nb.planner import plan_for
+    from memsave_nb.target import Target
+
+    cfg = zoo.GPTConfig(vocab_size=96, block_size=32, n_layer=2, n_head=2, n_embd=32, dropout=0.0)
+    default = plan_for(zoo.gpt(cfg, batch_size=4), Target(1), remeasure=0, region_kinds=("full",))
+    assert sum("single-tensor step" in n for n in default.notes) == 1
+    gpu = zoo.gpt(cfg, batch_size=4).replace(optimizer=lambda p: torch.optim.AdamW(p, foreach=True))
+    foreach = plan_for(gpu, Target(1), remeasure=0, region_kinds=("full",))
+    assert not any("single-tensor step" in n for n in foreach.notes)
