@@ -94,7 +94,7 @@ def test_gloo_ranks_with_offload_measure_the_predicted_host_and_total():
         rows = cross_check("tiny-gpt", ParallelSpec(world_size=2, cpu_offload=True))
         tables.append(markdown_table(rows))
         for r in rows:
-            assert r.predicted_bytes <= r.comparable_bytes <= r.predicted_bytes * 1.01, tables[-1]
+            assert r.predicted_bytes <= r.comparable_bytes <= r.predicted_bytes * 1.05, tables[-1]
             assert r.measured_host_bytes == r.predicted_host_bytes is not None, tables[-1]
         if all(r.comparable_bytes == r.predicted_bytes for r in rows):
             break
