@@ -3,7 +3,7 @@
 # the test extra). Idempotent: a second run only checks and returns in a few seconds.
 #
 #   bash scripts/setup.sh            # venv + torch==2.13.0 + pip install -e ".[test]"
-#   bash scripts/setup.sh --browser  # also apt-get install chromium when /usr/bin/chromium is missing
+#   bash scripts/setup.sh --browser  # also apt-get install chromium and gcc where missing (tests)
 #
 # Env: PYTHON (interpreter for the venv, default python3), MEMSAVE_FORCE_SETUP=1 (reinstall even
 # when nothing changed).
@@ -79,14 +79,22 @@ fi
 "$PY" -c 'import torch, sys; sys.exit(not torch.__version__.startswith("2.13.0"))' \
     || { echo "[setup] torch is not 2.13.0 after install: $("$PY" -c 'import torch; print(torch.__version__)')" >&2; exit 1; }
 
-# 4. Optionally a headless browser for tests/browser (Debian's chromium; we are root here and in CI).
-if [[ $browser == 1 && ! -x /usr/bin/chromium ]]; then
-    sudo=()
-    [[ $(id -u) != 0 ]] && command -v sudo >/dev/null && sudo=(sudo)
-    say "installing chromium (apt-get)"
-    export DEBIAN_FRONTEND=noninteractive
-    quiet "${sudo[@]}" apt-get -o Acquire::Retries=3 update -qq
-    quiet "${sudo[@]}" apt-get -o Acquire::Retries=3 install -y -qq chromium
+# 4. Optionally the system packages the tests need: a headless browser for tests/browser
+#    (Debian's chromium) and a C compiler for the layers' fused mask kernels
+#    (memsave_nb/layers/_native.c; without one the layers run their numpy path, and
+#    tests/layers/test_native.py fails in CI rather than skip). We are root here and in CI.
+if [[ $browser == 1 ]]; then
+    packages=()
+    [[ -x /usr/bin/chromium ]] || packages+=(chromium)
+    command -v cc >/dev/null || command -v gcc >/dev/null || packages+=(gcc libc6-dev)
+    if (( ${#packages[@]} )); then
+        sudo=()
+        [[ $(id -u) != 0 ]] && command -v sudo >/dev/null && sudo=(sudo)
+        say "installing ${packages[*]} (apt-get)"
+        export DEBIAN_FRONTEND=noninteractive
+        quiet "${sudo[@]}" apt-get -o Acquire::Retries=3 update -qq
+        quiet "${sudo[@]}" apt-get -o Acquire::Retries=3 install -y -qq "${packages[@]}"
+    fi
     [[ -x /usr/bin/chromium ]] || { echo "[setup] chromium install did not produce /usr/bin/chromium" >&2; exit 1; }
 fi
 

@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from ._bits import pack_bits, pack_inside, positive, unpack_bits
+from ._native import pack_nonzero
 
 # A storage held by our alias alone shows two uses: the alias and the temporary Python
 # storage object created to ask for the count.
@@ -59,6 +60,8 @@ class OutputHolder:
         packed = None
         if self.bounds is not None:
             packed = pack_inside(output, *self.bounds)
+        elif self.relu:
+            packed = pack_nonzero(output)  # one fused pass, where it runs
         self.packed = pack_bits(self._passes(output)) if packed is None else packed
 
     def try_compact(self) -> bool:
@@ -119,13 +122,12 @@ class OutputHolder:
             )
         return output
 
-    def mask_uint8(self) -> Tensor:
-        """The 0/1 mask of where the output passed the gradient, as uint8."""
-        if self.packed is not None:
-            return unpack_bits(self.packed, self.shape, torch.uint8)
-        output = self.held_output()
-        assert output is not None
-        return self._passes(output).view(torch.uint8)
+    def packed_mask(self) -> Tensor:
+        """The packed mask of where the output passed the gradient (packing it now if the
+        output is still held)."""
+        self.pack_now()
+        assert self.packed is not None
+        return self.packed
 
 
 def inside_mask(output: Tensor, low: float, high: float) -> Tensor:

@@ -11,6 +11,7 @@ from torch import Tensor, nn
 from . import _holder
 from ._apply import apply
 from ._bits import pack_bits, pack_inside, positive, unpack_bits
+from ._native import pack_nonzero, select_bits
 
 
 class _MaskedLeakyReLU(torch.autograd.Function):
@@ -41,7 +42,10 @@ class _MaskedLeakyReLU(torch.autograd.Function):
             ctx.save_for_backward()
         else:
             ctx.holder = None
-            ctx.save_for_backward(pack_bits(out.bool() if mask is None else mask))
+            packed = pack_nonzero(out) if mask is None else None  # fused, where it runs
+            if packed is None:
+                packed = pack_bits(out.bool() if mask is None else mask)
+            ctx.save_for_backward(packed)
         return x if inplace else out  # the very input object: what dynamo checks for mark_dirty
 
     @staticmethod
@@ -49,7 +53,7 @@ class _MaskedLeakyReLU(torch.autograd.Function):
         holder = ctx.holder
         if holder is not None:
             output = holder.held_output()
-            mask = holder.mask_uint8() if output is None else None
+            packed = holder.packed_mask() if output is None else None
             if not torch._C._autograd._get_current_graph_task_keep_graph():
                 # free it now, as autograd frees saved tensors (no retain_graph)
                 ctx.holder = None
@@ -62,10 +66,13 @@ class _MaskedLeakyReLU(torch.autograd.Function):
                         None, None, None, None)
         else:
             (packed,) = ctx.saved_tensors
-            mask = unpack_bits(packed, ctx.shape, torch.uint8)
+        if ctx.slope is None:
+            selected = select_bits(grad, packed)  # one fused pass, where it runs
+            if selected is not None:
+                return selected, None, None, None, None
         # stock's kernels read a 0/1 mask as the (output > 0) test they normally do; in the
         # gradient's dtype, as they would promote it anyway (mixed dtypes run ~3x slower)
-        mask = mask.to(grad.dtype)
+        mask = unpack_bits(packed, ctx.shape, torch.uint8).to(grad.dtype)
         if ctx.slope is None:
             return torch.ops.aten.threshold_backward(grad, mask, 0), None, None, None, None
         return (torch.ops.aten.leaky_relu_backward(grad, mask, ctx.slope, False),
@@ -138,7 +145,7 @@ class _MaskedHardtanh(torch.autograd.Function):
         holder = ctx.holder
         if holder is not None:
             output = holder.held_output()
-            mask = holder.mask_uint8() if output is None else None
+            packed = holder.packed_mask() if output is None else None
             if not torch._C._autograd._get_current_graph_task_keep_graph():
                 ctx.holder = None
                 holder.release()
@@ -147,8 +154,11 @@ class _MaskedHardtanh(torch.autograd.Function):
                         None, None, None, None, None)
         else:
             (packed,) = ctx.saved_tensors
-            mask = unpack_bits(packed, ctx.shape, torch.uint8)
+        selected = select_bits(grad, packed)  # one fused pass, where it runs
+        if selected is not None:
+            return selected, None, None, None, None, None
         # a 0/1 mask through stock's ReLU kernel: grad where 1, exact zeros elsewhere
+        mask = unpack_bits(packed, ctx.shape, torch.uint8)
         return (torch.ops.aten.threshold_backward(grad, mask.to(grad.dtype), 0),
                 None, None, None, None, None)
 

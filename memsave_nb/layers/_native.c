@@ -1,0 +1,106 @@
+/* memsave_nb: fused 1-bit mask kernels for the memory-saving ReLU family (plain CPU tensors).
+ *
+ * Bit j of byte i stands for element 8*i + j (logical row-major order), as numpy's
+ * packbits(bitorder="little") writes it, so masks packed here and there are interchangeable.
+ * Elements are handled by their bytes: the kernels do not depend on the float format.
+ *
+ *   pack_nonzero:  bit = the element is nonzero (+0 and -0 are zero; NaN is nonzero), i.e.
+ *                  torch's ``x.bool()``, what a ReLU output passes to backward.
+ *   select_bits:   out = bit ? grad : +0, in one pass: what stock's threshold_backward does
+ *                  with a 0/1 mask (it never reads the gradient where the mask is 0).
+ */
+#include <stdint.h>
+#include <string.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+#define DEFINE_PACK(NAME, UINT, SIGN)                                                    \
+    static void NAME(const UINT* src, int64_t n, uint8_t* dst) {                         \
+        int64_t full = n / 8;                                                            \
+        for (int64_t i = 0; i < full; i++) {                                             \
+            const UINT* s = src + 8 * i;                                                 \
+            uint8_t byte = 0;                                                            \
+            for (int j = 0; j < 8; j++) byte |= (uint8_t)(((s[j] & ~(UINT)SIGN) != 0) << j); \
+            dst[i] = byte;                                                               \
+        }                                                                                \
+        if (n % 8) {                                                                     \
+            uint8_t byte = 0;                                                            \
+            for (int64_t k = full * 8; k < n; k++)                                       \
+                byte |= (uint8_t)(((src[k] & ~(UINT)SIGN) != 0) << (k - full * 8));      \
+            dst[full] = byte;                                                            \
+        }                                                                                \
+    }
+
+DEFINE_PACK(pack16, uint16_t, 0x8000u)
+DEFINE_PACK(pack32_scalar, uint32_t, 0x80000000u)
+DEFINE_PACK(pack64, uint64_t, 0x8000000000000000ull)
+
+static void pack32(const uint32_t* src, int64_t n, uint8_t* dst) {
+#if defined(__SSE2__)
+    int64_t full = n / 8;
+    const __m128i magnitude = _mm_set1_epi32(0x7fffffff);
+    const __m128i zero = _mm_setzero_si128();
+    for (int64_t i = 0; i < full; i++) {
+        __m128i a = _mm_and_si128(_mm_loadu_si128((const __m128i*)(src + 8 * i)), magnitude);
+        __m128i b = _mm_and_si128(_mm_loadu_si128((const __m128i*)(src + 8 * i + 4)), magnitude);
+        /* lanes equal to zero -> all ones; movemask of the inverse is the nonzero bits */
+        int lo = _mm_movemask_ps(_mm_castsi128_ps(_mm_cmpeq_epi32(a, zero)));
+        int hi = _mm_movemask_ps(_mm_castsi128_ps(_mm_cmpeq_epi32(b, zero)));
+        dst[i] = (uint8_t)(~(lo | (hi << 4)));
+    }
+    if (n % 8) pack32_scalar(src + 8 * full, n % 8, dst + full);
+#else
+    pack32_scalar(src, n, dst);
+#endif
+}
+
+#define DEFINE_SELECT(NAME, UINT)                                                        \
+    static void NAME(const UINT* grad, const uint8_t* bits, int64_t n, UINT* out) {      \
+        for (int64_t k = 0; k < n; k++)                                                  \
+            out[k] = ((bits[k >> 3] >> (k & 7)) & 1) ? grad[k] : (UINT)0;                \
+    }
+
+DEFINE_SELECT(select16, uint16_t)
+DEFINE_SELECT(select32_scalar, uint32_t)
+DEFINE_SELECT(select64, uint64_t)
+
+static void select32(const uint32_t* grad, const uint8_t* bits, int64_t n, uint32_t* out) {
+#if defined(__SSE2__)
+    int64_t full = n / 8;
+    const __m128i sel_lo = _mm_set_epi32(8, 4, 2, 1);
+    const __m128i sel_hi = _mm_set_epi32(128, 64, 32, 16);
+    for (int64_t i = 0; i < full; i++) {
+        __m128i b = _mm_set1_epi32(bits[i]);
+        __m128i lo = _mm_cmpeq_epi32(_mm_and_si128(b, sel_lo), sel_lo);
+        __m128i hi = _mm_cmpeq_epi32(_mm_and_si128(b, sel_hi), sel_hi);
+        __m128i g0 = _mm_loadu_si128((const __m128i*)(grad + 8 * i));
+        __m128i g1 = _mm_loadu_si128((const __m128i*)(grad + 8 * i + 4));
+        _mm_storeu_si128((__m128i*)(out + 8 * i), _mm_and_si128(g0, lo));
+        _mm_storeu_si128((__m128i*)(out + 8 * i + 4), _mm_and_si128(g1, hi));
+    }
+    if (n % 8) select32_scalar(grad + 8 * full, bits + full, n % 8, out + 8 * full);
+#else
+    select32_scalar(grad, bits, n, out);
+#endif
+}
+
+/* n elements from src (elem_size bytes each) -> ceil(n / 8) bytes at dst; 0 on success */
+int memsave_pack_nonzero(const void* src, int64_t n, int elem_size, uint8_t* dst) {
+    switch (elem_size) {
+        case 2: pack16((const uint16_t*)src, n, dst); return 0;
+        case 4: pack32((const uint32_t*)src, n, dst); return 0;
+        case 8: pack64((const uint64_t*)src, n, dst); return 0;
+        default: return 1;
+    }
+}
+
+/* out[k] = bit k of bits ? grad[k] : 0, for n elements of elem_size bytes; 0 on success */
+int memsave_select_bits(const void* grad, const uint8_t* bits, int64_t n, int elem_size, void* out) {
+    switch (elem_size) {
+        case 2: select16((const uint16_t*)grad, bits, n, (uint16_t*)out); return 0;
+        case 4: select32((const uint32_t*)grad, bits, n, (uint32_t*)out); return 0;
+        case 8: select64((const uint64_t*)grad, bits, n, (uint64_t*)out); return 0;
+        default: return 1;
+    }
+}
