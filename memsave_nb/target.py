@@ -108,6 +108,9 @@ class SearchResult:
     peak_bytes: int | None  # at ``value``
     probes: tuple[tuple[int, int | None], ...] = field(default=())  # (value, peak or None when the step failed)
     limit: str = ""  # why the search stopped where it did, besides memory
+    # caveats the probes' measurements carried (once each): e.g. fake mode ran the optimizer's
+    # single-tensor step where a GPU runs foreach, so the boundary may sit lower on that GPU
+    notes: tuple[str, ...] = field(default=())
 
     @property
     def count(self) -> int:
@@ -183,26 +186,21 @@ def max_batch(workload: "Workload", plan: "Plan", target: Target, *, mode: str =
     ``cancel_event`` stops it between and inside probes (``Cancelled``)."""
     from memsave_nb.knobs import batch_size_of
 
-    from memsave_nb.errors import MemsaveError
-
     current = plan.batch_size or _current(lambda: batch_size_of(_raw_batch(workload)), 1)
 
-    def probe(b: int) -> int | None:
-        try:
-            return measure_peak(workload, plan.replace(batch_size=b), mode, cancel_event=cancel_event).peak_bytes
-        except Cancelled:
-            raise
-        except MemsaveError:
-            return None
+    notes: dict[str, None] = {}
 
-    return _bisect("batch_size", probe, target.fits, current, upper, f"stopped at the search's upper bound {upper}")
+    def probe(b: int) -> int | None:
+        return _probe_peak(workload, plan.replace(batch_size=b), mode, cancel_event, notes)
+
+    result = _bisect("batch_size", probe, target.fits, current, upper, f"stopped at the search's upper bound {upper}")
+    return dataclasses.replace(result, notes=tuple(notes))
 
 
 def max_seq_len(workload: "Workload", plan: "Plan", target: Target, *, mode: str = "fake", upper: int | None = None,
                 cancel_event: threading.Event | None = None) -> SearchResult:
     """The longest token sequence that fits ``target`` under ``plan``; capped by the model's
     position embeddings when its config names them."""
-    from memsave_nb.errors import MemsaveError
     from memsave_nb.knobs import max_positions, seq_len_of
 
     current = plan.seq_len or seq_len_of(_raw_batch(workload))
@@ -211,15 +209,35 @@ def max_seq_len(workload: "Workload", plan: "Plan", target: Target, *, mode: str
         upper = positions or 1 << 20
     limit = f"the model's {positions} positions" if positions == upper else f"the search's upper bound {upper}"
 
-    def probe(t: int) -> int | None:
-        try:
-            return measure_peak(workload, plan.replace(seq_len=t), mode, cancel_event=cancel_event).peak_bytes
-        except Cancelled:
-            raise
-        except MemsaveError:
-            return None
+    notes: dict[str, None] = {}
 
-    return _bisect("seq_len", probe, target.fits, current, upper, limit)
+    def probe(t: int) -> int | None:
+        return _probe_peak(workload, plan.replace(seq_len=t), mode, cancel_event, notes)
+
+    result = _bisect("seq_len", probe, target.fits, current, upper, limit)
+    return dataclasses.replace(result, notes=tuple(notes))
+
+
+# notes of a probe's measurement that bear on where the boundary lies (kept on the result)
+_BOUNDARY_NOTES = ("single-tensor step",)
+
+
+def _probe_peak(workload: "Workload", plan: "Plan", mode: str, cancel_event: threading.Event | None,
+                notes: dict[str, None]) -> int | None:
+    """One probe's peak (None when the step fails with a MemsaveError); its boundary notes are
+    added to ``notes`` (an ordered set)."""
+    from memsave_nb.errors import MemsaveError
+
+    try:
+        m = measure_peak(workload, plan, mode, cancel_event=cancel_event)
+    except Cancelled:
+        raise
+    except MemsaveError:
+        return None
+    for note in m.notes:
+        if any(key in note for key in _BOUNDARY_NOTES):
+            notes[note] = None
+    return m.peak_bytes
 
 
 def _raw_batch(workload: "Workload") -> Any:
@@ -251,8 +269,10 @@ def cli_target_lines(workload: "Workload", plan: "Plan", measurement: "Measureme
         r = max_batch(workload, plan, target)
         lines.append(f"Max batch that fits: {r.value} (peak {format_bytes(r.peak_bytes or 0)}; {r.count} fake-mode probes)"
                      + (f"; {r.limit}" if r.limit else ""))
+        lines += [f"  note: {n}" for n in r.notes]
     if args.max_seq:
         r = max_seq_len(workload, plan, target)
         lines.append(f"Max sequence length that fits: {r.value} (peak {format_bytes(r.peak_bytes or 0)}; {r.count} fake-mode probes)"
                      + (f"; limited by {r.limit}" if r.limit else ""))
+        lines += [f"  note: {n}" for n in r.notes]
     return "\n".join(lines) + "\n"

@@ -332,7 +332,7 @@ class TunerPanel(W.VBox):
             return
         extra = f"; {r.limit}" if r.limit else ""
         self.max_batch_result.value = (f"max batch that fits: <b>{r.value}</b> (peak {format_bytes(r.peak_bytes or 0)}, "
-                                       f"{r.count} fake-mode probes{html.escape(extra)})")
+                                       f"{r.count} fake-mode probes{html.escape(extra)})" + _notes_html(r))
 
     # -- background work -------------------------------------------------------------------------
     def _set_status(self, state: str, text: str = "") -> None:
@@ -451,7 +451,7 @@ class TunerPanel(W.VBox):
                 extra = f"; {r.limit}" if r.limit else ""
                 self.max_batch_result.value = (f"max batch that fits: <b>{r.value}</b> (peak {format_bytes(r.peak_bytes or 0)}, "
                                                f"{r.count} fake-mode probes{html.escape(extra)}; for "
-                                               f"{html.escape(plan.describe())}, not yet measured)")
+                                               f"{html.escape(plan.describe())}, not yet measured)" + _notes_html(r))
             return f"max batch {r.value} at {target.label} ({r.count} probes)"
 
         r = self._submit("max batch: bisection in fake mode", work, done, background)
@@ -474,7 +474,7 @@ class TunerPanel(W.VBox):
             self.max_seq_result.value = (f"max sequence length that fits: <b>{r.value}</b> (peak "
                                          f"{format_bytes(r.peak_bytes or 0)}, {r.count} fake-mode probes{html.escape(extra)}; "
                                          f"for {html.escape(plan.describe() or 'the workload as given')} at "
-                                         f"{html.escape(target.label)})")
+                                         f"{html.escape(target.label)})" + _notes_html(r))
             return f"max sequence length {r.value} at {target.label} ({r.count} probes)"
 
         r = self._submit("max sequence length: bisection in fake mode", work, done, background)
@@ -573,3 +573,10 @@ class TunerPanel(W.VBox):
         if self._picking or not new:
             return
         self.pick(int(new[0]))
+
+
+def _notes_html(result: Any) -> str:
+    """A search result's caveats (e.g. the optimizer's single-tensor step in fake mode, where a GPU
+    runs foreach and needs more), one small line each under the result."""
+    return "".join(f"<br><small class='memsave-search-note' style='color:#b8860b'>note: {html.escape(n)}</small>"
+                   for n in getattr(result, "notes", ()))

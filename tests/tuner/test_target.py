@@ -70,3 +70,23 @@ def test_cli_target_and_max_batch(capsys):
     assert found and int(found.group(1)) > 256
     code = main(["report", "--model", "mlp", "--mode", "fake", "--max-batch"])
     assert code == 2 and "need --target-gb" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_searches_carry_the_single_tensor_optimizer_caveat(capsys):
+    """Fake mode runs torch's default AdamW as its single-tensor loop on CPU parameters, where a
+    GPU runs foreach with larger temporaries: a max batch found that way says so (once), and one
+    found with the foreach step does not."""
+    wl = _small_gpt()
+    target = Target(0.01, headroom=1.0)
+    default = max_batch(wl, Plan(optimizer="adamw"), target)
+    foreach = max_batch(wl, Plan(optimizer="adamw_foreach"), target)
+    assert len(default.notes) == 1 and "single-tensor step" in default.notes[0]
+    assert foreach.notes == ()
+    assert foreach.value <= default.value  # foreach's temporaries can only lower the boundary
+    seq = max_seq_len(wl, Plan(optimizer="adamw"), Target(0.0058, headroom=1.0))
+    assert len(seq.notes) == 1
+    code = main(["report", "--model", "mlp", "--mode", "fake", "--target-gb", "0.05", "--max-batch",
+                 "--optimizer", "adamw"])
+    out = capsys.readouterr().out
+    assert code == 0 and "  note: AdamW ran its single-tensor step" in out.split("Max batch that fits")[1]

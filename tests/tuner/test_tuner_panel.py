@@ -40,6 +40,10 @@ def test_target_verdict_max_batch_search_and_pick(explorer):
     assert panel.wait(120)
     expected = max_batch(explorer.session.workload, explorer.plan, Target(gb))
     assert f"max batch that fits: <b>{expected.value}</b>" in panel.max_batch_result.value
+    # the zoo's AdamW ran its single-tensor loop in fake mode: the result says a GPU needs more
+    assert len(expected.notes) == 1
+    assert panel.max_batch_result.value.count("memsave-search-note") == 1
+    assert "single-tensor step" in panel.max_batch_result.value
     # search, then click a fitting point of the front
     result = panel.search(precisions=(None,))  # in this thread (the button runs it on the worker)
     assert result is not None and result.chosen is not None
