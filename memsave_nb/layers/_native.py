@@ -49,39 +49,76 @@ _pool_size = 0
 
 
 def _cache_dir() -> Path:
-    base = os.environ.get("MEMSAVE_NB_CACHE") or os.environ.get("XDG_CACHE_HOME")
-    root = Path(base) if base else Path.home() / ".cache"
-    return root / "memsave_nb" if not os.environ.get("MEMSAVE_NB_CACHE") else root
+    explicit = os.environ.get("MEMSAVE_NB_CACHE")
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME")
+    return (Path(base) if base else Path.home() / ".cache") / "memsave_nb"
+
+
+def _trusted(folder: Path) -> bool:
+    """A folder we may load a library from: ours, and writable by no one else (a library
+    planted there by another user would run as us)."""
+    try:
+        st = folder.stat()
+    except OSError:
+        return False
+    mine = not hasattr(os, "getuid") or st.st_uid == os.getuid()
+    return mine and not (st.st_mode & 0o022)
+
+
+def _compile(compiler: str, folder: Path, target: Path, suffix: str) -> Path:
+    fd, tmp = tempfile.mkstemp(prefix=target.stem, suffix=suffix, dir=folder)
+    os.close(fd)
+    try:
+        done = subprocess.run([compiler, *_FLAGS, "-o", tmp, str(_SOURCE)],
+                              capture_output=True, text=True, timeout=120)
+        if done.returncode != 0:
+            raise RuntimeError(f"{compiler} failed: {done.stderr.strip()[-300:]}")
+        os.replace(tmp, target)  # atomic: concurrent builders leave one whole file
+        return target
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def library_name(compiler: str) -> str:
+    """The cached library's file name: keyed by source, compiler, flags and machine."""
+    key = hashlib.sha256(
+        _SOURCE.read_bytes() + " ".join([compiler, *_FLAGS, platform.machine(), sys.platform]).encode()
+    ).hexdigest()[:16]
+    return f"native-{key}" + (".dll" if sys.platform == "win32" else ".so")
+
+
+def _compiler() -> str | None:
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
 
 
 def _build(compiler: str) -> Path:
-    """Compile the source into the cache (once per source, compiler, flags and machine)."""
-    source = _SOURCE.read_bytes()
-    key = hashlib.sha256(
-        source + " ".join([compiler, *_FLAGS, platform.machine(), sys.platform]).encode()
-    ).hexdigest()[:16]
-    suffix = ".dll" if sys.platform == "win32" else ".so"
-    for folder in (_cache_dir(), Path(tempfile.gettempdir()) / "memsave_nb"):
-        target = folder / f"native-{key}{suffix}"
-        if target.exists():
+    """Compile the source into the user's cache (once per source, compiler, flags and machine),
+    or, where that folder is not ours alone or not writable, into a private temporary folder."""
+    name = library_name(compiler)
+    suffix = Path(name).suffix
+    folder = _cache_dir()
+    try:
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError:
+        pass
+    if _trusted(folder) and os.access(folder, os.W_OK):
+        target = folder / name
+        if target.exists() and _owned(target):
             return target
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=target.stem, suffix=suffix, dir=folder)
-            os.close(fd)
-        except OSError:
-            continue
-        try:
-            done = subprocess.run([compiler, *_FLAGS, "-o", tmp, str(_SOURCE)],
-                                  capture_output=True, text=True, timeout=120)
-            if done.returncode != 0:
-                raise RuntimeError(f"{compiler} failed: {done.stderr.strip()[-300:]}")
-            os.replace(tmp, target)  # atomic: concurrent builders leave one whole file
-            return target
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-    raise RuntimeError("no writable cache folder for the compiled kernels")
+        return _compile(compiler, folder, target, suffix)
+    private = Path(tempfile.mkdtemp(prefix="memsave_nb-"))  # 0700, this process's own
+    return _compile(compiler, private, private / name, suffix)
+
+
+def _owned(path: Path) -> bool:
+    try:
+        st = path.stat()
+    except OSError:
+        return False
+    return (not hasattr(os, "getuid") or st.st_uid == os.getuid()) and not (st.st_mode & 0o022)
 
 
 def _load() -> ctypes.CDLL | None:
@@ -94,7 +131,7 @@ def _load() -> ctypes.CDLL | None:
         if os.environ.get("MEMSAVE_NB_NATIVE", "1") == "0":
             why = "off (MEMSAVE_NB_NATIVE=0)"
         else:
-            compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+            compiler = _compiler()
             if compiler is None:
                 why = "no C compiler (cc, gcc or $CC) found"
             else:

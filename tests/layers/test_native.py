@@ -142,3 +142,20 @@ def test_switched_off_by_the_environment() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                           timeout=120, check=True)
     assert done.stdout.splitlines() == ["off (MEMSAVE_NB_NATIVE=0)", "None"]
+
+
+def test_a_cache_folder_others_can_write_is_not_trusted(tmp_path) -> None:
+    """A library planted in a group/world-writable cache folder would run as the user: the
+    loader builds into a private folder instead, and never opens the planted file."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    planted = shared / _native.library_name(_native._compiler())
+    planted.write_bytes(b"not a library")  # loading it would fail loudly (OSError)
+    code = ("from memsave_nb.layers import _native; import torch;"
+            "print(_native.status()); print(_native.pack_nonzero(torch.ones(9)).tolist())")
+    env = dict(os.environ, MEMSAVE_NB_CACHE=str(shared))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          timeout=120, check=True)
+    assert done.stdout.splitlines() == ["built", "[255, 1]"]
+    assert planted.read_bytes() == b"not a library"
