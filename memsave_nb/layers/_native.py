@@ -46,6 +46,7 @@ _state: dict[str, object] = {}  # "lib": CDLL or None, "why": str
 _MIN_CHUNK = 1 << 17
 _pool: ThreadPoolExecutor | None = None
 _pool_size = 0
+_pool_pid = 0  # a forked child (a DataLoader worker) inherits the pool object but not its threads
 
 
 def _cache_dir() -> Path:
@@ -177,15 +178,16 @@ def _chunks(n: int) -> list[tuple[int, int]]:
 
 def _run(calls: list) -> None:
     """Run the chunk calls: the first here, the rest on a pool (ctypes lets go of the GIL)."""
-    global _pool, _pool_size
+    global _pool, _pool_size, _pool_pid
     if len(calls) == 1:
         calls[0]()
         return
     with _lock:
-        if _pool is None or _pool_size < len(calls) - 1:
-            if _pool is not None:
+        if _pool is None or _pool_size < len(calls) - 1 or _pool_pid != os.getpid():
+            if _pool is not None and _pool_pid == os.getpid():
                 _pool.shutdown(wait=False)
             _pool_size = len(calls) - 1
+            _pool_pid = os.getpid()
             _pool = ThreadPoolExecutor(_pool_size, thread_name_prefix="memsave-bits")
         pool = _pool
     futures = [pool.submit(call) for call in calls[1:]]

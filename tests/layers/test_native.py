@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -159,3 +160,41 @@ def test_a_cache_folder_others_can_write_is_not_trusted(tmp_path) -> None:
                           timeout=120, check=True)
     assert done.stdout.splitlines() == ["built", "[255, 1]"]
     assert planted.read_bytes() == b"not a library"
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork only")
+def test_a_forked_child_gets_its_own_thread_pool() -> None:
+    """A DataLoader worker is a fork: it inherits the pool object without its threads, and
+    chunks submitted to a pool whose (vanished) workers are all counted can wait forever
+    (``ThreadPoolExecutor`` only starts a thread when it counts fewer than its maximum). The
+    child must make a pool of its own, and get the same bytes through it."""
+    n = 4 * _native._MIN_CHUNK
+    x = torch.randn(n).relu()
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(4)
+        want = _native.pack_nonzero(x)  # the parent's pool now exists
+        inherited = _native._pool
+        assert inherited is not None
+        pid = os.fork()
+        if pid == 0:  # child: exit 0 only with a new pool and the same bytes
+            ok = False
+            try:
+                got = _native.pack_nonzero(x)
+                ok = _native._pool is not inherited and np.array_equal(got.numpy(), want.numpy())
+            finally:
+                os._exit(0 if ok else 1)
+        start = time.monotonic()
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            if time.monotonic() - start > 60:
+                os.kill(pid, 9)
+                os.waitpid(pid, 0)
+                pytest.fail("the forked child hung on the parent's thread pool")
+            time.sleep(0.05)
+        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+        assert _native._pool is inherited  # the parent keeps its own
+    finally:
+        torch.set_num_threads(before)
