@@ -216,6 +216,8 @@ def select_bits(grad: Tensor, packed: Tensor) -> Tensor | None:
     """``grad`` where the packed bit is 1, +0 elsewhere, in one pass (what
     ``threshold_backward(grad, mask, 0)`` gives for a 0/1 mask), or None where the kernels
     cannot run (then the caller unpacks)."""
+    if grad.requires_grad and torch.is_grad_enabled():
+        return None  # create_graph: the result must be differentiable in grad (torch ops are)
     lib = _load()
     if lib is None or not _usable(grad) or not numpy_ok(packed) or not packed.is_contiguous():
         return None

@@ -15,7 +15,7 @@ from torch.utils.checkpoint import (
     create_selective_checkpoint_contexts,
 )
 
-from memsave_nb.layers import MEMSAVE_LAYERS, pool
+from memsave_nb.layers import MEMSAVE_LAYERS, compact, pool
 
 
 def _memsave(stock: nn.Module) -> nn.Module:
@@ -161,3 +161,24 @@ def test_maxpool_on_empty_batch_runs_like_stock(n: int) -> None:
     (ga,) = torch.autograd.grad(ya.sum(), x)
     (gb,) = torch.autograd.grad(yb.sum(), x)
     assert ga.shape == gb.shape == x.shape
+
+
+@pytest.mark.parametrize("stock_cls", [nn.ReLU, nn.ReLU6, nn.Hardtanh])
+def test_masked_activation_second_order_equals_stock(stock_cls) -> None:
+    """create_graph through an activation whose output nobody keeps (so backward runs from its
+    packed mask, where the fused kernel would run): the input gradient must stay differentiable
+    with respect to the incoming gradient, as stock's ``threshold_backward`` is."""
+    x0 = _distinct((2, 3, 8, 8)) * 3
+    results = []
+    for memsave in (False, True):
+        layer = stock_cls()
+        if memsave:
+            layer = _memsave(layer)
+        model = nn.Sequential(layer).double()
+        x = x0.clone().requires_grad_(True)
+        y = model(x * 1) * 2.0  # the activation's output is dropped: a mask is what backs it
+        compact()
+        (gx,) = torch.autograd.grad(y.pow(3).sum(), x, create_graph=True)  # a contiguous grad
+        (ggx,) = torch.autograd.grad(gx.pow(2).sum(), x)
+        results.append((gx.detach(), ggx))
+    torch.testing.assert_close(results[1], results[0], rtol=0, atol=0)

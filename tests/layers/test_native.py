@@ -95,6 +95,9 @@ def test_kernels_stand_aside_where_they_must_not_run() -> None:
     with _Seen():  # a tracker (any dispatch mode) must see every allocation: torch ops only
         assert _native.pack_nonzero(x) is None
         assert _native.select_bits(grad, packed) is None
+    with torch.enable_grad():  # create_graph: the gradient must stay differentiable
+        assert _native.select_bits(grad.clone().requires_grad_(True), packed) is None
+    assert _native.select_bits(grad.clone().requires_grad_(True).detach(), packed) is not None
     with torch.device("meta"):
         assert _native.pack_nonzero(torch.empty(64)) is None
 
