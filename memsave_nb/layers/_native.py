@@ -163,8 +163,10 @@ def available() -> bool:
 
 
 def _usable(t: Tensor) -> bool:
+    # a negative view shares memory with its base and flips signs lazily: its bytes are not
+    # its values, so the kernels (which read bytes) must not take it
     return (t.dtype.is_floating_point and t.element_size() in (2, 4, 8)
-            and numpy_ok(t) and t.is_contiguous())
+            and numpy_ok(t) and t.is_contiguous() and not t.is_neg())
 
 
 def _chunks(n: int) -> list[tuple[int, int]]:

@@ -92,6 +92,7 @@ def test_kernels_stand_aside_where_they_must_not_run() -> None:
     assert _native.select_bits(grad.expand(2, 64)[0:1].t().reshape(64, 1).expand(64, 2), packed) is None
     assert _native.select_bits(grad, packed[:-1]) is None  # wrong mask size
     assert _native.pack_nonzero(torch.ones(64, dtype=torch.int32)) is None  # not a float
+    assert _native.select_bits(torch._neg_view(grad), packed) is None  # its bytes are not its values
     with _Seen():  # a tracker (any dispatch mode) must see every allocation: torch ops only
         assert _native.pack_nonzero(x) is None
         assert _native.select_bits(grad, packed) is None
