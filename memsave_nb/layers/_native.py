@@ -186,8 +186,8 @@ def _run(calls: list) -> None:
         return
     with _lock:
         if _pool is None or _pool_size < len(calls) - 1 or _pool_pid != os.getpid():
-            if _pool is not None and _pool_pid == os.getpid():
-                _pool.shutdown(wait=False)
+            # the old pool is not shut down: another thread may be submitting to it right now;
+            # its idle workers end when it is garbage collected
             _pool_size = len(calls) - 1
             _pool_pid = os.getpid()
             _pool = ThreadPoolExecutor(_pool_size, thread_name_prefix="memsave-bits")
