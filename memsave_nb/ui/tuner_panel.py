@@ -579,4 +579,4 @@ def _notes_html(result: Any) -> str:
     """A search result's caveats (e.g. the optimizer's single-tensor step in fake mode, where a GPU
     runs foreach and needs more), one small line each under the result."""
     return "".join(f"<br><small class='memsave-search-note' style='color:#b8860b'>note: {html.escape(n)}</small>"
-                   for n in getattr(result, "notes", ()))
+                   for n in result.notes)
