@@ -5,6 +5,7 @@ against PyTorch's FSDPMemTracker; gradients under the combination against the pl
 from __future__ import annotations
 
 import copy
+import gc
 
 import pytest
 import torch
@@ -82,6 +83,7 @@ def _grads_under(wl, plan, strategy: str, tmp_path) -> dict[str, torch.Tensor]:
 
     model = copy.deepcopy(wl.model)
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / strategy}", rank=0, world_size=1)
+    called = loss = None
     try:
         from torch.distributed.device_mesh import init_device_mesh
 
@@ -98,6 +100,11 @@ def _grads_under(wl, plan, strategy: str, tmp_path) -> dict[str, torch.Tensor]:
                     g = p.grad
                     out[n] = (g.full_tensor() if hasattr(g, "full_tensor") else g).detach().clone()
     finally:
+        # Drop the DDP wrapper (its C++ reducer holds the gloo group) and the graph before the
+        # group: otherwise the group's last reference can go in a later garbage collection, whose
+        # ~ProcessGroupGloo joins gloo's threads with the GIL held; that hung one CI run here.
+        del called, loss
+        gc.collect()
         dist.destroy_process_group()
     return out
 
