@@ -48,7 +48,7 @@ def numpy_ok(t: Tensor) -> bool:
     return (
         np is not None
         and type(t) is Tensor
-        and t.device.type == "cpu"
+        and t.is_cpu
         and not torch.compiler.is_compiling()
         and _get_current_dispatch_mode() is None
         and not (_is_wrapped is not None and _is_wrapped(t))

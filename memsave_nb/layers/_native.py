@@ -162,11 +162,15 @@ def available() -> bool:
     return _load() is not None
 
 
+# the float dtypes the kernels take (by element size: they handle elements by their bytes)
+_FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
+
+
 def _usable(t: Tensor) -> bool:
     # a negative view shares memory with its base and flips signs lazily: its bytes are not
-    # its values, so the kernels (which read bytes) must not take it
-    return (t.dtype.is_floating_point and t.element_size() in (2, 4, 8)
-            and numpy_ok(t) and t.is_contiguous() and not t.is_neg())
+    # its values, so the kernels (which read bytes) must not take it. (numpy_ok before the
+    # tensor queries: under torch.compile those would break the graph.)
+    return t.dtype in _FLOATS and numpy_ok(t) and t.is_contiguous() and not t.is_neg()
 
 
 def _chunks(n: int) -> list[tuple[int, int]]:
@@ -209,6 +213,9 @@ def pack_nonzero(t: Tensor) -> Tensor | None:
     size = t.element_size()
     src, dst = t.data_ptr(), packed.data_ptr()
     fn = lib.memsave_pack_nonzero
+    if n < 2 * _MIN_CHUNK:  # one chunk: call it directly
+        fn(src, n, size, dst)
+        return packed
     _run([lambda s=s, c=c: fn(src + s * size, c, size, dst + s // 8)
           for s, c in _chunks(n)])
     return packed
@@ -230,6 +237,9 @@ def select_bits(grad: Tensor, packed: Tensor) -> Tensor | None:
     size = grad.element_size()
     src, bits, dst = grad.data_ptr(), packed.data_ptr(), out.data_ptr()
     fn = lib.memsave_select_bits
+    if n < 2 * _MIN_CHUNK:  # one chunk: call it directly
+        fn(src, bits, n, size, dst)
+        return out
     _run([lambda s=s, c=c: fn(src + s * size, bits + s // 8, c, size, dst + s * size)
           for s, c in _chunks(n)])
     return out

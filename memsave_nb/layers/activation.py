@@ -23,7 +23,9 @@ class _MaskedLeakyReLU(torch.autograd.Function):
         ctx.slope = slope
         ctx.shape = x.shape
         # With slope < 0 the output's sign no longer tells the input's: mask from the input.
-        lazy = lazy and (slope is None or slope > 0)
+        # And where this layer's output was left to it alone last step, its mask is what
+        # backward will use: save it at once (as under a tracker), with no holder to settle.
+        lazy = lazy and (slope is None or slope > 0) and not _holder.pack_early(key)
         # Leaky: the input's sign, taken before an in-place op. ReLU: from the output below,
         # ``out != 0``, which lets NaN through as stock's ``not (out <= 0)`` does.
         mask = positive(x) if (not lazy and slope is not None) else None
@@ -35,8 +37,6 @@ class _MaskedLeakyReLU(torch.autograd.Function):
             ctx.mark_dirty(x)
         if lazy:
             holder = _holder.OutputHolder(out, relu=slope is None, key=key)
-            if _holder.pack_early(key):
-                holder.pack_now()  # while the output is in the cache
             ctx.holder = holder
             _holder.register(holder)
             ctx.save_for_backward()
@@ -119,14 +119,13 @@ class _MaskedHardtanh(torch.autograd.Function):
                 key: object = None) -> Tensor:
         ctx.bounds = (low, high)
         ctx.shape = x.shape
+        lazy = lazy and not _holder.pack_early(key)  # as in _MaskedLeakyReLU.forward
         out = torch._C._nn.hardtanh_(x, low, high) if inplace else torch._C._nn.hardtanh(
             x, low, high)
         if inplace:
             ctx.mark_dirty(x)
         if lazy:
             holder = _holder.OutputHolder(out, relu=False, bounds=(low, high), key=key)
-            if _holder.pack_early(key):
-                holder.pack_now()  # while the output is in the cache
             ctx.holder = holder
             _holder.register(holder)
             ctx.save_for_backward()
