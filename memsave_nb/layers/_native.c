@@ -8,6 +8,8 @@
  *                  torch's ``x.bool()``, what a ReLU output passes to backward.
  *   select_bits:   out = bit ? grad : +0, in one pass: what stock's threshold_backward does
  *                  with a 0/1 mask (it never reads the gradient where the mask is 0).
+ *   relu_pack:     out = x < 0 ? +0 : x (torch.relu's bytes: -0 and NaN pass unchanged) and
+ *                  its pack_nonzero bits, in one pass (float32/float64; out may be src).
  */
 #include <stdint.h>
 #include <string.h>
@@ -83,6 +85,76 @@ static void select32(const uint32_t* grad, const uint8_t* bits, int64_t n, uint3
 #else
     select32_scalar(grad, bits, n, out);
 #endif
+}
+
+static void relu_pack32_scalar(const float* src, int64_t n, float* out, uint8_t* dst) {
+    int64_t full = n / 8;
+    for (int64_t i = 0; i <= full; i++) {
+        int64_t count = i < full ? 8 : n - 8 * full;
+        if (count == 0) break;
+        uint8_t byte = 0;
+        for (int j = 0; j < count; j++) {
+            float v = src[8 * i + j];
+            float o = v < 0.0f ? 0.0f : v;
+            uint32_t b;
+            memcpy(&b, &o, 4);
+            out[8 * i + j] = o;
+            byte |= (uint8_t)(((b & 0x7fffffffu) != 0) << j);
+        }
+        dst[i] = byte;
+    }
+}
+
+static void relu_pack32(const float* src, int64_t n, float* out, uint8_t* dst) {
+#if defined(__SSE2__)
+    int64_t full = n / 8;
+    const __m128 zero = _mm_setzero_ps();
+    const __m128i magnitude = _mm_set1_epi32(0x7fffffff);
+    const __m128i izero = _mm_setzero_si128();
+    for (int64_t i = 0; i < full; i++) {
+        __m128 a = _mm_loadu_ps(src + 8 * i);
+        __m128 b = _mm_loadu_ps(src + 8 * i + 4);
+        /* x < 0 is false for -0 and NaN: those pass unchanged, as in torch.relu */
+        __m128 oa = _mm_andnot_ps(_mm_cmplt_ps(a, zero), a);
+        __m128 ob = _mm_andnot_ps(_mm_cmplt_ps(b, zero), b);
+        _mm_storeu_ps(out + 8 * i, oa);
+        _mm_storeu_ps(out + 8 * i + 4, ob);
+        int lo = _mm_movemask_ps(_mm_castsi128_ps(
+            _mm_cmpeq_epi32(_mm_and_si128(_mm_castps_si128(oa), magnitude), izero)));
+        int hi = _mm_movemask_ps(_mm_castsi128_ps(
+            _mm_cmpeq_epi32(_mm_and_si128(_mm_castps_si128(ob), magnitude), izero)));
+        dst[i] = (uint8_t)(~(lo | (hi << 4)));
+    }
+    if (n % 8) relu_pack32_scalar(src + 8 * full, n % 8, out + 8 * full, dst + full);
+#else
+    relu_pack32_scalar(src, n, out, dst);
+#endif
+}
+
+static void relu_pack64(const double* src, int64_t n, double* out, uint8_t* dst) {
+    int64_t bytes = (n + 7) / 8;
+    for (int64_t i = 0; i < bytes; i++) {
+        int64_t count = (n - 8 * i) < 8 ? (n - 8 * i) : 8;
+        uint8_t byte = 0;
+        for (int j = 0; j < count; j++) {
+            double v = src[8 * i + j];
+            double o = v < 0.0 ? 0.0 : v;
+            uint64_t b;
+            memcpy(&b, &o, 8);
+            out[8 * i + j] = o;
+            byte |= (uint8_t)(((b & 0x7fffffffffffffffull) != 0) << j);
+        }
+        dst[i] = byte;
+    }
+}
+
+/* out = relu(src) (out may equal src) and its nonzero bits at dst; 0 on success */
+int memsave_relu_pack(const void* src, int64_t n, int elem_size, void* out, uint8_t* dst) {
+    switch (elem_size) {
+        case 4: relu_pack32((const float*)src, n, (float*)out, dst); return 0;
+        case 8: relu_pack64((const double*)src, n, (double*)out, dst); return 0;
+        default: return 1;
+    }
 }
 
 /* n elements from src (elem_size bytes each) -> ceil(n / 8) bytes at dst; 0 on success */

@@ -138,10 +138,14 @@ def _load() -> ctypes.CDLL | None:
             else:
                 try:
                     lib = ctypes.CDLL(str(_build(compiler)))
-                    for name in ("memsave_pack_nonzero", "memsave_select_bits"):
+                    for name in ("memsave_pack_nonzero", "memsave_select_bits",
+                                 "memsave_relu_pack"):
                         getattr(lib, name).restype = ctypes.c_int
                     lib.memsave_pack_nonzero.argtypes = [
                         ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p]
+                    lib.memsave_relu_pack.argtypes = [
+                        ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p,
+                        ctypes.c_void_p]
                     lib.memsave_select_bits.argtypes = [
                         ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int,
                         ctypes.c_void_p]
@@ -219,6 +223,32 @@ def pack_nonzero(t: Tensor) -> Tensor | None:
     _run([lambda s=s, c=c: fn(src + s * size, c, size, dst + s // 8)
           for s, c in _chunks(n)])
     return packed
+
+
+_RELU_FLOATS = frozenset({torch.float32, torch.float64})
+
+
+def relu_pack(x: Tensor, inplace: bool) -> tuple[Tensor, Tensor] | None:
+    """``torch.relu(x)`` (into ``x`` itself when ``inplace``; the caller marks it dirty) and
+    the packed bits of its nonzeros, in one pass; None where the kernel cannot run on ``x``
+    (then the caller runs ``relu`` and :func:`pack_nonzero`). The output's bytes are
+    torch.relu's: negatives become +0, -0 and NaN pass unchanged."""
+    lib = _load()
+    if lib is None or x.dtype not in _RELU_FLOATS or not numpy_ok(x) or not x.is_contiguous() \
+            or x.is_neg():
+        return None
+    n = x.numel()
+    out = x if inplace else torch.empty_like(x, memory_format=torch.contiguous_format)
+    packed = torch.empty(packed_nbytes(n), dtype=torch.uint8)
+    size = x.element_size()
+    src, dst, bits = x.data_ptr(), out.data_ptr(), packed.data_ptr()
+    fn = lib.memsave_relu_pack
+    if n < 2 * _MIN_CHUNK:  # one chunk: call it directly
+        fn(src, n, size, dst, bits)
+    else:
+        _run([lambda s=s, c=c: fn(src + s * size, c, size, dst + s * size, bits + s // 8)
+              for s, c in _chunks(n)])
+    return out, packed
 
 
 def select_bits(grad: Tensor, packed: Tensor) -> Tensor | None:

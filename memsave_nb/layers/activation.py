@@ -11,7 +11,7 @@ from torch import Tensor, nn
 from . import _holder
 from ._apply import apply
 from ._bits import pack_bits, pack_inside, positive, unpack_bits
-from ._native import pack_nonzero, select_bits
+from ._native import pack_nonzero, relu_pack, select_bits
 
 
 class _MaskedLeakyReLU(torch.autograd.Function):
@@ -29,8 +29,14 @@ class _MaskedLeakyReLU(torch.autograd.Function):
         # Leaky: the input's sign, taken before an in-place op. ReLU: from the output below,
         # ``out != 0``, which lets NaN through as stock's ``not (out <= 0)`` does.
         mask = positive(x) if (not lazy and slope is not None) else None
+        fused = None
         if slope is None:
-            out = torch.relu_(x) if inplace else torch.relu(x)
+            # the mask is needed now: ReLU and packing in one pass, where the kernel runs
+            fused = None if lazy else relu_pack(x, inplace)
+            if fused is not None:
+                out = fused[0]
+            else:
+                out = torch.relu_(x) if inplace else torch.relu(x)
         else:
             out = F.leaky_relu_(x, slope) if inplace else F.leaky_relu(x, slope)
         if inplace:
@@ -42,7 +48,8 @@ class _MaskedLeakyReLU(torch.autograd.Function):
             ctx.save_for_backward()
         else:
             ctx.holder = None
-            packed = pack_nonzero(out) if mask is None else None  # fused, where it runs
+            packed = fused[1] if fused is not None else (
+                pack_nonzero(out) if mask is None else None)  # fused, where it runs
             if packed is None:
                 packed = pack_bits(out.bool() if mask is None else mask)
             ctx.save_for_backward(packed)

@@ -84,6 +84,94 @@ class _Seen(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int32 if t.element_size() == 4 else torch.int64)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("n", [1, 7, 8, 9, 63, 64, 65, 1000, 4097])
+@pytest.mark.parametrize("inplace", [False, True])
+def test_relu_pack_writes_torch_relus_bytes_and_their_bits(dtype: torch.dtype, n: int,
+                                                            inplace: bool) -> None:
+    x = _special(n, dtype, 3 * n)  # NaN of both signs, -0, infs, denormals, negatives
+    want = torch.relu(x)
+    want_bits = np.packbits(want.bool().numpy(), bitorder="little")
+    source = x.clone()
+    fused = _native.relu_pack(source, inplace)
+    assert fused is not None
+    out, packed = fused
+    assert (out is source) == inplace
+    assert out.dtype == dtype and out.shape == x.shape and out.is_contiguous()
+    assert torch.equal(_bytes(out), _bytes(want))  # -0 stays -0, NaN payloads pass, -x -> +0
+    if not inplace:
+        assert torch.equal(_bytes(source), _bytes(x))  # the input untouched
+    assert packed.dtype == torch.uint8 and np.array_equal(packed.numpy(), want_bits)
+
+
+def test_relu_pack_chunked_over_threads_gives_the_same_bytes() -> None:
+    n = 5 * _native._MIN_CHUNK + 13
+    x = _special(n, torch.float32, 5)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = _native.relu_pack(x, False)
+        torch.set_num_threads(3)
+        assert len(_native._chunks(n)) == 3
+        many = _native.relu_pack(x, False)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(_bytes(one[0]), _bytes(many[0]))
+    assert torch.equal(one[1], many[1])
+    assert torch.equal(_bytes(one[0]), _bytes(torch.relu(x)))
+
+
+def test_relu_pack_stands_aside_where_it_must_not_run() -> None:
+    x = torch.randn(64)
+    assert _native.relu_pack(x.to(torch.bfloat16), False) is None  # relu + pack_nonzero there
+    assert _native.relu_pack(x.to(torch.float16), True) is None
+    assert _native.relu_pack(x[::2], False) is None  # not contiguous
+    assert _native.relu_pack(torch._neg_view(x), False) is None  # its bytes are not its values
+    with _Seen():  # a tracker must see the ops
+        assert _native.relu_pack(x, False) is None
+    with torch.device("meta"):
+        assert _native.relu_pack(torch.empty(64), True) is None
+
+
+def test_a_relu_left_alone_runs_relu_and_packing_in_one_pass(monkeypatch) -> None:
+    """From its second step a ReLU whose output nobody else keeps runs the one-pass kernel
+    (counted): the same forward bytes and the same gradients as stock, in place or not."""
+    from memsave_nb.layers import activation, convert, revert
+
+    calls = {"relu_pack": 0}
+    real = activation.relu_pack
+
+    def counting(x, inplace):
+        out = real(x, inplace)
+        calls["relu_pack"] += out is not None
+        return out
+
+    monkeypatch.setattr(activation, "relu_pack", counting)
+    x = _special(4 * 8 * 16 * 16, torch.float32, 9).view(4, 8, 16, 16) * 3
+    g = torch.randn(4, 8, 16, 16, generator=torch.Generator().manual_seed(1))
+    for inplace in (False, True):
+        model = nn.Sequential(_Twice(), nn.ReLU(inplace=inplace), _Twice())
+        seen: list[torch.Tensor] = []
+        model[1].register_forward_hook(lambda m, i, o: seen.append(o.detach().clone()))
+        leaf = x.clone().requires_grad_(True)
+        (want,) = torch.autograd.grad(model(leaf * 1), leaf, g)
+        want_out = seen[-1]
+        conversion = convert(model)
+        try:
+            for step in range(3):
+                leaf = x.clone().requires_grad_(True)
+                (got,) = torch.autograd.grad(model(leaf * 1), leaf, g)
+                torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+                assert torch.equal(_bytes(seen[-1]), _bytes(want_out))
+        finally:
+            revert(conversion)
+    assert calls["relu_pack"] == 4  # steps 2 and 3, both variants (step 1 holds the output)
+
+
 def test_kernels_stand_aside_where_they_must_not_run() -> None:
     x = torch.randn(64).relu()
     packed = _native.pack_nonzero(x)
