@@ -10,6 +10,11 @@
  *                  with a 0/1 mask (it never reads the gradient where the mask is 0).
  *   relu_pack:     out = x < 0 ? +0 : x (torch.relu's bytes: -0 and NaN pass unchanged) and
  *                  its pack_nonzero bits, in one pass (float32/float64; out may be src).
+ *   pool_offsets / pool_flat: a max pool's flat argmax (an int64 index into each input plane,
+ *                  as stock's pooling returns it) <-> its row-major offset inside the window,
+ *                  for up to 3 spatial dims (fewer: leading dims of size 1), in one pass and
+ *                  without integer division: the distance from the window's first element
+ *                  maps to the offset by a small table, and back by the kernel's deltas.
  */
 #include <stdint.h>
 #include <string.h>
@@ -173,6 +178,109 @@ int memsave_select_bits(const void* grad, const uint8_t* bits, int64_t n, int el
         case 2: select16((const uint16_t*)grad, bits, n, (uint16_t*)out); return 0;
         case 4: select32((const uint32_t*)grad, bits, n, (uint32_t*)out); return 0;
         case 8: select64((const uint64_t*)grad, bits, n, (uint64_t*)out); return 0;
+        default: return 1;
+    }
+}
+
+/* Pooling geometry, spatial dims padded to 3 from the front (size 1, kernel 1, stride 1). */
+typedef struct {
+    int64_t out[3], in[3], kernel[3], stride[3], pad[3], dil[3];
+} pool_geom;
+
+static void geom(pool_geom* g, int n, const int64_t* out, const int64_t* in,
+                 const int64_t* kernel, const int64_t* stride, const int64_t* pad,
+                 const int64_t* dil) {
+    for (int d = 0; d < 3; d++) {
+        int src = d - (3 - n);
+        int ok = src >= 0;
+        g->out[d] = ok ? out[src] : 1;
+        g->in[d] = ok ? in[src] : 1;
+        g->kernel[d] = ok ? kernel[src] : 1;
+        g->stride[d] = ok ? stride[src] : 1;
+        g->pad[d] = ok ? pad[src] : 0;
+        g->dil[d] = ok ? dil[src] : 1;
+    }
+}
+
+/* Flat index of each window's first element, walked without division: row (a, b) starts at
+ * row_base, and each step along the last dim adds its stride. */
+#define ROW_BASE(g, a, b) \
+    ((((a) * (g)->stride[0] - (g)->pad[0]) * (g)->in[1] + ((b) * (g)->stride[1] - (g)->pad[1])) \
+     * (g)->in[2] - (g)->pad[2])
+
+#define DEFINE_OFFSETS(NAME, T)                                                          \
+    static int NAME(const int64_t* flat, int64_t planes, const pool_geom* g,             \
+                    const int32_t* table, int64_t table_len, T* local) {                 \
+        int64_t i = 0;                                                                   \
+        for (int64_t p = 0; p < planes; p++)                                             \
+            for (int64_t a = 0; a < g->out[0]; a++)                                      \
+                for (int64_t b = 0; b < g->out[1]; b++) {                                \
+                    int64_t base = ROW_BASE(g, a, b);                                    \
+                    for (int64_t c = 0; c < g->out[2]; c++, i++, base += g->stride[2]) { \
+                        int64_t d = flat[i] - base;                                      \
+                        if (d < 0 || d >= table_len || table[d] < 0) return 2;           \
+                        local[i] = (T)table[d];                                          \
+                    }                                                                    \
+                }                                                                        \
+        return 0;                                                                        \
+    }
+
+#define DEFINE_FLAT(NAME, T)                                                             \
+    static int NAME(const T* local, int64_t planes, const pool_geom* g,                  \
+                    const int64_t* deltas, int64_t window, int64_t* flat) {              \
+        int64_t i = 0;                                                                   \
+        for (int64_t p = 0; p < planes; p++)                                             \
+            for (int64_t a = 0; a < g->out[0]; a++)                                      \
+                for (int64_t b = 0; b < g->out[1]; b++) {                                \
+                    int64_t base = ROW_BASE(g, a, b);                                    \
+                    for (int64_t c = 0; c < g->out[2]; c++, i++, base += g->stride[2]) { \
+                        int64_t l = (int64_t)local[i];                                   \
+                        if (l < 0 || l >= window) return 2;                              \
+                        flat[i] = base + deltas[l];                                      \
+                    }                                                                    \
+                }                                                                        \
+        return 0;                                                                        \
+    }
+
+DEFINE_OFFSETS(offsets8, uint8_t)
+DEFINE_OFFSETS(offsets16, int16_t)
+DEFINE_OFFSETS(offsets32, int32_t)
+DEFINE_FLAT(flat8, uint8_t)
+DEFINE_FLAT(flat16, int16_t)
+DEFINE_FLAT(flat32, int32_t)
+
+/* flat argmax (int64, planes x prod(out)) -> window offsets of local_size bytes, by the table
+ * delta-from-window-start -> offset (-1: no kernel position); 0 on success, else nothing
+ * trustworthy was written (an index outside its window) */
+int memsave_pool_offsets(const int64_t* flat, int64_t planes, int n, const int64_t* out,
+                         const int64_t* in, const int64_t* stride, const int64_t* pad,
+                         const int32_t* table, int64_t table_len, int local_size, void* local) {
+    pool_geom g;
+    int64_t ones[3] = {1, 1, 1};
+    if (n < 1 || n > 3) return 1;
+    geom(&g, n, out, in, ones, stride, pad, ones);
+    switch (local_size) {
+        case 1: return offsets8(flat, planes, &g, table, table_len, (uint8_t*)local);
+        case 2: return offsets16(flat, planes, &g, table, table_len, (int16_t*)local);
+        case 4: return offsets32(flat, planes, &g, table, table_len, (int32_t*)local);
+        default: return 1;
+    }
+}
+
+/* window offsets (local_size bytes each) -> flat argmax (int64): window start + deltas[offset];
+ * 0 on success */
+int memsave_pool_flat(const void* local, int local_size, int64_t planes, int n,
+                      const int64_t* out, const int64_t* in, const int64_t* stride,
+                      const int64_t* pad, const int64_t* deltas, int64_t window,
+                      int64_t* flat) {
+    pool_geom g;
+    int64_t ones[3] = {1, 1, 1};
+    if (n < 1 || n > 3) return 1;
+    geom(&g, n, out, in, ones, stride, pad, ones);
+    switch (local_size) {
+        case 1: return flat8((const uint8_t*)local, planes, &g, deltas, window, flat);
+        case 2: return flat16((const int16_t*)local, planes, &g, deltas, window, flat);
+        case 4: return flat32((const int32_t*)local, planes, &g, deltas, window, flat);
         default: return 1;
     }
 }

@@ -21,6 +21,7 @@ path runs, only slower; :func:`status` says which and why.
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import os
 import platform
@@ -143,6 +144,16 @@ def _load() -> ctypes.CDLL | None:
                         getattr(lib, name).restype = ctypes.c_int
                     lib.memsave_pack_nonzero.argtypes = [
                         ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p]
+                    for name in ("memsave_pool_offsets", "memsave_pool_flat"):
+                        getattr(lib, name).restype = ctypes.c_int
+                    p64 = ctypes.POINTER(ctypes.c_int64)
+                    p32 = ctypes.POINTER(ctypes.c_int32)
+                    lib.memsave_pool_offsets.argtypes = [
+                        ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, p64, p64, p64, p64, p32,
+                        ctypes.c_int64, ctypes.c_int, ctypes.c_void_p]
+                    lib.memsave_pool_flat.argtypes = [
+                        ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int, p64, p64,
+                        p64, p64, p64, ctypes.c_int64, ctypes.c_void_p]
                     lib.memsave_relu_pack.argtypes = [
                         ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p,
                         ctypes.c_void_p]
@@ -273,3 +284,72 @@ def select_bits(grad: Tensor, packed: Tensor) -> Tensor | None:
     _run([lambda s=s, c=c: fn(src + s * size, bits + s // 8, c, size, dst + s * size)
           for s, c in _chunks(n)])
     return out
+
+
+_OFFSET_TYPES = {torch.uint8: 1, torch.int16: 2, torch.int32: 4}
+
+
+@functools.lru_cache(maxsize=64)
+def _pool_tables(deltas: tuple[int, ...]) -> tuple[ctypes.Array, ctypes.Array]:
+    """(delta -> window offset, -1 where no kernel position lies; offset -> delta), as C arrays."""
+    table = [-1] * (max(deltas) + 1)
+    for offset, delta in enumerate(deltas):
+        table[delta] = offset
+    return (ctypes.c_int32 * len(table))(*table), (ctypes.c_int64 * len(deltas))(*deltas)
+
+
+def _geometry(out_spatial, in_spatial, stride, padding) -> list:
+    n = len(stride)
+    return [(ctypes.c_int64 * n)(*[int(v) for v in values])
+            for values in (out_spatial, in_spatial, stride, padding)]
+
+
+def _planes(t: Tensor, out_spatial) -> int:
+    spatial = 1
+    for size in out_spatial:
+        spatial *= int(size)
+    return t.numel() // spatial if spatial else 0
+
+
+def pool_offsets(flat: Tensor, out_spatial, in_spatial, stride, padding,
+                 deltas: list[int] | None, dtype: torch.dtype) -> Tensor | None:
+    """A max pool's flat argmax (int64 per input plane, as stock's pooling returns it) -> its
+    row-major offset inside the window, in ``dtype``, in one pass. ``deltas``: each kernel
+    position's flat distance from the window's first element (``pool._kernel_deltas``).
+    None where the kernel cannot run (then the caller's torch ops do it)."""
+    lib = _load()
+    n = len(stride)
+    if (lib is None or deltas is None or dtype not in _OFFSET_TYPES or flat.dtype != torch.int64
+            or not 1 <= n <= 3 or not numpy_ok(flat) or not flat.is_contiguous()):
+        return None
+    local = torch.empty(flat.shape, dtype=dtype)
+    planes = _planes(flat, out_spatial)
+    if planes:
+        table, _ = _pool_tables(tuple(deltas))
+        failed = lib.memsave_pool_offsets(flat.data_ptr(), planes, n,
+                                          *_geometry(out_spatial, in_spatial, stride, padding),
+                                          table, len(table), _OFFSET_TYPES[dtype],
+                                          local.data_ptr())
+        if failed:  # an index outside its window: leave it to the torch ops
+            return None
+    return local
+
+
+def pool_flat(local: Tensor, out_spatial, in_spatial, stride, padding,
+              deltas: list[int] | None) -> Tensor | None:
+    """The inverse of :func:`pool_offsets`: window offsets -> flat int64 argmax, one pass."""
+    lib = _load()
+    n = len(stride)
+    if (lib is None or deltas is None or local.dtype not in _OFFSET_TYPES or not 1 <= n <= 3
+            or not numpy_ok(local) or not local.is_contiguous()):
+        return None
+    flat = torch.empty(local.shape, dtype=torch.int64)
+    planes = _planes(local, out_spatial)
+    if planes:
+        _, delta_array = _pool_tables(tuple(deltas))
+        failed = lib.memsave_pool_flat(local.data_ptr(), _OFFSET_TYPES[local.dtype], planes, n,
+                                       *_geometry(out_spatial, in_spatial, stride, padding),
+                                       delta_array, len(deltas), flat.data_ptr())
+        if failed:
+            return None
+    return flat

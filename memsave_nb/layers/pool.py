@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from . import _holder
+from ._native import pool_flat, pool_offsets
 
 _POOL = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}
 
@@ -158,24 +159,31 @@ class _MaxPool(torch.autograd.Function):
         in_spatial = x.shape[-n:]
         pool = _POOL[n]
         deltas = _kernel_deltas(in_spatial, kernel, dilation)
-        table = None
-        if deltas is not None:  # delta -> window offset by one lookup, no integer division
-            # built out of place: inside a SAC region every op output may be cached
-            table = torch.zeros(max(deltas) + 1, dtype=dtype, device=x.device).index_put(
-                (torch.tensor(deltas, device=x.device),),
-                torch.arange(len(deltas), device=x.device).to(dtype))
+        tables: list[Tensor] = []  # the torch path's lookup table, made when first needed
+
+        def lookup() -> Tensor:  # delta -> window offset by one lookup, no integer division
+            if not tables:
+                # built out of place: inside a SAC region every op output may be cached
+                tables.append(torch.zeros(max(deltas) + 1, dtype=dtype, device=x.device).index_put(
+                    (torch.tensor(deltas, device=x.device),),
+                    torch.arange(len(deltas), device=x.device).to(dtype)))
+            return tables[0]
 
         # Under saved-tensor hooks (checkpointing, SAC) the pool's indices may sit in SAC's
         # cache, which refuses tensors changed in place: work on a copy there.
         own_indices = _holder.lazy_allowed()
 
         def offsets(flat: Tensor, out_spatial: Sequence[int]) -> Tensor:
-            if table is None:
+            local = pool_offsets(flat, out_spatial, in_spatial, stride, padding, deltas,
+                                 dtype)  # one C pass, where it runs
+            if local is not None:
+                return local
+            if deltas is None:
                 return _window_offsets(flat, out_spatial, in_spatial, kernel, stride, padding,
                                        dilation, dtype, own_indices)
             base = _window_base(out_spatial, in_spatial, stride, padding, flat.device)
             flat = flat.sub_(base) if own_indices else flat.sub(base)
-            return table.index_select(0, flat.reshape(-1)).view(flat.shape)
+            return lookup().index_select(0, flat.reshape(-1)).view(flat.shape)
 
         if x.dim() == n + 1:  # unbatched: one chunk
             out, flat = pool(x, kernel, stride, padding, dilation, ceil_mode, return_indices=True)
@@ -207,9 +215,7 @@ class _MaxPool(torch.autograd.Function):
         n = len(kernel)
         x_shape = ctx.x_shape
         in_spatial = x_shape[-n:]
-        deltas_t = None
-        if ctx.deltas is not None:
-            deltas_t = torch.tensor(ctx.deltas, dtype=torch.int64, device=grad.device)
+        deltas_t = None  # the torch path's delta table, made when first needed
         # create_graph: one differentiable (not out=) call over the whole batch
         differentiable = torch.is_grad_enabled()
         grad_x = grad.new_empty(x_shape)
@@ -219,10 +225,14 @@ class _MaxPool(torch.autograd.Function):
             spans = list(_chunks(x_shape[0], grad.shape[1:].numel()))
         for lo, hi in spans:
             g, loc, gx = grad[lo:hi], local[lo:hi], grad_x[lo:hi]
-            if deltas_t is None:
+            flat = pool_flat(loc, g.shape[-n:], in_spatial, stride, padding,
+                             ctx.deltas)  # one C pass, where it runs
+            if flat is None and ctx.deltas is None:
                 flat = _flat_indices(loc, g.shape[-n:], in_spatial, kernel, stride, padding,
                                      dilation)
-            else:
+            elif flat is None:
+                if deltas_t is None:
+                    deltas_t = torch.tensor(ctx.deltas, dtype=torch.int64, device=grad.device)
                 flat = deltas_t.index_select(0, loc.reshape(-1).int()).view(loc.shape)
                 flat.add_(_window_base(g.shape[-n:], in_spatial, stride, padding, g.device))
             if differentiable:

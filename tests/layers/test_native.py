@@ -290,3 +290,103 @@ def test_a_forked_child_gets_its_own_thread_pool() -> None:
         assert _native._pool is inherited  # the parent keeps its own
     finally:
         torch.set_num_threads(before)
+
+
+_POOLS = [  # (spatial input, kernel, stride, padding, dilation, ceil_mode)
+    ((17,), [3], [2], [1], [1], False),
+    ((16,), [4], [3], [0], [2], True),
+    ((9, 11), [3, 3], [2, 2], [1, 1], [1, 1], False),
+    ((12, 10), [2, 3], [2, 1], [0, 1], [2, 1], True),
+    ((28, 28), [2, 2], [2, 2], [0, 0], [1, 1], False),
+    ((5, 6, 7), [2, 3, 2], [1, 2, 2], [1, 1, 0], [1, 1, 2], True),
+    ((40, 40), [17, 17], [3, 3], [8, 8], [1, 1], False),  # 289-element windows: int16 offsets
+]
+
+
+@pytest.mark.parametrize("geometry", _POOLS)
+def test_pool_offsets_match_the_torch_ops_both_ways(geometry) -> None:
+    from memsave_nb.layers import pool
+
+    spatial, kernel, stride, padding, dilation, ceil_mode = geometry
+    n = len(kernel)
+    x = torch.randn(3, 4, *spatial, generator=torch.Generator().manual_seed(len(spatial)))
+    x[0, 0].fill_(1.0)  # ties: the first maximum in window order is the argmax
+    out, flat = pool._POOL[n](x, kernel, stride, padding, dilation, ceil_mode,
+                              return_indices=True)
+    window = 1
+    for k in kernel:
+        window *= k
+    dtype = pool.window_index_dtype(window)
+    out_spatial = out.shape[-n:]
+    deltas = pool._kernel_deltas(spatial, kernel, dilation)
+    assert deltas is not None
+    fused = _native.pool_offsets(flat, out_spatial, spatial, stride, padding, deltas, dtype)
+    torch_ops = pool._window_offsets(flat.clone(), out_spatial, spatial, kernel, stride,
+                                     padding, dilation, dtype)
+    assert fused is not None and fused.dtype == torch_ops.dtype == dtype
+    assert torch.equal(fused, torch_ops)
+    back = _native.pool_flat(fused, out_spatial, spatial, stride, padding, deltas)
+    assert back is not None and back.dtype == torch.int64
+    assert torch.equal(back, flat)  # the very indices stock's backward reads
+    assert torch.equal(back, pool._flat_indices(fused, out_spatial, spatial, kernel, stride,
+                                                padding, dilation))
+
+
+def test_pool_kernels_stand_aside_where_they_must_not_run() -> None:
+    flat = torch.zeros(2, 3, 4, 4, dtype=torch.int64)
+    geometry = ((4, 4), (8, 8), [2, 2], [0, 0], [0, 1, 8, 9])
+    assert _native.pool_offsets(flat, *geometry, torch.uint8) is None  # indices off their windows
+    flat = torch.tensor([0, 1, 8, 9], dtype=torch.int64).repeat(2, 3, 4, 1).reshape(2, 3, 4, 4)
+    flat += (torch.arange(4) * 16).view(4, 1) + (torch.arange(4) * 2)  # each window's start
+    local = _native.pool_offsets(flat, *geometry, torch.uint8)
+    assert local is not None and torch.equal(local[0, 0, 0], torch.tensor([0, 1, 2, 3],
+                                                                          dtype=torch.uint8))
+    assert torch.equal(_native.pool_flat(local, *geometry), flat)
+    assert _native.pool_offsets(flat, *geometry[:4], None, torch.uint8) is None  # no deltas
+    assert _native.pool_offsets(flat.transpose(2, 3), *geometry, torch.uint8) is None
+    assert _native.pool_offsets(flat.int(), *geometry, torch.uint8) is None  # not stock's int64
+    assert _native.pool_offsets(flat, *geometry, torch.int64) is None
+    with _Seen():  # a tracker must see the ops
+        assert _native.pool_offsets(flat, *geometry, torch.uint8) is None
+        assert _native.pool_flat(flat.to(torch.uint8), *geometry) is None
+    local = torch.zeros(2, 3, 4, 4, dtype=torch.uint8)
+    assert _native.pool_flat(local.transpose(2, 3), *geometry) is None
+
+
+def test_a_converted_max_pool_converts_its_indices_in_c(monkeypatch) -> None:
+    """The layer takes the one-pass conversions both ways (counted), with stock's output and
+    gradients bit for bit."""
+    from memsave_nb.layers import convert, pool, revert
+
+    calls = {"offsets": 0, "flat": 0}
+    real_offsets, real_flat = pool.pool_offsets, pool.pool_flat
+
+    def counting_offsets(*args):
+        out = real_offsets(*args)
+        calls["offsets"] += out is not None
+        return out
+
+    def counting_flat(*args):
+        out = real_flat(*args)
+        calls["flat"] += out is not None
+        return out
+
+    monkeypatch.setattr(pool, "pool_offsets", counting_offsets)
+    monkeypatch.setattr(pool, "pool_flat", counting_flat)
+    model = nn.Sequential(_Twice(), nn.MaxPool2d(3, 2, 1), _Twice())
+    x = torch.randn(2, 4, 15, 15, generator=torch.Generator().manual_seed(3))
+    x[:, :, :4, :4] = 0.5  # ties
+    g = torch.randn(2, 4, 8, 8, generator=torch.Generator().manual_seed(4))
+    leaf = x.clone().requires_grad_(True)
+    want_out = model(leaf * 1)
+    (want,) = torch.autograd.grad(want_out, leaf, g)
+    conversion = convert(model)
+    try:
+        leaf = x.clone().requires_grad_(True)
+        got_out = model(leaf * 1)
+        (got,) = torch.autograd.grad(got_out, leaf, g)
+    finally:
+        revert(conversion)
+    assert calls == {"offsets": 1, "flat": 1}
+    assert torch.equal(got_out, want_out)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
