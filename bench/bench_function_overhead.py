@@ -42,7 +42,7 @@ from torch import Tensor, nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_layers import apply_case, resnet  # noqa: E402
+from bench_layers import _step_seconds, apply_case, resnet  # noqa: E402
 from memsave_nb.layers import convert  # noqa: E402
 
 _CPP = r"""
@@ -237,16 +237,8 @@ def resnet_conv_overhead(repeats: int, cpp: Any, batch: int, size: int) -> dict:
                 module.__class__ = cls
         models[name] = model
     x0 = torch.randn(batch, 3, size, size)
-
-    def step(model: nn.Module) -> float:
-        x = x0.clone().requires_grad_(input_grad)
-        start = time.process_time()
-        model(x).sum().backward()
-        seconds = time.process_time() - start
-        model.zero_grad(set_to_none=True)
-        return seconds
-
-    runs = _interleaved({k: (lambda m=m: step(m)) for k, m in models.items()}, repeats)
+    runs = _interleaved({k: (lambda m=m: _step_seconds(m, x0, input_grad))
+                         for k, m in models.items()}, repeats)
     row: dict = {"batch": batch, "size": size,
                  "stock_step_seconds": statistics.median(runs["stock"])}
     for name, values in runs.items():
