@@ -27,3 +27,15 @@ def apply(fn: type[torch.autograd.Function], *args: Any) -> Any:
     if call is None:
         call = _bound[fn] = _C_APPLY.__get__(None, fn)
     return call(*[_unwrap_if_dead(a) if isinstance(a, Tensor) else a for a in args])
+
+
+def stock_refuses_inplace(x: Tensor) -> bool:
+    """True for a tensor that requires grad and on which stock's autograd refuses an in-place
+    op: a leaf, or a view whose base is a leaf (autograd's ``check_inplace`` asks just that).
+    Stock raises before touching the data; a Function would change the data first and fail
+    only after (at ``mark_dirty``), so the layers run stock's op there, which raises its own
+    error and leaves the tensor as it was."""
+    if x.is_leaf:
+        return True
+    base = x._base
+    return base is not None and base.is_leaf

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from . import _holder
-from ._apply import apply
+from ._apply import apply, stock_refuses_inplace
 from ._bits import pack_bits, pack_inside, positive, unpack_bits
 from ._native import pack_nonzero, relu_pack, select_bits
 
@@ -91,7 +91,8 @@ def masked_leaky_relu(x: Tensor, slope: float | None = None, inplace: bool = Fal
     """Leaky ReLU (ReLU for ``slope=None``) keeping a 1-bit mask, or nothing new when the
     output is kept by someone else anyway (see :mod:`._holder`; ``key``, the layer, lets it
     pack the mask early where that layer's output was left to it last time)."""
-    if not (torch.is_grad_enabled() and x.requires_grad):
+    if not (torch.is_grad_enabled() and x.requires_grad) or (
+            inplace and stock_refuses_inplace(x)):  # stock raises, before changing x
         if slope is None:
             return F.relu(x, inplace=inplace)
         return F.leaky_relu(x, slope, inplace=inplace)
@@ -173,7 +174,8 @@ def masked_hardtanh(x: Tensor, low: float = -1.0, high: float = 1.0, inplace: bo
                     key: object = None) -> Tensor:
     """Hardtanh (ReLU6 for 0, 6) keeping a 1-bit mask of the linear region, or nothing new
     when the output is kept by someone else anyway (see :mod:`._holder`)."""
-    if not (torch.is_grad_enabled() and x.requires_grad):
+    if not (torch.is_grad_enabled() and x.requires_grad) or (
+            inplace and stock_refuses_inplace(x)):  # stock raises, before changing x
         return F.hardtanh(x, low, high, inplace)
     _holder.compact(_holder.RECENT)
     lazy = _holder.lazy_allowed()

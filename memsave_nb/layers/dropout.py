@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from . import _holder
+from ._apply import stock_refuses_inplace
 from ._bits import pack_bits, unpack_bits
 
 _FUSED_DEVICES = {"cuda", "xpu", "lazy", "privateuseone"}
@@ -59,8 +60,8 @@ def masked_dropout(x: Tensor, p: float = 0.5, training: bool = True, inplace: bo
     """``F.dropout`` keeping a 1-bit mask; the trivial cases (eval, p in {0, 1}, no grad) are
     stock, where nothing or no mask is kept anyway."""
     if not (training and 0.0 < p < 1.0 and torch.is_grad_enabled() and x.requires_grad
-            and x.numel() > 0):
-        return F.dropout(x, p, training, inplace)
+            and x.numel() > 0) or (inplace and stock_refuses_inplace(x)):
+        return F.dropout(x, p, training, inplace)  # (an in-place op stock refuses: it raises)
     _holder.compact(_holder.RECENT)
     return _Dropout.apply(x, p, inplace)
 
@@ -124,8 +125,8 @@ def masked_noise_dropout(x: Tensor, p: float, training: bool, inplace: bool, fea
     """Feature / alpha dropout keeping 1 bit per noise element, or None where stock keeps
     nothing (eval, p in {0, 1}, no gradient, empty input): the caller runs stock then."""
     if not (training and 0.0 < p < 1.0 and torch.is_grad_enabled() and x.requires_grad
-            and x.numel() > 0):
-        return None
+            and x.numel() > 0) or (inplace and stock_refuses_inplace(x)):
+        return None  # (an in-place op stock refuses: stock's forward raises)
     _holder.compact(_holder.RECENT)
     return _NoiseDropout.apply(x, p, feature, alpha, inplace)
 

@@ -127,3 +127,46 @@ def test_root_hook_shrinks_what_is_left_after_forward() -> None:
     live = [ref() for ref in _holder._pending if ref() is not None]
     assert all(h.output is None for h in live)
     out.sum().backward()
+
+
+_INPLACE_LAYERS = [
+    lambda: nn.ReLU(inplace=True),
+    lambda: nn.LeakyReLU(0.1, inplace=True),
+    lambda: nn.ReLU6(inplace=True),
+    lambda: nn.Hardtanh(-0.5, 0.5, inplace=True),
+    lambda: nn.Dropout(0.5, inplace=True),
+    lambda: nn.Dropout2d(0.5, inplace=True),
+    lambda: nn.AlphaDropout(0.5, inplace=True),
+    lambda: nn.FeatureAlphaDropout(0.5, inplace=True),
+]
+
+
+@pytest.mark.parametrize("make", _INPLACE_LAYERS)
+@pytest.mark.parametrize("view", [False, True])
+def test_inplace_on_a_leaf_behaves_as_stock_and_loses_nothing(make, view: bool) -> None:
+    """Stock refuses some in-place ops on a leaf that requires grad (or a view of one) before
+    touching it; a converted layer must raise the same error with the data as it was, not
+    change the data and fail afterwards. Where stock runs, it runs the same (same seed)."""
+    def run(layer: nn.Module) -> tuple[str | None, torch.Tensor | None, torch.Tensor]:
+        leaf = torch.linspace(-2.0, 2.0, 2 * 4 * 3 * 3).view(2, 4, 3, 3).requires_grad_(True)
+        torch.manual_seed(0)
+        try:
+            out = layer(leaf[:, 1:] if view else leaf)
+        except RuntimeError as err:
+            return str(err), None, leaf.detach().clone()
+        return None, out.detach().clone(), leaf.detach().clone()
+
+    stock_error, stock_out, stock_after = run(make().train())
+    model = nn.Sequential(make()).train()
+    conversion = convert(model)
+    try:
+        assert type(model[0]) is not type(make())  # converted
+        error, out, after = run(model)
+    finally:
+        revert(conversion)
+    assert error == stock_error
+    assert torch.equal(after, stock_after)
+    if stock_error is not None:
+        assert torch.equal(after, torch.linspace(-2.0, 2.0, 72).view(2, 4, 3, 3))
+    else:
+        assert torch.equal(out, stock_out)
