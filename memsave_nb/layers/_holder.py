@@ -90,7 +90,7 @@ class OutputHolder:
         key = None if self.key is None else self.key()
         if key is not None:
             try:
-                _left_alone[key] = REPROBE if sole else 0
+                _left_alone[key] = sole
             except TypeError:  # not weak-referenceable: no memory of it
                 pass
 
@@ -138,39 +138,21 @@ def inside_mask(output: Tensor, low: float, high: float) -> Tensor:
     return torch.ops.aten.hardtanh_backward(nonzero_inside, output, low, high).bool()
 
 
-# layer -> how many more forwards may save its mask at once: REPROBE after its held output
-# was left to the holder alone before the end of a forward (then the mask is what backward
-# uses), 0 after someone else kept it; each forward that trusts it counts one down, and at 0
-# the layer holds its output again and so learns anew (the model may have changed)
-_left_alone: "weakref.WeakKeyDictionary[object, int]" = weakref.WeakKeyDictionary()
-REPROBE = 16
-
-
-def mask_trust(key: object) -> int:
-    """How many more forwards the layer ``key`` will save its mask at once (no side effect)."""
-    try:
-        return _left_alone.get(key, 0)
-    except TypeError:
-        return 0
+# layer -> whether its last held output was left to the holder alone before the end of the
+# forward (then its mask is needed, and packing it at once, while the output is still in the
+# cache, costs a fraction of packing it later from memory)
+_left_alone: "weakref.WeakKeyDictionary[object, bool]" = weakref.WeakKeyDictionary()
 
 
 def pack_early(key: object) -> bool:
     """True when the layer ``key``'s held output was left to its holder alone last time: its
-    mask is then what backward will use, and the layer saves it in its forward at once (as it
-    does under a tracker, which therefore counts the same bytes), without a holder. A speed
-    choice: every holder costs Python work in later layers' forwards and in backward, and
-    inside a training step each Python operation runs with cold caches (several us each).
-    The memory differs from the holder's only if the model changed since (another layer now
-    keeps the output too): then N/8 bytes of mask sit beside it, as a tracker counts them,
-    for at most :data:`REPROBE` forwards, after which the layer holds its output again and
-    learns anew. Each call that answers True counts one of those forwards."""
+    mask is then packed in its forward, beside the held output (see :meth:`OutputHolder.settle`
+    for a guess that turns out wrong). A speed choice only: what is kept through backward is
+    the same either way, when the root forward hook of :func:`memsave_nb.layers.convert` runs."""
     if key is None:
         return False
     try:
-        left = _left_alone.get(key, 0)
-        if left:
-            _left_alone[key] = left - 1
-        return left > 0
+        return _left_alone.get(key, False)
     except TypeError:
         return False
 

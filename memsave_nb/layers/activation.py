@@ -23,16 +23,17 @@ class _MaskedLeakyReLU(torch.autograd.Function):
         ctx.slope = slope
         ctx.shape = x.shape
         # With slope < 0 the output's sign no longer tells the input's: mask from the input.
-        # And where this layer's output was left to it alone last step, its mask is what
-        # backward will use: save it at once (as under a tracker), with no holder to settle.
-        lazy = lazy and (slope is None or slope > 0) and not _holder.pack_early(key)
+        lazy = lazy and (slope is None or slope > 0)
+        # the mask is packed now where it is saved now, or where this layer's output was left
+        # to its holder alone last step (packed beside the held output, while it is cached)
+        early = lazy and _holder.pack_early(key)
         # Leaky: the input's sign, taken before an in-place op. ReLU: from the output below,
         # ``out != 0``, which lets NaN through as stock's ``not (out <= 0)`` does.
         mask = positive(x) if (not lazy and slope is not None) else None
         fused = None
         if slope is None:
-            # the mask is needed now: ReLU and packing in one pass, where the kernel runs
-            fused = None if lazy else relu_pack(x, inplace)
+            # the mask is packed now: ReLU and packing in one pass, where the kernel runs
+            fused = relu_pack(x, inplace) if (early or not lazy) else None
             if fused is not None:
                 out = fused[0]
             else:
@@ -43,6 +44,10 @@ class _MaskedLeakyReLU(torch.autograd.Function):
             ctx.mark_dirty(x)
         if lazy:
             holder = _holder.OutputHolder(out, relu=slope is None, key=key)
+            if fused is not None:
+                holder.packed = fused[1]  # what pack_now would pack, from the same pass
+            elif early:
+                holder.pack_now()  # while the output is in the cache
             ctx.holder = holder
             _holder.register(holder)
             ctx.save_for_backward()
@@ -127,13 +132,14 @@ class _MaskedHardtanh(torch.autograd.Function):
                 key: object = None) -> Tensor:
         ctx.bounds = (low, high)
         ctx.shape = x.shape
-        lazy = lazy and not _holder.pack_early(key)  # as in _MaskedLeakyReLU.forward
         out = torch._C._nn.hardtanh_(x, low, high) if inplace else torch._C._nn.hardtanh(
             x, low, high)
         if inplace:
             ctx.mark_dirty(x)
         if lazy:
             holder = _holder.OutputHolder(out, relu=False, bounds=(low, high), key=key)
+            if _holder.pack_early(key):
+                holder.pack_now()  # while the output is in the cache
             ctx.holder = holder
             _holder.register(holder)
             ctx.save_for_backward()
