@@ -92,23 +92,26 @@ static void select32(const uint32_t* grad, const uint8_t* bits, int64_t n, uint3
 #endif
 }
 
-static void relu_pack32_scalar(const float* src, int64_t n, float* out, uint8_t* dst) {
-    int64_t full = n / 8;
-    for (int64_t i = 0; i <= full; i++) {
-        int64_t count = i < full ? 8 : n - 8 * full;
-        if (count == 0) break;
-        uint8_t byte = 0;
-        for (int j = 0; j < count; j++) {
-            float v = src[8 * i + j];
-            float o = v < 0.0f ? 0.0f : v;
-            uint32_t b;
-            memcpy(&b, &o, 4);
-            out[8 * i + j] = o;
-            byte |= (uint8_t)(((b & 0x7fffffffu) != 0) << j);
-        }
-        dst[i] = byte;
+/* x < 0 is false for -0 and NaN: those pass unchanged, as in torch.relu */
+#define DEFINE_RELU_PACK(NAME, FLOAT, UINT, MAGNITUDE)                                   \
+    static void NAME(const FLOAT* src, int64_t n, FLOAT* out, uint8_t* dst) {            \
+        for (int64_t i = 0; 8 * i < n; i++) {                                            \
+            int64_t count = (n - 8 * i) < 8 ? (n - 8 * i) : 8;                           \
+            uint8_t byte = 0;                                                            \
+            for (int j = 0; j < count; j++) {                                            \
+                FLOAT v = src[8 * i + j];                                                \
+                FLOAT o = v < 0 ? (FLOAT)0 : v;                                          \
+                UINT b;                                                                  \
+                memcpy(&b, &o, sizeof b);                                                \
+                out[8 * i + j] = o;                                                      \
+                byte |= (uint8_t)(((b & (MAGNITUDE)) != 0) << j);                        \
+            }                                                                            \
+            dst[i] = byte;                                                               \
+        }                                                                                \
     }
-}
+
+DEFINE_RELU_PACK(relu_pack32_scalar, float, uint32_t, 0x7fffffffu)
+DEFINE_RELU_PACK(relu_pack64, double, uint64_t, 0x7fffffffffffffffull)
 
 static void relu_pack32(const float* src, int64_t n, float* out, uint8_t* dst) {
 #if defined(__SSE2__)
@@ -119,7 +122,6 @@ static void relu_pack32(const float* src, int64_t n, float* out, uint8_t* dst) {
     for (int64_t i = 0; i < full; i++) {
         __m128 a = _mm_loadu_ps(src + 8 * i);
         __m128 b = _mm_loadu_ps(src + 8 * i + 4);
-        /* x < 0 is false for -0 and NaN: those pass unchanged, as in torch.relu */
         __m128 oa = _mm_andnot_ps(_mm_cmplt_ps(a, zero), a);
         __m128 ob = _mm_andnot_ps(_mm_cmplt_ps(b, zero), b);
         _mm_storeu_ps(out + 8 * i, oa);
@@ -134,23 +136,6 @@ static void relu_pack32(const float* src, int64_t n, float* out, uint8_t* dst) {
 #else
     relu_pack32_scalar(src, n, out, dst);
 #endif
-}
-
-static void relu_pack64(const double* src, int64_t n, double* out, uint8_t* dst) {
-    int64_t bytes = (n + 7) / 8;
-    for (int64_t i = 0; i < bytes; i++) {
-        int64_t count = (n - 8 * i) < 8 ? (n - 8 * i) : 8;
-        uint8_t byte = 0;
-        for (int j = 0; j < count; j++) {
-            double v = src[8 * i + j];
-            double o = v < 0.0 ? 0.0 : v;
-            uint64_t b;
-            memcpy(&b, &o, 8);
-            out[8 * i + j] = o;
-            byte |= (uint8_t)(((b & 0x7fffffffffffffffull) != 0) << j);
-        }
-        dst[i] = byte;
-    }
 }
 
 /* out = relu(src) (out may equal src) and its nonzero bits at dst; 0 on success */
@@ -182,63 +167,60 @@ int memsave_select_bits(const void* grad, const uint8_t* bits, int64_t n, int el
     }
 }
 
-/* Pooling geometry, spatial dims padded to 3 from the front (size 1, kernel 1, stride 1). */
+/* Pooling geometry, spatial dims padded to 3 from the front (size 1, stride 1, no padding). */
 typedef struct {
-    int64_t out[3], in[3], kernel[3], stride[3], pad[3], dil[3];
+    int64_t out[3], in[3], stride[3], pad[3];
 } pool_geom;
 
 static void geom(pool_geom* g, int n, const int64_t* out, const int64_t* in,
-                 const int64_t* kernel, const int64_t* stride, const int64_t* pad,
-                 const int64_t* dil) {
+                 const int64_t* stride, const int64_t* pad) {
     for (int d = 0; d < 3; d++) {
         int src = d - (3 - n);
         int ok = src >= 0;
         g->out[d] = ok ? out[src] : 1;
         g->in[d] = ok ? in[src] : 1;
-        g->kernel[d] = ok ? kernel[src] : 1;
         g->stride[d] = ok ? stride[src] : 1;
         g->pad[d] = ok ? pad[src] : 0;
-        g->dil[d] = ok ? dil[src] : 1;
     }
 }
 
-/* Flat index of each window's first element, walked without division: row (a, b) starts at
- * row_base, and each step along the last dim adds its stride. */
-#define ROW_BASE(g, a, b) \
-    ((((a) * (g)->stride[0] - (g)->pad[0]) * (g)->in[1] + ((b) * (g)->stride[1] - (g)->pad[1])) \
-     * (g)->in[2] - (g)->pad[2])
+/* Visit every output position in order: i counts them, base is the flat input index of its
+ * window's first element, walked without division (each step along the last dim adds its
+ * stride; each row starts afresh). */
+#define FOR_EACH_WINDOW(g, planes, BODY)                                                 \
+    do {                                                                                 \
+        int64_t i = 0;                                                                   \
+        for (int64_t p = 0; p < (planes); p++)                                           \
+            for (int64_t a = 0; a < (g)->out[0]; a++)                                    \
+                for (int64_t b = 0; b < (g)->out[1]; b++) {                              \
+                    int64_t base = (((a) * (g)->stride[0] - (g)->pad[0]) * (g)->in[1]    \
+                                    + ((b) * (g)->stride[1] - (g)->pad[1])) * (g)->in[2] \
+                                   - (g)->pad[2];                                        \
+                    for (int64_t c = 0; c < (g)->out[2]; c++, i++, base += (g)->stride[2]) { \
+                        BODY                                                             \
+                    }                                                                    \
+                }                                                                        \
+    } while (0)
 
 #define DEFINE_OFFSETS(NAME, T)                                                          \
     static int NAME(const int64_t* flat, int64_t planes, const pool_geom* g,             \
                     const int32_t* table, int64_t table_len, T* local) {                 \
-        int64_t i = 0;                                                                   \
-        for (int64_t p = 0; p < planes; p++)                                             \
-            for (int64_t a = 0; a < g->out[0]; a++)                                      \
-                for (int64_t b = 0; b < g->out[1]; b++) {                                \
-                    int64_t base = ROW_BASE(g, a, b);                                    \
-                    for (int64_t c = 0; c < g->out[2]; c++, i++, base += g->stride[2]) { \
-                        int64_t d = flat[i] - base;                                      \
-                        if (d < 0 || d >= table_len || table[d] < 0) return 2;           \
-                        local[i] = (T)table[d];                                          \
-                    }                                                                    \
-                }                                                                        \
+        FOR_EACH_WINDOW(g, planes, {                                                     \
+            int64_t d = flat[i] - base;                                                  \
+            if (d < 0 || d >= table_len || table[d] < 0) return 2;                       \
+            local[i] = (T)table[d];                                                      \
+        });                                                                              \
         return 0;                                                                        \
     }
 
 #define DEFINE_FLAT(NAME, T)                                                             \
     static int NAME(const T* local, int64_t planes, const pool_geom* g,                  \
                     const int64_t* deltas, int64_t window, int64_t* flat) {              \
-        int64_t i = 0;                                                                   \
-        for (int64_t p = 0; p < planes; p++)                                             \
-            for (int64_t a = 0; a < g->out[0]; a++)                                      \
-                for (int64_t b = 0; b < g->out[1]; b++) {                                \
-                    int64_t base = ROW_BASE(g, a, b);                                    \
-                    for (int64_t c = 0; c < g->out[2]; c++, i++, base += g->stride[2]) { \
-                        int64_t l = (int64_t)local[i];                                   \
-                        if (l < 0 || l >= window) return 2;                              \
-                        flat[i] = base + deltas[l];                                      \
-                    }                                                                    \
-                }                                                                        \
+        FOR_EACH_WINDOW(g, planes, {                                                     \
+            int64_t l = (int64_t)local[i];                                               \
+            if (l < 0 || l >= window) return 2;                                          \
+            flat[i] = base + deltas[l];                                                  \
+        });                                                                              \
         return 0;                                                                        \
     }
 
@@ -256,9 +238,8 @@ int memsave_pool_offsets(const int64_t* flat, int64_t planes, int n, const int64
                          const int64_t* in, const int64_t* stride, const int64_t* pad,
                          const int32_t* table, int64_t table_len, int local_size, void* local) {
     pool_geom g;
-    int64_t ones[3] = {1, 1, 1};
     if (n < 1 || n > 3) return 1;
-    geom(&g, n, out, in, ones, stride, pad, ones);
+    geom(&g, n, out, in, stride, pad);
     switch (local_size) {
         case 1: return offsets8(flat, planes, &g, table, table_len, (uint8_t*)local);
         case 2: return offsets16(flat, planes, &g, table, table_len, (int16_t*)local);
@@ -274,9 +255,8 @@ int memsave_pool_flat(const void* local, int local_size, int64_t planes, int n,
                       const int64_t* pad, const int64_t* deltas, int64_t window,
                       int64_t* flat) {
     pool_geom g;
-    int64_t ones[3] = {1, 1, 1};
     if (n < 1 || n > 3) return 1;
-    geom(&g, n, out, in, ones, stride, pad, ones);
+    geom(&g, n, out, in, stride, pad);
     switch (local_size) {
         case 1: return flat8((const uint8_t*)local, planes, &g, deltas, window, flat);
         case 2: return flat16((const int16_t*)local, planes, &g, deltas, window, flat);

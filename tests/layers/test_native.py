@@ -24,6 +24,21 @@ if not _native.available():
     pytest.skip(f"fused kernels unavailable: {_native.status()}", allow_module_level=True)
 
 
+def _count_runs(monkeypatch, module, name: str) -> dict[str, int]:
+    """Wrap ``module.name`` (a kernel entry that returns None where it stands aside) and count
+    the calls where it ran."""
+    seen = {name: 0}
+    real = getattr(module, name)
+
+    def counting(*args):
+        out = real(*args)
+        seen[name] += out is not None
+        return out
+
+    monkeypatch.setattr(module, name, counting)
+    return seen
+
+
 def _special(n: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
     x = torch.randn(n, generator=torch.Generator().manual_seed(seed)).to(dtype)
     x[::5] = 0.0
@@ -142,15 +157,7 @@ def test_a_relu_left_alone_runs_relu_and_packing_in_one_pass(monkeypatch) -> Non
     (counted): the same forward bytes and the same gradients as stock, in place or not."""
     from memsave_nb.layers import activation, convert, revert
 
-    calls = {"relu_pack": 0}
-    real = activation.relu_pack
-
-    def counting(x, inplace):
-        out = real(x, inplace)
-        calls["relu_pack"] += out is not None
-        return out
-
-    monkeypatch.setattr(activation, "relu_pack", counting)
+    calls = _count_runs(monkeypatch, activation, "relu_pack")
     x = _special(4 * 8 * 16 * 16, torch.float32, 9).view(4, 8, 16, 16) * 3
     g = torch.randn(4, 8, 16, 16, generator=torch.Generator().manual_seed(1))
     for inplace in (False, True):
@@ -203,15 +210,7 @@ def test_layers_take_the_fused_path_and_match_stock(monkeypatch, layer) -> None:
     fused kernel (counted), bit for bit as stock."""
     from memsave_nb.layers import activation, convert, revert
 
-    calls = {"select": 0}
-    real = activation.select_bits
-
-    def counting(grad, packed):
-        out = real(grad, packed)
-        calls["select"] += out is not None
-        return out
-
-    monkeypatch.setattr(activation, "select_bits", counting)
+    calls = _count_runs(monkeypatch, activation, "select_bits")
     x = torch.randn(4, 8, 16, 16, generator=torch.Generator().manual_seed(0)) * 3
     g = torch.randn(4, 8, 16, 16, generator=torch.Generator().manual_seed(1))
     model = nn.Sequential(_Twice(), layer, _Twice())  # nothing keeps the activation's output
@@ -223,7 +222,7 @@ def test_layers_take_the_fused_path_and_match_stock(monkeypatch, layer) -> None:
         (got,) = torch.autograd.grad(model(leaf * 1), leaf, g)
     finally:
         revert(conversion)
-    assert calls["select"] == 1
+    assert calls["select_bits"] == 1
     torch.testing.assert_close(got, want, rtol=0, atol=0)
     assert got.abs().sum() > 0 and (got == 0).any()  # some passed, some stopped
 
@@ -358,21 +357,8 @@ def test_a_converted_max_pool_converts_its_indices_in_c(monkeypatch) -> None:
     gradients bit for bit."""
     from memsave_nb.layers import convert, pool, revert
 
-    calls = {"offsets": 0, "flat": 0}
-    real_offsets, real_flat = pool.pool_offsets, pool.pool_flat
-
-    def counting_offsets(*args):
-        out = real_offsets(*args)
-        calls["offsets"] += out is not None
-        return out
-
-    def counting_flat(*args):
-        out = real_flat(*args)
-        calls["flat"] += out is not None
-        return out
-
-    monkeypatch.setattr(pool, "pool_offsets", counting_offsets)
-    monkeypatch.setattr(pool, "pool_flat", counting_flat)
+    offsets = _count_runs(monkeypatch, pool, "pool_offsets")
+    flats = _count_runs(monkeypatch, pool, "pool_flat")
     model = nn.Sequential(_Twice(), nn.MaxPool2d(3, 2, 1), _Twice())
     x = torch.randn(2, 4, 15, 15, generator=torch.Generator().manual_seed(3))
     x[:, :, :4, :4] = 0.5  # ties
@@ -387,6 +373,6 @@ def test_a_converted_max_pool_converts_its_indices_in_c(monkeypatch) -> None:
         (got,) = torch.autograd.grad(got_out, leaf, g)
     finally:
         revert(conversion)
-    assert calls == {"offsets": 1, "flat": 1}
+    assert offsets["pool_offsets"] == flats["pool_flat"] == 1
     assert torch.equal(got_out, want_out)
     torch.testing.assert_close(got, want, rtol=0, atol=0)
