@@ -1,5 +1,7 @@
 """Fused 1-bit mask kernels in C (``_native.c``), built on first use with the system's C
-compiler and called through ctypes, for plain contiguous CPU tensors.
+compiler and called through ctypes, for plain contiguous CPU tensors; the same library holds the
+ReLU-and-mask pass (:func:`relu_pack`) and the max pool's argmax <-> window-offset conversions
+(:func:`pool_offsets`, :func:`pool_flat`), which replace several torch ops each.
 
 Why: a ReLU whose output is not kept by anyone else backs its gradient from a packed mask.
 With torch and numpy ops that takes three passes over memory in backward (unpack the bits to
@@ -140,12 +142,11 @@ def _load() -> ctypes.CDLL | None:
                 try:
                     lib = ctypes.CDLL(str(_build(compiler)))
                     for name in ("memsave_pack_nonzero", "memsave_select_bits",
-                                 "memsave_relu_pack"):
+                                 "memsave_relu_pack", "memsave_pool_offsets",
+                                 "memsave_pool_flat"):
                         getattr(lib, name).restype = ctypes.c_int
                     lib.memsave_pack_nonzero.argtypes = [
                         ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p]
-                    for name in ("memsave_pool_offsets", "memsave_pool_flat"):
-                        getattr(lib, name).restype = ctypes.c_int
                     p64 = ctypes.POINTER(ctypes.c_int64)
                     p32 = ctypes.POINTER(ctypes.c_int32)
                     lib.memsave_pool_offsets.argtypes = [
