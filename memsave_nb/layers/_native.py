@@ -15,8 +15,13 @@ What a tracker counts is unchanged: the kernels run only where :func:`._bits.num
 tracker the torch-op path runs, whose backward temporaries (the unpacked mask, N bytes, and its
 cast, one gradient-sized tensor) are the upper bound of what the fused step makes (none).
 
+The library is built for the baseline of the machine's architecture; on x86 its float32 bodies
+also come in AVX2 and AVX-512 versions (per-function ``target`` attributes), picked at run time
+from what the CPU reports (:func:`simd_level`), since stock's own kernels use the widest the CPU
+has and a narrower mask pass was the slower half of the layer.
+
 Nothing changes in the results: the kernels write the same bytes as the numpy path (tested
-byte for byte). Where no library can be built (no compiler, ``MEMSAVE_NB_NATIVE=0``) the numpy
+byte for byte, at every SIMD level the CPU has). Where no library can be built (no compiler, ``MEMSAVE_NB_NATIVE=0``) the numpy
 path runs, only slower; :func:`status` says which and why.
 """
 
@@ -143,8 +148,9 @@ def _load() -> ctypes.CDLL | None:
                     lib = ctypes.CDLL(str(_build(compiler)))
                     for name in ("memsave_pack_nonzero", "memsave_select_bits",
                                  "memsave_relu_pack", "memsave_pool_offsets",
-                                 "memsave_pool_flat"):
+                                 "memsave_pool_flat", "memsave_simd_level"):
                         getattr(lib, name).restype = ctypes.c_int
+                    lib.memsave_simd_level.argtypes = [ctypes.c_int]
                     lib.memsave_pack_nonzero.argtypes = [
                         ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p]
                     p64 = ctypes.POINTER(ctypes.c_int64)
@@ -176,6 +182,20 @@ def status() -> str:
 
 def available() -> bool:
     return _load() is not None
+
+
+SIMD_NAMES = ("baseline", "avx2", "avx512")
+
+
+def simd_level(cap: int | None = None) -> int:
+    """The float32 kernel bodies in use: 0 baseline (SSE2 or plain C), 1 AVX2, 2 AVX-512, as
+    the CPU allows. ``cap`` lowers the level (or restores it, up to the CPU's) for every later
+    call in this process: tests run each body, and a bench compares them. All write the same
+    bytes. -1 where no library is built."""
+    lib = _load()
+    if lib is None:
+        return -1
+    return int(lib.memsave_simd_level(-1 if cap is None else int(cap)))
 
 
 # the float dtypes the kernels take (by element size: they handle elements by their bytes)

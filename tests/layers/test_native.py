@@ -4,6 +4,7 @@ threshold_backward, chunked over threads, and out of the way wherever they must 
 from __future__ import annotations
 
 import os
+import platform
 import subprocess
 import sys
 import time
@@ -138,6 +139,67 @@ def test_relu_pack_chunked_over_threads_gives_the_same_bytes() -> None:
     assert torch.equal(_bytes(one[0]), _bytes(many[0]))
     assert torch.equal(one[1], many[1])
     assert torch.equal(_bytes(one[0]), _bytes(torch.relu(x)))
+
+
+def _levels() -> list[int]:
+    """Every float32 body this CPU runs (0 baseline, 1 AVX2, 2 AVX-512)."""
+    top = _native.simd_level()
+    return list(range(top + 1))
+
+
+@pytest.fixture(params=[0, 1, 2], ids=_native.SIMD_NAMES)
+def simd(request):
+    """Run the test with the float32 kernels capped at one SIMD level, if the CPU has it."""
+    top = _native.simd_level()
+    if request.param > top:
+        pytest.skip(f"this CPU runs up to {_native.SIMD_NAMES[top]}")
+    try:
+        assert _native.simd_level(request.param) == request.param
+        yield request.param
+    finally:
+        _native.simd_level(2)  # back to the CPU's best
+    assert _native.simd_level() == top
+
+
+# sizes around every body's step (8 baseline/AVX2, 16 AVX-512) and a ragged tail
+_SIMD_SIZES = [1, 7, 8, 9, 15, 16, 17, 31, 32, 33, 47, 1000, 4097]
+
+
+@pytest.mark.parametrize("n", _SIMD_SIZES)
+def test_every_simd_level_writes_the_same_bytes(simd, n: int) -> None:
+    """relu_pack, pack_nonzero and select_bits at each SIMD level: torch.relu's bytes, numpy's
+    packbits, threshold_backward's gradient; the specials (NaN of both signs, -0, infs,
+    denormals) placed at every position of a 16-element step."""
+    x = _special(n, torch.float32, 13 * n)
+    for shift in range(0, min(n, 16), 5):  # move the specials across the vector lanes
+        shifted = torch.roll(x, shift)
+        want = torch.relu(shifted)
+        want_bits = np.packbits(want.bool().numpy(), bitorder="little")
+        out, packed = _native.relu_pack(shifted.clone(), True)
+        assert torch.equal(_bytes(out), _bytes(want))
+        assert np.array_equal(packed.numpy(), want_bits)
+        assert np.array_equal(_native.pack_nonzero(want).numpy(), want_bits)
+        grad = _special(n, torch.float32, 17 * n + shift)
+        selected = _native.select_bits(grad, packed)
+        stock = torch.ops.aten.threshold_backward(grad, want, 0)
+        assert torch.equal(_bytes(selected), _bytes(torch.where(want != 0, grad, 0.0)))
+        torch.testing.assert_close(selected, stock, rtol=0, atol=0, equal_nan=True)
+
+
+def test_the_simd_level_is_the_cpus_best_by_default() -> None:
+    """The level in force is the best this CPU supports (AVX-512 here if the CPU has avx512f:
+    Linux lists it in /proc/cpuinfo), and a cap above it cannot raise it."""
+    top = _native.simd_level()
+    assert top in (0, 1, 2)
+    assert _native.simd_level(2) == top
+    flags = ""
+    if os.path.exists("/proc/cpuinfo"):
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), "")
+    if flags and platform.machine() in ("x86_64", "AMD64"):
+        names = set(flags.split())
+        want = 2 if "avx512f" in names else 1 if "avx2" in names else 0
+        assert top == want
 
 
 def test_relu_pack_stands_aside_where_it_must_not_run() -> None:
