@@ -184,12 +184,18 @@ def compact(recent: int | None = None, final: bool = False) -> int:
     """
     if not _pending or torch.compiler.is_compiling() or _inside_saved_tensor_hooks():
         return 0
+    return _compact(recent, final)
+
+
+def _compact(recent: int | None, final: bool) -> int:
+    """:func:`compact` once its guards have passed. Only the swept tail of the list is
+    rewritten, so a layer's sweep costs O(recent), not O(holders pending)."""
     with _lock:
         if recent is not None and len(_pending) > _PRUNE_AT:
             recent = None  # without convert's root sweep, dead entries would pile up
         start = 0 if recent is None else max(0, len(_pending) - recent)
         done = 0
-        still: list[weakref.ref[OutputHolder]] = _pending[:start]
+        still: list[weakref.ref[OutputHolder]] = []
         for ref in _pending[start:]:
             holder = ref()
             if holder is None:
@@ -200,8 +206,19 @@ def compact(recent: int | None = None, final: bool = False) -> int:
                 if final:
                     holder.settle()
                 still.append(ref)
-        _pending[:] = still
+        _pending[start:] = still
     return done
+
+
+def begin_layer() -> bool:
+    """What a holding layer asks at the start of its forward, in one call: sweep the recent
+    holders (:func:`compact` with :data:`RECENT`) and return whether this layer may hold its
+    output (:func:`lazy_allowed`). Both refuse under a compiler and inside saved-tensor hooks."""
+    if torch.compiler.is_compiling() or _inside_saved_tensor_hooks():
+        return False
+    if _pending:
+        _compact(RECENT, False)
+    return True
 
 
 def _inside_saved_tensor_hooks() -> bool:

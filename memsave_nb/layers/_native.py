@@ -249,7 +249,7 @@ def pack_nonzero(t: Tensor) -> Tensor | None:
     size = t.element_size()
     src, dst = t.data_ptr(), packed.data_ptr()
     fn = lib.memsave_pack_nonzero
-    if n < 2 * _MIN_CHUNK:  # one chunk: call it directly
+    if n < 2 * _MIN_CHUNK or torch.get_num_threads() == 1:  # one chunk: call it directly
         fn(src, n, size, dst)
         return packed
     _run([lambda s=s, c=c: fn(src + s * size, c, size, dst + s // 8)
@@ -275,7 +275,7 @@ def relu_pack(x: Tensor, inplace: bool) -> tuple[Tensor, Tensor] | None:
     size = x.element_size()
     src, dst, bits = x.data_ptr(), out.data_ptr(), packed.data_ptr()
     fn = lib.memsave_relu_pack
-    if n < 2 * _MIN_CHUNK:  # one chunk: call it directly
+    if n < 2 * _MIN_CHUNK or torch.get_num_threads() == 1:  # one chunk: call it directly
         fn(src, n, size, dst, bits)
     else:
         _run([lambda s=s, c=c: fn(src + s * size, c, size, dst + s * size, bits + s // 8)
@@ -299,7 +299,7 @@ def select_bits(grad: Tensor, packed: Tensor) -> Tensor | None:
     size = grad.element_size()
     src, bits, dst = grad.data_ptr(), packed.data_ptr(), out.data_ptr()
     fn = lib.memsave_select_bits
-    if n < 2 * _MIN_CHUNK:  # one chunk: call it directly
+    if n < 2 * _MIN_CHUNK or torch.get_num_threads() == 1:  # one chunk: call it directly
         fn(src, bits, n, size, dst)
         return out
     _run([lambda s=s, c=c: fn(src + s * size, bits + s // 8, c, size, dst + s * size)

@@ -101,8 +101,7 @@ def masked_leaky_relu(x: Tensor, slope: float | None = None, inplace: bool = Fal
         if slope is None:
             return F.relu(x, inplace=inplace)
         return F.leaky_relu(x, slope, inplace=inplace)
-    _holder.compact(_holder.RECENT)
-    lazy = _holder.lazy_allowed()
+    lazy = _holder.begin_layer()
     out = apply(_MaskedLeakyReLU, x, slope, inplace, lazy, key if lazy else None)
     if lazy and inplace and out.grad_fn.holder is not None:
         # apply() bumps the version of a tensor marked dirty after forward returns
@@ -183,8 +182,7 @@ def masked_hardtanh(x: Tensor, low: float = -1.0, high: float = 1.0, inplace: bo
     if not (torch.is_grad_enabled() and x.requires_grad) or (
             inplace and stock_refuses_inplace(x)):  # stock raises, before changing x
         return F.hardtanh(x, low, high, inplace)
-    _holder.compact(_holder.RECENT)
-    lazy = _holder.lazy_allowed()
+    lazy = _holder.begin_layer()
     out = apply(_MaskedHardtanh, x, float(low), float(high), inplace, lazy, key if lazy else None)
     if lazy and inplace and out.grad_fn.holder is not None:
         out.grad_fn.holder.version = out._version
