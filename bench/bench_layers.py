@@ -466,6 +466,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="print the markdown table of a results file and exit")
     parser.add_argument("--bits", action="store_true",
                         help="only the mask-packing microbench (numpy vs torch ops)")
+    parser.add_argument("--kernels", action="store_true",
+                        help="only the fused C kernels at each SIMD level the CPU has, "
+                             "against stock's ops")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "layers.json"))
     args = parser.parse_args(argv)
     if args.quick:  # small inputs: there each layer's fixed per-call cost weighs more
@@ -480,6 +483,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.bits:
         bench_bits(args.repeats)
+        return 0
+    if args.kernels:
+        results = {"settings": vars(args), "torch": torch.__version__,
+                   "kernels": bench_kernels(args.repeats)}
+        print(f"\nwrote {_write(args.out, results)}")
         return 0
     results: dict = {"settings": vars(args), "torch": torch.__version__, "models": {}}
     for name in args.models.split(","):
@@ -606,6 +614,66 @@ def bench_bits(repeats: int) -> dict:
             f"{what} torch/numpy {timings['torch_' + what] / timings['numpy_' + what]:.2f}"
             f" ({timings['numpy_' + what] * 1e6:.0f} us numpy)"
             for what in ("pack", "unpack", "relu6_mask_pack")), flush=True)
+    return rows
+
+
+def bench_kernels(repeats: int) -> dict:
+    """The fused C kernels (``memsave_nb.layers._native``) at every SIMD level this CPU has,
+    beside the stock op each one replaces or adds to, on ReLU-sized float32 tensors (the
+    largest ResNet-18 map at 4 x 112^2 and at the paper's 8 x 224^2), every call making its
+    own output as in a step: ReLU + mask in one pass against ``relu``; the mask pack alone
+    against ``relu`` (what a held output's mask adds); the masked backward against
+    ``threshold_backward`` on the kept output. Medians of interleaved runs, ratios to stock."""
+    from memsave_nb.layers import _native
+
+    top = _native.simd_level()
+    if top < 0:
+        print("no C kernels here (no compiler, or MEMSAVE_NB_NATIVE=0)")
+        return {}
+    what = {"relu_pack": ("ReLU + mask", "relu"), "pack_nonzero": ("mask alone", "relu"),
+            "select_bits": ("masked backward", "threshold_backward")}
+    rows: dict = {}
+    try:
+        for shape in ((4, 64, 56, 56), (8, 64, 112, 112)):
+            x = torch.randn(shape)
+            out = torch.relu(x)
+            grad = torch.randn(shape)
+            packed = _native.pack_nonzero(out)
+            stock = {"relu": lambda: torch.relu(x),
+                     "threshold_backward": lambda: torch.ops.aten.threshold_backward(
+                         grad, out, 0)}
+            ours = {"relu_pack": lambda: _native.relu_pack(x, False),
+                    "pack_nonzero": lambda: _native.pack_nonzero(out),
+                    "select_bits": lambda: _native.select_bits(grad, packed)}
+            times: dict[str, list[float]] = {}
+            for _ in range(max(5, repeats)):
+                for level in range(top + 1):
+                    _native.simd_level(level)
+                    for k, fn in ours.items():
+                        start = time.perf_counter()
+                        fn()
+                        times.setdefault(f"{_native.SIMD_NAMES[level]} {k}", []).append(
+                            time.perf_counter() - start)
+                for k, fn in stock.items():
+                    start = time.perf_counter()
+                    fn()
+                    times.setdefault(f"stock {k}", []).append(time.perf_counter() - start)
+            med = {label: statistics.median(v) for label, v in times.items()}
+            row: dict = {"us": {label: v * 1e6 for label, v in med.items()}}
+            print(f"{'x'.join(map(str, shape))} float32 ({x.numel():,} elements), "
+                  f"microseconds, median of {max(5, repeats)}:")
+            for k, (label, base_name) in what.items():
+                base = med[f"stock {base_name}"]
+                cells = []
+                for level in range(top + 1):
+                    name = _native.SIMD_NAMES[level]
+                    mine = med[f"{name} {k}"]
+                    row[f"{name} {k} / stock {base_name}"] = mine / base
+                    cells.append(f"{name} {mine * 1e6:.0f} ({mine / base:.2f}x)")
+                print(f"  {label} vs {base_name} {base * 1e6:.0f}: " + ", ".join(cells))
+            rows["x".join(map(str, shape))] = row
+    finally:
+        _native.simd_level(2)  # back to the CPU's best
     return rows
 
 
