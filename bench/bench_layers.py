@@ -8,6 +8,7 @@ then prints ratios to stock and writes JSON to ``bench/results/``.
     python bench/bench_layers.py                 # every model and case (long on 2 cores)
     python bench/bench_layers.py --quick         # 3 timing repeats at 4 x 112^2, AdamW peaks at batch 2
     python bench/bench_layers.py --models mobilenet_v2 --cases all,input_bn_eval --gpts ""
+    python bench/bench_layers.py --kernels --out bench/results/kernels.json   # C kernels alone
 
 Reference ratios (the paper's code on this CPU, batch 8, 224x224) are printed beside ours.
 """
