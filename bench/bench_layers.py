@@ -624,7 +624,9 @@ def bench_kernels(repeats: int) -> dict:
     largest ResNet-18 map at 4 x 112^2 and at the paper's 8 x 224^2), every call making its
     own output as in a step: ReLU + mask in one pass against ``relu``; the mask pack alone
     against ``relu`` (what a held output's mask adds); the masked backward against
-    ``threshold_backward`` on the kept output. Medians of interleaved runs, ratios to stock."""
+    ``threshold_backward`` on the kept output; the scaling backward of leaky ReLU and dropout
+    against ``leaky_relu_backward`` and ``grad * noise``. Medians of interleaved runs, ratios
+    to stock."""
     from memsave_nb.layers import _native
 
     top = _native.simd_level()
@@ -633,6 +635,9 @@ def bench_kernels(repeats: int) -> dict:
         return {}
     what = {"relu_pack": ("ReLU + mask", "relu"), "pack_nonzero": ("mask alone", "relu"),
             "select_bits": ("masked backward", "threshold_backward")}
+    # the leaky ReLU's and dropout's backward (scale_bits): timed at the CPU's best level only
+    plain_what = {"scale_bits leaky": ("leaky ReLU backward", "leaky_relu_backward"),
+                  "scale_bits dropout": ("dropout backward", "grad * noise")}
     rows: dict = {}
     try:
         for shape in ((4, 64, 56, 56), (8, 64, 112, 112)):
@@ -640,9 +645,15 @@ def bench_kernels(repeats: int) -> dict:
             out = torch.relu(x)
             grad = torch.randn(shape)
             packed = _native.pack_nonzero(out)
+            noise = (out != 0).to(torch.float32).mul_(2.0)
             stock = {"relu": lambda: torch.relu(x),
                      "threshold_backward": lambda: torch.ops.aten.threshold_backward(
-                         grad, out, 0)}
+                         grad, out, 0),
+                     "leaky_relu_backward": lambda: torch.ops.aten.leaky_relu_backward(
+                         grad, x, 0.01, False),
+                     "grad * noise": lambda: grad * noise}
+            plain = {"scale_bits leaky": lambda: _native.scale_bits(grad, packed, 1.0, 0.01),
+                     "scale_bits dropout": lambda: _native.scale_bits(grad, packed, 2.0, 0.0)}
             ours = {"relu_pack": lambda: _native.relu_pack(x, False),
                     "pack_nonzero": lambda: _native.pack_nonzero(out),
                     "select_bits": lambda: _native.select_bits(grad, packed)}
@@ -655,10 +666,11 @@ def bench_kernels(repeats: int) -> dict:
                         fn()
                         times.setdefault(f"{_native.SIMD_NAMES[level]} {k}", []).append(
                             time.perf_counter() - start)
-                for k, fn in stock.items():
-                    start = time.perf_counter()
-                    fn()
-                    times.setdefault(f"stock {k}", []).append(time.perf_counter() - start)
+                for prefix, fns in (("stock", stock), ("plain", plain)):
+                    for k, fn in fns.items():
+                        start = time.perf_counter()
+                        fn()
+                        times.setdefault(f"{prefix} {k}", []).append(time.perf_counter() - start)
             med = {label: statistics.median(v) for label, v in times.items()}
             row: dict = {"us": {label: v * 1e6 for label, v in med.items()}}
             print(f"{'x'.join(map(str, shape))} float32 ({x.numel():,} elements), "
@@ -672,6 +684,11 @@ def bench_kernels(repeats: int) -> dict:
                     row[f"{name} {k} / stock {base_name}"] = mine / base
                     cells.append(f"{name} {mine * 1e6:.0f} ({mine / base:.2f}x)")
                 print(f"  {label} vs {base_name} {base * 1e6:.0f}: " + ", ".join(cells))
+            for k, (label, base_name) in plain_what.items():
+                base, mine = med[f"stock {base_name}"], med[f"plain {k}"]
+                row[f"{k} / stock {base_name}"] = mine / base
+                print(f"  {label} vs {base_name} {base * 1e6:.0f}: "
+                      f"{mine * 1e6:.0f} ({mine / base:.2f}x)")
             rows["x".join(map(str, shape))] = row
     finally:
         _native.simd_level(2)  # back to the CPU's best

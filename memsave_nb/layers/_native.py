@@ -1,6 +1,7 @@
 """Fused 1-bit mask kernels in C (``_native.c``), built on first use with the system's C
 compiler and called through ctypes, for plain contiguous CPU tensors; the same library holds the
-ReLU-and-mask pass (:func:`relu_pack`) and the max pool's argmax <-> window-offset conversions
+ReLU-and-mask pass (:func:`relu_pack`), the leaky ReLU's and dropout's masked scaling in backward
+(:func:`scale_bits`) and the max pool's argmax <-> window-offset conversions
 (:func:`pool_offsets`, :func:`pool_flat`), which replace several torch ops each.
 
 Why: a ReLU whose output is not kept by anyone else backs its gradient from a packed mask.
@@ -148,7 +149,8 @@ def _load() -> ctypes.CDLL | None:
                     lib = ctypes.CDLL(str(_build(compiler)))
                     for name in ("memsave_pack_nonzero", "memsave_select_bits",
                                  "memsave_relu_pack", "memsave_pool_offsets",
-                                 "memsave_pool_flat", "memsave_simd_level"):
+                                 "memsave_pool_flat", "memsave_simd_level",
+                                 "memsave_scale_bits"):
                         getattr(lib, name).restype = ctypes.c_int
                     lib.memsave_simd_level.argtypes = [ctypes.c_int]
                     lib.memsave_pack_nonzero.argtypes = [
@@ -167,6 +169,9 @@ def _load() -> ctypes.CDLL | None:
                     lib.memsave_select_bits.argtypes = [
                         ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int,
                         ctypes.c_void_p]
+                    lib.memsave_scale_bits.argtypes = [
+                        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int,
+                        ctypes.c_double, ctypes.c_double, ctypes.c_void_p]
                 except (OSError, RuntimeError, subprocess.SubprocessError) as err:
                     lib, why = None, f"build failed: {err}"
         _state["why"] = why
@@ -303,6 +308,34 @@ def select_bits(grad: Tensor, packed: Tensor) -> Tensor | None:
         fn(src, bits, n, size, dst)
         return out
     _run([lambda s=s, c=c: fn(src + s * size, bits + s // 8, c, size, dst + s * size)
+          for s, c in _chunks(n)])
+    return out
+
+
+def scale_bits(grad: Tensor, packed: Tensor, on: float, off: float) -> Tensor | None:
+    """``grad * on`` where the packed bit is 1 and ``grad * off`` elsewhere, in one pass, in
+    the gradient's dtype (``on == 1``: the gradient itself there). Leaky ReLU's backward is
+    ``(1, slope)``, as ``leaky_relu_backward`` on the positive mask; dropout's is ``(scale, 0)``,
+    as ``grad * noise``. Float32/64 only; None where the kernel cannot run (then the caller
+    unpacks and runs torch ops)."""
+    if grad.requires_grad and torch.is_grad_enabled():
+        return None  # create_graph: the result must be differentiable in grad (torch ops are)
+    lib = _load()
+    if (lib is None or grad.dtype not in _RELU_FLOATS or not _usable(grad)
+            or not numpy_ok(packed) or not packed.is_contiguous()):
+        return None
+    n = grad.numel()
+    if packed.dtype != torch.uint8 or packed.numel() != packed_nbytes(n):
+        return None
+    out = torch.empty_like(grad, memory_format=torch.contiguous_format)
+    size = grad.element_size()
+    src, bits, dst = grad.data_ptr(), packed.data_ptr(), out.data_ptr()
+    on, off = float(on), float(off)
+    fn = lib.memsave_scale_bits
+    if n < 2 * _MIN_CHUNK or torch.get_num_threads() == 1:  # one chunk: call it directly
+        fn(src, bits, n, size, on, off, dst)
+        return out
+    _run([lambda s=s, c=c: fn(src + s * size, bits + s // 8, c, size, on, off, dst + s * size)
           for s, c in _chunks(n)])
     return out
 

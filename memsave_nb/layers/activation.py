@@ -11,7 +11,7 @@ from torch import Tensor, nn
 from . import _holder
 from ._apply import apply, stock_refuses_inplace
 from ._bits import pack_bits, pack_inside, positive, unpack_bits
-from ._native import pack_nonzero, relu_pack, select_bits
+from ._native import pack_nonzero, relu_pack, scale_bits, select_bits
 
 
 class _MaskedLeakyReLU(torch.autograd.Function):
@@ -78,10 +78,11 @@ class _MaskedLeakyReLU(torch.autograd.Function):
                         None, None, None, None)
         else:
             (packed,) = ctx.saved_tensors
-        if ctx.slope is None:
-            selected = select_bits(grad, packed)  # one fused pass, where it runs
-            if selected is not None:
-                return selected, None, None, None, None
+        # one fused pass, where it runs
+        fused = (select_bits(grad, packed) if ctx.slope is None
+                 else scale_bits(grad, packed, 1.0, ctx.slope))
+        if fused is not None:
+            return fused, None, None, None, None
         # stock's kernels read a 0/1 mask as the (output > 0) test they normally do; in the
         # gradient's dtype, as they would promote it anyway (mixed dtypes run ~3x slower)
         mask = unpack_bits(packed, ctx.shape, torch.uint8).to(grad.dtype)

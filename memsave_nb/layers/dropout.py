@@ -16,7 +16,8 @@ from torch import Tensor, nn
 
 from . import _holder
 from ._apply import stock_refuses_inplace
-from ._bits import pack_bits, unpack_bits
+from ._bits import numpy_ok, pack_bits, unpack_bits
+from ._native import pack_nonzero, scale_bits
 
 _FUSED_DEVICES = {"cuda", "xpu", "lazy", "privateuseone"}
 
@@ -34,13 +35,15 @@ class _Dropout(torch.autograd.Function):
         else:
             noise = torch.empty_like(x).bernoulli_(1 - p)  # the stock CPU draw
             noise.div_(1 - p)
-            mask = noise.bool()  # nonzero: kept (as != 0, in one fast cast)
             ctx.fused = False
             out = x.mul_(noise) if inplace else x * noise
+            # nonzero: kept; packed from the noise in one pass where the kernel runs
+            packed = pack_nonzero(noise)
+            mask = noise.bool() if packed is None else None  # (as != 0, in one fast cast)
         if inplace:
             ctx.mark_dirty(x)
         ctx.p = p
-        ctx.save_for_backward(pack_bits(mask))
+        ctx.save_for_backward(pack_bits(mask) if mask is not None else packed)
         return x if inplace else out
 
     @staticmethod
@@ -51,8 +54,20 @@ class _Dropout(torch.autograd.Function):
             return torch.ops.aten.native_dropout_backward(grad, mask, 1.0 / (1 - ctx.p)), None, None
         # grad * noise as stock, with noise = scale * mask; scale computed as forward did
         scale = torch.ones((), dtype=grad.dtype, device=grad.device).div_(1 - ctx.p)
+        fused = _scaled(grad, packed, scale)
+        if fused is not None:
+            return fused, None, None
         mask = unpack_bits(packed, ctx.shape, torch.uint8).to(grad.dtype)  # same-dtype mul: fast
         return grad.mul(scale).mul_(mask), None, None
+
+
+def _scaled(grad: Tensor, packed: Tensor, scale: Tensor) -> Tensor | None:
+    """``grad * noise`` (noise: ``scale`` where the bit is set, 0 elsewhere) in one fused pass
+    where the kernel runs, or None (plain CPU float32/64 gradients only: there ``scale`` is a
+    real 0-d tensor whose value the kernel takes exactly)."""
+    if grad.dtype not in (torch.float32, torch.float64) or not numpy_ok(scale):
+        return None
+    return scale_bits(grad, packed, scale.item(), 0.0)
 
 
 def masked_dropout(x: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False
@@ -90,7 +105,9 @@ class _NoiseDropout(torch.autograd.Function):
         else:
             noise = torch.empty_like(x)
         noise.bernoulli_(1 - p)
-        mask = noise.bool()  # nonzero: kept (as != 0, in one fast cast)
+        packed = pack_nonzero(noise)  # nonzero: kept; one pass where the kernel runs
+        mask = noise.bool() if packed is None else None  # (as != 0, in one fast cast)
+        ctx.noise_shape = noise.shape
         shift = None
         if alpha:
             a = 1.0 / ((_SELU_ALPHA * _SELU_ALPHA * p + 1) * (1 - p)) ** 0.5
@@ -106,8 +123,7 @@ class _NoiseDropout(torch.autograd.Function):
             out = out.add_(shift)
         if inplace:
             ctx.mark_dirty(x)
-        ctx.noise_shape = mask.shape
-        ctx.save_for_backward(pack_bits(mask))
+        ctx.save_for_backward(pack_bits(mask) if mask is not None else packed)
         return x if inplace else out
 
     @staticmethod
@@ -116,6 +132,10 @@ class _NoiseDropout(torch.autograd.Function):
         how, value = ctx.scale
         one = torch.ones((), dtype=grad.dtype, device=grad.device)
         scale = one.mul_(value) if how == "mul" else one.div_(value)  # as forward's noise
+        if ctx.noise_shape == grad.shape:  # elementwise noise (not per channel)
+            fused = _scaled(grad, packed, scale)
+            if fused is not None:
+                return fused, None, None, None, None
         mask = unpack_bits(packed, ctx.noise_shape, torch.uint8).to(grad.dtype)
         return grad.mul(scale).mul_(mask), None, None, None, None
 

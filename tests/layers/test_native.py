@@ -74,6 +74,40 @@ def test_select_bits_is_threshold_backward_on_a_mask(dtype: torch.dtype, n: int)
     assert not selected[stopped].signbit().any()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("n", [1, 7, 8, 9, 63, 64, 65, 1000, 4097])
+def test_scale_bits_is_stock_leaky_relu_and_dropout_backward(dtype: torch.dtype, n: int) -> None:
+    grad = _special(n, dtype, 13 * n)  # NaN, inf, -0 and denormal gradients on both sides
+    grad[-1] = torch.finfo(dtype).max  # overflows times the dropout scale, not times 0
+    keep = torch.rand(n, generator=torch.Generator().manual_seed(n)) < 0.6
+    packed = _native.pack_nonzero(keep.to(dtype))
+    mask = keep.to(dtype)
+    for slope in (0.01, 0.2, -0.5, 0.0):  # leaky ReLU: the input > 0 test as the mask
+        got = _native.scale_bits(grad, packed, 1.0, slope)
+        want = torch.ops.aten.leaky_relu_backward(grad, mask, slope, False)
+        assert got.dtype == dtype and got.shape == grad.shape
+        assert torch.equal(_bytes(got), _bytes(want)), slope
+    for p in (0.1, 0.5, 0.9):  # dropout: stock keeps noise = scale or 0 and returns grad * noise
+        scale = torch.ones((), dtype=dtype).div_(1 - p)
+        noise = mask * scale
+        got = _native.scale_bits(grad, packed, scale.item(), 0.0)
+        assert torch.equal(_bytes(got), _bytes(grad * noise)), p
+
+
+def test_scale_bits_stands_aside_where_it_must_not_run() -> None:
+    grad = torch.randn(64)
+    packed = _native.pack_nonzero(torch.randn(64).relu())
+    assert _native.scale_bits(grad.half(), packed, 1.0, 0.1) is None  # float32/64 only
+    assert _native.scale_bits(grad, packed[:-1], 1.0, 0.1) is None  # wrong mask size
+    assert _native.scale_bits(grad[::2].repeat(2)[::2], packed[:4], 1.0, 0.1) is None
+    assert _native.scale_bits(torch._neg_view(grad), packed, 1.0, 0.1) is None
+    with _Seen():
+        assert _native.scale_bits(grad, packed, 1.0, 0.1) is None
+    with torch.enable_grad():  # create_graph: the gradient must stay differentiable
+        assert _native.scale_bits(grad.clone().requires_grad_(True), packed, 1.0, 0.1) is None
+    assert _native.scale_bits(grad, packed, 1.0, 0.1) is not None
+
+
 def test_chunks_over_threads_give_the_same_bytes() -> None:
     n = 5 * _native._MIN_CHUNK + 13  # several chunks, the last one ragged
     x = _special(n, torch.float32, 3).relu()
@@ -91,6 +125,10 @@ def test_chunks_over_threads_give_the_same_bytes() -> None:
         four = _native.pack_nonzero(x)
         assert torch.equal(four, one[0])
         assert torch.equal(_native.select_bits(grad, four), one[1])
+        torch.set_num_threads(1)
+        scaled = _native.scale_bits(grad, four, 1.25, -0.5)
+        torch.set_num_threads(4)
+        assert torch.equal(_native.scale_bits(grad, four, 1.25, -0.5), scaled)
     finally:
         torch.set_num_threads(before)
 
@@ -167,8 +205,9 @@ _SIMD_SIZES = [1, 7, 8, 9, 15, 16, 17, 31, 32, 33, 47, 1000, 4097]
 
 @pytest.mark.parametrize("n", _SIMD_SIZES)
 def test_every_simd_level_writes_the_same_bytes(simd, n: int) -> None:
-    """relu_pack, pack_nonzero and select_bits at each SIMD level: torch.relu's bytes, numpy's
-    packbits, threshold_backward's gradient; the specials (NaN of both signs, -0, infs,
+    """relu_pack, pack_nonzero, select_bits and scale_bits at each SIMD level: torch.relu's
+    bytes, numpy's packbits, threshold_backward's, leaky_relu_backward's and dropout's
+    gradients; the specials (NaN of both signs, -0, infs,
     denormals) placed at every position of a 16-element step."""
     x = _special(n, torch.float32, 13 * n)
     for shift in range(0, min(n, 16), 5):  # move the specials across the vector lanes
@@ -184,6 +223,13 @@ def test_every_simd_level_writes_the_same_bytes(simd, n: int) -> None:
         stock = torch.ops.aten.threshold_backward(grad, want, 0)
         assert torch.equal(_bytes(selected), _bytes(torch.where(want != 0, grad, 0.0)))
         torch.testing.assert_close(selected, stock, rtol=0, atol=0, equal_nan=True)
+        mask = (want != 0).to(torch.float32)  # leaky ReLU's and dropout's scaling
+        leaky = _native.scale_bits(grad, packed, 1.0, 0.01)
+        assert torch.equal(_bytes(leaky),
+                           _bytes(torch.ops.aten.leaky_relu_backward(grad, mask, 0.01, False)))
+        scale = torch.ones(()).div_(0.7)
+        dropped = _native.scale_bits(grad, packed, scale.item(), 0.0)
+        assert torch.equal(_bytes(dropped), _bytes(grad * (mask * scale)))
 
 
 def test_the_simd_level_is_the_cpus_best_by_default() -> None:
@@ -287,6 +333,43 @@ def test_layers_take_the_fused_path_and_match_stock(monkeypatch, layer) -> None:
     assert calls["select_bits"] == 1
     torch.testing.assert_close(got, want, rtol=0, atol=0)
     assert got.abs().sum() > 0 and (got == 0).any()  # some passed, some stopped
+
+
+@pytest.mark.parametrize("layer", [nn.LeakyReLU(0.1), nn.LeakyReLU(0.1, inplace=True),
+                                   nn.LeakyReLU(-0.3), nn.Dropout(0.3), nn.Dropout(0.3, inplace=True),
+                                   nn.AlphaDropout(0.2)], ids=lambda m: repr(m))
+def test_leaky_relu_and_dropout_take_the_scaling_kernel_and_match_stock(monkeypatch, layer
+                                                                       ) -> None:
+    """A converted leaky ReLU whose output nobody else keeps, and a converted dropout, back
+    their gradient through the fused scaling kernel (counted), bit for bit as stock under the
+    same seed; dropout's mask is packed from its noise in one pass (counted)."""
+    from memsave_nb.layers import activation, convert, dropout, revert
+
+    module = activation if isinstance(layer, nn.LeakyReLU) else dropout
+    calls = _count_runs(monkeypatch, module, "scale_bits")
+    packs = _count_runs(monkeypatch, dropout, "pack_nonzero")
+    x = torch.randn(4, 8, 16, 16, generator=torch.Generator().manual_seed(0)) * 3
+    g = torch.randn(4, 8, 16, 16, generator=torch.Generator().manual_seed(1))
+    g[0, 0, 0, :4] = torch.tensor([float("inf"), float("nan"), -0.0, -float("inf")])
+    model = nn.Sequential(_Twice(), layer, _Twice())  # nothing keeps the activation's output
+
+    def grads() -> tuple[torch.Tensor, torch.Tensor]:
+        torch.manual_seed(5)
+        leaf = x.clone().requires_grad_(True)
+        out = model(leaf * 1)
+        (got,) = torch.autograd.grad(out, leaf, g)
+        return out.detach(), got
+
+    want_out, want = grads()
+    conversion = convert(model)
+    try:
+        got_out, got = grads()
+    finally:
+        revert(conversion)
+    assert calls["scale_bits"] == 1
+    assert packs["pack_nonzero"] == (0 if module is activation else 1)
+    assert torch.equal(_bytes(got_out), _bytes(want_out))
+    assert torch.equal(_bytes(got), _bytes(want))
 
 
 def test_switched_off_by_the_environment() -> None:
