@@ -618,6 +618,22 @@ def bench_bits(repeats: int) -> dict:
     return rows
 
 
+def _keep_freed_memory() -> None:
+    """Ask glibc to keep freed memory (no trimming, no mmap up to 32 MiB): otherwise, with each
+    call making its own output, whichever call comes after a free pays the page faults of
+    fresh memory, an order effect of several times the kernel's time. A training step in
+    steady state takes no page faults (measured), so this is the step's condition."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD
+        libc.mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD (its maximum on 64-bit)
+    except (OSError, AttributeError):  # not glibc: left as it is
+        pass
+
+
 def bench_kernels(repeats: int) -> dict:
     """The fused C kernels (``memsave_nb.layers._native``) at every SIMD level this CPU has,
     beside the stock op each one replaces or adds to, on ReLU-sized float32 tensors (the
@@ -625,10 +641,13 @@ def bench_kernels(repeats: int) -> dict:
     own output as in a step: ReLU + mask in one pass against ``relu``; the mask pack alone
     against ``relu`` (what a held output's mask adds); the masked backward against
     ``threshold_backward`` on the kept output; the scaling backward of leaky ReLU and dropout
-    against ``leaky_relu_backward`` and ``grad * noise``. Medians of interleaved runs, ratios
-    to stock."""
+    against ``leaky_relu_backward`` and ``grad * noise``; leaky ReLU's input mask against the
+    numpy comparison and ``packbits`` it replaces. Medians of interleaved runs, ratios."""
+    import numpy as np
+
     from memsave_nb.layers import _native
 
+    _keep_freed_memory()
     top = _native.simd_level()
     if top < 0:
         print("no C kernels here (no compiler, or MEMSAVE_NB_NATIVE=0)")
@@ -637,7 +656,8 @@ def bench_kernels(repeats: int) -> dict:
             "select_bits": ("masked backward", "threshold_backward")}
     # the leaky ReLU's and dropout's backward (scale_bits): timed at the CPU's best level only
     plain_what = {"scale_bits leaky": ("leaky ReLU backward", "leaky_relu_backward"),
-                  "scale_bits dropout": ("dropout backward", "grad * noise")}
+                  "scale_bits dropout": ("dropout backward", "grad * noise"),
+                  "pack_positive": ("leaky ReLU mask", "numpy greater + packbits")}
     rows: dict = {}
     try:
         for shape in ((4, 64, 56, 56), (8, 64, 112, 112)):
@@ -651,9 +671,13 @@ def bench_kernels(repeats: int) -> dict:
                          grad, out, 0),
                      "leaky_relu_backward": lambda: torch.ops.aten.leaky_relu_backward(
                          grad, x, 0.01, False),
-                     "grad * noise": lambda: grad * noise}
+                     "grad * noise": lambda: grad * noise,
+                     # (not stock: what the layer ran before the kernel, and runs without it)
+                     "numpy greater + packbits": lambda: np.packbits(
+                         np.greater(x.numpy(), 0), bitorder="little")}
             plain = {"scale_bits leaky": lambda: _native.scale_bits(grad, packed, 1.0, 0.01),
-                     "scale_bits dropout": lambda: _native.scale_bits(grad, packed, 2.0, 0.0)}
+                     "scale_bits dropout": lambda: _native.scale_bits(grad, packed, 2.0, 0.0),
+                     "pack_positive": lambda: _native.pack_positive(x)}
             ours = {"relu_pack": lambda: _native.relu_pack(x, False),
                     "pack_nonzero": lambda: _native.pack_nonzero(out),
                     "select_bits": lambda: _native.select_bits(grad, packed)}

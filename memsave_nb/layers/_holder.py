@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from ._bits import pack_bits, pack_inside, positive, unpack_bits
-from ._native import pack_nonzero
+from ._native import pack_nonzero, pack_positive
 
 # A storage held by our alias alone shows two uses: the alias and the temporary Python
 # storage object created to ask for the count.
@@ -62,6 +62,8 @@ class OutputHolder:
             packed = pack_inside(output, *self.bounds)
         elif self.relu:
             packed = pack_nonzero(output)  # one fused pass, where it runs
+        else:
+            packed = pack_positive(output)  # leaky (slope > 0): positive where its input was
         self.packed = pack_bits(self._passes(output)) if packed is None else packed
 
     def try_compact(self) -> bool:

@@ -72,6 +72,43 @@ static void pack32(const uint32_t* src, int64_t n, uint8_t* dst) {
 #endif
 }
 
+/* bits of src > 0 (a float compare, ordered: false for NaN and both zeros, and it honours the
+ * CPU's denormals-are-zero flag as stock's kernels do): leaky ReLU's mask of its input */
+#define DEFINE_PACK_POSITIVE(NAME, FLOAT)                                                \
+    static void NAME(const FLOAT* src, int64_t n, uint8_t* dst) {                        \
+        int64_t full = n / 8;                                                            \
+        for (int64_t i = 0; i < full; i++) {                                             \
+            const FLOAT* s = src + 8 * i;                                                \
+            uint8_t byte = 0;                                                            \
+            for (int j = 0; j < 8; j++) byte |= (uint8_t)((s[j] > (FLOAT)0) << j);       \
+            dst[i] = byte;                                                               \
+        }                                                                                \
+        if (n % 8) {                                                                     \
+            uint8_t byte = 0;                                                            \
+            for (int64_t k = full * 8; k < n; k++)                                       \
+                byte |= (uint8_t)((src[k] > (FLOAT)0) << (k - full * 8));                \
+            dst[full] = byte;                                                            \
+        }                                                                                \
+    }
+
+DEFINE_PACK_POSITIVE(positive32_scalar, float)
+DEFINE_PACK_POSITIVE(positive64, double)
+
+static void positive32(const float* src, int64_t n, uint8_t* dst) {
+#if defined(__SSE2__)
+    int64_t full = n / 8;
+    const __m128 zero = _mm_setzero_ps();
+    for (int64_t i = 0; i < full; i++) {
+        int lo = _mm_movemask_ps(_mm_cmpgt_ps(_mm_loadu_ps(src + 8 * i), zero));
+        int hi = _mm_movemask_ps(_mm_cmpgt_ps(_mm_loadu_ps(src + 8 * i + 4), zero));
+        dst[i] = (uint8_t)(lo | (hi << 4));
+    }
+    if (n % 8) positive32_scalar(src + 8 * full, n % 8, dst + full);
+#else
+    positive32_scalar(src, n, dst);
+#endif
+}
+
 #define DEFINE_SELECT(NAME, UINT)                                                        \
     static void NAME(const UINT* grad, const uint8_t* bits, int64_t n, UINT* out) {      \
         for (int64_t k = 0; k < n; k++)                                                  \
@@ -310,6 +347,37 @@ AVX2 static void relu_pack32_avx2(const float* src, int64_t n, float* out, uint8
 #endif
 
 /* the float32 bodies at the level in force */
+#ifdef MEMSAVE_WIDE
+AVX512 static void positive32_avx512(const float* src, int64_t n, uint8_t* dst) {
+    int64_t full = n / 16;
+    const __m512 zero = _mm512_setzero_ps();
+    for (int64_t i = 0; i < full; i++) {
+        uint16_t m = (uint16_t)_mm512_cmp_ps_mask(_mm512_loadu_ps(src + 16 * i), zero, _CMP_GT_OQ);
+        memcpy(dst + 2 * i, &m, 2);
+    }
+    if (n % 16) positive32_scalar(src + 16 * full, n % 16, dst + 2 * full);
+}
+
+AVX2 static void positive32_avx2(const float* src, int64_t n, uint8_t* dst) {
+    int64_t full = n / 8;
+    const __m256 zero = _mm256_setzero_ps();
+    for (int64_t i = 0; i < full; i++)
+        dst[i] = (uint8_t)_mm256_movemask_ps(
+            _mm256_cmp_ps(_mm256_loadu_ps(src + 8 * i), zero, _CMP_GT_OQ));
+    if (n % 8) positive32_scalar(src + 8 * full, n % 8, dst + full);
+}
+#endif
+
+static void positive32_any(const float* src, int64_t n, uint8_t* dst) {
+#ifdef MEMSAVE_WIDE
+    switch (memsave_simd_level(-1)) {
+        case 2: positive32_avx512(src, n, dst); return;
+        case 1: positive32_avx2(src, n, dst); return;
+    }
+#endif
+    positive32(src, n, dst);
+}
+
 static void pack32_any(const uint32_t* src, int64_t n, uint8_t* dst) {
 #ifdef MEMSAVE_WIDE
     switch (memsave_simd_level(-1)) {
@@ -398,6 +466,15 @@ int memsave_pack_nonzero(const void* src, int64_t n, int elem_size, uint8_t* dst
         case 2: pack16((const uint16_t*)src, n, dst); return 0;
         case 4: pack32_any((const uint32_t*)src, n, dst); return 0;
         case 8: pack64((const uint64_t*)src, n, dst); return 0;
+        default: return 1;
+    }
+}
+
+/* bits of src[k] > 0 for n float32 or float64 elements -> ceil(n / 8) bytes; 0 on success */
+int memsave_pack_positive(const void* src, int64_t n, int elem_size, uint8_t* dst) {
+    switch (elem_size) {
+        case 4: positive32_any((const float*)src, n, dst); return 0;
+        case 8: positive64((const double*)src, n, dst); return 0;
         default: return 1;
     }
 }

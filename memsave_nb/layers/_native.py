@@ -150,11 +150,12 @@ def _load() -> ctypes.CDLL | None:
                     for name in ("memsave_pack_nonzero", "memsave_select_bits",
                                  "memsave_relu_pack", "memsave_pool_offsets",
                                  "memsave_pool_flat", "memsave_simd_level",
-                                 "memsave_scale_bits"):
+                                 "memsave_scale_bits", "memsave_pack_positive"):
                         getattr(lib, name).restype = ctypes.c_int
                     lib.memsave_simd_level.argtypes = [ctypes.c_int]
                     lib.memsave_pack_nonzero.argtypes = [
                         ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p]
+                    lib.memsave_pack_positive.argtypes = lib.memsave_pack_nonzero.argtypes
                     p64 = ctypes.POINTER(ctypes.c_int64)
                     p32 = ctypes.POINTER(ctypes.c_int32)
                     lib.memsave_pool_offsets.argtypes = [
@@ -263,6 +264,26 @@ def pack_nonzero(t: Tensor) -> Tensor | None:
 
 
 _RELU_FLOATS = frozenset({torch.float32, torch.float64})
+
+
+def pack_positive(t: Tensor) -> Tensor | None:
+    """Packed bits of ``t > 0`` (leaky ReLU's mask of its input: false for NaN and both zeros,
+    as numpy's and stock's comparison), in one pass; float32/64 only, None where the kernel
+    cannot run (then the caller compares and packs)."""
+    lib = _load()
+    if lib is None or t.dtype not in _RELU_FLOATS or not _usable(t):
+        return None
+    n = t.numel()
+    packed = torch.empty(packed_nbytes(n), dtype=torch.uint8)
+    size = t.element_size()
+    src, dst = t.data_ptr(), packed.data_ptr()
+    fn = lib.memsave_pack_positive
+    if n < 2 * _MIN_CHUNK or torch.get_num_threads() == 1:  # one chunk: call it directly
+        fn(src, n, size, dst)
+        return packed
+    _run([lambda s=s, c=c: fn(src + s * size, c, size, dst + s // 8)
+          for s, c in _chunks(n)])
+    return packed
 
 
 def relu_pack(x: Tensor, inplace: bool) -> tuple[Tensor, Tensor] | None:

@@ -11,7 +11,7 @@ from torch import Tensor, nn
 from . import _holder
 from ._apply import apply, stock_refuses_inplace
 from ._bits import pack_bits, pack_inside, positive, unpack_bits
-from ._native import pack_nonzero, relu_pack, scale_bits, select_bits
+from ._native import pack_nonzero, pack_positive, relu_pack, scale_bits, select_bits
 
 
 class _MaskedLeakyReLU(torch.autograd.Function):
@@ -29,7 +29,8 @@ class _MaskedLeakyReLU(torch.autograd.Function):
         early = lazy and _holder.pack_early(key)
         # Leaky: the input's sign, taken before an in-place op. ReLU: from the output below,
         # ``out != 0``, which lets NaN through as stock's ``not (out <= 0)`` does.
-        mask = positive(x) if (not lazy and slope is not None) else None
+        leaky_bits = pack_positive(x) if (not lazy and slope is not None) else None  # one pass
+        mask = positive(x) if (not lazy and slope is not None and leaky_bits is None) else None
         fused = None
         if slope is None:
             # the mask is packed now: ReLU and packing in one pass, where the kernel runs
@@ -53,8 +54,12 @@ class _MaskedLeakyReLU(torch.autograd.Function):
             ctx.save_for_backward()
         else:
             ctx.holder = None
-            packed = fused[1] if fused is not None else (
-                pack_nonzero(out) if mask is None else None)  # fused, where it runs
+            if fused is not None:
+                packed = fused[1]
+            elif leaky_bits is not None:
+                packed = leaky_bits
+            else:
+                packed = pack_nonzero(out) if mask is None else None  # fused, where it runs
             if packed is None:
                 packed = pack_bits(out.bool() if mask is None else mask)
             ctx.save_for_backward(packed)

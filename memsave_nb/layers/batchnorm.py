@@ -56,6 +56,8 @@ class _MemSaveBatchNormMixin:
 
     def forward(self, input: Tensor) -> Tensor:
         mod: nn.modules.batchnorm._BatchNorm = self  # type: ignore[assignment]
+        if mod.training:  # batch statistics: stock's path, before any parameter lookup (each
+            return super().forward(input)  # goes through Module.__getattr__, per call)
         weight, bias = mod.weight, mod.bias
         use_running = (
             not mod.training and mod.running_mean is not None and mod.running_var is not None

@@ -94,6 +94,20 @@ def test_scale_bits_is_stock_leaky_relu_and_dropout_backward(dtype: torch.dtype,
         assert torch.equal(_bytes(got), _bytes(grad * noise)), p
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("n", [0, 1, 7, 8, 9, 63, 64, 65, 1000, 4097])
+def test_pack_positive_writes_the_bytes_of_numpys_comparison(dtype: torch.dtype, n: int) -> None:
+    x = _special(n, dtype, 19 * n)  # NaN of both signs, -0, +0, infs, denormals
+    packed = _native.pack_positive(x)
+    want = np.packbits(np.greater(x.numpy(), 0), bitorder="little")  # the numpy path's mask
+    assert packed is not None and packed.numel() == -(-n // 8)
+    assert np.array_equal(packed.numpy(), want)
+    y = torch.randn(64, dtype=dtype)
+    assert _native.pack_positive(y.half()) is None and _native.pack_positive(y[::2]) is None
+    with _Seen():
+        assert _native.pack_positive(y) is None
+
+
 def test_scale_bits_stands_aside_where_it_must_not_run() -> None:
     grad = torch.randn(64)
     packed = _native.pack_nonzero(torch.randn(64).relu())
@@ -223,6 +237,8 @@ def test_every_simd_level_writes_the_same_bytes(simd, n: int) -> None:
         stock = torch.ops.aten.threshold_backward(grad, want, 0)
         assert torch.equal(_bytes(selected), _bytes(torch.where(want != 0, grad, 0.0)))
         torch.testing.assert_close(selected, stock, rtol=0, atol=0, equal_nan=True)
+        assert np.array_equal(_native.pack_positive(shifted).numpy(),
+                              np.packbits(np.greater(shifted.numpy(), 0), bitorder="little"))
         mask = (want != 0).to(torch.float32)  # leaky ReLU's and dropout's scaling
         leaky = _native.scale_bits(grad, packed, 1.0, 0.01)
         assert torch.equal(_bytes(leaky),
@@ -348,6 +364,8 @@ def test_leaky_relu_and_dropout_take_the_scaling_kernel_and_match_stock(monkeypa
     module = activation if isinstance(layer, nn.LeakyReLU) else dropout
     calls = _count_runs(monkeypatch, module, "scale_bits")
     packs = _count_runs(monkeypatch, dropout, "pack_nonzero")
+    positives = _count_runs(monkeypatch, activation, "pack_positive")
+    held = _count_runs(monkeypatch, activation._holder, "pack_positive")
     x = torch.randn(4, 8, 16, 16, generator=torch.Generator().manual_seed(0)) * 3
     g = torch.randn(4, 8, 16, 16, generator=torch.Generator().manual_seed(1))
     g[0, 0, 0, :4] = torch.tensor([float("inf"), float("nan"), -0.0, -float("inf")])
@@ -368,6 +386,10 @@ def test_leaky_relu_and_dropout_take_the_scaling_kernel_and_match_stock(monkeypa
         revert(conversion)
     assert calls["scale_bits"] == 1
     assert packs["pack_nonzero"] == (0 if module is activation else 1)
+    # leaky: its input's mask in one pass, in forward (negative slope: not held) or from the
+    # held output once nobody else keeps it (positive slope)
+    if module is activation:
+        assert positives["pack_positive"] + held["pack_positive"] == 1
     assert torch.equal(_bytes(got_out), _bytes(want_out))
     assert torch.equal(_bytes(got), _bytes(want))
 
