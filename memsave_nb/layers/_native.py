@@ -250,11 +250,16 @@ def pack_nonzero(t: Tensor) -> Tensor | None:
     lib = _load()
     if lib is None or not _usable(t):
         return None
+    return _pack(lib.memsave_pack_nonzero, t)
+
+
+def _pack(fn, t: Tensor) -> Tensor:
+    """Run a packing kernel ``fn(src, n, elem_size, dst)`` over ``t`` (checked by the caller)
+    into a fresh flat uint8 tensor of ceil(n / 8) bytes, in chunks over threads."""
     n = t.numel()
     packed = torch.empty(packed_nbytes(n), dtype=torch.uint8)
     size = t.element_size()
     src, dst = t.data_ptr(), packed.data_ptr()
-    fn = lib.memsave_pack_nonzero
     if n < 2 * _MIN_CHUNK or torch.get_num_threads() == 1:  # one chunk: call it directly
         fn(src, n, size, dst)
         return packed
@@ -273,17 +278,7 @@ def pack_positive(t: Tensor) -> Tensor | None:
     lib = _load()
     if lib is None or t.dtype not in _RELU_FLOATS or not _usable(t):
         return None
-    n = t.numel()
-    packed = torch.empty(packed_nbytes(n), dtype=torch.uint8)
-    size = t.element_size()
-    src, dst = t.data_ptr(), packed.data_ptr()
-    fn = lib.memsave_pack_positive
-    if n < 2 * _MIN_CHUNK or torch.get_num_threads() == 1:  # one chunk: call it directly
-        fn(src, n, size, dst)
-        return packed
-    _run([lambda s=s, c=c: fn(src + s * size, c, size, dst + s // 8)
-          for s, c in _chunks(n)])
-    return packed
+    return _pack(lib.memsave_pack_positive, t)
 
 
 def relu_pack(x: Tensor, inplace: bool) -> tuple[Tensor, Tensor] | None:
