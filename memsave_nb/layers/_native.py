@@ -308,6 +308,23 @@ def select_bits(grad: Tensor, packed: Tensor) -> Tensor | None:
     """``grad`` where the packed bit is 1, +0 elsewhere, in one pass (what
     ``threshold_backward(grad, mask, 0)`` gives for a 0/1 mask), or None where the kernels
     cannot run (then the caller unpacks)."""
+    return _masked_pass("memsave_select_bits", grad, packed)
+
+
+def scale_bits(grad: Tensor, packed: Tensor, on: float, off: float) -> Tensor | None:
+    """``grad * on`` where the packed bit is 1 and ``grad * off`` elsewhere, in one pass, in
+    the gradient's dtype (``on == 1``: the gradient itself there). Leaky ReLU's backward is
+    ``(1, slope)``, as ``leaky_relu_backward`` on the positive mask; dropout's is ``(scale, 0)``,
+    as ``grad * noise``. Float32/64 only; None where the kernel cannot run (then the caller
+    unpacks and runs torch ops)."""
+    if grad.dtype not in _RELU_FLOATS:
+        return None
+    return _masked_pass("memsave_scale_bits", grad, packed, float(on), float(off))
+
+
+def _masked_pass(name: str, grad: Tensor, packed: Tensor, *scalars: float) -> Tensor | None:
+    """Run the backward kernel ``name(grad, bits, n, elem_size, *scalars, out)`` into a fresh
+    gradient-shaped tensor, in chunks over threads; None where it cannot run."""
     if grad.requires_grad and torch.is_grad_enabled():
         return None  # create_graph: the result must be differentiable in grad (torch ops are)
     lib = _load()
@@ -319,39 +336,11 @@ def select_bits(grad: Tensor, packed: Tensor) -> Tensor | None:
     out = torch.empty_like(grad, memory_format=torch.contiguous_format)
     size = grad.element_size()
     src, bits, dst = grad.data_ptr(), packed.data_ptr(), out.data_ptr()
-    fn = lib.memsave_select_bits
+    fn = getattr(lib, name)
     if n < 2 * _MIN_CHUNK or torch.get_num_threads() == 1:  # one chunk: call it directly
-        fn(src, bits, n, size, dst)
+        fn(src, bits, n, size, *scalars, dst)
         return out
-    _run([lambda s=s, c=c: fn(src + s * size, bits + s // 8, c, size, dst + s * size)
-          for s, c in _chunks(n)])
-    return out
-
-
-def scale_bits(grad: Tensor, packed: Tensor, on: float, off: float) -> Tensor | None:
-    """``grad * on`` where the packed bit is 1 and ``grad * off`` elsewhere, in one pass, in
-    the gradient's dtype (``on == 1``: the gradient itself there). Leaky ReLU's backward is
-    ``(1, slope)``, as ``leaky_relu_backward`` on the positive mask; dropout's is ``(scale, 0)``,
-    as ``grad * noise``. Float32/64 only; None where the kernel cannot run (then the caller
-    unpacks and runs torch ops)."""
-    if grad.requires_grad and torch.is_grad_enabled():
-        return None  # create_graph: the result must be differentiable in grad (torch ops are)
-    lib = _load()
-    if (lib is None or grad.dtype not in _RELU_FLOATS or not _usable(grad)
-            or not numpy_ok(packed) or not packed.is_contiguous()):
-        return None
-    n = grad.numel()
-    if packed.dtype != torch.uint8 or packed.numel() != packed_nbytes(n):
-        return None
-    out = torch.empty_like(grad, memory_format=torch.contiguous_format)
-    size = grad.element_size()
-    src, bits, dst = grad.data_ptr(), packed.data_ptr(), out.data_ptr()
-    on, off = float(on), float(off)
-    fn = lib.memsave_scale_bits
-    if n < 2 * _MIN_CHUNK or torch.get_num_threads() == 1:  # one chunk: call it directly
-        fn(src, bits, n, size, on, off, dst)
-        return out
-    _run([lambda s=s, c=c: fn(src + s * size, bits + s // 8, c, size, on, off, dst + s * size)
+    _run([lambda s=s, c=c: fn(src + s * size, bits + s // 8, c, size, *scalars, dst + s * size)
           for s, c in _chunks(n)])
     return out
 
