@@ -121,3 +121,33 @@ def test_early_mask_bytes_equal_late_mask_bytes() -> None:
         assert sizes == [-(-2 * 8 * 10 * 10 // 8)] * 2
     finally:
         revert(conversion)
+
+
+def test_a_layers_sweep_looks_at_the_recent_holders_only_and_keeps_the_order() -> None:
+    """``compact(RECENT)`` (what each layer's forward runs) shrinks the recent holders that
+    nobody else keeps, leaves the older ones and the kept ones pending, in order, for the root
+    sweep; ``begin_layer`` does the same sweep and refuses to hold inside saved-tensor hooks,
+    where it sweeps nothing."""
+    _holder.compact()  # start from nothing pending
+    assert not [r for r in _holder._pending if r() is not None]
+    n = _holder.RECENT + 4
+    outputs = [torch.randn(16).relu() for _ in range(n)]
+    holders = [_holder.OutputHolder(out) for out in outputs]
+    for holder in holders:
+        _holder.register(holder)
+    kept = {n - 1, n - 3, 1}  # someone else still holds these outputs
+    outputs = [out if i in kept else None for i, out in enumerate(outputs)]
+    assert _holder.compact(_holder.RECENT) == _holder.RECENT - 2  # the recent ones not kept
+    pending = [r() for r in _holder._pending]
+    # the older ones untouched and first, then the kept recent ones, in registration order
+    assert pending == holders[:4] + [holders[n - 3], holders[n - 1]]
+    assert all(h.output is not None for h in holders[:4])
+    assert all(h.output is None and h.packed is not None
+               for i, h in enumerate(holders[4:], 4) if i not in kept)
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+        assert _holder.begin_layer() is False
+        assert [r() for r in _holder._pending] == pending  # nothing swept in there
+    outputs = [None] * n
+    assert _holder.begin_layer() is True  # 6 pending, within the window: all swept now
+    assert not _holder._pending
+    assert all(h.output is None and h.packed is not None for h in holders)
