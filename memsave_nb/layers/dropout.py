@@ -58,7 +58,7 @@ class _Dropout(torch.autograd.Function):
         if fused is not None:
             return fused, None, None
         mask = unpack_bits(packed, ctx.shape, torch.uint8).to(grad.dtype)  # same-dtype mul: fast
-        return grad.mul(scale).mul_(mask), None, None
+        return grad.mul(mask.mul_(scale)), None, None  # stock's noise, then stock's product
 
 
 def _scaled(grad: Tensor, packed: Tensor, scale: Tensor) -> Tensor | None:
@@ -137,7 +137,7 @@ class _NoiseDropout(torch.autograd.Function):
             if fused is not None:
                 return fused, None, None, None, None
         mask = unpack_bits(packed, ctx.noise_shape, torch.uint8).to(grad.dtype)
-        return grad.mul(scale).mul_(mask), None, None, None, None
+        return grad.mul(mask.mul_(scale)), None, None, None, None  # as stock: grad * noise
 
 
 def masked_noise_dropout(x: Tensor, p: float, training: bool, inplace: bool, feature: bool,

@@ -394,6 +394,41 @@ def test_leaky_relu_and_dropout_take_the_scaling_kernel_and_match_stock(monkeypa
     assert torch.equal(_bytes(got), _bytes(want))
 
 
+@pytest.mark.parametrize("layer", [nn.Dropout(0.3), nn.AlphaDropout(0.2),
+                                   nn.Dropout2d(0.3)], ids=lambda m: repr(m))
+@pytest.mark.parametrize("fused", [True, False], ids=["kernel", "torch ops"])
+def test_dropout_backward_is_stocks_grad_times_noise_on_both_paths(monkeypatch, layer,
+                                                                    fused: bool) -> None:
+    """With and without the kernel, dropout's gradient is stock's ``grad * noise`` byte for
+    byte, including a gradient so large that times the scale it overflows where the element
+    is dropped (stock: grad * 0 = 0; scaling first and masking after would give NaN)."""
+    from memsave_nb.layers import convert, dropout, revert
+
+    if not fused:
+        monkeypatch.setattr(dropout, "scale_bits", lambda *args: None)
+    x = torch.randn(4, 8, 16, 16, generator=torch.Generator().manual_seed(0))
+    g = torch.randn(4, 8, 16, 16, generator=torch.Generator().manual_seed(1))
+    g.view(-1)[::7] = torch.finfo(torch.float32).max  # overflows times 1 / (1 - p)
+    g.view(-1)[1::7] = -0.0
+
+    def grads() -> torch.Tensor:
+        torch.manual_seed(5)
+        leaf = x.clone().requires_grad_(True)
+        (got,) = torch.autograd.grad(layer(leaf * 1), leaf, g)
+        return got
+
+    want = grads()
+    conversion = convert(nn.Sequential(layer))
+    try:
+        got = grads()
+    finally:
+        revert(conversion)
+    assert torch.equal(_bytes(got), _bytes(want))
+    assert not got.isnan().any()  # dropped: 0, not NaN
+    if not isinstance(layer, nn.AlphaDropout):  # (alpha dropout scales by less than 1)
+        assert got.isinf().any()  # kept: overflowed to inf, as in stock
+
+
 def test_switched_off_by_the_environment() -> None:
     code = ("from memsave_nb.layers import _native; import torch;"
             "print(_native.status()); print(_native.pack_nonzero(torch.ones(9)))")
