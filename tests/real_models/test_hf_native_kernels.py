@@ -2,7 +2,8 @@
 Hugging Face ResNet (ReLU, max pool), built from configs, converted and combined with freezing,
 full and selective regions, trained for several steps without any tracker (the kernels run only
 there). Gradients equal plain PyTorch's, and the kernels did run (counted): the mask kernels,
-the one-pass ReLU + mask from the second step on, and the pool's index conversions."""
+the one-pass ReLU + mask from the second step on, and the pool's index conversions; and, with
+dropout drawing, GPT-2 and a peft LoRA Llama whose dropouts pack and scale in C."""
 
 from __future__ import annotations
 
@@ -154,6 +155,79 @@ def test_hf_resnet_plan_runs_the_pool_and_relu_kernels_with_plain_gradients(call
     got = _steps_under(plan, wl, 3, trainable)
     assert calls["pool_offsets"] >= 3 and calls["pool_flat"] >= 3, calls
     assert calls["relu_pack"] >= 2 and calls["select"] >= 3, calls
+    for name, g in got.items():
+        torch.testing.assert_close(g, expected[id(params[name])], rtol=1e-5, atol=1e-6,
+                                   msg=lambda m, n=name: f"{n}: {m}")
+    assert all(p.grad is None for n, p in params.items() if n not in trainable)
+
+
+def _lora_llama_with_dropout() -> Workload:
+    from transformers import LlamaForCausalLM
+
+    from .real_cases import _ids, _llama_config, _transformers
+
+    peft = pytest.importorskip("peft", reason="peft is not installed (test extra)")
+    torch.manual_seed(0)
+    base = LlamaForCausalLM(_llama_config(_transformers()))
+    config = peft.LoraConfig(r=4, lora_alpha=8, lora_dropout=0.2, target_modules=["q_proj", "v_proj"])
+    model = peft.get_peft_model(base, config)
+    with torch.no_grad():  # lora_B starts at zero: give it values, so lora_A gets a gradient
+        g = torch.Generator().manual_seed(3)
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.02)
+    ids = _ids()
+    return Workload(model.train(), {"input_ids": ids, "labels": ids}, name="lora-llama-dropout")
+
+
+def _gpt2_with_dropout() -> Workload:
+    from .real_cases import gpt2
+
+    torch.manual_seed(0)
+    model, batch = gpt2()  # dropout 0.1 on embeddings, attention output and MLP (nn.Dropout)
+    return Workload(model.train(), batch, name="gpt2-dropout")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["gpt2", "lora_llama"])
+def test_hf_plan_with_dropout_drawing_runs_the_dropout_kernels_with_plain_gradients(
+        monkeypatch, case: str) -> None:
+    """Dropout on, as fine-tuning runs it: GPT-2 (its own dropouts) and a peft LoRA Llama
+    (``lora_dropout``), under a plan that converts the layers and combines freezing, a full
+    region and a selective (SAC) region; two untracked steps under one seed draw the same masks
+    as plain PyTorch (recomputation replays the generator), so the gradients are plain
+    PyTorch's, and the dropout's one-pass pack and scaling kernels ran (counted)."""
+    from memsave_nb.layers import dropout
+
+    seen = {"scale_bits": 0, "pack_nonzero": 0}
+    for name in seen:
+        real = getattr(dropout, name)
+
+        def counting(*args, _real=real, _name=name):
+            out = _real(*args)
+            seen[_name] += out is not None
+            return out
+
+        monkeypatch.setattr(dropout, name, counting)
+    if case == "gpt2":
+        wl = _gpt2_with_dropout()
+        plan = Plan(memsave=("*",), frozen=("transformer.wte.*", "transformer.h.0.mlp.*"),
+                    regions={"transformer.h.0": "full", "transformer.h.1": "save_matmuls"})
+    else:
+        wl = _lora_llama_with_dropout()
+        # the adapters train; layer 0's input needs no gradient (frozen embeddings), so its
+        # dropouts run stock's op: the selective region goes there, layer 1's run the kernels
+        plan = Plan(memsave=("*",), frozen=("*",), trainable=("*lora_*",),
+                    regions={"base_model.model.model.layers.0": "save_matmuls"})
+    expected = plain_gradients(wl.model, wl.batch, accumulation=1, autocast=None, seed=0)
+    trainable = set(plan.trainable_parameter_names(wl.model))
+    assert trainable
+    params = dict(wl.model.named_parameters())
+    got = _steps_under(plan, wl, 2, trainable)
+    # the dropouts outside the regions pack from their noise in forward (inside a region the
+    # forward runs under the region's hooks or mode, where only torch ops may run), and the
+    # scaling kernel backs them in backward, both steps
+    assert seen["scale_bits"] >= 4 and seen["pack_nonzero"] >= 4, seen
     for name, g in got.items():
         torch.testing.assert_close(g, expected[id(params[name])], rtol=1e-5, atol=1e-6,
                                    msg=lambda m, n=name: f"{n}: {m}")
