@@ -22,8 +22,8 @@ from what the CPU reports (:func:`simd_level`), since stock's own kernels use th
 has and a narrower mask pass was the slower half of the layer.
 
 Nothing changes in the results: the kernels write the same bytes as the numpy path (tested
-byte for byte, at every SIMD level the CPU has). Where no library can be built (no compiler, ``MEMSAVE_NB_NATIVE=0``) the numpy
-path runs, only slower; :func:`status` says which and why.
+byte for byte, at every SIMD level the CPU has). Where no library can be built (no compiler,
+``MEMSAVE_NB_NATIVE=0``) the numpy path runs, only slower; :func:`status` says which and why.
 """
 
 from __future__ import annotations
