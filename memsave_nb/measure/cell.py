@@ -32,8 +32,9 @@ from torch import nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from ..workload import iter_output_tensors, iter_tensors, output_parts
-from .engine import _packer, _summarise, _unpack
 from .result import Measurement
+from .step import _packer, _unpack
+from .summary import _summarise
 from .tracker import INPUT, PARAMETER, MemoryTracker
 
 __all__ = ["measure_callable"]

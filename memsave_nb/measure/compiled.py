@@ -42,6 +42,7 @@ from torch import nn
 from ..errors import Cancelled, MemsaveError, StepError, WorkloadError
 from ..model_state import ModelSnapshot
 from ..workload import Workload, iter_output_tensors, iter_tensors
+from .common import clear_grads
 from .result import CATEGORIES, Measurement, MemorySplit, ModuleStats, Timeline
 
 __all__ = ["measure_compiled", "original_model"]
@@ -132,8 +133,6 @@ class _Loop:
 
     def zero_grad(self) -> None:
         """Between steps, as ``zero_grad(set_to_none=workload.set_to_none)`` does."""
-        from .engine import clear_grads
-
         clear_grads(self.model, self.workload.set_to_none)
 
     def step(self, *, profile: bool) -> _Profiled | None:

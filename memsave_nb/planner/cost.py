@@ -111,7 +111,8 @@ class _CostMode(TorchDispatchMode):
 def step_cost(workload: "Workload", plan: "Plan", regions: Iterable[str], device: Device) -> StepCost:
     """The per-op cost of one step of ``workload`` under ``plan`` (a fake-mode pass; the model is
     left as it was; the model's lock is held, so a measurement on another thread waits)."""
-    from memsave_nb.measure.engine import _fake_model, model_lock
+    from memsave_nb.measure.common import model_lock
+    from memsave_nb.measure.fake_model import _fake_model
 
     cost = StepCost(device)
     regions = list(regions)

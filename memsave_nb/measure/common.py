@@ -1,0 +1,67 @@
+"""Helpers both step runners share (the dispatch engine and the compiled one): the per-model lock,
+clearing grads between steps, and the note on the optimizer's CPU single-tensor default.
+
+Below ``engine``, ``step`` and ``compiled``: it imports none of them.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Any
+
+import torch
+from torch import nn
+
+# One lock per model object: two threads (or two Sessions) measuring the same model take turns.
+_LOCKS: "weakref.WeakKeyDictionary[nn.Module, threading.RLock]" = weakref.WeakKeyDictionary()
+_LOCKS_GUARD = threading.Lock()
+
+
+def model_lock(model: nn.Module) -> threading.RLock:
+    """The re-entrant lock ``measure()`` holds on ``model`` while it runs.
+
+    Code that changes the model for a measurement (``Plan.apply``, a Session) can hold it around
+    its changes too, so that a concurrent measurement of the same model waits instead of seeing
+    a half-changed model.
+    """
+    with _LOCKS_GUARD:
+        lock = _LOCKS.get(model)
+        if lock is None:
+            lock = _LOCKS[model] = threading.RLock()
+        return lock
+
+
+def single_tensor_default(optimizer: Any) -> str | None:
+    """The optimizer's class name when it was left to pick its implementation (``foreach=None``,
+    not fused) over CPU parameters: torch then runs its single-tensor loop, while on a CUDA GPU the
+    same constructor picks the foreach step, whose temporaries are larger. None otherwise."""
+    if not isinstance(optimizer, torch.optim.Optimizer) or "foreach" not in optimizer.defaults:
+        return None
+    groups = optimizer.param_groups
+    if not any(g.get("foreach") is None and not g.get("fused") for g in groups):
+        return None
+    if not all(p.device.type == "cpu" for g in groups for p in g["params"]):
+        return None
+    return type(optimizer).__name__
+
+
+def foreach_note(name: str) -> str:
+    return (
+        f"{name} ran its single-tensor step (fake mode on the CPU); on a CUDA GPU torch's default is its foreach "
+        "step, whose temporaries during the optimizer step are larger (up to about the size of the trainable "
+        "parameters): to size for a GPU, measure with the optimizer knob 'adamw_foreach' (or foreach=True)"
+    )
+
+
+def clear_grads(model: nn.Module, set_to_none: bool) -> None:
+    """What ``optimizer.zero_grad(set_to_none=...)`` does between steps: drop the grads, or zero
+    them in place (their storages stay allocated)."""
+    for p in model.parameters():
+        if p.grad is None:
+            continue
+        if set_to_none:
+            p.grad = None
+        else:
+            p.grad.detach_()
+            p.grad.zero_()
