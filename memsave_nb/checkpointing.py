@@ -36,7 +36,7 @@ from torch.utils.checkpoint import (
     noop_context_fn,
 )
 
-from memsave_nb.errors import MemsaveError
+from memsave_nb.errors import PlanError
 
 __all__ = [
     "PlanError",
@@ -54,10 +54,6 @@ __all__ = [
     "unwrap_region",
     "suggest_regions",
 ]
-
-
-class PlanError(MemsaveError, ValueError):
-    """A plan that cannot apply to this model (unknown name, bad choice); the message names it."""
 
 
 class RegionKind(str, enum.Enum):

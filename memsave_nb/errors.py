@@ -11,6 +11,10 @@ class WorkloadError(MemsaveError, ValueError):
     """The workload cannot describe a training step (bad batch type, non-scalar loss, no device...)."""
 
 
+class PlanError(MemsaveError, ValueError):
+    """A plan that cannot apply to this model (unknown name, bad choice); the message names it."""
+
+
 class StepError(MemsaveError, RuntimeError):
     """The training step itself failed; the message names the phase and the innermost module."""
 

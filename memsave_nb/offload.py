@@ -146,7 +146,7 @@ def offloading(module: nn.Module) -> Iterator[None]:
 def transfer_seconds(host_bytes: int, link: str = "pcie5") -> float:
     """Seconds to move ``host_bytes`` out in forward and back in backward over ``link``."""
     if link not in LINKS:
-        from memsave_nb.checkpointing import PlanError
+        from memsave_nb.errors import PlanError
 
         raise PlanError(f"link {link!r}: choose one of {sorted(LINKS)}")
     return 2 * host_bytes / LINKS[link].bytes_per_second
