@@ -160,7 +160,7 @@ def cache_off_code(model_var: str) -> list[str]:
 def resolve_flag(names: tuple[str, ...], current: bool, frozen: tuple[str, ...], trainable: tuple[str, ...]) -> bool:
     """Whether a parameter known by ``names`` requires grad under a plan's ``frozen``/``trainable``
     (``current``: its flag now, kept when the plan names neither). Any name selected counts."""
-    from memsave_nb.plan import selects
+    from memsave_nb.naming import selects
 
     if not frozen and not trainable:
         return current
@@ -176,7 +176,7 @@ def tie_note(plan: Any, model: nn.Module) -> str:
     """What a plan trains through ties that its names do not say, as `` (note)`` or ``""``.
 
     GPT-2's head only: `` (lm_head.weight is tied to transformer.wte.weight, which trains too)``."""
-    from memsave_nb.plan import selects
+    from memsave_nb.naming import selects
 
     if not plan.trainable:
         return ""

@@ -32,7 +32,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import types
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Protocol
 
 import torch
 from torch import nn
@@ -41,7 +41,6 @@ from memsave_nb.checkpointing import PlanError
 from memsave_nb.workload import iter_tensors, map_tensors
 
 if TYPE_CHECKING:  # pragma: no cover
-    from memsave_nb.plan import Plan
     from memsave_nb.workload import Workload
 
 __all__ = [
@@ -86,6 +85,18 @@ TOKEN_KEYS = (
     "decoder_input_ids", "decoder_attention_mask", "decoder_inputs_embeds", "idx", "targets",
 )
 
+class KnobValues(Protocol):
+    """The plain values the knobs read: a ``Plan`` holds them, so may any object (knobs never
+    import the plan)."""
+
+    batch_size: int | None
+    seq_len: int | None
+    precision: str | None
+    optimizer: str | None
+    accumulation_steps: int | None
+    set_to_none: bool | None
+
+
 # Plan fields owned by this module, with their "keep the workload's" value.
 KNOB_FIELDS = ("batch_size", "seq_len", "precision", "optimizer", "accumulation_steps", "set_to_none")
 
@@ -98,7 +109,7 @@ def _positive(value: Any, name: str) -> int | None:
     return int(value)
 
 
-def check_knobs(plan: "Plan") -> dict[str, Any]:
+def check_knobs(plan: "KnobValues") -> dict[str, Any]:
     """Validated, normalised knob values of a plan (its ``__post_init__`` stores them)."""
     out = {
         "batch_size": _positive(plan.batch_size, "batch_size"),
@@ -123,7 +134,7 @@ def check_knobs(plan: "Plan") -> dict[str, Any]:
     return out
 
 
-def describe_knobs(plan: "Plan") -> list[str]:
+def describe_knobs(plan: "KnobValues") -> list[str]:
     parts = []
     if plan.batch_size is not None:
         parts.append(f"batch {plan.batch_size}")
@@ -247,7 +258,7 @@ def max_positions(model: nn.Module) -> int | None:
     return None
 
 
-def _batch_changes(plan: "Plan", workload: "Workload") -> dict[str, Any]:
+def _batch_changes(plan: "KnobValues", workload: "Workload") -> dict[str, Any]:
     n, t = plan.batch_size, plan.seq_len
     if n is None and t is None:
         return {}
@@ -340,7 +351,7 @@ class MasterWeightsOptimizer(torch.optim.Optimizer):
         return None
 
 
-def _optimizer_spec(plan: "Plan", workload: "Workload") -> Any:
+def _optimizer_spec(plan: "KnobValues", workload: "Workload") -> Any:
     base: Any = optimizer_factory(plan.optimizer) if plan.optimizer is not None else workload.optimizer
     if plan.precision != "bf16_master":
         return base
@@ -398,7 +409,7 @@ def _workload_has(workload: "Workload", name: str) -> bool:
     return any(f.name == name for f in dataclasses.fields(workload))
 
 
-def apply_knobs(plan: "Plan", workload: "Workload") -> tuple[dict[str, Any], list[Callable[[], None]]]:
+def apply_knobs(plan: "KnobValues", workload: "Workload") -> tuple[dict[str, Any], list[Callable[[], None]]]:
     """The workload changes (for ``dataclasses.replace``) and the model undo callbacks of the
     plan's knobs. Called by ``Plan.apply`` after freezing and regions."""
     changes: dict[str, Any] = dict(_batch_changes(plan, workload))
@@ -436,7 +447,7 @@ _OPTIMIZER_CODE = {
 }
 
 
-def knob_code(plan: "Plan", m: str) -> tuple[list[str], list[str]]:
+def knob_code(plan: "KnobValues", m: str) -> tuple[list[str], list[str]]:
     """(imports, body lines) that make the knobs in a training script."""
     imports: list[str] = []
     body: list[str] = []
