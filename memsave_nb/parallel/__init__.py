@@ -8,7 +8,7 @@ lines no dispatch-level counter sees (communication library buffers, CUDA contex
 
 from .measure import measure_parallel, measure_rank
 from .result import CATEGORIES, ParallelMeasurement, RankMeasurement, Unseen, unseen_lines
-from .spec import ParallelError, ParallelSpec
+from ..parallel_spec import ParallelError, ParallelSpec
 
 __all__ = [
     "CATEGORIES", "ParallelError", "ParallelMeasurement", "ParallelSpec", "RankMeasurement", "Unseen",

@@ -13,7 +13,7 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-from .spec import ParallelError, ParallelSpec
+from ..parallel_spec import ParallelError, ParallelSpec
 
 
 def shard_units(model: nn.Module, spec: ParallelSpec) -> list[str]:

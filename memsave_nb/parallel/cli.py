@@ -27,7 +27,7 @@ def wants_parallel(args: argparse.Namespace) -> bool:
 def report_parallel(args: argparse.Namespace) -> int:
     from .. import zoo
     from .measure import measure_parallel
-    from .spec import ParallelSpec
+    from ..parallel_spec import ParallelSpec
 
     if args.world_size is None:
         raise MemsaveError("--fsdp, --ddp, --gradient-as-bucket-view and --cpu-offload need --world-size N")

@@ -34,7 +34,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from .spec import ParallelSpec
+from ..parallel_spec import ParallelSpec
 
 # The storages a DDP constructor left alive, by wrapper (weakly: a bucket rebuild frees them).
 _BORN: "weakref.WeakKeyDictionary[nn.Module, list[weakref.ref]]" = weakref.WeakKeyDictionary()

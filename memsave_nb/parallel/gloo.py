@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from .result import RankMeasurement
-from .spec import ParallelSpec
+from ..parallel_spec import ParallelSpec
 
 
 def _tiny_gpt():

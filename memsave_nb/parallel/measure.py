@@ -22,7 +22,7 @@ from ..workload import Workload, map_tensors
 from .apply import apply_parallel, rank_layouts
 from .process_group import fake_process_group
 from .result import ParallelMeasurement, RankMeasurement, unseen_lines
-from .spec import ParallelError, ParallelSpec
+from ..parallel_spec import ParallelError, ParallelSpec
 from .step import tracked_step
 from .twin import fake_twin
 

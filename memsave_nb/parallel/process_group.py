@@ -14,7 +14,7 @@ from typing import Iterator
 
 import torch.distributed as dist
 
-from .spec import ParallelError, ParallelSpec
+from ..parallel_spec import ParallelError, ParallelSpec
 
 
 @contextlib.contextmanager

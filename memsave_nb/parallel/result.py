@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .spec import ParallelSpec
+from ..parallel_spec import ParallelSpec
 
 CATEGORIES = (
     "sharded_parameters",  # this rank's own parameter storage (its FSDP shards; DDP: the whole copy)

@@ -1,5 +1,8 @@
 """``ParallelSpec``: how the model is spread over ranks. Plain, comparable, JSON-ready data.
 
+A plan holds one as its ``parallel`` field; it lives here, below the plan and ``parallel/``, so
+the plan knows nothing of how ranks are measured or of ``fully_shard`` (``export/`` writes that).
+
 FSDP2 (``fully_shard``) on a 1-D mesh of ``world_size`` ranks, or on a 2-D mesh
 ``(replicate, world_size // replicate)`` for HSDP; or DDP. Validated once, at construction.
 """
@@ -9,7 +12,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Mapping
 
-from ..errors import WorkloadError
+from memsave_nb.errors import PlanError, WorkloadError
 
 STRATEGIES = ("fsdp", "ddp")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -128,3 +131,15 @@ class ParallelSpec:
         if "shard_modules" in kw and isinstance(kw["shard_modules"], list):
             kw["shard_modules"] = tuple(kw["shard_modules"])
         return cls(**kw)
+
+
+def parallel_field(value: Any) -> ParallelSpec:
+    """``Plan.parallel``: a ``ParallelSpec``, or its JSON object; bad values are a one-line ``PlanError``."""
+    try:
+        if isinstance(value, ParallelSpec):
+            return value
+        if isinstance(value, Mapping):
+            return ParallelSpec.from_dict(value)
+    except (ParallelError, TypeError) as exc:
+        raise PlanError(f"plan field 'parallel': {exc}") from None
+    raise PlanError(f"plan field 'parallel' must be a ParallelSpec, an object or None, got {value!r}")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import inspect
 
-from .spec import ParallelSpec
+from memsave_nb.parallel_spec import ParallelSpec
 
 
 def parallel_code(spec: ParallelSpec, model_var: str = "model") -> tuple[list[str], list[str]]:
@@ -40,7 +40,7 @@ def parallel_code(spec: ParallelSpec, model_var: str = "model") -> tuple[list[st
     if spec.shard_modules:
         body.append(f"shard_units = {[n for n in spec.shard_modules if n]!r}")
     else:
-        from ..checkpointing import suggest_regions
+        from memsave_nb.checkpointing import suggest_regions
 
         imports.append("from torch import nn")
         source = inspect.getsource(suggest_regions).splitlines()
