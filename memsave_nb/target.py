@@ -255,24 +255,3 @@ def _current(fn: Callable[[], int], default: int) -> int:
         return fn()
     except Exception:  # noqa: BLE001
         return default
-
-
-def cli_target_lines(workload: "Workload", plan: "Plan", measurement: "Measurement", args: Any) -> str:
-    """The CLI's target section: the headroom line, fits / does not fit, max batch / sequence."""
-    from memsave_nb.units import format_bytes
-
-    if args.target_gb is None:
-        raise PlanError("--max-batch and --max-seq need --target-gb")
-    target = Target(args.target_gb, args.headroom if args.headroom is not None else DEFAULT_HEADROOM)
-    lines = ["", target.line(), f"Peak {format_bytes(measurement.peak_bytes)}: {target.verdict(measurement.peak_bytes)}"]
-    if args.max_batch:
-        r = max_batch(workload, plan, target)
-        lines.append(f"Max batch that fits: {r.value} (peak {format_bytes(r.peak_bytes or 0)}; {r.count} fake-mode probes)"
-                     + (f"; {r.limit}" if r.limit else ""))
-        lines += [f"  note: {n}" for n in r.notes]
-    if args.max_seq:
-        r = max_seq_len(workload, plan, target)
-        lines.append(f"Max sequence length that fits: {r.value} (peak {format_bytes(r.peak_bytes or 0)}; {r.count} fake-mode probes)"
-                     + (f"; limited by {r.limit}" if r.limit else ""))
-        lines += [f"  note: {n}" for n in r.notes]
-    return "\n".join(lines) + "\n"

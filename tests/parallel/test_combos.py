@@ -65,7 +65,7 @@ def test_knobs_and_layers_change_the_per_rank_bytes_as_expected():
 def test_gloo_accumulation_and_sac_under_fsdp_and_ddp():
     """FSDPMemTracker refuses several forwards per step; the real gloo ranks are the oracle for
     gradient accumulation (with SAC and memory-saving layers, FSDP2 and classic DDP)."""
-    from memsave_nb.parallel.gloo import cross_check, markdown_table
+    from memsave_nb.cli.gloo import cross_check, markdown_table
 
     plan = Plan(accumulation_steps=2, regions=SAC, memsave=("*",))
     for spec in (ParallelSpec(world_size=2), ParallelSpec(world_size=2, strategy="ddp", gradient_as_bucket_view=True)):

@@ -6,7 +6,7 @@ import pytest
 import torch.distributed as dist
 
 from memsave_nb.parallel import ParallelSpec
-from memsave_nb.parallel.gloo import cross_check, markdown_table
+from memsave_nb.cli.gloo import cross_check, markdown_table
 
 
 @pytest.mark.slow

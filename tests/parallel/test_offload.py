@@ -10,7 +10,7 @@ import pytest
 import torch.distributed as dist
 
 from memsave_nb.parallel import ParallelSpec, measure_parallel
-from memsave_nb.parallel.gloo import cross_check, markdown_table
+from memsave_nb.cli.gloo import cross_check, markdown_table
 
 from .conftest import blocks_workload, fsdp_mem_tracker_peak, tiny_gpt
 

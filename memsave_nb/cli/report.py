@@ -1,79 +1,19 @@
-"""``memsave-nb``: the command line.
-
-    memsave-nb report [--model NAME] [--batch N] [--mode real|fake] [--device cpu|cuda]
-                      [--top N] [--out FILE.html]
-    memsave-nb report --world-size N [--fsdp | --ddp] [--model NAME] [--batch N]
-    memsave-nb plan --target-gb GB [--model NAME] [--gpu H100] [--precisions P,P]
-                    [--micro-batches K,K] [--last-blocks N,N] [--save PLAN.json]
-
-measures one training step of a built-in demo workload (``memsave_nb.zoo``), prints the per-layer
-table and the peak's split, and with ``--out`` writes the standalone HTML report. A user mistake
-(unknown model, missing device, bad batch size) is one line on stderr and exit code 2.
-"""
+"""``memsave-nb report``: measure a demo workload, print the per-layer table and the peak's
+split, the knobs and the target; ``--out`` writes the HTML report."""
 
 from __future__ import annotations
 
 import argparse
 import sys
-from typing import NoReturn, Sequence
 
-from .errors import MemsaveError
-
-PROG = "memsave-nb"
-EXIT_USAGE = 2
-
-
-class _UsageError(Exception):
-    pass
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line (no usage dump) and never exits by itself."""
-
-    def error(self, message: str) -> NoReturn:
-        raise _UsageError(message)
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
-
-
-def build_parser() -> argparse.ArgumentParser:
-    from . import zoo
-
-    parser = _Parser(prog=PROG, description="See what a PyTorch training step keeps in memory.")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    rep = sub.add_parser("report", help="measure a demo workload; print the per-layer table; write an HTML report",
-                         description="Measure one training step of a built-in demo workload and report its memory.")
-    rep.add_argument("--model", default="cnn", metavar="NAME", help=f"demo workload: {', '.join(zoo.NAMES)} (default: cnn)")
-    rep.add_argument("--batch", type=_positive_int, default=None, metavar="N", help="batch size (default: the model's own)")
-    rep.add_argument("--mode", choices=("real", "fake"), default=None,
-                     help="real: run the step; fake: shapes and bytes only (default: real, fake for gpt-7b)")
-    rep.add_argument("--device", default="cpu", metavar="DEVICE", help="cpu or cuda (default: cpu)")
-    rep.add_argument("--top", type=_positive_int, default=None, metavar="N",
-                     help="show the N modules whose own ops save the most instead of every module")
-    rep.add_argument("--out", default=None, metavar="FILE.html", help="also write a standalone HTML report here")
-    rep.add_argument("--repeats", type=_positive_int, default=3, metavar="N", help=argparse.SUPPRESS)
-    _add_tuner_arguments(rep)
-    from .parallel.cli import add_arguments
-
-    add_arguments(rep, _positive_int)
-    from .planner.cli import add_parser as add_plan_parser
-
-    add_plan_parser(sub, _positive_int)
-    return parser
+from ..errors import MemsaveError
+from .args import _positive_int
 
 
 def _add_tuner_arguments(rep: argparse.ArgumentParser) -> None:
     """Workload knobs and the target GPU (memsave_nb.knobs, memsave_nb.target)."""
-    from .knobs import OPTIMIZERS, PRECISIONS
-    from .target import PRESETS_GB
+    from ..knobs import OPTIMIZERS, PRECISIONS
+    from ..target import PRESETS_GB
 
     rep.add_argument("--seq-len", type=_positive_int, default=None, metavar="T", help="cut or extend token inputs to T")
     rep.add_argument("--precision", choices=sorted(PRECISIONS), default=None, help="precision knob (default: the model's)")
@@ -89,7 +29,7 @@ def _add_tuner_arguments(rep: argparse.ArgumentParser) -> None:
 
 
 def _knob_plan(args: argparse.Namespace):
-    from .plan import Plan
+    from ..plan import Plan
 
     return Plan(
         seq_len=args.seq_len,
@@ -102,7 +42,7 @@ def _knob_plan(args: argparse.Namespace):
 
 def format_report(measurement, *, title: str, top: int | None = None) -> str:
     """The text the ``report`` command prints: heading, per-layer table, peak split, totals."""
-    from .ui.format import format_bytes, format_flops, format_seconds, layer_table, render_table, split_table
+    from ..ui.format import format_bytes, format_flops, format_seconds, layer_table, render_table, split_table
 
     m = measurement
     headers, rows = layer_table(m, top=top)
@@ -139,12 +79,12 @@ def _step_note(m, format_bytes) -> str:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from . import zoo
-    from .measure import measure
-    from .workload import check_device
+    from .. import zoo
+    from ..measure import measure
+    from ..workload import check_device
 
     check_device(args.device)
-    from .parallel.cli import report_parallel, wants_parallel
+    from .parallel import report_parallel, wants_parallel
 
     if wants_parallel(args):
         return report_parallel(args)
@@ -164,46 +104,8 @@ def _report(args: argparse.Namespace) -> int:
 
         sys.stdout.write(cli_target_lines(workload, plan, measurement, args))
     if args.out:
-        from .report import write_report
+        from ..report import write_report
 
         path = write_report(measurement, args.out, title=title, top=args.top)
         sys.stdout.write(f"\nWrote {path}\n")
     return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``memsave-nb``; returns the exit code."""
-    try:
-        parser = build_parser()
-        args = parser.parse_args(argv)
-        if args.command is None:
-            parser.print_help(sys.stderr)
-            return EXIT_USAGE
-        if args.command == "plan":
-            from .planner.cli import run_plan
-
-            return run_plan(args)
-        return _report(args)
-    except _UsageError as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except MemsaveError as exc:
-        print(f"{PROG}: error: {_one_line(exc)}", file=sys.stderr)
-        return EXIT_USAGE
-    except SystemExit as exc:  # --help
-        return exc.code if isinstance(exc.code, int) else 0
-    except KeyboardInterrupt:
-        print(f"{PROG}: interrupted", file=sys.stderr)
-        return 130
-    except OSError as exc:  # --out not writable, and the like
-        print(f"{PROG}: error: {_one_line(exc)}", file=sys.stderr)
-        return 1
-
-
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return text or type(exc).__name__
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

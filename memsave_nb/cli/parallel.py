@@ -26,7 +26,7 @@ def wants_parallel(args: argparse.Namespace) -> bool:
 
 def report_parallel(args: argparse.Namespace) -> int:
     from .. import zoo
-    from .measure import measure_parallel
+    from ..parallel.measure import measure_parallel
     from ..parallel_spec import ParallelSpec
 
     if args.world_size is None:

@@ -5,7 +5,7 @@ seed, applies the same ``fully_shard``/DDP calls (``apply.apply_parallel``) to i
 runs the same tracked step (``step.tracked_step``) on real tensors with real collectives. Its
 peak and split are compared with the fake-mode prediction for that rank (``measure_rank``).
 
-``python -m memsave_nb.parallel.gloo --case tiny-gpt --world-size 2 4 [--ddp | --cpu-offload]`` prints the table.
+``python -m memsave_nb.cli.gloo --case tiny-gpt --world-size 2 4 [--ddp | --cpu-offload]`` prints the table.
 Classic DDP runs here exactly as in a training script (its default all-reduce, ``init_sync``).
 """
 
@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .result import RankMeasurement
+from ..parallel.result import RankMeasurement
 from ..parallel_spec import ParallelSpec
 
 
@@ -78,10 +78,10 @@ def _rank_main(rank: int, case: str, spec_dict: dict, store_path: str, out_dir: 
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    from .apply import apply_parallel
+    from ..parallel.apply import apply_parallel
     from ..plan import Plan
-    from .measure import entries_restored
-    from .step import tracked_step
+    from ..parallel.measure import entries_restored
+    from ..parallel.step import tracked_step
 
     torch.set_num_threads(1)
     spec = ParallelSpec.from_dict(spec_dict)
@@ -138,7 +138,7 @@ def measure_gloo(case: str, spec: ParallelSpec, start_method: str = "fork",
 
 def cross_check(case: str, spec: ParallelSpec, plan: Any = None) -> list[CrossCheckRow]:
     """Fake-mode prediction against the real gloo measurement, per rank."""
-    from .measure import measure_rank
+    from ..parallel.measure import measure_rank
 
     workload = CASES[case]()
     measured = measure_gloo(case, spec, plan=plan)

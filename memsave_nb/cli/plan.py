@@ -32,7 +32,7 @@ def _csv_precisions(text: str) -> tuple[str, ...]:
 
 def add_parser(sub, positive_int) -> None:
     from .. import zoo
-    from .roofline import GPUS
+    from ..planner.roofline import GPUS
 
     p = sub.add_parser("plan", help="find the setups of a demo workload that fit a target GPU, fastest first",
                        description="Search freezing, checkpointing/offloading per block, precision and micro-batching "
@@ -60,7 +60,7 @@ def run_plan(args: argparse.Namespace) -> int:
     from ..plan import Plan
     from ..target import Target
     from ..units import format_bytes
-    from .search import plan_for
+    from ..planner.search import plan_for
 
     if args.model == "gpt-7b" and args.mode == "real":
         raise MemsaveError("gpt-7b is built from fake tensors and only runs with --mode fake")
