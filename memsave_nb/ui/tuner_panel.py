@@ -43,11 +43,10 @@ from . import figures
 from .format import format_bytes
 from .plots import bokeh_widget
 from .runner import Runner
+from .tuner_host import TunerHost
 
 if TYPE_CHECKING:  # pragma: no cover
     from memsave_nb.planner import Candidate, PlannerResult
-
-    from .explorer import Explorer
 
 FREE = "other…"
 FITS_COLOR = "#2ca02c"
@@ -132,11 +131,12 @@ def one_line(exc: BaseException) -> str:
 
 
 class TunerPanel(W.VBox):
-    """Target, verdict, knobs, max batch and the planner's front, wired to an :class:`Explorer`."""
+    """Target, verdict, knobs, max batch and the planner's front, wired to a :class:`TunerHost`
+    (the explorer)."""
 
     TITLE = "Fit a GPU"
 
-    def __init__(self, explorer: "Explorer", *, device: str = "H100"):
+    def __init__(self, explorer: TunerHost, *, device: str = "H100"):
         from memsave_nb.knobs import OPTIMIZERS, PRECISIONS
         from memsave_nb.planner import GPUS
 
