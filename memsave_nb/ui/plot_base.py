@@ -1,0 +1,74 @@
+"""What every figure shares: the categories' colours, the :class:`Plot` bundle a builder returns,
+the bytes axis. Below ``figures.py`` and ``history_figures.py``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+from bokeh.models import ColumnDataSource, CustomJSTickFormatter
+
+from ..measure.result import Measurement
+from .format import BYTES_TICK_JS
+
+CATEGORY_COLORS = {
+    "parameters": "#4c78a8",
+    "inputs": "#9ecae9",
+    "gradients": "#f58518",
+    "optimizer_state": "#e45756",
+    "activations": "#54a24b",
+    "outputs": "#eeca3b",
+    "temporaries": "#b279a2",
+    "outputs": "#a0d98f",  # outputs and caches the step keeps (not saved for backward)
+}
+
+
+def category_color(category: str) -> str:
+    """The colour of a peak/timeline category (grey for one this module does not know yet)."""
+    return CATEGORY_COLORS.get(category, "#bab0ac")
+
+
+PHASE_COLORS = {"forward": "#dbe9f6", "backward": "#fde2cf", "optimizer": "#eadff2"}
+OTHER_PHASE_COLOR = "#eeeeee"
+BAR_COLOR = "#4c78a8"
+MORE_COLOR = "#d62728"  # more memory than the baseline
+LESS_COLOR = "#2ca02c"  # less memory than the baseline
+MAX_TIMELINE_POINTS = 2000
+ROOT_LABEL = "(model)"
+
+Data = dict[str, list]
+
+
+# -- the returned bundle ---------------------------------------------------------------------
+@dataclass(eq=False)
+class Plot:
+    """A figure, its data sources by name (``"main"`` first) and how to refresh them in place."""
+
+    figure: Any
+    sources: dict[str, ColumnDataSource]
+    data_fn: Callable[..., dict[str, Data]] = field(repr=False)
+    after_update: Callable[["Plot", dict[str, Data]], None] | None = field(default=None, repr=False)
+
+    @property
+    def source(self) -> ColumnDataSource:
+        return self.sources["main"]
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        """Recompute every source from new results (same arguments as the builder)."""
+        datas = self.data_fn(*args, **kwargs)
+        for name, data in datas.items():
+            self.sources[name].data = data
+        if self.after_update is not None:
+            self.after_update(self, datas)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter((self.figure, self.source))
+
+
+def _bytes_axis(axis: Any) -> None:
+    axis.formatter = CustomJSTickFormatter(code=BYTES_TICK_JS)
+
+
+def _measurement(obj: Any) -> Measurement:
+    """A Measurement, or something holding one as ``.measurement`` (a session entry)."""
+    return obj.measurement if hasattr(obj, "measurement") else obj
