@@ -28,14 +28,13 @@ from __future__ import annotations
 import html
 import threading
 import time
-import traceback
 import weakref
 from typing import Any, Callable
 
 import ipywidgets as W
 from torch import nn
 
-from memsave_nb.errors import Cancelled, MemsaveError, StepError, WorkloadError
+from memsave_nb.errors import MemsaveError, WorkloadError
 from memsave_nb.measure import Measurement
 from memsave_nb.plan import Plan
 from memsave_nb.session import Entry, Session
@@ -44,7 +43,9 @@ from memsave_nb.workload import Workload
 
 from .budget_panel import BudgetPanel
 from .editor import PlanEditor
-from .format import format_bytes, format_delta_bytes, format_time_spread, time_change
+from .explorer_runs import ExplorerRuns
+from .explorer_text import _delta_text, loss_note_html, output_kind, title_html  # noqa: F401 - public here too
+from .format import format_bytes, format_time_spread, time_change
 from .layer_table import LayerTable
 from .plots import bokehjs_loader
 from .results_panel import ResultsPanel
@@ -72,7 +73,7 @@ def _label(value: str, cls: str, **layout: Any) -> W.Label:
     return w
 
 
-class Explorer(W.VBox):
+class Explorer(ExplorerRuns, W.VBox):
     """Widgets over a :class:`~memsave_nb.session.Session`.
 
     Parameters: ``session``; ``live`` (rerun on every change, default True); ``debounce_s``
@@ -416,143 +417,6 @@ class Explorer(W.VBox):
         self._show(entry)
         self._end("done", f"restored {entry.plan.name or entry.plan.describe()}")
 
-    # -- runs ----------------------------------------------------------------------------------
-    def _next_generation(self) -> int:
-        with self._ui_lock:
-            self._generation += 1
-            return self._generation
-
-    def _run_job(self, plan: Plan, cancel_event: threading.Event, generation: int) -> Entry | None:
-        if generation != self._generation:
-            return None  # superseded before it started
-        self._user_cancelled = False
-        phase = "compiling, then measuring the step" if plan.compile_budget is not None else "measuring the step"
-        self._begin(f"running: {plan.describe()}", steps=1, label=phase)
-        start = time.perf_counter()
-        try:
-            entry = self.session.run(plan, cancel_event=cancel_event)
-        except Cancelled:
-            if self._user_cancelled:
-                self._end("cancelled", "the model is unchanged; the numbers shown are from the last run")
-            return None
-        except BaseException as exc:  # noqa: BLE001 - shown in the widget, not lost in a thread
-            if generation == self._generation:
-                self._fail(plan, exc, revert=True)
-            return None
-        if generation != self._generation:
-            return entry  # in the history now, but a newer request owns the display
-        self._show(entry)
-        self._end("done", f"{plan.describe()} in {time.perf_counter() - start:.2f} s")
-        return entry
-
-    def _sweep_job(self, plan: Plan, budgets: list[float], cancel_event: threading.Event) -> None:
-        self._user_cancelled = False
-        self._begin(f"sweep: {len(budgets)} budgets", steps=len(budgets), label=f"budget 1 of {len(budgets)}")
-        points: list[tuple[float, Measurement]] = []
-        try:
-            for i, b in enumerate(budgets):
-                if cancel_event.is_set():
-                    raise Cancelled("sweep cancelled")
-                self._progress_label = f"budget {b:g} ({i + 1} of {len(budgets)}): compiling, then measuring"
-                self._set_status("running", f"sweep: budget {b:g} ({i + 1}/{len(budgets)})")
-                entry = self.session.run(
-                    plan.replace(compile_budget=b, name=f"{plan.name or 'compile'} @ budget {b:g}"),
-                    cancel_event=cancel_event,
-                )
-                points.append((b, entry.measurement))
-                self.sweep_points = list(points)
-                with self._ui_lock:
-                    self.budget.show_sweep(points)
-                    self.progress.value = i + 1
-                    self.results.show_history(self._history_entries(), self._current_index())
-        except Cancelled:
-            self._end("cancelled", f"sweep stopped after {len(points)} of {len(budgets)} budgets")
-            return
-        except BaseException as exc:  # noqa: BLE001
-            self._fail(plan.replace(compile_budget=budgets[len(points)]), exc)
-            return
-        self._end("done", f"sweep over {len(budgets)} budgets")
-
-    def _begin(self, text: str, steps: int, label: str = "") -> None:
-        with self._ui_lock:
-            self.progress.max = max(1, steps)
-            self.progress.value = 0
-            self.progress.bar_style = "info"
-            self.progress.layout.visibility = "visible"
-            self.cancel_button.disabled = False
-            self._run_started = time.perf_counter()
-            self._progress_label = label
-            self._tick()
-            self._set_status("running", text)
-        ticker = self._ticker
-        if ticker is None or not ticker.is_alive():
-            self._ticker = threading.Thread(target=self._tick_loop, name="memsave-progress", daemon=True)
-            self._ticker.start()
-
-    def _tick(self) -> None:
-        """The progress line: what is running (phase, budget i of n) and for how long."""
-        started = self._run_started
-        if started is None:
-            return
-        elapsed = time.perf_counter() - started
-        self.progress_text.value = (
-            f"<small>{html.escape(self._progress_label)}{' · ' if self._progress_label else ''}"
-            f"{elapsed:.0f} s elapsed</small>"
-        )
-
-    def _tick_loop(self) -> None:
-        while self._run_started is not None:
-            time.sleep(0.5)
-            with self._ui_lock:
-                self._tick()
-
-    def _end(self, state: str, text: str) -> None:
-        with self._ui_lock:
-            self.progress.value = self.progress.max
-            self.progress.layout.visibility = "hidden"
-            self.cancel_button.disabled = True
-            self._run_started = None
-            self.progress_text.value = ""
-            self._set_status(state, text)
-
-    def _fail(self, plan: Plan | None, exc: BaseException, *, revert: bool = False) -> None:
-        if isinstance(exc, MemsaveError):
-            message = str(exc)
-        else:
-            message = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
-        kind = "out of memory" if "out of memory" in message.lower() else (
-            "the step failed" if isinstance(exc, StepError) else "the run failed")
-        self.error = message
-        undone = ""
-        if plan is not None:
-            self._failed_plan = plan
-        if revert and plan is not None:
-            good = self.entry.plan if self.entry is not None else Plan()
-            if good != plan:  # a toggle that fails must not stay on: back to the plan on display
-                self._restoring = True
-                try:
-                    self.editor.load(good)
-                finally:
-                    self._restoring = False
-                undone = " The change was undone: the controls show the plan of the numbers on display."
-        cause = getattr(exc, "cause", None) or exc
-        tb = "".join(traceback.format_exception(type(cause), cause, cause.__traceback__))
-        with self._ui_lock:
-            self.error_box.value = (
-                "<div style='border:1px solid #d62728;background:#fdecea;padding:6px 8px;border-radius:3px'>"
-                f"<b>{html.escape(kind.capitalize())}</b>"
-                + (f" for plan <i>{html.escape(plan.describe())}</i>" if plan is not None else "")
-                + f": "
-                f"{html.escape(message)}<br><small>The model is as it was; the numbers shown are from the last "
-                f"successful run.{undone}</small>"
-                f"<details><summary><small>traceback</small></summary><pre style='font-size:80%'>{html.escape(tb)}</pre>"
-                "</details></div>"
-            )
-            self.error_box.layout.display = ""
-            self.progress.bar_style = "danger"
-        self._show_code()
-        self._end("error", message)
-
     # -- display -------------------------------------------------------------------------------
     def _history_entries(self) -> list[Entry]:
         """Baseline first, then each plan tried once (its latest run): runs of the same plan from
@@ -646,59 +510,6 @@ class Explorer(W.VBox):
             f"<span style='color:{color}'>{icon}<b>{html.escape(state)}</b></span> "
             f"<small>{html.escape(text)}</small>"
         )
-
-
-def title_html(name: str, type_name: str, mode: str, device: str) -> str:
-    """The explorer's title; the class name once when the workload is named after it."""
-    what = html.escape(type_name) if name in ("", type_name, "workload") else f"{html.escape(name)}: {html.escape(type_name)}"
-    return f"<b>memsave explorer</b> &mdash; {what}, {html.escape(mode)} mode on {html.escape(device)}"
-
-
-def loss_note_html(workload: Any, mode: str) -> str:
-    """Which loss the step uses, in one line; for a model returning a tuple or dict without a
-    ``loss``, the rule that builds one (sum of every floating output) is named."""
-    if getattr(workload, "loss", None) is not None:
-        return ""
-    kind = output_kind(workload) if mode == "real" else None
-    if kind == "loss":
-        return "<small>loss: the model's own <code>loss</code> output</small>"
-    if kind == "tensor" or kind is None:
-        return "<small>loss: the sum of the model's output (pass <code>loss=...</code> for your own)</small>"
-    return (f"<small>loss: the model returns a {html.escape(kind)} without a <code>loss</code>; the step uses the sum "
-            "of every floating-point tensor in it. Pass <code>loss=...</code> to use your own.</small>")
-
-
-def output_kind(workload: Any) -> str | None:
-    """``"tensor"``, ``"loss"`` (an output with a loss), ``"tuple"``, ``"dict"``... from one forward
-    without gradients; None when it cannot be told."""
-    import torch
-
-    try:
-        buffers = [(b, b.detach().clone()) for b in workload.model.buffers()]
-        try:
-            with torch.no_grad():
-                out = workload.forward(workload.make_batch())
-        finally:
-            with torch.no_grad():
-                for b, saved in buffers:
-                    b.copy_(saved)
-    except Exception:  # noqa: BLE001 - a note only; the measured step reports real errors
-        return None
-    if isinstance(out, torch.Tensor):
-        return "tensor"
-    loss = getattr(out, "loss", None)
-    if loss is None and isinstance(out, dict):
-        loss = out.get("loss")
-    if isinstance(loss, torch.Tensor):
-        return "loss"
-    return type(out).__name__
-
-
-def _delta_text(now: int, before: int) -> str:
-    if now == before:
-        return "(= baseline)"
-    pct = f", {100.0 * (now - before) / before:+.1f}%" if before else ""
-    return f"({format_delta_bytes(now - before)}{pct})"
 
 
 # -- the public front door -------------------------------------------------------------------------

@@ -1,0 +1,62 @@
+"""The explorer's one-line texts: its title, which loss the step uses, a change against the
+baseline."""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+from .format import format_delta_bytes
+
+
+def title_html(name: str, type_name: str, mode: str, device: str) -> str:
+    """The explorer's title; the class name once when the workload is named after it."""
+    what = html.escape(type_name) if name in ("", type_name, "workload") else f"{html.escape(name)}: {html.escape(type_name)}"
+    return f"<b>memsave explorer</b> &mdash; {what}, {html.escape(mode)} mode on {html.escape(device)}"
+
+
+def loss_note_html(workload: Any, mode: str) -> str:
+    """Which loss the step uses, in one line; for a model returning a tuple or dict without a
+    ``loss``, the rule that builds one (sum of every floating output) is named."""
+    if getattr(workload, "loss", None) is not None:
+        return ""
+    kind = output_kind(workload) if mode == "real" else None
+    if kind == "loss":
+        return "<small>loss: the model's own <code>loss</code> output</small>"
+    if kind == "tensor" or kind is None:
+        return "<small>loss: the sum of the model's output (pass <code>loss=...</code> for your own)</small>"
+    return (f"<small>loss: the model returns a {html.escape(kind)} without a <code>loss</code>; the step uses the sum "
+            "of every floating-point tensor in it. Pass <code>loss=...</code> to use your own.</small>")
+
+
+def output_kind(workload: Any) -> str | None:
+    """``"tensor"``, ``"loss"`` (an output with a loss), ``"tuple"``, ``"dict"``... from one forward
+    without gradients; None when it cannot be told."""
+    import torch
+
+    try:
+        buffers = [(b, b.detach().clone()) for b in workload.model.buffers()]
+        try:
+            with torch.no_grad():
+                out = workload.forward(workload.make_batch())
+        finally:
+            with torch.no_grad():
+                for b, saved in buffers:
+                    b.copy_(saved)
+    except Exception:  # noqa: BLE001 - a note only; the measured step reports real errors
+        return None
+    if isinstance(out, torch.Tensor):
+        return "tensor"
+    loss = getattr(out, "loss", None)
+    if loss is None and isinstance(out, dict):
+        loss = out.get("loss")
+    if isinstance(loss, torch.Tensor):
+        return "loss"
+    return type(out).__name__
+
+
+def _delta_text(now: int, before: int) -> str:
+    if now == before:
+        return "(= baseline)"
+    pct = f", {100.0 * (now - before) / before:+.1f}%" if before else ""
+    return f"({format_delta_bytes(now - before)}{pct})"
