@@ -53,8 +53,8 @@ def dequantize_nf4(packed: torch.Tensor, absmax: torch.Tensor, code: torch.Tenso
     """Packed 4-bit indices and float32 absmax -> the ``(rows, cols)`` weight in ``dtype``."""
     flat = packed.reshape(-1)
     idx = torch.stack((flat >> 4, flat & 15), dim=1).reshape(-1).long()
-    values = code[idx].reshape(-1, BLOCK) * absmax.reshape(-1, 1)
-    return values.reshape(-1)[: rows * cols].reshape(rows, cols).to(dtype)
+    values = code[idx] * absmax.repeat_interleave(BLOCK)[: idx.numel()]
+    return values[: rows * cols].reshape(rows, cols).to(dtype)
 
 
 @dequantize_nf4.register_fake
@@ -91,11 +91,11 @@ def _nf4_state(weight: torch.Tensor) -> dict[str, torch.Tensor]:
     absmax = flat.abs().amax(dim=1).clamp_min(1e-12)
     idx = (flat / absmax[:, None]).unsqueeze(-1).sub(code).abs().argmin(-1).to(torch.uint8).reshape(-1)
     idx = F.pad(idx, (0, idx.numel() % 2))
-    packed = ((idx[0::2] << 4) | idx[1::2]).reshape(-1, 1)
+    packed = ((idx[0::2] << 4) | idx[1::2])[: -(-n // 2)].clone().reshape(-1, 1)  # (n+1)//2 bytes, as bitsandbytes
     offset = absmax.mean()
     centred = F.pad(absmax - offset, (0, outer * ABSMAX_BLOCK - blocks)).reshape(outer, ABSMAX_BLOCK)
     absmax2 = centred.abs().amax(dim=1).clamp_min(1e-12)
-    absmax_q = (centred / absmax2[:, None]).unsqueeze(-1).sub(code2).abs().argmin(-1).to(torch.uint8).reshape(-1)[:blocks]
+    absmax_q = (centred / absmax2[:, None]).unsqueeze(-1).sub(code2).abs().argmin(-1).to(torch.uint8).reshape(-1)[:blocks].clone()  # own storage: no padding kept
     return {"packed": packed, "absmax_q": absmax_q, "absmax2": absmax2, "code2": code2, "offset": offset, "code": code}
 
 
