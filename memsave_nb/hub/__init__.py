@@ -9,9 +9,9 @@ or the UI. See docs/hub.md.
 from __future__ import annotations
 
 from .configs import HubError, catalogue, catalogue_names, closest_names, resolve_config
-from .load import TASKS, from_pretrained, parse_dtype, pick_task
+from .load import TASKS, SyntheticBatch, from_pretrained, parse_dtype, pick_task
 from .lora import lora_config, parse_lora
 from .quant import QuantLinear, quantize_linears
 
 __all__ = ["from_pretrained", "parse_lora", "lora_config", "resolve_config", "catalogue", "catalogue_names",
-           "closest_names", "HubError", "TASKS", "pick_task", "parse_dtype", "QuantLinear", "quantize_linears"]
+           "closest_names", "HubError", "TASKS", "SyntheticBatch", "pick_task", "parse_dtype", "QuantLinear", "quantize_linears"]

@@ -4,6 +4,7 @@ config alone (no weights), with a synthetic batch, LoRA and QLoRA."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from typing import Any
 
 import torch
@@ -72,26 +73,45 @@ def _seq_limit(config) -> int | None:
     return None
 
 
-def make_batch_factory(config, task: str, batch_size: int, seq_len: int, dtype: torch.dtype):
-    """A zero-argument factory of the step's synthetic batch (called by ``measure`` inside fake mode)."""
-    vocab = getattr(config, "vocab_size", None) or 2
+@dataclasses.dataclass(frozen=True)
+class SyntheticBatch:
+    """The step's synthetic batch as a zero-argument factory (``measure`` calls it inside fake mode).
 
-    def batch() -> dict[str, torch.Tensor]:
-        if task == "image-classification":
-            size = config.image_size
-            return {"pixel_values": torch.randn(batch_size, config.num_channels, size, size, dtype=dtype),
-                    "labels": torch.randint(0, config.num_labels, (batch_size,))}
-        ids = torch.randint(0, vocab, (batch_size, seq_len))
+    Plain data: ``resized(batch_size=8)`` gives the same batch at another size, for a max-batch
+    search that keeps the model."""
+
+    task: str
+    batch_size: int
+    seq_len: int
+    dtype: torch.dtype
+    vocab_size: int = 2
+    num_labels: int = 2
+    image_size: int = 224
+    num_channels: int = 3
+
+    @classmethod
+    def for_config(cls, config, task: str, batch_size: int, seq_len: int, dtype: torch.dtype) -> "SyntheticBatch":
+        return cls(task, batch_size, seq_len, dtype, getattr(config, "vocab_size", None) or 2,
+                   getattr(config, "num_labels", 2), getattr(config, "image_size", 224), getattr(config, "num_channels", 3))
+
+    def resized(self, *, batch_size: int | None = None, seq_len: int | None = None) -> "SyntheticBatch":
+        return dataclasses.replace(self, batch_size=batch_size or self.batch_size, seq_len=seq_len or self.seq_len)
+
+    def __call__(self) -> dict[str, torch.Tensor]:
+        b, t = self.batch_size, self.seq_len
+        if self.task == "image-classification":
+            size = self.image_size
+            return {"pixel_values": torch.randn(b, self.num_channels, size, size, dtype=self.dtype),
+                    "labels": torch.randint(0, self.num_labels, (b,))}
+        ids = torch.randint(0, self.vocab_size, (b, t))
         out = {"input_ids": ids}  # no attention_mask: all ones is no mask, and fake mode cannot read its values
-        if task == "seq-classification":
-            out["labels"] = torch.randint(0, config.num_labels, (batch_size,))
-        elif task == "seq2seq":
-            out["labels"] = torch.randint(0, vocab, (batch_size, seq_len))  # the model shifts them into decoder_input_ids
+        if self.task == "seq-classification":
+            out["labels"] = torch.randint(0, self.num_labels, (b,))
+        elif self.task == "seq2seq":
+            out["labels"] = torch.randint(0, self.vocab_size, (b, t))  # the model shifts them into decoder_input_ids
         else:
             out["labels"] = ids
         return out
-
-    return batch
 
 
 def build_model(config, task: str, dtype: torch.dtype, empty_weights: bool, seed: int):
@@ -157,5 +177,5 @@ def from_pretrained(
     if quantize is not None:
         quantize_linears(model, quantize, keep=(model.get_output_embeddings(),))
     name = str(name_or_path_or_config) if isinstance(name_or_path_or_config, str) else config.name_or_path or config.model_type
-    return Workload(model, make_batch_factory(config, task, batch_size, seq_len, torch_dtype), optimizer=optimizer,
+    return Workload(model, SyntheticBatch.for_config(config, task, batch_size, seq_len, torch_dtype), optimizer=optimizer,
                     name=name)

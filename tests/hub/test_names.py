@@ -44,6 +44,7 @@ def test_batch_has_the_task_shapes():
     wl = from_pretrained("llama-3.2-1b", batch_size=3, seq_len=128)
     batch = wl.make_batch()
     assert batch["input_ids"].shape == batch["labels"].shape == (3, 128)
+    assert wl.batch.resized(batch_size=5)()["input_ids"].shape == (5, 128)  # another size, same model
     vit = from_pretrained("vit-b/16", batch_size=2, dtype="fp32")
     assert type(vit.model).__name__ == "ViTForImageClassification"
     assert vit.make_batch()["pixel_values"].shape == (2, 3, 224, 224)
