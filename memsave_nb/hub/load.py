@@ -173,7 +173,8 @@ def from_pretrained(
     peft_config = None if lora is None else lora_config(lora, task)  # bad settings fail before the build
     model = build_model(config, task, torch_dtype, empty_weights, seed)
     if peft_config is not None:
-        model = apply_lora(model, peft_config)
+        with torch.device("meta") if empty_weights else contextlib.nullcontext():  # adapters born on meta: no init work
+            model = apply_lora(model, peft_config)
     if quantize is not None:
         quantize_linears(model, quantize, keep=(model.get_output_embeddings(),))
     name = str(name_or_path_or_config) if isinstance(name_or_path_or_config, str) else config.name_or_path or config.model_type
