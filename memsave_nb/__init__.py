@@ -13,6 +13,7 @@ from typing import Any
 
 from . import presets
 from .checkpointing import RegionPolicy
+from .hub import from_pretrained
 from .errors import Cancelled, MemsaveError, StepError, WorkloadError
 from .layers import convert, revert
 from .measure import Measurement, measure
@@ -24,6 +25,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Workload",
+    "from_pretrained",
     "Plan",
     "RegionPolicy",
     "presets",

@@ -1,0 +1,182 @@
+"""``from_pretrained``: a Hugging Face model as a :class:`~memsave_nb.workload.Workload`, from its
+config alone (no weights), with a synthetic batch, LoRA and QLoRA."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from typing import Any
+
+import torch
+
+from ..workload import Workload
+from .configs import HubError, resolve_config
+from .lora import apply_lora, lora_config
+from .quant import QUANT_TYPES, quantize_linears
+
+# task -> transformers' auto class and its mapping of model types; the order is the one tried
+# when neither ``task`` nor ``config.architectures`` says
+TASKS = {
+    "seq2seq": ("AutoModelForSeq2SeqLM", "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES"),
+    "masked-lm": ("AutoModelForMaskedLM", "MODEL_FOR_MASKED_LM_MAPPING_NAMES"),
+    "causal-lm": ("AutoModelForCausalLM", "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"),
+    "image-classification": ("AutoModelForImageClassification", "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES"),
+    "seq-classification": ("AutoModelForSequenceClassification", "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES"),
+}
+_ARCH_SUFFIX = {"ForCausalLM": "causal-lm", "LMHeadModel": "causal-lm", "ForConditionalGeneration": "seq2seq",
+                "ForMaskedLM": "masked-lm", "ForPreTraining": "masked-lm", "ForSequenceClassification": "seq-classification",
+                "ForImageClassification": "image-classification"}
+DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
+          "half": torch.float16, "fp32": torch.float32, "float32": torch.float32, "float": torch.float32}
+DEFAULT_SEQ_LEN = 2048
+
+
+def heads(model_type: str) -> list[str]:
+    """The tasks this transformers has a head for, for ``model_type``."""
+    from transformers.models.auto import modeling_auto
+
+    return [task for task, (_, mapping) in TASKS.items() if model_type in getattr(modeling_auto, mapping)]
+
+
+def pick_task(config, task: str | None) -> str:
+    """``task`` checked against the model's heads, or the one its config names, or the first it has."""
+    available = heads(config.model_type)
+    if task is not None:
+        key = task.lower().replace("_", "-")
+        if key not in TASKS:
+            raise HubError(f"unknown task {task!r}; choose from {', '.join(TASKS)}")
+        if key not in available:
+            raise HubError(f"{config.model_type} has no head for task {key!r} in this transformers; it has: {', '.join(available) or 'none'}")
+        return key
+    for arch in getattr(config, "architectures", None) or []:
+        for suffix, named in _ARCH_SUFFIX.items():
+            if arch.endswith(suffix) and named in available:
+                return named
+    if not available:
+        raise HubError(f"{config.model_type} has no training head in this transformers (tasks: {', '.join(TASKS)})")
+    return available[0]
+
+
+def parse_dtype(dtype: Any) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if isinstance(dtype, str) and dtype.lower().removeprefix("torch.") in DTYPES:
+        return DTYPES[dtype.lower().removeprefix("torch.")]
+    raise HubError(f"unknown dtype {dtype!r}; choose from bf16, fp16, fp32")
+
+
+def _seq_limit(config) -> int | None:
+    for key in ("max_position_embeddings", "n_positions"):
+        value = getattr(config, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class SyntheticBatch:
+    """The step's synthetic batch as a zero-argument factory (``measure`` calls it inside fake mode).
+
+    Plain data: ``resized(batch_size=8)`` gives the same batch at another size, for a max-batch
+    search that keeps the model."""
+
+    task: str
+    batch_size: int
+    seq_len: int
+    dtype: torch.dtype
+    vocab_size: int = 2
+    num_labels: int = 2
+    image_size: int = 224
+    num_channels: int = 3
+
+    @classmethod
+    def for_config(cls, config, task: str, batch_size: int, seq_len: int, dtype: torch.dtype) -> "SyntheticBatch":
+        return cls(task, batch_size, seq_len, dtype, getattr(config, "vocab_size", None) or 2,
+                   getattr(config, "num_labels", 2), getattr(config, "image_size", 224), getattr(config, "num_channels", 3))
+
+    def resized(self, *, batch_size: int | None = None, seq_len: int | None = None) -> "SyntheticBatch":
+        return dataclasses.replace(self, batch_size=batch_size or self.batch_size, seq_len=seq_len or self.seq_len)
+
+    def __call__(self) -> dict[str, torch.Tensor]:
+        b, t = self.batch_size, self.seq_len
+        if self.task == "image-classification":
+            size = self.image_size
+            return {"pixel_values": torch.randn(b, self.num_channels, size, size, dtype=self.dtype),
+                    "labels": torch.randint(0, self.num_labels, (b,))}
+        ids = torch.randint(0, self.vocab_size, (b, t))
+        out = {"input_ids": ids}  # no attention_mask: all ones is no mask, and fake mode cannot read its values
+        if self.task == "seq-classification":
+            out["labels"] = torch.randint(0, self.num_labels, (b,))
+        elif self.task == "seq2seq":
+            out["labels"] = torch.randint(0, self.vocab_size, (b, t))  # the model shifts them into decoder_input_ids
+        else:
+            out["labels"] = ids
+        return out
+
+
+def build_model(config, task: str, dtype: torch.dtype, empty_weights: bool, seed: int):
+    """The model from its config: on the meta device (no memory) or with random weights on the CPU."""
+    import transformers
+
+    auto = getattr(transformers, TASKS[task][0])
+    if task == "seq-classification" and getattr(config, "pad_token_id", None) is None:
+        config.pad_token_id = 0  # decoders' classification heads need it to find the last token
+    place = torch.device("meta") if empty_weights else contextlib.nullcontext()
+    with place, torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return auto.from_config(config, dtype=dtype)
+
+
+def from_pretrained(
+    name_or_path_or_config: Any,
+    *,
+    task: str | None = None,
+    batch_size: int = 1,
+    seq_len: int | None = None,
+    dtype: Any = torch.bfloat16,
+    lora: Any = None,
+    quantize: str | None = None,
+    optimizer: Any = "adamw",
+    overrides: dict[str, Any] | None = None,
+    empty_weights: bool = True,
+    revision: str | None = None,
+    seed: int = 0,
+) -> Workload:
+    """A training-step :class:`Workload` for a Hugging Face model named by hub id, local folder or
+    ``config.json``, ``PretrainedConfig``, or catalogue name (:func:`catalogue_names`).
+
+    The model is built from its config alone, on the meta device: measure it with
+    ``measure(wl, mode="fake")``. ``empty_weights=False`` builds it with random weights on the CPU
+    (small shapes only) for real-mode runs. ``overrides`` changes config fields (e.g. fewer layers).
+    ``lora``: a peft ``LoraConfig``, a dict (``r``, ``alpha``, ``target_modules``, ``modules_to_save``,
+    ``dropout``) or a string ``"r=16,alpha=32"``. ``quantize``: ``"nf4"`` or ``"int8"`` holds the
+    frozen base linears as bitsandbytes does (QLoRA; needs ``lora``).
+    """
+    if quantize is not None and quantize not in QUANT_TYPES:
+        raise HubError(f"unknown quantize {quantize!r}; choose from {', '.join(QUANT_TYPES)}")
+    if quantize is not None and lora is None:
+        raise HubError(f"quantize={quantize!r} freezes the base: give lora= too (QLoRA trains the adapters)")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise HubError(f"batch_size must be a whole number >= 1, got {batch_size!r}")
+    torch_dtype = parse_dtype(dtype)
+    config = resolve_config(name_or_path_or_config, revision)
+    for key, value in (overrides or {}).items():
+        setattr(config, key, value)
+    task = pick_task(config, task)
+    limit = _seq_limit(config)
+    if seq_len is None:
+        seq_len = min(DEFAULT_SEQ_LEN, limit or DEFAULT_SEQ_LEN)
+    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
+        raise HubError(f"seq_len must be a whole number >= 1, got {seq_len!r}")
+    if limit is not None and seq_len > limit and task != "image-classification":
+        raise HubError(f"seq_len {seq_len} is longer than the model's {limit} positions")
+    peft_config = None if lora is None else lora_config(lora, task)  # bad settings fail before the build
+    model = build_model(config, task, torch_dtype, empty_weights, seed)
+    if peft_config is not None:
+        with torch.device("meta") if empty_weights else contextlib.nullcontext():  # adapters born on meta: no init work
+            model = apply_lora(model, peft_config)
+    if quantize is not None:
+        quantize_linears(model, quantize, keep=(model.get_output_embeddings(),))
+    name = str(name_or_path_or_config) if isinstance(name_or_path_or_config, str) else config.name_or_path or config.model_type
+    return Workload(model, SyntheticBatch.for_config(config, task, batch_size, seq_len, torch_dtype), optimizer=optimizer,
+                    name=name)

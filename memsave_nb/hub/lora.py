@@ -1,0 +1,79 @@
+"""LoRA from plain values: a peft ``LoraConfig``, a short dict, or a command-line string.
+
+``parse_lora("r=16,alpha=32,target_modules=q_proj+v_proj")`` gives the short dict; ``lora_config``
+turns any of the three into a ``LoraConfig``; ``apply_lora`` wraps the model with peft, which freezes
+the base exactly as it does in a training script.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from .configs import HubError
+
+_ALIASES = {"alpha": "lora_alpha", "dropout": "lora_dropout", "target": "target_modules", "targets": "target_modules",
+            "save": "modules_to_save", "rank": "r"}
+_LIST_KEYS = ("target_modules", "modules_to_save")
+_PEFT_TASKS = {"causal-lm": "CAUSAL_LM", "seq-classification": "SEQ_CLS", "seq2seq": "SEQ_2_SEQ_LM"}
+
+
+def parse_lora(text: str) -> dict[str, Any]:
+    """``"r=16,alpha=32,target_modules=q_proj+v_proj"`` -> ``{"r": 16, "alpha": 32, "target_modules": [...]}``.
+
+    A bare number is the rank (``"16"``); lists are joined with ``+``; ``all-linear`` is peft's own word."""
+    text = text.strip()
+    if text.isdigit():
+        return {"r": int(text)}
+    out: dict[str, Any] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, value = part.partition("=")
+        key = key.strip().lower().replace("-", "_")
+        if not sep or not value.strip():
+            raise HubError(f"cannot read LoRA setting {part!r}: write key=value, e.g. 'r=16,alpha=32,target_modules=q_proj+v_proj'")
+        value = value.strip()
+        if _ALIASES.get(key, key) in _LIST_KEYS:
+            out[key] = value if value == "all-linear" else [v for v in value.split("+") if v]
+        else:
+            try:
+                out[key] = int(value) if value.lstrip("-").isdigit() else float(value)
+            except ValueError:
+                out[key] = value
+    return out
+
+
+def lora_config(spec: Any, task: str | None = None):
+    """A peft ``LoraConfig`` from a ``LoraConfig``, a short dict or a string (see :func:`parse_lora`)."""
+    from peft import LoraConfig
+
+    if isinstance(spec, LoraConfig):
+        return spec
+    if isinstance(spec, str):
+        spec = parse_lora(spec)
+    if isinstance(spec, bool) or not isinstance(spec, dict):
+        raise HubError(f"lora= takes a peft LoraConfig, a dict like dict(r=16, alpha=32) or a string like 'r=16,alpha=32', "
+                       f"not {type(spec).__name__}")
+    kwargs = {_ALIASES.get(k, k): v for k, v in spec.items()}
+    kwargs.setdefault("r", 16)
+    kwargs.setdefault("lora_alpha", 2 * kwargs["r"])
+    if task in _PEFT_TASKS:
+        kwargs.setdefault("task_type", _PEFT_TASKS[task])
+    try:
+        return LoraConfig(**kwargs)
+    except (TypeError, ValueError) as exc:
+        raise HubError(f"bad LoRA settings {spec!r}: {str(exc).splitlines()[0]}") from exc
+
+
+def apply_lora(model: nn.Module, config) -> nn.Module:
+    """``get_peft_model``; a model type peft has no default targets for uses ``all-linear``."""
+    from peft import get_peft_model
+    from peft.utils import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as DEFAULT_TARGETS
+
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    if config.target_modules is None and model_type not in DEFAULT_TARGETS:
+        config.target_modules = "all-linear"
+    try:
+        return get_peft_model(model, config)
+    except ValueError as exc:
+        raise HubError(f"peft cannot wrap this model with {config.target_modules!r}: {str(exc).splitlines()[0]}") from exc
