@@ -190,3 +190,19 @@ def unwritable(plan: Plan, seq_field: bool = False) -> list[str]:
     if plan.set_to_none is False:
         notes.append("zero_grad(set_to_none=False): the Trainer always sets gradients to None")
     return notes
+
+
+def wrap_classes(spec: ParallelSpec, model: nn.Module | None, notes: list[str]) -> list[str]:
+    """``transformer_layer_cls_to_wrap`` for the spec's FSDP units: their class names, when the
+    modules of those classes are exactly the units; else [] (the trainer's default wrapping) and a note."""
+    if not spec.shard_modules:
+        return []
+    if model is not None:
+        modules = dict(model.named_modules())
+        classes = sorted({type(modules[n]).__name__ for n in spec.shard_modules if n in modules})
+        picked = tuple(n for n, m in model.named_modules() if type(m).__name__ in classes)
+        if picked == spec.shard_modules:
+            return classes
+    notes.append("FSDP units by module name: trainers wrap by class (transformer_layer_cls_to_wrap); these units are "
+                 "not all modules of some classes (or no model= was given), so the trainer's default wrapping is written")
+    return []

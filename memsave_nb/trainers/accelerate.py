@@ -17,7 +17,8 @@ from memsave_nb.checkpointing import RegionKind
 from memsave_nb.parallel.spec import ParallelSpec
 from memsave_nb.plan import Plan
 
-from ._common import Exported, Imported, dump, every_n_of, load_config, parallel_of, regions_for, truthy, unwritable
+from ._common import (Exported, Imported, dump, every_n_of, load_config, parallel_of, regions_for, truthy, unwritable,
+                      wrap_classes)
 
 __all__ = ["read", "write"]
 
@@ -80,6 +81,9 @@ def write(plan: Plan, parallel: ParallelSpec | None = None, model: nn.Module | N
         cfg: dict[str, Any] = {"fsdp_version": 2, "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
                                "fsdp_reshard_after_forward": spec.reshard_after_forward,
                                "fsdp_offload_params": spec.cpu_offload}
+        classes = wrap_classes(spec, model, notes)
+        if classes:
+            cfg["fsdp_transformer_layer_cls_to_wrap"] = ",".join(classes)
         if full_n is not None:
             cfg["fsdp_activation_checkpointing"] = True
             if full_n != 1:

@@ -22,7 +22,7 @@ from memsave_nb.parallel.spec import ParallelSpec
 from memsave_nb.plan import Plan
 
 from ._common import (Exported, Imported, TrainerConfigError, dump, every_n_of, load_config, parallel_of,
-                      regions_for, truthy, unwritable)
+                      regions_for, truthy, unwritable, wrap_classes)
 
 __all__ = ["DEFAULTS", "OPTIM", "read", "write", "read_fields", "write_fields"]
 
@@ -209,12 +209,12 @@ def write_fields(plan: Plan, parallel: ParallelSpec | None, model: nn.Module | N
         notes.append("selective (per-op) checkpointing: not a Trainer argument (all layers or none); "
                      "apply the plan's regions to the model in your script, or use axolotl's selective_checkpointing")
     if spec is not None:
-        out.update(_fsdp_fields(spec, fsdp_ckpt, notes))
+        out.update(_fsdp_fields(spec, fsdp_ckpt, model, notes))
     notes += unwritable(plan, seq_field)
     return out
 
 
-def _fsdp_fields(spec: ParallelSpec, ckpt: bool, notes: list[str]) -> dict[str, Any]:
+def _fsdp_fields(spec: ParallelSpec, ckpt: bool, model: nn.Module | None, notes: list[str]) -> dict[str, Any]:
     if spec.strategy == "ddp":
         notes.append(f"DDP x{spec.world_size}: no Trainer argument; launch {spec.world_size} processes (torchrun/accelerate)")
         return {}
@@ -223,9 +223,9 @@ def _fsdp_fields(spec: ParallelSpec, ckpt: bool, notes: list[str]) -> dict[str, 
         cfg["cpu_offload"] = True
     if ckpt:
         cfg["activation_checkpointing"] = True
-    if spec.shard_modules:
-        notes.append("FSDP units by module name: the Trainer wraps by class (transformer_layer_cls_to_wrap); "
-                     "its default wraps the model's repeated blocks")
+    classes = wrap_classes(spec, model, notes)
+    if classes:
+        cfg["transformer_layer_cls_to_wrap"] = classes
     if spec.replicate > 1:
         notes.append(f"HSDP replicate={spec.replicate}: not a Trainer FSDP2 argument; sized for it, written as FSDP2")
     if spec.param_dtype or spec.reduce_dtype:
