@@ -206,3 +206,19 @@ def wrap_classes(spec: ParallelSpec, model: nn.Module | None, notes: list[str]) 
     notes.append("FSDP units by module name: trainers wrap by class (transformer_layer_cls_to_wrap); these units are "
                  "not all modules of some classes (or no model= was given), so the trainer's default wrapping is written")
     return []
+
+
+def lora_of(model: nn.Module | None) -> dict[str, Any] | None:
+    """The LoRA settings of a peft model (``model.peft_config``'s active adapter) as plain data:
+    ``r``, ``lora_alpha``, ``lora_dropout``, ``target_modules`` (sorted list or regex string);
+    ``None`` when the model is not a LoRA peft model. Nothing here imports peft."""
+    configs = getattr(model, "peft_config", None) if model is not None else None
+    if not isinstance(configs, Mapping) or not configs:
+        return None
+    name = getattr(model, "active_adapter", None)
+    cfg = configs.get(name) if isinstance(name, str) and name in configs else next(iter(configs.values()))
+    if str(getattr(cfg, "peft_type", "")).split(".")[-1].upper() != "LORA":
+        return None
+    targets = cfg.target_modules
+    return {"r": cfg.r, "lora_alpha": cfg.lora_alpha, "lora_dropout": cfg.lora_dropout,
+            "target_modules": targets if isinstance(targets, str) else sorted(targets or ())}

@@ -24,7 +24,7 @@ from memsave_nb.plan import Plan
 
 from . import hf
 from ._common import (Exported, Imported, TrainerConfigError, dump, every_n_of, load_config, parallel_of,
-                      regions_for, truthy, unwritable)
+                      regions_for, truthy, unwritable, lora_of)
 
 __all__ = ["read", "write"]
 
@@ -85,7 +85,14 @@ def read(config: Any, model: nn.Module | None = None, world_size: int | None = N
                 raise TrainerConfigError(f"unfrozen_parameters: bad regex: {exc}") from None
             kw["trainable"] = tuple(n for n, _ in model.named_parameters() if any(p.match(n) for p in pats))
     adapter = d.get("adapter")
-    if adapter:
+    lora = lora_of(model)
+    if adapter and lora is not None:
+        given = {"r": d.get("lora_r"), "lora_alpha": d.get("lora_alpha")}
+        differ = sorted(k for k, v in given.items() if v is not None and v != lora[k])
+        if differ:
+            notes.append(f"adapter: {adapter}: the model's LoRA differs in {', '.join(differ)} "
+                         f"({', '.join(f'{k}={lora[k]}' for k in differ)}); the model's is sized")
+    elif adapter:
         notes.append(f"adapter: {adapter} (r={d.get('lora_r')}): sized on the model as given; wrap it with "
                      "peft.get_peft_model(model, LoraConfig(...)) first to size the adapter")
         if adapter == "qlora":
@@ -142,6 +149,10 @@ def write(plan: Plan, parallel: ParallelSpec | None = None, model: nn.Module | N
         out["unfrozen_parameters"] = [_regex(n) for n in plan.trainable]
     elif plan.frozen or plan.trainable:
         notes.append("frozen parameters other than 'all but these': axolotl's unfrozen_parameters freezes all the rest; not written")
+    lora = lora_of(model)
+    if lora is not None:
+        out.update({"adapter": "lora", "lora_r": lora["r"], "lora_alpha": lora["lora_alpha"],
+                    "lora_dropout": lora["lora_dropout"], "lora_target_modules": lora["target_modules"]})
     spec = parallel if parallel is not None else plan.parallel
     if spec is not None:
         if spec.strategy == "fsdp":

@@ -20,7 +20,7 @@ from memsave_nb.parallel.spec import ParallelSpec
 from memsave_nb.plan import Plan
 
 from . import hf
-from ._common import Exported, Imported, dump, every_n_of, load_config, regions_for, truthy
+from ._common import Exported, Imported, dump, every_n_of, load_config, lora_of, regions_for, truthy
 
 __all__ = ["DEFAULTS", "read", "write"]
 
@@ -85,6 +85,10 @@ def write(plan: Plan, parallel: ParallelSpec | None = None, model: nn.Module | N
         out["activation_offloading"] = True
         notes.append("offload regions on every layer: wrote activation_offloading=True (TRL offloads every saved "
                      "tensor of the forward, a little more than the layers')")
+    lora = lora_of(model)
+    if lora is not None:
+        args = ", ".join(f"{k}={v!r}" for k, v in lora.items())
+        notes.append(f"LoRA is not an SFTConfig field: pass the peft model, or SFTTrainer(..., peft_config=LoraConfig({args}))")
     return Exported(dump(out, "json"), out, tuple(notes))
 
 

@@ -173,7 +173,7 @@ def test_accelerate_round_trip_and_its_own_parser(tmp_path):
 # does not install beside torch 2.13 here, so its schema is not run
 AXOLOTL_FIELDS = {"micro_batch_size", "sequence_len", "gradient_accumulation_steps", "bf16", "fp16", "optimizer",
                   "gradient_checkpointing", "selective_checkpointing", "activation_offloading", "unfrozen_parameters",
-                  "adapter", "fsdp_version", "fsdp_config"}
+                  "adapter", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "fsdp_version", "fsdp_config"}
 
 
 def test_axolotl_fields_and_selective_checkpointing():
@@ -186,3 +186,19 @@ def test_axolotl_fields_and_selective_checkpointing():
     assert back.plan.regions == plan.regions and back.plan.trainable == ("lm_head.weight",)
     lora = from_trainer({"micro_batch_size": 1, "adapter": "lora", "lora_r": 8}, MODEL)
     assert any("peft.get_peft_model" in n for n in lora.notes)
+
+
+def test_a_peft_models_lora_is_written_and_checked():
+    peft = pytest.importorskip("peft")
+    model = peft.get_peft_model(tiny_llama(), peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    layers = [f"base_model.model.{n}" for n in LAYER_NAMES]
+    plan = Plan(batch_size=1, seq_len=64, regions={n: "full" for n in layers})
+    exp = to_trainer(plan, "axolotl", model=model)
+    assert set(exp.fields) <= AXOLOTL_FIELDS
+    assert (exp.fields["adapter"], exp.fields["lora_r"], exp.fields["lora_target_modules"]) == ("lora", 4, ["q_proj", "v_proj"])
+    back = from_trainer(exp.text, model)
+    assert back.plan.regions == plan.regions and not any("LoRA" in n or "peft" in n for n in back.notes)
+    other = from_trainer(exp.text.replace("lora_r: 4", "lora_r: 16"), model)
+    assert any("differs in r (r=4)" in n for n in other.notes)
+    sft = to_trainer(plan, "trl", model=model)
+    assert any("peft_config=LoraConfig(r=4, lora_alpha=8" in n for n in sft.notes)
