@@ -202,3 +202,14 @@ def test_a_peft_models_lora_is_written_and_checked():
     assert any("differs in r (r=4)" in n for n in other.notes)
     sft = to_trainer(plan, "trl", model=model)
     assert any("peft_config=LoraConfig(r=4, lora_alpha=8" in n for n in sft.notes)
+
+
+@pytest.mark.parametrize("trainer", ["hf", "trl"])
+def test_written_fsdp_is_accepted_by_the_arguments_class_and_reads_back(trainer):
+    cls = pytest.importorskip("transformers").TrainingArguments if trainer == "hf" else pytest.importorskip("trl").SFTConfig
+    plan = Plan(batch_size=2, regions={n: "full" for n in LAYER_NAMES},
+                parallel=ParallelSpec(world_size=4, cpu_offload=True, reshard_after_forward=False, shard_modules=tuple(LAYER_NAMES)))
+    fields = to_trainer(plan, trainer, model=MODEL).fields
+    args = cls(output_dir="/tmp/memsave_nb_trainers", use_cpu=True, report_to="none", **fields)  # its own checks run
+    back = from_trainer(args, MODEL, world_size=4)  # the object after its __post_init__
+    assert back.parallel == plan.parallel and back.plan.regions == plan.regions
