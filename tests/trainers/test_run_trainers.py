@@ -112,6 +112,7 @@ def _trainer_args(fields: dict, tmp_path, cls=None):
 
 LORA = {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"], "lora_dropout": 0.0}
 
+
 def _model(lora: bool) -> torch.nn.Module:
     model = tiny_llama()
     if lora:
@@ -152,7 +153,8 @@ def test_hf_trainer_runs_our_arguments_and_matches_the_plans_peak(case, tmp_path
         trainer.train()
     assert trainer.state.global_step == 2 and probe.peak_bytes is not None
 
-    # a fresh model for each measurement: the Trainer leaves its changes on the one it trained
+    # a fresh model for each measurement: the plain loop measured on the model the Trainer had just
+    # trained read 20 KB off (seen once inside pytest, not explained yet)
     assert plain_loop_peak(imported.plan, _model(lora), keep_output=False) == pytest.approx(probe.peak_bytes, rel=1e-3)
 
 
@@ -168,7 +170,7 @@ def test_our_peak_is_the_trainers_plus_the_logits(case):
 
 @pytest.mark.slow
 @pytest.mark.xfail(strict=True, reason="engine blind spot: checkpointed steps measure 5-20 KB under the profiler")
-@pytest.mark.parametrize("case", [c for c in CASES if CASES[c][0].regions][:1] + ["lora_checkpoint_all"])
+@pytest.mark.parametrize("case", ["checkpoint_all_accumulate_2", "lora_checkpoint_all"])
 def test_our_peak_with_checkpointing_is_the_profilers(case):
     plan, lora = CASES[case]
     model = _model(lora)
