@@ -19,6 +19,7 @@ from .layers import convert, revert
 from .measure import Measurement, measure
 from .plan import Plan
 from .session import Session
+from .trainers import from_trainer, to_trainer
 from .workload import Workload
 
 __version__ = "0.1.0"
@@ -26,6 +27,8 @@ __version__ = "0.1.0"
 __all__ = [
     "Workload",
     "from_pretrained",
+    "from_trainer",
+    "to_trainer",
     "Plan",
     "RegionPolicy",
     "presets",

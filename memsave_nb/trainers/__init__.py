@@ -1,0 +1,69 @@
+"""From the trainer you use and back: a trainer's config as a Plan, and a Plan as its config.
+
+One module per trainer, each a pair of pure functions (``read`` / ``write``): :mod:`.hf`
+(``TrainingArguments``), :mod:`.trl` (``SFTConfig``), :mod:`.axolotl` (YAML), :mod:`.accelerate`
+(config YAML). Nothing is applied or measured here: apply the imported plan to your workload and
+measure it (``with imported.plan.apply(workload) as w: measure(w)``).
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+from torch import nn
+
+from memsave_nb.parallel.spec import ParallelSpec
+from memsave_nb.plan import Plan
+
+from . import accelerate, axolotl, hf, trl
+from ._common import Exported, Imported, TrainerConfigError, load_config
+
+__all__ = ["TRAINERS", "from_trainer", "to_trainer", "detect", "Imported", "Exported", "TrainerConfigError"]
+
+TRAINERS: dict[str, ModuleType] = {"hf": hf, "trl": trl, "axolotl": axolotl, "accelerate": accelerate}
+
+_TRL_ONLY = ("max_length", "loss_type", "activation_offloading", "packing", "padding_free", "dataset_text_field")
+
+
+def detect(config: Any) -> str:
+    """Which trainer a config is for: by the object's class, else by its fields."""
+    cls = type(config).__name__
+    if cls.endswith("SFTConfig") or cls.endswith("Config") and type(config).__module__.startswith("trl"):
+        return "trl"
+    if cls.endswith("TrainingArguments"):
+        return "hf"
+    d = load_config(config)
+    if "micro_batch_size" in d or "sequence_len" in d or "base_model" in d:
+        return "axolotl"
+    if "distributed_type" in d or ("mixed_precision" in d and "per_device_train_batch_size" not in d):
+        return "accelerate"
+    if any(k in d for k in _TRL_ONLY):
+        return "trl"
+    return "hf"
+
+
+def from_trainer(config: Any, model: nn.Module | None = None, *, trainer: str | None = None,
+                 world_size: int | None = None) -> Imported:
+    """A trainer config (object, dict, JSON/YAML text or path) -> ``Imported(plan, parallel, notes)``:
+    the plan the trainer would run on ``model`` (its layers name the checkpointed regions), and
+    one line per choice the plan does not size. ``trainer``: ``"hf"|"trl"|"axolotl"|"accelerate"``
+    (default: detected); ``world_size``: ranks, which the launcher (not the config) decides."""
+    name = trainer or detect(config)
+    return _module(name).read(config, model=model, world_size=world_size)
+
+
+def to_trainer(plan: Plan, trainer: str, *, parallel: ParallelSpec | None = None,
+               model: nn.Module | None = None) -> Exported:
+    """A plan -> ``Exported(text, fields, notes)``: ``trainer``'s own config for every choice it can
+    express, and one line for each it cannot. Pass ``model`` to check region choices against the
+    layers the trainer counts."""
+    if not isinstance(plan, Plan):
+        raise TrainerConfigError(f"to_trainer takes a Plan, got {type(plan).__name__}")
+    return _module(trainer).write(plan, parallel=parallel, model=model)
+
+
+def _module(name: str) -> ModuleType:
+    if name not in TRAINERS:
+        raise TrainerConfigError(f"unknown trainer {name!r}: choose one of {sorted(TRAINERS)}")
+    return TRAINERS[name]

@@ -1,0 +1,98 @@
+"""TRL ``SFTConfig`` <-> a Plan (trl 1.16's ``sft_config.py``, ``base_config.py``, ``sft_trainer.py``).
+
+``SFTConfig`` is ``TrainingArguments`` (see :mod:`.hf`) with other defaults
+(``gradient_checkpointing=True``, ``bf16=True`` unless ``fp16``) plus ``max_length`` (-> the plan's
+``seq_len``: TRL truncates to it; shorter data stays shorter) and ``activation_offloading`` (every
+saved tensor of the forward goes to the host: sized as offload regions on every layer).
+TRL always computes the loss through a fused LM head, in chunks, never building the
+``batch x seq x vocab`` logits (``loss_type='chunked_nll'`` is now an alias of ``'nll'``); a
+plan measures the workload's own loss, so that difference is reported.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from memsave_nb.checkpointing import RegionKind
+from memsave_nb.parallel.spec import ParallelSpec
+from memsave_nb.plan import Plan
+
+from . import hf
+from ._common import Exported, Imported, dump, every_n_of, load_config, lora_of, regions_for, truthy
+
+__all__ = ["DEFAULTS", "read", "write"]
+
+DEFAULTS: dict[str, Any] = {**hf.DEFAULTS, "gradient_checkpointing": True, "max_length": 1024, "loss_type": "nll"}
+
+
+def read(config: Any, model: nn.Module | None = None, world_size: int | None = None) -> Imported:
+    """``SFTConfig`` (object, dict, JSON/YAML text or path) -> the plan SFTTrainer runs."""
+    d = load_config(config)
+    if d.get("bf16") is None:  # SFTConfig: bf16 unless fp16
+        d["bf16"] = not truthy(d.get("fp16"))
+    notes: list[str] = []
+    kw = hf.read_fields(d, model, world_size, DEFAULTS, notes)
+    max_length = d["max_length"] if "max_length" in d else DEFAULTS["max_length"]
+    if max_length is not None:
+        kw["seq_len"] = int(max_length)
+        notes.append(f"max_length={max_length}: TRL truncates to it; sized at that length (shorter data is shorter)")
+    if truthy(d.get("activation_offloading")):
+        if kw.get("regions"):
+            notes.append("activation_offloading with checkpointing: TRL offloads the checkpointed layers' inputs; "
+                         "sized as the checkpointing alone")
+        else:
+            kw["regions"], more = regions_for(model, RegionKind.OFFLOAD)
+            notes += more
+            notes.append("activation_offloading: TRL offloads every saved tensor of the forward; sized as offload "
+                         "regions on every layer (the embedding's and head's saved tensors stay on device)")
+    loss_type = d.get("loss_type") or DEFAULTS["loss_type"]
+    notes.append(f"loss_type={loss_type!r}: TRL computes log-probs in chunks through a fused LM head, never the "
+                 "batch x seq x vocab logits; the plan measures the workload's own loss (with full logits)")
+    for key in ("packing", "padding_free"):
+        if truthy(d.get(key)):
+            notes.append(f"{key}: sequences are concatenated into batch rows; sized as the workload's batch shape")
+    plan = Plan(name="trl", **kw)
+    return Imported(plan, plan.parallel, tuple(notes))
+
+
+def write(plan: Plan, parallel: ParallelSpec | None = None, model: nn.Module | None = None) -> Exported:
+    """A plan -> ``SFTConfig`` fields as JSON (``SFTConfig(**json.loads(text))``). SFTConfig's own
+    defaults differ from TrainingArguments', so checkpointing and bf16 are always written."""
+    notes: list[str] = []
+    offload_only = every_n_of(plan, model, RegionKind.OFFLOAD)[0] == 1 and not any(
+        p.kind is RegionKind.FULL for p in plan.regions.values())
+    if offload_only:  # TRL's own switch for offloading activations
+        plan = Plan(**{**_plan_kwargs(plan), "regions": {k: v for k, v in plan.regions.items() if v.kind is not RegionKind.OFFLOAD}})
+    out = hf.write_fields(plan, parallel, model, notes, seq_field=True)
+    ckpt = out.pop("activation_checkpointing", False)
+    kwargs = out.pop("activation_checkpointing_kwargs", None)
+    fsdp_ckpt = bool(out.get("fsdp_config", {}).get("activation_checkpointing"))
+    out["gradient_checkpointing"] = bool(ckpt)  # SFTConfig defaults it to True: always say
+    if kwargs:
+        out["gradient_checkpointing_kwargs"] = kwargs
+    if fsdp_ckpt:
+        out["gradient_checkpointing"] = False
+    if "bf16" not in out:
+        out["bf16"], out["fp16"] = True, False
+        notes.append("precision not set: wrote SFTConfig's default bf16=True")
+    if plan.seq_len is not None:
+        out["max_length"] = plan.seq_len
+    else:
+        notes.append(f"sequence length not in the plan: SFTConfig's default max_length={DEFAULTS['max_length']} truncates")
+    if offload_only:
+        out["activation_offloading"] = True
+        notes.append("offload regions on every layer: wrote activation_offloading=True (TRL offloads every saved "
+                     "tensor of the forward, a little more than the layers')")
+    lora = lora_of(model)
+    if lora is not None:
+        args = ", ".join(f"{k}={v!r}" for k, v in lora.items())
+        notes.append(f"LoRA is not an SFTConfig field: pass the peft model, or SFTTrainer(..., peft_config=LoraConfig({args}))")
+    return Exported(dump(out, "json"), out, tuple(notes))
+
+
+def _plan_kwargs(plan: Plan) -> dict[str, Any]:
+    import dataclasses
+
+    return {f.name: getattr(plan, f.name) for f in dataclasses.fields(plan)}
