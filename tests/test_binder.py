@@ -9,7 +9,7 @@ Binder cannot be reached from these machines, so two checks stand in for it:
   then ``binder/postBuild`` from the repository root) executes notebook 08. The only change to
   the requirements is the PyTorch CPU index line, which this machine cannot reach: the
   ``torch==2.13.0`` pin beside it resolves to the local CPU wheel instead (slow: minutes;
-  pip's cache keeps later runs shorter).
+  the wheels are kept under ``~/.cache/memsave_nb/binder-wheels`` for later runs).
 """
 
 from __future__ import annotations
@@ -146,6 +146,14 @@ def _copy_checkout(dest: Path) -> None:
     shutil.copytree(ROOT, dest, ignore=ignore)
 
 
+def _wheelhouse() -> Path:
+    """Wheels kept between runs of the build test (under the user's cache directory)."""
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    path = cache / "memsave_nb" / "binder-wheels"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
 def _clean_env(venv: Path, home: Path) -> dict[str, str]:
     """The build's environment: the venv first on PATH, nothing of the test run's Python or Jupyter."""
     env = {k: v for k, v in os.environ.items()
@@ -181,7 +189,12 @@ def test_binder_env_alone_executes_notebook_08(tmp_path):
     req = tmp_path / "requirements.txt"
     req.write_text(_local_requirements((BINDER / "requirements.txt").read_text()))
     pip = [str(venv / "bin" / "python"), "-m", "pip", "--disable-pip-version-check", "--no-input"]
-    _run([*pip, "install", "-q", "--progress-bar", "off", "-r", str(req)], log, env=env, cwd=repo)
+    # pip's own cache stays empty here (the index answers uncacheable), so keep the wheels between
+    # runs: download what is missing, then install from them alone
+    wheels = _wheelhouse()
+    _run([*pip, "download", "-q", "--progress-bar", "off", "-d", str(wheels), "-r", str(req)], log, env=env, cwd=repo)
+    _run([*pip, "install", "-q", "--progress-bar", "off", "--no-index", "--find-links", str(wheels), "-r", str(req)],
+         log, env=env, cwd=repo)
     _run(["bash", str(repo / "binder" / "postBuild")], log, env=env, cwd=repo)
 
     # The project comes from the copy, not from the checkout under test or the dev venv.
