@@ -1363,13 +1363,14 @@ print("all claims hold")
 The same workload in the explorer, in fake mode (`explore(workload, mode="fake")`), open on its
 **GPUs** tab with the checkpointing plan above: it sizes that plan per rank on 8 GPUs in the
 background (a minute or so here), and again when you change the number of GPUs, the sharding,
-bf16 parameters or CPU offload. The header's numbers are one unsharded GPU's; they wait for
-*run* (live reruns are off: each costs a 70B fake step).
+bf16 parameters or CPU offload. The header's numbers are one unsharded GPU's, judged against an
+80 GB card; they wait for *run* (live reruns are off: each costs a 70B fake step).
 """),
         code(r"""
 from memsave_nb.ui.explorer import explore
 
 explorer = explore(workload, mode="fake", repeats=0, live=False, tab="GPUs")
+explorer.tuner.set_target(80)  # the verdicts against the notebook's 80 GB cards
 explorer.set_plan(ac)
 explorer.gpus.refresh(background=True)
 explorer

@@ -60,7 +60,8 @@ def test_course_notebook_ends_with_an_explorer_in_voila(voila_factory, tmp_path,
     nb = lh.copy_notebook(_notebook(prefix), tmp_path)
     server = voila_factory(nb)
     start = time.monotonic()
-    page.goto(server.url(), wait_until="domcontentloaded", timeout=90_000)
+    # Voila streams the page while the cells run: the document is complete only at the end
+    page.goto(server.url(), wait_until="commit", timeout=90_000)
     _check_explorer_on_tab(page, prefix, timeout=RUN_S)
     print(f"notebook {prefix} rendered in Voila in {time.monotonic() - start:.1f} s")
     assert page.locator(".cm-editor, .CodeMirror").count() == 0, "Voila shows code"
