@@ -38,6 +38,8 @@ def _check_explorer_on_tab(page, prefix: str, *, timeout: float) -> None:
     panel = explorer.locator(hook).first
     panel.wait_for(state="visible", timeout=60_000)
     panel.scroll_into_view_if_needed()
+    # something to press and something to type into (the report: "no button and no input")
+    assert explorer.locator("button:visible").count() > 0 and explorer.locator("input:visible").count() > 0
 
 
 @pytest.mark.timeout(RUN_S + 300)
