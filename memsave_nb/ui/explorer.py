@@ -269,6 +269,13 @@ class Explorer(ExplorerRuns, W.VBox):
             ok = tuner.wait(timeout) and ok
         return ok
 
+    def show_tab(self, title: str) -> None:
+        """Open the tab titled ``title`` (case ignored: ``"Fit a GPU"``, ``"GPUs"``), as a click would."""
+        titles = [t.lower() for t in self.tabs.titles]
+        if title.lower() not in titles:
+            raise MemsaveError(f"no tab {title!r}; the explorer's tabs: {', '.join(self.tabs.titles)}")
+        self.tabs.selected_index = titles.index(title.lower())
+
     def set_target(self, target: Target | None) -> None:
         """The target GPU every peak is judged against (header and Results table); None: no target."""
         with self._ui_lock:
@@ -548,12 +555,14 @@ def explore(
     live: bool = True,
     debounce_s: float = 0.3,
     repeats: int = 3,
+    tab: str | None = None,
 ) -> Explorer:
     """Open the explorer on a model and batch, a :class:`~memsave_nb.workload.Workload`, a
     :class:`~memsave_nb.session.Session`, or a demo name (``"cnn"``, ``"gpt"``, ``"mlp"``).
 
     ``mode="fake"`` measures with fake tensors (sizes without memory or compute, for models too
     large to run here); ``device="cuda"`` runs on the GPU and also shows the allocator's peak.
+    ``tab`` opens that tab first (``"Fit a GPU"``, ``"GPUs"``; default: ``"Layers"``).
     """
     if isinstance(model_or_workload, Session):
         session = model_or_workload
@@ -580,4 +589,7 @@ def explore(
                 f"got {type(model_or_workload).__name__}"
             )
         session = Session(workload, mode, repeats=repeats)
-    return Explorer(session, live=live, debounce_s=debounce_s)
+    explorer = Explorer(session, live=live, debounce_s=debounce_s)
+    if tab is not None:
+        explorer.show_tab(tab)
+    return explorer
