@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Protocol
 import torch
 from torch import nn
 
-from memsave_nb.checkpointing import PlanError
+from memsave_nb.checkpointing import PlanError, show
 from memsave_nb.workload import iter_tensors, map_tensors
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -99,12 +99,16 @@ class KnobValues(Protocol):
 # Plan fields owned by this module, with their "keep the workload's" value.
 KNOB_FIELDS = ("batch_size", "seq_len", "precision", "optimizer", "accumulation_steps", "set_to_none")
 
+# the largest batch size, sequence length or accumulation count a plan takes: int32's maximum
+# (no GPU holds 2**31 samples; larger counts overflow the sizes torch multiplies them into)
+MAX_KNOB = 2**31 - 1
+
 
 def _positive(value: Any, name: str) -> int | None:
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise PlanError(f"{name} must be a positive integer or None, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_KNOB:
+        raise PlanError(f"{name} must be a positive integer up to {MAX_KNOB} or None, got {show(value)}")
     return int(value)
 
 
@@ -118,17 +122,17 @@ def check_knobs(plan: "KnobValues") -> dict[str, Any]:
     precision = plan.precision
     if precision is not None:
         if not isinstance(precision, str) or precision.lower().replace("-", "_") not in PRECISIONS:
-            raise PlanError(f"precision {precision!r}: choose one of {sorted(PRECISIONS)} or None")
+            raise PlanError(f"precision {show(precision)}: choose one of {sorted(PRECISIONS)} or None")
         precision = precision.lower().replace("-", "_")
     out["precision"] = precision
     optimizer = plan.optimizer
     if optimizer is not None:
         if not isinstance(optimizer, str) or optimizer.lower().replace("-", "_") not in OPTIMIZERS:
-            raise PlanError(f"optimizer {optimizer!r}: choose one of {sorted(OPTIMIZERS)} or None")
+            raise PlanError(f"optimizer {show(optimizer)}: choose one of {sorted(OPTIMIZERS)} or None")
         optimizer = optimizer.lower().replace("-", "_")
     out["optimizer"] = optimizer
     if plan.set_to_none is not None and not isinstance(plan.set_to_none, bool):
-        raise PlanError(f"set_to_none must be True, False or None, got {plan.set_to_none!r}")
+        raise PlanError(f"set_to_none must be True, False or None, got {show(plan.set_to_none)}")
     out["set_to_none"] = plan.set_to_none
     return out
 
@@ -372,8 +376,10 @@ def cast_parameters(model: nn.Module, dtype: torch.dtype) -> Callable[[], None]:
     """Hold the model's floating parameters and buffers in ``dtype``; returns the undo.
 
     Parameters keep their identity (``param.data`` is swapped); buffers are replaced in their
-    module's ``_buffers`` (the plan's restore point puts the originals back; undo does too)."""
-    originals: list[tuple[nn.Parameter, torch.Tensor]] = []
+    module's ``_buffers`` (the plan's restore point puts the originals back; undo does too).
+    A gradient the model already holds (any model after a training cell) is set aside while the
+    dtype differs (torch refuses an fp32 ``.grad`` on a bf16 parameter) and given back by undo."""
+    originals: list[tuple[nn.Parameter, torch.Tensor, torch.Tensor | None]] = []
     buffers: list[tuple[nn.Module, str, torch.Tensor]] = []
     seen: set[int] = set()
     with torch.no_grad():
@@ -382,7 +388,8 @@ def cast_parameters(model: nn.Module, dtype: torch.dtype) -> Callable[[], None]:
                 if p is None or id(p) in seen or not p.is_floating_point() or p.dtype == dtype:
                     continue
                 seen.add(id(p))
-                originals.append((p, p.data))
+                originals.append((p, p.data, p.grad))
+                p.grad = None
                 p.data = p.data.to(dtype)
             for name, b in list(module._buffers.items()):
                 if b is None or not b.is_floating_point() or b.dtype == dtype:
@@ -391,10 +398,10 @@ def cast_parameters(model: nn.Module, dtype: torch.dtype) -> Callable[[], None]:
                 module._buffers[name] = b.to(dtype)
 
     def undo() -> None:
-        for p, data in originals:
+        for p, data, grad in originals:
+            p.grad = None
             p.data = data
-            if p.grad is not None and p.grad.dtype != data.dtype:
-                p.grad = None
+            p.grad = grad
         for module, name, b in buffers:
             module._buffers[name] = b
 
