@@ -169,7 +169,9 @@ def same_path_as_real(workload: Workload) -> Iterator[None]:
     if masking is None:
         yield
         return
-    raw = None if callable(workload.batch) and not isinstance(workload.batch, nn.Module) else workload.batch
+    raw = workload.batch
+    if callable(raw) and not isinstance(raw, nn.Module):  # a resized batch keeps its source (knobs)
+        raw = getattr(raw, "source_batch", None)
     answers = _real_answers(raw, getattr(masking, _PACKED_CHECK, None))  # a wrapper reads real tensors as is
     facts = _Facts()
 

@@ -85,8 +85,10 @@ def test_max_batch_of_a_big_input_under_an_address_space_cap():
         from memsave_nb.target import Target, max_batch
         from memsave_nb.workload import Workload
         model = nn.Sequential(nn.Conv2d(3, 2, 8, stride=8), nn.Flatten(), nn.Linear(2 * 28 * 28, 2))
-        y = torch.zeros(4, dtype=torch.long)
-        wl = Workload(model, torch.randn(4, 3, 224, 224), loss=lambda out: nn.functional.cross_entropy(out, y))
+        def workload():
+            y = torch.zeros(4, dtype=torch.long)  # closed over: the loss's targets follow the batch
+            return Workload(model, torch.randn(4, 3, 224, 224), loss=lambda out: nn.functional.cross_entropy(out, y))
+        wl = workload()
         r = max_batch(wl, Plan(), Target(80), upper=1 << 15)
         print(r.value, r.count)
     """
