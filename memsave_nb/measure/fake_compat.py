@@ -214,7 +214,8 @@ _ORIGINAL_ITEM = torch.Tensor.item
 
 
 def _fake_item(self: torch.Tensor) -> Any:
-    if not _is_fake(self):
+    # a DTensor (FSDP2's parameters and their optimizer state) is fake when its local shard is
+    if not (_is_fake(self) or _is_fake(getattr(self, "_local_tensor", None))):
         return _ORIGINAL_ITEM(self)
     if self.numel() != 1:
         return _ORIGINAL_ITEM(self)  # the usual error for a tensor of several elements
