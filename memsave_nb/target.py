@@ -84,6 +84,8 @@ class Target:
             raise PlanError(f"headroom must be a fraction in (0, 1], got {show(self.headroom)}")
         object.__setattr__(self, "gb", float(self.gb))
         object.__setattr__(self, "headroom", float(self.headroom))
+        if self.usable_bytes < 1:
+            raise PlanError(f"target {self.gb:g} GB x headroom {self.headroom:g} leaves no byte to plan with")
 
     @property
     def total_bytes(self) -> int:
