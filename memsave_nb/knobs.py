@@ -306,7 +306,7 @@ class _ResizedBatch:
             batch = resize_batch(raw, n, self._t)
             if self._loss_cells:
                 self._fill_loss(raw)
-        return map_tensors(batch, lambda t: t.requires_grad_(True) if _wants_grad(raw) and t.is_floating_point() and t.is_leaf else t)
+        return _same_grad_flags(raw, batch)
 
     def _fill_loss(self, raw: Any) -> None:
         try:
@@ -318,8 +318,11 @@ class _ResizedBatch:
             cell.cell_contents = _resized_target(value, b, t_len, self._n, self._t)
 
 
-def _wants_grad(batch: Any) -> bool:
-    return any(t.requires_grad for t in iter_tensors(batch))
+def _same_grad_flags(raw: Any, batch: Any) -> Any:
+    """``batch`` (resized from ``raw`` without autograd) with fresh leaves that require grad where
+    ``raw``'s tensors did: the step's input gradients never flow back into the user's tensors."""
+    flags = iter([t.requires_grad for t in iter_tensors(raw)])
+    return map_tensors(batch, lambda t: t.requires_grad_(True) if next(flags, False) and t.is_leaf else t)
 
 
 def _resized_bytes(batch: Any, batch_size: int | None, seq_len: int | None) -> int:
