@@ -136,7 +136,10 @@ class SearchResult:
         return len(self.probes)
 
 
-def check_search_args(plan: Any, target: Any = None, mode: Any = "fake", upper: Any = None, *,
+_NOT_GIVEN = object()
+
+
+def check_search_args(plan: Any, target: Any = _NOT_GIVEN, mode: Any = "fake", upper: Any = None, *,
                       plan_name: str = "plan") -> None:
     """Name a bad argument of a search (max batch, max sequence, the planner) in one line, before
     any measurement: a wrong mode must not read as "even 1 does not fit"."""
@@ -145,7 +148,7 @@ def check_search_args(plan: Any, target: Any = None, mode: Any = "fake", upper: 
 
     if not isinstance(plan, Plan):
         raise PlanError(f"{plan_name} must be a Plan, got {show(plan)}")
-    if target is not None and not isinstance(target, Target):
+    if target is not _NOT_GIVEN and not isinstance(target, Target):
         raise PlanError(f"target must be a Target (e.g. Target(80)), got {show(target)}")
     if not isinstance(mode, str) or mode not in MODES:
         raise PlanError(f"mode must be one of {MODES}, got {show(mode)}")

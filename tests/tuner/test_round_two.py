@@ -226,8 +226,9 @@ def test_plan_for_names_a_bad_argument_before_any_work(kwargs, word):
 def test_plan_for_refuses_a_target_that_is_not_one():
     from memsave_nb.planner.search import plan_for
 
-    with pytest.raises(PlanError):
-        plan_for(_mlp(), 24)
+    for target in (24, None, "80"):
+        with pytest.raises(PlanError):
+            plan_for(_mlp(), target)
 
 
 @pytest.mark.parametrize("kwargs, word", [
@@ -240,8 +241,9 @@ def test_max_batch_names_a_bad_argument(kwargs, word):
     assert word in _one_line(info.value)
     with pytest.raises(MemsaveError):
         max_batch(wl, None, Target(1))  # type: ignore[arg-type]
-    with pytest.raises(MemsaveError):
-        max_batch(wl, Plan(), 24)  # type: ignore[arg-type]
+    for target in (24, None):
+        with pytest.raises(MemsaveError):
+            max_batch(wl, Plan(), target)  # type: ignore[arg-type]
 
 
 # -- 3. offload ledger, session history -------------------------------------------------------
