@@ -197,7 +197,7 @@ def test_bad_knob_and_parallel_values_are_cut_like_the_older_fields(kwargs):
 
 def test_shard_modules_must_be_names_not_a_dict():
     from memsave_nb.parallel import ParallelSpec
-    from memsave_nb.parallel.spec import ParallelError
+    from memsave_nb.parallel_spec import ParallelError
 
     with pytest.raises(ParallelError):
         ParallelSpec(shard_modules={"a": 1})
