@@ -169,7 +169,9 @@ def same_path_as_real(workload: Workload) -> Iterator[None]:
     if masking is None:
         yield
         return
-    raw = None if callable(workload.batch) and not isinstance(workload.batch, nn.Module) else workload.batch
+    raw = workload.batch
+    if callable(raw) and not isinstance(raw, nn.Module):  # a resized batch keeps its source (knobs)
+        raw = getattr(raw, "source_batch", None)
     answers = _real_answers(raw, getattr(masking, _PACKED_CHECK, None))  # a wrapper reads real tensors as is
     facts = _Facts()
 
@@ -212,7 +214,8 @@ _ORIGINAL_ITEM = torch.Tensor.item
 
 
 def _fake_item(self: torch.Tensor) -> Any:
-    if not _is_fake(self):
+    # a DTensor (FSDP2's parameters and their optimizer state) is fake when its local shard is
+    if not (_is_fake(self) or _is_fake(getattr(self, "_local_tensor", None))):
         return _ORIGINAL_ITEM(self)
     if self.numel() != 1:
         return _ORIGINAL_ITEM(self)  # the usual error for a tensor of several elements
