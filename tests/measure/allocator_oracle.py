@@ -17,6 +17,7 @@ their local shards, buffers, gradients, optimizer state, batch, targets), counte
 
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
@@ -54,17 +55,31 @@ def _walk(events: Iterable[Any]) -> Iterable[Any]:
 
 
 def allocation_events(prof: Any) -> list[tuple[int, int]]:
-    """(time in ns, +bytes allocated or -bytes freed) for every CPU allocator event, in order."""
+    """(time in ns, +bytes allocated or -bytes freed) for the CPU allocator's events, in order.
+
+    Only frees of blocks allocated within the profiled window count: the allocator's reporter
+    remembers the sizes of blocks from earlier profiling sessions, so garbage from an earlier
+    measurement that the cycle collector frees during this step would otherwise be subtracted.
+    """
     from torch._C._profiler import _EventType
 
     tree = prof.profiler.kineto_results.experimental_event_tree()
-    out = []
+    raw = []
     for e in _walk(tree):
         if e.typed[0] == _EventType.Allocation:
             fields = e.typed[1]
             if fields.device.type == "cpu":
-                out.append((e.start_time_ns, fields.alloc_size))
-    out.sort(key=lambda x: x[0])
+                raw.append((e.start_time_ns, fields.alloc_size, fields.ptr))
+    raw.sort(key=lambda x: x[0])
+    out, mine = [], set()
+    for t, nbytes, ptr in raw:
+        if nbytes > 0:
+            mine.add(ptr)
+        elif ptr in mine:
+            mine.discard(ptr)
+        else:
+            continue
+        out.append((t, nbytes))
     return out
 
 
@@ -73,6 +88,7 @@ def allocator_peak(step: Callable[[], None], alive_before: Iterable[Any]) -> All
     from torch.profiler import ProfilerActivity, profile
 
     baseline = storage_bytes(alive_before)
+    gc.collect()  # garbage of earlier steps is not this step's
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True) as prof:
         step()
     live = rise = 0
