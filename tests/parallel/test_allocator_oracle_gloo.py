@@ -26,8 +26,8 @@ from memsave_nb.workload import Workload, iter_tensors
 
 from measure.allocator_oracle import allocator_peak  # tests/ is on sys.path (rootdir-relative packages)
 
-# The issue's shapes. At smaller ones (V 200, D 32, T 16) the allocator shows 9,600 B more than the
-# tracker on every rank, FSDP2 and DDP alike: a kernel's own scratch below the dispatcher (not yet found).
+# The issue's shapes. At smaller ones (V 200, D 32, T 16) FSDP2's ranks show 9,600 B more in the
+# allocator: buffers gloo makes inside its collectives, live at that peak (docs/parallel.md).
 V, D, FF, LAYERS, B, T = 1000, 128, 256, 3, 4, 64
 
 
