@@ -32,28 +32,42 @@ WRAPPED_NUMBER_SLACK = 32
 
 
 def engine_loop_peak(wl: Workload) -> AllocatorCount:
-    """Step 2 of the engine's loop, as the allocator saw it; the model is put back after."""
+    """Step 2 of the engine's loop, as the allocator saw it; the model is put back after.
+
+    k = ``accumulation_steps`` micro-steps (forward, loss / k, backward) on the same batch, then the
+    optimizer step; between steps gradients are set to None or zeroed as ``set_to_none`` says."""
     model = wl.model
     snapshot = ModelSnapshot.capture(model)
     for p in model.parameters():
         p.grad = None
     optimizer = wl.make_optimizer()
+    k = wl.accumulation_steps
 
     def one_step(batch) -> None:
-        output = wl.forward(batch)
-        loss = wl.compute_loss(output)
-        loss.backward()
+        for micro in range(k):
+            output = wl.forward(batch)
+            loss = wl.compute_loss(output)
+            if k > 1:
+                loss = loss / k
+            loss.backward()
+            if micro < k - 1:
+                del output, loss
         if optimizer is not None:
             optimizer.step()
         del output, loss  # the engine drops the output after the optimizer step
 
     try:
         one_step(wl.make_batch())
-        for p in model.parameters():
-            p.grad = None  # zero_grad(set_to_none=True) between steps
+        for p in model.parameters():  # zero_grad between steps
+            if p.grad is not None:
+                if wl.set_to_none:
+                    p.grad = None
+                else:
+                    p.grad.zero_()
         batch = wl.make_batch()
         state = [t for s in optimizer.state.values() for t in iter_tensors(s)] if optimizer is not None else []
-        alive = [*model.parameters(), *model.buffers(), *state, *iter_tensors(batch), *closure_tensors(wl)]
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        alive = [*model.parameters(), *model.buffers(), *grads, *state, *iter_tensors(batch), *closure_tensors(wl)]
         return allocator_peak(lambda: one_step(batch), alive)
     finally:
         snapshot.restore(model)
@@ -88,6 +102,8 @@ CASES = [
     pytest.param(_gpt_tiny, None, id="zoo_gpt"),
     pytest.param(_gpt_tiny, Plan(regions={"blocks.0": "full", "blocks.1": "full"}), id="zoo_gpt_full_ac"),
     pytest.param(_gpt_tiny, Plan(regions={"blocks.0": "save_matmuls", "blocks.1": "save_matmuls"}), id="zoo_gpt_sac"),
+    pytest.param(_gpt_tiny, Plan(accumulation_steps=2, set_to_none=False, regions={"blocks.1": "full"}),
+                 id="zoo_gpt_accumulate_zeroed_grads_ac"),
     pytest.param(_hf_llama, None, id="hf_llama"),
     pytest.param(_lora_llama, None, id="lora_llama"),
 ]
