@@ -25,6 +25,9 @@ from torch.utils._pytree import tree_flatten
 # Pre-existing storages get these kinds; the rest are decided after the step.
 PARAMETER, INPUT = "parameters", "inputs"
 _LISTS = (list, tuple)
+# The op name the CPU generator states checkpoint stashes are recorded under (not a torch op:
+# ``torch.get_rng_state`` copies below the dispatcher), see ``_rng_states_seen``.
+RNG_STATE_OP = "get_rng_state"
 _METADATA_OPS = frozenset({torch.ops.prim.device.default, torch.ops.prim.layout.default})
 
 
@@ -335,7 +338,7 @@ def _rng_states_seen(tracker: MemoryTracker):
     def get_rng_state() -> torch.Tensor:
         state = original()
         if not tracker.ignore and not tracker._closed:
-            tracker._see_output(state, tracker.current_module(), "get_rng_state", tracker.phase)
+            tracker._see_output(state, tracker.current_module(), RNG_STATE_OP, tracker.phase)
         return state
 
     torch.get_rng_state = get_rng_state  # type: ignore[assignment]
