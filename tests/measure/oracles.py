@@ -26,6 +26,25 @@ class OracleCount:
     end_of_forward_by_category: dict[str, int]
 
 
+def rng_state_bytes(wl: Workload) -> int:
+    """Bytes of the CPU generator states checkpointing stashes in one forward (one per region with
+    ``preserve_rng_state``), counted by calls to ``torch.get_rng_state``. MemTracker and the
+    profiler's tensor-identity categories do not see them (C++ copies them below the dispatcher)."""
+    original, calls = torch.get_rng_state, []
+
+    def counted() -> torch.Tensor:
+        state = original()
+        calls.append(state.untyped_storage().nbytes())
+        return state
+
+    torch.get_rng_state = counted
+    try:
+        wl.compute_loss(wl.forward(wl.make_batch()))
+    finally:
+        torch.get_rng_state = original
+    return sum(calls)
+
+
 def closure_tensors(wl: Workload) -> list[torch.Tensor]:
     """Pre-existing tensors the step uses besides parameters, buffers and batch: targets the loss
     closure holds, plain tensor attributes of modules. The tracker counts them as inputs."""

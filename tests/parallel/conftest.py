@@ -80,3 +80,16 @@ def fsdp_mem_tracker_peak(workload: Workload, spec, plan=None, rank: int = 0) ->
             snap = fmt.get_tracker_snapshot("peak")
     (dev_snap,) = snap.values()
     return {str(getattr(k, "value", k)): v for k, v in dev_snap.items()}
+
+
+RNG_STATE_BYTES = torch.get_rng_state().untyped_storage().nbytes()
+
+
+def beyond_fsdp_mem_tracker(ours: int, theirs: int, plan) -> int:
+    """How many of checkpoint's stashed CPU generator states (``torch.get_rng_state()``, made below
+    the dispatcher) our peak holds beyond FSDPMemTracker's, which does not see them; checks the rest
+    is byte-identical and that there are no more than the plan has checkpointed regions."""
+    regions = len(plan.active_regions) if plan is not None else 0
+    extra = ours - theirs
+    assert extra % RNG_STATE_BYTES == 0 and 0 <= extra // RNG_STATE_BYTES <= regions, (ours, theirs, regions)
+    return extra // RNG_STATE_BYTES
