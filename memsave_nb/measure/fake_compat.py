@@ -160,10 +160,16 @@ def _masking_utils() -> Any | None:
 
 @contextlib.contextmanager
 def same_path_as_real(workload: Workload) -> Iterator[None]:
-    """While a fake step runs: transformers' mask checks answer as on the real batch (see module doc).
-
-    Does nothing unless the model has transformers modules. Everything is restored on exit.
+    """While a fake step runs: transformers' mask checks answer as on the real batch, and grouped
+    matmuls run in the dtype a real CPU step runs them in (see module doc). Everything is restored on exit.
     """
+    with grouped_mm_in_any_dtype(), _masks_as_real(workload):
+        yield
+
+
+@contextlib.contextmanager
+def _masks_as_real(workload: Workload) -> Iterator[None]:
+    """transformers' mask checks answer from the real batch (see the module doc)."""
     model = workload.model
     masking = _masking_utils() if uses_transformers(model) else None
     if masking is None:
@@ -197,6 +203,72 @@ def same_path_as_real(workload: Workload) -> Iterator[None]:
             UserWarning,
             stacklevel=3,
         )
+
+
+# -- grouped matmuls (mixture-of-experts layers) in float32 ---------------------------------------------
+# transformers' Mixtral-style experts call ``torch._grouped_mm``. Its CPU kernel takes float32, but
+# PyTorch's meta kernel (the one fake mode runs) insists on bfloat16, so a fake float32 step failed where
+# a real one runs. The output's shape does not depend on the dtype (nor on values: the groups' offsets
+# only split rows), so while a fake step runs, a grouped matmul outside bfloat16 gets an output of the
+# shape the meta kernel gives, in its inputs' dtype. bfloat16 calls still go to PyTorch's own kernel.
+_GROUPED_LOCK = threading.Lock()
+_GROUPED_USERS: list[object] = []
+
+
+def _grouped_mm_shape(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor | None) -> list[int]:
+    """The output shape of ``_grouped_mm(a, b, offs)``, as PyTorch's meta kernel has it."""
+    if a.dim() == 2 and b.dim() == 2:
+        if offs is None:
+            raise RuntimeError("_grouped_mm of two 2-D matrices needs offs")
+        return [offs.size(0), a.size(0), b.size(1)]
+    if a.dim() == 2:
+        return [a.size(0), b.size(-1)]
+    if b.dim() == 2:
+        return [a.size(1), b.size(1)]
+    return [a.size(0), a.size(1), b.size(-1)]
+
+
+def _is_grouped_mm(func: Any) -> bool:
+    return func is torch.ops.aten._grouped_mm.default
+
+
+def _grouped_mm_fake(fake_mode: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
+    from torch._subclasses.fake_tensor import FakeTensor, in_kernel_invocation_manager
+
+    names = ("mat_a", "mat_b", "offs", "bias", "out_dtype")
+    given = dict(zip(names, args), **kwargs)
+    a, b = given["mat_a"], given["mat_b"]
+    if a.dtype == torch.bfloat16 or not _GROUPED_USERS or not _is_fake(a):
+        return NotImplemented  # PyTorch's meta kernel, as without memsave_nb
+    if a.dtype != b.dtype:
+        raise RuntimeError(f"_grouped_mm: mat_a is {a.dtype} but mat_b is {b.dtype}")
+    dtype = given.get("out_dtype") or a.dtype
+    with in_kernel_invocation_manager(fake_mode):
+        out = torch.empty(_grouped_mm_shape(a, b, given.get("offs")), dtype=dtype, device="meta")
+    return FakeTensor(fake_mode, out, a.fake_device)
+
+
+@contextlib.contextmanager
+def grouped_mm_in_any_dtype() -> Iterator[None]:
+    """While a fake step runs: ``aten._grouped_mm`` outside bfloat16 gets its output (see above)."""
+    if not hasattr(torch.ops.aten, "_grouped_mm"):
+        yield
+        return
+    from torch._subclasses import fake_impls
+
+    token = object()
+    entry = (_is_grouped_mm, _grouped_mm_fake)
+    with _GROUPED_LOCK:
+        if not _GROUPED_USERS:
+            fake_impls.op_implementations_checks.insert(0, entry)
+        _GROUPED_USERS.append(token)
+    try:
+        yield
+    finally:
+        with _GROUPED_LOCK:
+            _GROUPED_USERS.remove(token)
+            if not _GROUPED_USERS and entry in fake_impls.op_implementations_checks:
+                fake_impls.op_implementations_checks.remove(entry)
 
 
 # -- optimizers that read values as Python numbers ----------------------------------------------------
