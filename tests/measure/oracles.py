@@ -48,7 +48,13 @@ def _step(wl: Workload, at_forward_end=None) -> None:
     loss = wl.compute_loss(output)
     if at_forward_end is not None:
         at_forward_end()
+    if wl.loop == "loss_only":
+        del output
+        output = None
     loss.backward()
+    if wl.loop == "keep_output_backward":
+        del output
+        output = None
     if optimizer is not None:
         optimizer.step()
     del output, loss, optimizer, batch
@@ -93,13 +99,19 @@ def memtracker_count(wl: Workload, iterations: int = 1, tracker_cls: Any = None)
                     if k > 1:
                         loss = loss / k
                     forward_end.update(_flat(tracker.get_tracker_snapshot("current")))
+                    if wl.loop == "loss_only":  # as Hugging Face's Trainer: the output goes before backward
+                        del output
+                        output = None
                     loss.backward()
                     if micro < k - 1:
                         del output, loss
                         tracker.reset_mod_stats()  # it refuses a second root forward otherwise
+                    elif wl.loop == "keep_output_backward":
+                        del output
+                        output = None
                 if optimizer is not None:
                     optimizer.step()
-                del output, loss
+                del output, loss  # the loss to the end of the step in every loop
             peak = _flat(tracker.get_tracker_snapshot("peak"))
     finally:
         del batch, optimizer
