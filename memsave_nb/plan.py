@@ -37,6 +37,7 @@ import torch
 from torch import nn
 
 from memsave_nb.model_state import bits_equal as _bits_equal
+from memsave_nb.workload import DEFAULT_LOOP
 from memsave_nb.checkpointing import (
     PlanError,
     RegionKind,
@@ -430,10 +431,12 @@ class Plan:
         ]
 
     # -- code export -------------------------------------------------------------------------
-    def to_code(self, model_var: str = "model") -> str:
+    def to_code(self, model_var: str = "model", loop: str = DEFAULT_LOOP) -> str:
         """A standalone snippet that makes this plan's choices on ``model_var`` in a training
         script. Run it once, after building the model and before the training loop (and
-        before building the optimizer, which should take the trainable parameters only)."""
+        before building the optimizer, which should take the trainable parameters only).
+        It ends with ``training_step``: the step as the engine measured it, with the workload's
+        ``loop`` (pass ``workload.loop``; the default is the workload's default)."""
         if not isinstance(model_var, str) or not model_var.isidentifier() or keyword.iskeyword(model_var):
             raise PlanError(f"model_var {show(model_var)} is not a Python identifier")
         m = model_var
@@ -530,6 +533,9 @@ class Plan:
             knob_imports, knob_body = knob_code(self, m)
             imports += knob_imports
             body += knob_body
+        from memsave_nb.knobs import step_code
+
+        body += step_code(self, m, loop)
         if needs_selects:
             imports.append("import fnmatch")
             source = inspect.getsource(selects).splitlines()
