@@ -40,7 +40,7 @@ from memsave_nb.measure import Measurement
 from memsave_nb.plan import Plan
 from memsave_nb.session import Entry, Session
 from memsave_nb.target import Target
-from memsave_nb.workload import Workload
+from memsave_nb.workload import DEFAULT_LOOP, LOOPS, Workload
 
 from .budget_panel import BudgetPanel
 from .editor import PlanEditor
@@ -100,7 +100,7 @@ class Explorer(W.VBox):
         # -- header: numbers, status, controls -------------------------------------------------
         wl = session.workload
         self.title = W.HTML(title_html(getattr(wl, "name", "workload"), type(self.model).__name__, session.mode,
-                                       str(getattr(wl, "device", "cpu"))))
+                                       str(getattr(wl, "device", "cpu")), wl.loop))
         self.title.add_class("memsave-title")
         self.saved_total = _label("-", "memsave-saved-total")
         self.saved_bytes = _label("-", "memsave-saved-bytes")
@@ -626,7 +626,7 @@ class Explorer(W.VBox):
             code = f"# not exported: this plan failed when it ran ({self.error or 'see the error above'})"
         else:
             try:
-                code = plan.to_code()
+                code = plan.to_code(loop=self.session.workload.loop)
             except MemsaveError as exc:
                 code = f"# cannot write this plan as code: {exc}"
         self.code.value = (
@@ -648,10 +648,12 @@ class Explorer(W.VBox):
         )
 
 
-def title_html(name: str, type_name: str, mode: str, device: str) -> str:
-    """The explorer's title; the class name once when the workload is named after it."""
+def title_html(name: str, type_name: str, mode: str, device: str, loop: str = DEFAULT_LOOP) -> str:
+    """The explorer's title; the class name once when the workload is named after it; the training
+    loop measured (how long the output lives), with its meaning on hover."""
     what = html.escape(type_name) if name in ("", type_name, "workload") else f"{html.escape(name)}: {html.escape(type_name)}"
-    return f"<b>memsave explorer</b> &mdash; {what}, {html.escape(mode)} mode on {html.escape(device)}"
+    return (f"<b>memsave explorer</b> &mdash; {what}, {html.escape(mode)} mode on {html.escape(device)}, "
+            f"<span title='{html.escape(LOOPS.get(loop, ''), quote=True)}'>loop {html.escape(loop)}</span>")
 
 
 def loss_note_html(workload: Any, mode: str) -> str:

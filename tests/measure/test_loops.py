@@ -15,6 +15,7 @@ from .hf_models import MODELS
 from .oracles import frozen_aware_memtracker, memtracker_count, memtracker_on_snippet
 
 pytest.importorskip("transformers")
+pytestmark = pytest.mark.slow
 
 NAMES = ["gpt2", "llama", "t5", "lora-llama", "qwen2"]
 
