@@ -19,10 +19,14 @@ AUTOCAST_DTYPES = (torch.bfloat16, torch.float16)
 
 OptimizerSpec = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer] | str | None
 
+# Names mean what the plan's optimizer knob (knobs.OPTIMIZERS) and Hugging Face's ``optim`` mean:
+# "sgd" is plain SGD (no state), "sgd_momentum" keeps a momentum buffer per parameter.
+# "sgd-nomomentum" is the old name of plain SGD, still accepted.
 _OPTIMIZERS: dict[str, Callable[[list[nn.Parameter]], torch.optim.Optimizer]] = {
     "adamw": lambda params: torch.optim.AdamW(params, lr=1e-3),
     "adam": lambda params: torch.optim.Adam(params, lr=1e-3),
-    "sgd": lambda params: torch.optim.SGD(params, lr=1e-2, momentum=0.9),
+    "sgd": lambda params: torch.optim.SGD(params, lr=1e-2),
+    "sgd_momentum": lambda params: torch.optim.SGD(params, lr=1e-2, momentum=0.9),
     "sgd-nomomentum": lambda params: torch.optim.SGD(params, lr=1e-2),
 }
 
