@@ -26,12 +26,14 @@ import contextlib
 import sys
 import threading
 import warnings
+import weakref
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..workload import Workload
 
@@ -59,6 +61,47 @@ class _Facts:
     positions_packed: bool | None = None
     masks_full: bool | None = None
     unknown_bytes: dict[str, int] = field(default_factory=dict)  # what -> bytes the built mask takes
+    ones: dict[int, weakref.ref] = field(default_factory=dict)  # id -> tensor the model filled with ones
+
+    def all_ones(self, t: Any) -> bool:
+        ref = self.ones.get(id(t))
+        return ref is not None and ref() is t
+
+    def note_ones(self, t: torch.Tensor) -> None:
+        self.ones[id(t)] = weakref.ref(t)
+
+
+_ONES_OPS = ("ones.default", "new_ones.default", "ones_like.default")
+_KEEPS_ONES = ("_to_copy.default", "clone.default", "view.default", "unsqueeze.default", "expand.default",
+               "slice.Tensor", "alias.default", "contiguous.default", "detach.default")
+
+
+def _storage_key(t: torch.Tensor) -> int:
+    return t.untyped_storage()._cdata
+
+
+class _OnesTracker(TorchDispatchMode):
+    """Notes the tensors a fake step fills with ones (``torch.ones``, ``new_ones``, ``ones_like``) and
+    what keeps them all ones (dtype casts, views, slices): an encoder-decoder model (BART) makes its
+    decoder's ``attention_mask`` this way when the batch has none, and a real step's value check
+    then finds no padding."""
+
+    def __init__(self, facts: _Facts):
+        super().__init__()
+        self.facts = facts
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: D105
+        if self.facts.ones and func._schema.is_mutable:
+            # written in place (a mask padded by hand): no tensor on that storage is known to be ones
+            written = {_storage_key(a) for a in args if isinstance(a, torch.Tensor)}
+            self.facts.ones = {k: r for k, r in self.facts.ones.items() if r() is None or _storage_key(r()) not in written}
+        out = func(*args, **(kwargs or {}))
+        name = f"{func._opname}.{func._overloadname}"
+        if isinstance(out, torch.Tensor) and out.dim() == 2 and (
+            name in _ONES_OPS or (name in _KEEPS_ONES and args and self.facts.all_ones(args[0]))
+        ):
+            self.facts.note_ones(out)
+        return out
 
 
 def _real_answers(raw: Any, packed_check: Callable | None) -> dict[str, bool]:
@@ -125,6 +168,8 @@ def _wrap_skip(original: Callable) -> Callable:
     def skip_check(padding_mask: torch.Tensor | None, *args: Any, **kwargs: Any) -> Any:
         facts = _current()
         if facts is not None and _is_fake(padding_mask):
+            if facts.all_ones(padding_mask):
+                return original(None, *args, **kwargs)  # a mask the model filled with ones itself
             if facts.masks_full:
                 return original(None, *args, **kwargs)  # all ones answers every value check as no mask
             if facts.masks_full is None and padding_mask.dim() == 2:
@@ -188,7 +233,8 @@ def _masks_as_real(workload: Workload) -> Iterator[None]:
             _install(masking)
         _ACTIVE.append(facts)
     try:
-        yield
+        with _OnesTracker(facts):
+            yield
     finally:
         with _LOCK:
             _ACTIVE.remove(facts)
