@@ -62,3 +62,12 @@ def test_exported_step_with_knobs_is_the_measured_step(plan, loop):
 def test_an_unknown_loop_is_one_line():
     with pytest.raises(WorkloadError, match="unknown loop 'keep'; choose from loss_only, keep_output_backward"):
         MODELS["gpt2"]().replace(loop="keep")
+
+
+def test_advice_to_keep_only_the_loss_is_given_only_where_the_loop_keeps_the_output():
+    wl = MODELS["gpt2"]()
+    kept = measure(wl.replace(loop="keep_output_step"), "fake", repeats=0)
+    dropped = measure(wl, "fake", repeats=0)
+    assert any("logits stay alive" in a for a in kept.advice)
+    assert not any("logits" in a for a in dropped.advice)
+    assert any("use_cache=False" in a for a in dropped.advice)  # the cache is alive at the end of forward in every loop
