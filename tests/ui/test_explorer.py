@@ -141,6 +141,12 @@ def test_memory_saving_switch_and_bn_eval(cnn):
     assert expected.saved_bytes < 0.5 * cnn.baseline.saved_bytes  # the paper's "input only, BN eval" case
 
 
+def test_the_title_and_the_code_name_the_loop():
+    ex = Explorer(Session(cnn_workload().replace(loop="keep_output_step"), repeats=0), debounce_s=0.05)
+    assert "loop keep_output_step" in ex.title.value
+    assert "loop &#x27;keep_output_step&#x27;" in ex.code.value or "loop 'keep_output_step'" in ex.code.value
+
+
 def test_a_failed_run_undoes_only_its_own_change_never_later_edits(cnn):
     """The race behind a flaky ``test_memory_saving_switch_and_bn_eval``: freezing everything
     (no input grad: nothing to differentiate) runs and fails; the user's next click lands in the
