@@ -41,8 +41,9 @@ def report_parallel(args: argparse.Namespace) -> int:
         raise MemsaveError("--cpu-offload is FSDP2's CPUOffloadPolicy; drop --ddp")
     spec = ParallelSpec(world_size=args.world_size, strategy="ddp" if args.ddp else "fsdp",
                         gradient_as_bucket_view=args.gradient_as_bucket_view, cpu_offload=args.cpu_offload)
-    workload = zoo.make(args.model, args.batch, device=args.device)
+    workload = zoo.make(args.model, args.batch, device=args.device).replace(loop=args.loop)
     batch = args.batch or zoo.DEFAULT_BATCH.get(args.model)
     m = measure_parallel(workload, spec)
-    sys.stdout.write(f"memsave_nb per-rank report: {args.model}, batch {batch} per rank, fake mode\n\n{m.table()}\n")
+    sys.stdout.write(f"memsave_nb per-rank report: {args.model}, batch {batch} per rank, fake mode, loop {args.loop}\n\n"
+                     f"{m.table()}\n")
     return 0

@@ -81,7 +81,7 @@ def run_plan(args: argparse.Namespace) -> int:
     for r in rows:
         out.append("  " + "  ".join(r[i].rjust(widths[i]) for i in range(3)) + "  " + r[3])
     if result.chosen is not None:
-        out += ["", "The chosen plan as code:", "", result.chosen.plan.to_code()]
+        out += ["", "The chosen plan as code:", "", result.chosen.plan.to_code(loop=workload.loop)]
         if args.save:
             with open(args.save, "w", encoding="utf-8") as f:
                 f.write(result.chosen.plan.to_json(indent=2))

@@ -14,12 +14,16 @@ def _add_tuner_arguments(rep: argparse.ArgumentParser) -> None:
     """Workload knobs and the target GPU (memsave_nb.knobs, memsave_nb.target)."""
     from ..knobs import OPTIMIZERS, PRECISIONS
     from ..target import PRESETS_GB
+    from ..workload import DEFAULT_LOOP, LOOPS
 
     rep.add_argument("--seq-len", type=_positive_int, default=None, metavar="T", help="cut or extend token inputs to T")
     rep.add_argument("--precision", choices=sorted(PRECISIONS), default=None, help="precision knob (default: the model's)")
     rep.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default=None, help="optimizer knob (default: AdamW)")
     rep.add_argument("--accumulate", type=_positive_int, default=None, metavar="K", help="K micro-batches per optimizer step")
     rep.add_argument("--keep-grads", action="store_true", help="zero_grad(set_to_none=False): gradients stay allocated")
+    rep.add_argument("--loop", choices=list(LOOPS), default=DEFAULT_LOOP,
+                     help="how long the model's output lives: loss_only (dropped before backward, as Hugging Face's "
+                          "Trainer and the exported code), keep_output_backward, keep_output_step (default: loss_only)")
     rep.add_argument("--target-gb", type=float, default=None, metavar="GB",
                      help=f"the GPU's memory in GB (presets {', '.join(f'{g:g}' for g in PRESETS_GB)}): says fits / does not fit")
     rep.add_argument("--headroom", type=float, default=None, metavar="FRACTION",
@@ -91,13 +95,13 @@ def _report(args: argparse.Namespace) -> int:
     mode = args.mode or ("fake" if args.model == "gpt-7b" else "real")
     if args.model == "gpt-7b" and mode == "real":
         raise MemsaveError("gpt-7b is built from fake tensors and only runs with --mode fake")
-    workload = zoo.make(args.model, args.batch, device=args.device)
+    workload = zoo.make(args.model, args.batch, device=args.device).replace(loop=args.loop)
     batch = args.batch or zoo.DEFAULT_BATCH.get(args.model)
     plan = _knob_plan(args)
     with plan.apply(workload) as applied:
         measurement = measure(applied, mode=mode, repeats=args.repeats)
     knobs = f", {plan.describe()}" if not plan.is_empty else ""
-    title = f"memsave_nb report: {args.model}, batch {batch}{knobs}, {mode} mode on {measurement.device}"
+    title = f"memsave_nb report: {args.model}, batch {batch}{knobs}, {mode} mode on {measurement.device}, loop {args.loop}"
     sys.stdout.write(format_report(measurement, title=title, top=args.top))
     if args.target_gb is not None or args.max_batch or args.max_seq:
         from .target import cli_target_lines

@@ -64,7 +64,48 @@ class Candidate:
 
     @property
     def label(self) -> str:
-        return self.plan.name or self.plan.describe()
+        """The plan in words, with which region takes which kind: two candidates that differ only
+        in where the kinds go (mirror images) read differently."""
+        if self.plan.name:
+            return self.plan.name
+        regions = self.plan.active_regions
+        if not regions:
+            return self.plan.describe()
+        rest = self.plan.replace(regions={})
+        where = "; ".join(f"{kind} {_compact(names)}" for kind, names in _by_kind(regions).items())
+        return where if rest.is_empty else f"{where}; {rest.describe()}"
+
+
+def _by_kind(regions: Mapping[str, Any]) -> dict[str, list[str]]:
+    """Region names per kind ("full", "save_matmuls", "offload", ...), kinds in order of first use."""
+    from memsave_nb.checkpointing import POLICY_PRESETS
+
+    out: dict[str, list[str]] = {}
+    for name, policy in regions.items():
+        kind = next((k for k, preset in POLICY_PRESETS.items() if preset == policy), "selective")
+        out.setdefault(kind, []).append(name)
+    return out
+
+
+def _compact(names: list[str]) -> str:
+    """``a.0, a.1, a.2, a.5`` as ``a.0-2, a.5``: runs of numbered siblings written as ranges."""
+    runs: list[tuple[str, int, int]] = []
+    others: list[str] = []
+    for name in names:
+        head, _, tail = name.rpartition(".")
+        if tail.isdigit() and runs and runs[-1][0] == head and runs[-1][2] == int(tail) - 1:
+            runs[-1] = (head, runs[-1][1], int(tail))
+        elif tail.isdigit():
+            runs.append((head, int(tail), int(tail)))
+        else:
+            runs.append((name, -1, -1))
+    for head, a, b in runs:
+        if a < 0:
+            others.append(head)
+        else:
+            prefix = f"{head}." if head else ""
+            others.append(f"{prefix}{a}" if a == b else f"{prefix}{a}-{b}")
+    return ", ".join(others)
 
 
 @dataclass

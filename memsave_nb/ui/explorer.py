@@ -101,7 +101,7 @@ class Explorer(ExplorerRuns, W.VBox):
         # -- header: numbers, status, controls -------------------------------------------------
         wl = session.workload
         self.title = W.HTML(title_html(getattr(wl, "name", "workload"), type(self.model).__name__, session.mode,
-                                       str(getattr(wl, "device", "cpu"))))
+                                       str(getattr(wl, "device", "cpu")), wl.loop))
         self.title.add_class("memsave-title")
         self.saved_total = _label("-", "memsave-saved-total")
         self.saved_bytes = _label("-", "memsave-saved-bytes")
@@ -497,7 +497,7 @@ class Explorer(ExplorerRuns, W.VBox):
             code = f"# not exported: this plan failed when it ran ({self.error or 'see the error above'})"
         else:
             try:
-                code = plan.to_code()
+                code = plan.to_code(loop=self.session.workload.loop)
             except MemsaveError as exc:
                 code = f"# cannot write this plan as code: {exc}"
         self.code.value = (

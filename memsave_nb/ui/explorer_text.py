@@ -6,13 +6,17 @@ from __future__ import annotations
 import html
 from typing import Any
 
+from memsave_nb.workload import DEFAULT_LOOP, LOOPS
+
 from .format import format_delta_bytes
 
 
-def title_html(name: str, type_name: str, mode: str, device: str) -> str:
-    """The explorer's title; the class name once when the workload is named after it."""
+def title_html(name: str, type_name: str, mode: str, device: str, loop: str = DEFAULT_LOOP) -> str:
+    """The explorer's title; the class name once when the workload is named after it; the training
+    loop measured (how long the output lives), with its meaning on hover."""
     what = html.escape(type_name) if name in ("", type_name, "workload") else f"{html.escape(name)}: {html.escape(type_name)}"
-    return f"<b>memsave explorer</b> &mdash; {what}, {html.escape(mode)} mode on {html.escape(device)}"
+    return (f"<b>memsave explorer</b> &mdash; {what}, {html.escape(mode)} mode on {html.escape(device)}, "
+            f"<span title='{html.escape(LOOPS.get(loop, ''), quote=True)}'>loop {html.escape(loop)}</span>")
 
 
 def loss_note_html(workload: Any, mode: str) -> str:

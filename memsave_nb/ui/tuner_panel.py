@@ -567,7 +567,7 @@ class TunerPanel(W.VBox):
 
     def _show_code(self, c: "Candidate") -> None:
         self.code.value = (f"<small>{html.escape(c.label)}: estimated {format_bytes(c.est_peak_bytes)}, "
-                           f"{c.est_seconds * 1e3:.2f} ms</small><pre>{html.escape(c.plan.to_code())}</pre>")
+                           f"{c.est_seconds * 1e3:.2f} ms</small><pre>{html.escape(c.plan.to_code(loop=self.explorer.session.workload.loop))}</pre>")
 
     def _tapped(self, _attr: str, _old: list[int], new: list[int]) -> None:
         if self._picking or not new:

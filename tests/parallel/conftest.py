@@ -64,12 +64,20 @@ def fsdp_mem_tracker_peak(workload: Workload, spec, plan=None, rank: int = 0) ->
             k = w.accumulation_steps
 
             def step():
-                for _ in range(k):  # micro-steps as memsave_nb runs them: loss / k, same batch
+                for micro in range(k):  # micro-steps as memsave_nb runs them: loss / k, same batch
                     out = w.forward(batch)
                     loss = w.compute_loss(out)
-                    (loss / k if k > 1 else loss).backward()
-                    del out, loss
+                    if k > 1:
+                        loss = loss / k
+                    if w.loop == "loss_only":  # the workload's loop: the output goes before backward
+                        out = None
+                    loss.backward()
+                    if micro < k - 1:
+                        out = loss = None
+                    elif w.loop == "keep_output_backward":
+                        out = None
                 opt.step()
+                del out, loss  # the loss lives to the end of the step
                 opt.zero_grad()
 
             step()

@@ -20,6 +20,19 @@ def _batch_bytes(workload) -> int:
     return sum(t.untyped_storage().nbytes() for t in iter_tensors(raw))
 
 
+@pytest.mark.parametrize("loop", ["loss_only", "keep_output_backward", "keep_output_step"])
+def test_each_loop_per_rank_equals_fsdp_mem_tracker_on_that_loop(loop):
+    """The per-rank step runs the workload's loop as the engine does (the output dropped before
+    backward, before the step, or kept): FSDPMemTracker running the same loop agrees to the byte,
+    and keeping the output raises the rank's peak over the default, as on one device."""
+    wl = tiny_gpt().replace(loop=loop)
+    spec = ParallelSpec(world_size=2)
+    ours = measure_parallel(wl, spec, ranks=[0]).rank(0)
+    assert ours.peak_bytes == fsdp_mem_tracker_peak(wl, spec)["Total"]
+    if loop != "loss_only":
+        assert ours.peak_bytes > measure_parallel(wl.replace(loop="loss_only"), spec, ranks=[0]).rank(0).peak_bytes
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("world_size", [2, 8])
 @pytest.mark.parametrize("regions", [False, True], ids=["eager", "ac-blocks"])
