@@ -2,7 +2,7 @@
 
 The loop is the one ``measure()`` runs today (engine ``_Step.run``), written out here: step 1 makes
 the optimizer's state, gradients are set to None, then step 2 (forward, loss, backward, optimizer
-step; the output is dropped after the optimizer step) is profiled. The batch of step 2 exists
+step; the output lives as the workload's ``loop`` says, ``output_dropped``) is profiled. The batch of step 2 exists
 before it, as in a training loop.
 
 Allowed gap: the 0-dim "wrapped number" tensors C++ builds from Python scalars
@@ -20,7 +20,7 @@ from torch import nn
 
 from memsave_nb import Plan, measure, zoo
 from memsave_nb.model_state import ModelSnapshot
-from memsave_nb.workload import Workload, iter_tensors
+from memsave_nb.workload import Workload, iter_tensors, output_dropped
 
 from . import hf_models
 from .allocator_oracle import AllocatorCount, allocator_peak, allocation_events, timeline_peak
@@ -49,12 +49,16 @@ def engine_loop_peak(wl: Workload) -> AllocatorCount:
             loss = wl.compute_loss(output)
             if k > 1:
                 loss = loss / k
+            if output_dropped(wl.loop, "backward"):
+                output = None  # loss_only: only the loss goes into backward
             loss.backward()
             if micro < k - 1:
                 del output, loss
+        if output_dropped(wl.loop, "step"):
+            output = None
         if optimizer is not None:
             optimizer.step()
-        del output, loss  # the engine drops the output after the optimizer step
+        del output, loss  # the loss lives to the end of the step (a trainer logs it)
 
     try:
         one_step(wl.make_batch())

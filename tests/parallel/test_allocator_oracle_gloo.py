@@ -24,7 +24,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from memsave_nb.workload import Workload, iter_tensors
+from memsave_nb.workload import Workload, iter_tensors, output_dropped
 
 from measure.allocator_oracle import allocator_peak  # tests/ is on sys.path (rootdir-relative packages)
 
@@ -62,7 +62,7 @@ def _rank(rank: int, world_size: int, kind: str, store: str, out: str) -> None:
     from torch.distributed.device_mesh import init_device_mesh
 
     from memsave_nb.parallel.apply import apply_parallel
-    from memsave_nb.parallel.spec import ParallelSpec
+    from memsave_nb.parallel_spec import ParallelSpec
     from memsave_nb.parallel.step import tracked_step
 
     torch.set_num_threads(1)
@@ -78,12 +78,16 @@ def _rank(rank: int, world_size: int, kind: str, store: str, out: str) -> None:
             p.grad = None
         optimizer = wl.make_optimizer()
 
-        def step() -> None:  # parallel/step.py's loop: the output dropped after backward
+        def step() -> None:  # parallel/step.py's loop: the output lives as wl.loop says
             output = called(batch)
             loss = wl.compute_loss(output)
+            if output_dropped(wl.loop, "backward"):
+                output = None
             loss.backward()
-            del output, loss
+            if output_dropped(wl.loop, "step"):
+                output = None
             optimizer.step()
+            del output, loss
 
         for _warm in range(2):  # DDP re-buckets at the forward after the first backward: steady from step 3
             step()
@@ -107,7 +111,7 @@ def _rank(rank: int, world_size: int, kind: str, store: str, out: str) -> None:
 def _spec(world_size: int, kind: str):
     """``kind``: "fsdp", "hsdp" (2 replicas), "fsdp-offload" (CPUOffloadPolicy: host and device are
     one memory on the CPU, so the total is compared) or "ddp"."""
-    from memsave_nb.parallel.spec import ParallelSpec
+    from memsave_nb.parallel_spec import ParallelSpec
 
     if kind == "ddp":
         return ParallelSpec(world_size=world_size, strategy="ddp")
