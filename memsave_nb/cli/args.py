@@ -1,9 +1,18 @@
-"""The command line's argument parsing: one-line usage errors, positive integers."""
+"""The command line's argument parsing: one-line usage errors, bounded numbers.
+
+Every number a flag takes is checked here, before anything is built or measured: a hostile value
+(``inf``, ``nan``, ``1e308``, a batch of 10**20) is one line on stderr, never a traceback later."""
 
 from __future__ import annotations
 
 import argparse
+import math
 from typing import NoReturn
+
+# the largest count a flag takes: torch sizes are int64, and anything past int32 is a typo here
+MAX_COUNT = 2**31 - 1
+# the largest GPU a target may name: 1 PB (a float past this overflows the byte counts)
+MAX_GB = 1e6
 
 
 class _UsageError(Exception):
@@ -21,7 +30,35 @@ def _positive_int(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text[:40]!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    if value > MAX_COUNT:
+        raise argparse.ArgumentTypeError(f"expected a positive integer up to {MAX_COUNT}, got {text[:40]}")
+    return value
+
+
+def _number(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text[:40]!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text[:40]}")
+    return value
+
+
+def _gb(text: str) -> float:
+    """A GPU size in GB: finite, above 0, at most 1 PB."""
+    value = _number(text)
+    if not 0 < value <= MAX_GB:
+        raise argparse.ArgumentTypeError(f"expected GB above 0 and at most {MAX_GB:g}, got {text[:40]}")
+    return value
+
+
+def _fraction(text: str) -> float:
+    """A share of the target in (0, 1]."""
+    value = _number(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"expected a fraction in (0, 1], got {text[:40]}")
     return value
