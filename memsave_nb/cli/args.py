@@ -7,7 +7,11 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
+import re
 from typing import NoReturn
+
+from ..errors import MemsaveError
 
 # the largest count a flag takes: torch sizes are int64, and anything past int32 is a typo here
 MAX_COUNT = 2**31 - 1
@@ -23,7 +27,12 @@ class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line (no usage dump) and never exits by itself."""
 
     def error(self, message: str) -> NoReturn:
-        raise _UsageError(message)
+        raise _UsageError(_cut_values(message))
+
+
+def _cut_values(message: str, keep: int = 40) -> str:
+    """argparse quotes the user's value whole; a 200,000-character value is cut to ``keep``."""
+    return re.sub(r"'([^']{%d})[^']+'" % keep, lambda m: f"'{m.group(1)}...'", message)
 
 
 def _positive_int(text: str) -> int:
@@ -62,3 +71,14 @@ def _fraction(text: str) -> float:
     if not 0 < value <= 1:
         raise argparse.ArgumentTypeError(f"expected a fraction in (0, 1], got {text[:40]}")
     return value
+
+
+def check_writable(path: str, flag: str) -> None:
+    """A file the command will write: its folder must exist and take files (checked before the search)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise MemsaveError(f"{flag} {path}: is a folder; give a file name")
+    if not os.path.isdir(folder):
+        raise MemsaveError(f"{flag} {path}: no folder {folder}")
+    if not os.access(folder, os.W_OK):
+        raise MemsaveError(f"{flag} {path}: cannot write in {folder}")

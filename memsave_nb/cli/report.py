@@ -6,6 +6,7 @@ built or measured."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from ..errors import MemsaveError
@@ -62,6 +63,8 @@ def check_report_args(args: argparse.Namespace) -> None:
         raise MemsaveError("--headroom needs --target-gb")
     check_model_flags(args)
     check_parallel_args(args)
+    if args.out is not None and os.path.isdir(args.out):
+        raise MemsaveError(f"--out {args.out}: is a folder; give a file name like report.html")
     if args.from_config is not None:
         knobs = [flag for flag, key in KNOB_FLAGS if getattr(args, key) and not (key == "seq_len" and _is_hub(args))]
         if knobs:
@@ -134,6 +137,7 @@ def format_report(measurement, *, title: str, top: int | None = None, answer: tu
     return "\n".join(lines) + "\n"
 
 
+HUB_TOP = 20  # a Hugging Face model has a thousand modules: its table lists the top ones unless --top says
 NOISY_RATIO = 1.5  # slowest over fastest timed step above this: the machine was busy
 
 
@@ -171,12 +175,13 @@ def _report(args: argparse.Namespace) -> int:
         measurement = measure(applied, mode=cw.mode, repeats=args.repeats)
     knobs = f", {plan.describe()}" if not plan.is_empty else ""
     title = f"memsave_nb report: {cw.name}, batch {plan.batch_size or cw.batch}{knobs}, {cw.mode} mode on {measurement.device}"
+    top = args.top if args.top is not None or not cw.hub else HUB_TOP
     answer, explained = (), ""
     if args.target_gb is not None:
         from .target import cli_target_lines
 
         answer, explained = cli_target_lines(cw.workload, plan, measurement, args)
-    text = format_report(measurement, title=title, top=args.top, answer=answer)
+    text = format_report(measurement, title=title, top=top, answer=answer)
     sys.stdout.write(text + "".join(f"Note: {n}\n" for n in notes) + explained)
     if args.out:
         from ..report import write_report

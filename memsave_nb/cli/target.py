@@ -42,5 +42,6 @@ def cli_target_lines(workload: "Workload", plan: "Plan", measurement: "Measureme
         answer.append(f"Max sequence length that fits: {r.value} (peak {format_bytes(r.peak_bytes or 0)}; {r.count} fake-mode probes)"
                       + (f"; limited by {r.limit}" if r.limit else ""))
         notes += r.notes
-    explained = "\n" + target.line() + "\n" + "".join(f"  note: {n}\n" for n in dict.fromkeys(notes))
+    shown = set(measurement.notes)  # printed with the report already
+    explained = "\n" + target.line() + "\n" + "".join(f"  note: {n}\n" for n in dict.fromkeys(notes) if n not in shown)
     return tuple(answer), explained

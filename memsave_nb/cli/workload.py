@@ -35,7 +35,7 @@ def check_model_flags(args: argparse.Namespace) -> None:
     if is_demo(args.model):
         given = [f for f, v in (("--lora", args.lora), ("--quantize", args.quantize), ("--task", args.task)) if v]
         if given:
-            raise MemsaveError(f"{', '.join(given)} apply to Hugging Face models (catalogue names, hub ids, config.json); "
+            raise MemsaveError(f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} for Hugging Face models (catalogue names, hub ids, config.json); "
                                f"{args.model!r} is a demo model")
         if args.model == "gpt-7b" and args.mode == "real":
             raise MemsaveError("gpt-7b is built from fake tensors and only runs with --mode fake")
