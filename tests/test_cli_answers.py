@@ -125,3 +125,19 @@ def test_report_llama_8b_lora_max_batch_runs_and_answers_first(capsys):
     assert lines[2].startswith("Peak memory: ")
     assert lines[3].startswith("Target 24 GB: ")
     assert lines[4].startswith("Max batch that fits: ")
+
+
+def test_step_times_show_median_and_spread_and_say_noisy(capsys):
+    import dataclasses
+
+    from memsave_nb import measure, zoo
+    from memsave_nb.cli.report import format_report
+
+    out = _run(capsys, ["report", "--model", "mlp", "--batch", "8", "--repeats", "3"])
+    line = next(x for x in out.splitlines() if x.startswith("Saved activations:"))
+    assert ", 3 runs)" in line.split("Step time: ", 1)[1]
+    m = measure(zoo.make("mlp", 8), mode="real", repeats=3)
+    steady = dataclasses.replace(m, step_seconds=0.010, step_seconds_all=(0.010, 0.011, 0.0105))
+    noisy = dataclasses.replace(m, step_seconds=0.054, step_seconds_all=(1.85, 1.35, 0.054))
+    assert "noisy" not in format_report(steady, title="t")
+    assert "Step time: 54.0 ms (54.0 ms–1.85 s, 3 runs) - noisy" in format_report(noisy, title="t")
