@@ -141,3 +141,28 @@ def test_step_times_show_median_and_spread_and_say_noisy(capsys):
     noisy = dataclasses.replace(m, step_seconds=0.054, step_seconds_all=(1.85, 1.35, 0.054))
     assert "noisy" not in format_report(steady, title="t")
     assert "Step time: 54.0 ms (54.0 ms–1.85 s, 3 runs) - noisy" in format_report(noisy, title="t")
+
+
+def test_report_sizes_an_accelerate_fsdp_config_per_rank(capsys, tmp_path, tiny):
+    import memsave_nb
+    from memsave_nb.parallel import measure_parallel
+    from memsave_nb.trainers import from_trainer
+
+    cfg = tmp_path / "accelerate.yaml"
+    cfg.write_text("distributed_type: FSDP\nnum_processes: 2\nmixed_precision: bf16\nfsdp_config:\n  fsdp_version: 2\n")
+    out = _run(capsys, ["report", "--model", tiny, "--seq-len", "32", "--from-config", str(cfg)])
+    wl = memsave_nb.from_pretrained(tiny, seq_len=32)
+    imported = from_trainer(str(cfg), wl.model)
+    m = measure_parallel(wl, imported.parallel, imported.plan)
+    assert out.splitlines()[2].startswith(f"Peak per rank: {format_bytes(m.device_peak_bytes)}")
+    assert m.table() in out and "FSDP2 x2" in out
+    assert "Note: batch size, optimizer and accumulation: in your script" in out
+
+
+def test_qlora_from_the_command_line(capsys, tiny):
+    import memsave_nb
+    from memsave_nb import measure
+
+    out = _run(capsys, ["report", "--model", tiny, "--lora", "r=4", "--quantize", "nf4", "--seq-len", "32"])
+    m = measure(memsave_nb.from_pretrained(tiny, lora="r=4", quantize="nf4", seq_len=32), mode="fake")
+    assert out.splitlines()[2].startswith(f"Peak memory: {format_bytes(m.peak_bytes)} during {m.peak_phase}")

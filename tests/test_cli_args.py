@@ -49,6 +49,7 @@ REPORT = [
     (["--model", "qwen2.5-0.5b", "--task", "image-classification"], "no head"),
     (["--from-config", "/nonexistent/args.json"], "cannot read trainer config"),
     (["--from-config", "/nonexistent/args.json", "--optimizer", "sgd"], "--from-config sets the knobs"),
+    (["--from-config", "/nonexistent/args.json", "--ddp", "--world-size", "2"], "--from-config sets the parallel strategy"),
     (["--out", "."], "is a folder"),
     (["--repeats", "0"], "--repeats"),
     (["--nonsense"], "unrecognized arguments"),

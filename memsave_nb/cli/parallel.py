@@ -59,7 +59,7 @@ def report_parallel(args: argparse.Namespace, cw, plan, spec=None, notes=()) -> 
     from ..parallel.measure import measure_parallel
     from ..units import format_bytes
 
-    if wants_parallel(args) or spec is None:
+    if spec is None:  # a trainer config's spec (its strategy, --world-size's ranks) wins
         spec = parallel_spec(args)
     m = measure_parallel(cw.workload, spec, plan)
     worst = m.worst

@@ -69,6 +69,11 @@ def check_report_args(args: argparse.Namespace) -> None:
         knobs = [flag for flag, key in KNOB_FLAGS if getattr(args, key) and not (key == "seq_len" and _is_hub(args))]
         if knobs:
             raise MemsaveError(f"--from-config sets the knobs; drop {', '.join(knobs)} (or edit the config)")
+        strategy = [f for f, k in (("--fsdp", "fsdp"), ("--ddp", "ddp"), ("--cpu-offload", "cpu_offload"),
+                                   ("--gradient-as-bucket-view", "gradient_as_bucket_view")) if getattr(args, k)]
+        if strategy:
+            raise MemsaveError(f"--from-config sets the parallel strategy; drop {', '.join(strategy)} "
+                               "(--world-size N still sets the ranks)")
         from ..trainers import load_config
 
         args.trainer_config = load_config(args.from_config)  # a missing or unreadable file fails here, not after a build
@@ -103,6 +108,10 @@ def _plan_and_parallel(args: argparse.Namespace, cw):
     from ..trainers import from_trainer
 
     imported = from_trainer(args.trainer_config, cw.workload.model, world_size=args.world_size)
+    if not cw.hub and imported.plan.batch_size:  # a demo batch is resized for real: check it fits first
+        from .workload import check_fits_this_machine
+
+        check_fits_this_machine(cw.name, imported.plan.batch_size, cw.mode, args.device)
     return imported.plan, imported.parallel, imported.notes
 
 
