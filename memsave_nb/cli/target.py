@@ -31,17 +31,14 @@ def cli_target_lines(workload: "Workload", plan: "Plan", measurement: "Measureme
 
     target = cli_target(args)
     answer = [verdict_line(target, measurement.peak_bytes)]
-    notes: list[str] = []
     if args.max_batch:
         r = max_batch(workload, plan, target)
         answer.append(f"Max batch that fits: {r.value} (peak {format_bytes(r.peak_bytes or 0)}; {r.count} fake-mode probes)"
                       + (f"; {r.limit}" if r.limit else ""))
-        notes += r.notes
+        answer += [f"  note: {n}" for n in r.notes]  # caveats on where the boundary lies, beside it
     if args.max_seq:
         r = max_seq_len(workload, plan, target)
         answer.append(f"Max sequence length that fits: {r.value} (peak {format_bytes(r.peak_bytes or 0)}; {r.count} fake-mode probes)"
                       + (f"; limited by {r.limit}" if r.limit else ""))
-        notes += r.notes
-    shown = set(measurement.notes)  # printed with the report already
-    explained = "\n" + target.line() + "\n" + "".join(f"  note: {n}\n" for n in dict.fromkeys(notes) if n not in shown)
-    return tuple(answer), explained
+        answer += [f"  note: {n}" for n in r.notes]
+    return tuple(answer), "\n" + target.line() + "\n"
