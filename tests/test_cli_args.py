@@ -62,6 +62,7 @@ PLAN = [
     (["--target-gb", "24", "--batch", "0"], "--batch"),
     (["--target-gb", "24", "--batch", "99999999999999999999"], "--batch"),
     (["--target-gb", "24", "--seq-len", "-3"], "--seq-len"),
+    (["--target-gb", "24", "--seq-len", "64"], "is a demo model"),
     (["--target-gb", "24", "--headroom", "2"], "--headroom"),
     (["--target-gb", "24", "--headroom", "nan"], "--headroom"),
     (["--target-gb", "24", "--gpu", "Z80"], "--gpu"),

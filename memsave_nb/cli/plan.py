@@ -71,9 +71,12 @@ def run_plan(args: argparse.Namespace) -> int:
     from ..units import format_bytes
     from ..planner.search import plan_for
     from .args import check_writable
-    from .workload import build, check_model_flags
+    from .workload import build, check_model_flags, is_demo
 
     check_model_flags(args)
+    if args.seq_len is not None and is_demo(args.model):
+        raise MemsaveError(f"plan --seq-len sets a Hugging Face model's sequence; {args.model!r} is a demo model "
+                           "(its batch keeps its own length)")
     if args.export_to and not args.export:
         raise MemsaveError("--export-to needs --export hf|trl|axolotl|accelerate")
     for flag, path in (("--save", args.save), ("--export-to", args.export_to)):
