@@ -22,6 +22,7 @@ REPORT = [
     (["--precision", "p" * 500], "--precision"),
     (["--optimizer", "bogus"], "--optimizer"),
     (["--accumulate", "0"], "--accumulate"),
+    (["--accumulate", "2147483647"], "at most 64 micro-batches"),
     *[(["--target-gb", v], "--target-gb") for v in HOSTILE_GB],
     *[(["--target-gb", "24", "--headroom", v], "--headroom") for v in ["0", "1.5", "-0.2", "nan", "inf"]],
     (["--headroom", "0.5"], "--headroom needs --target-gb"),

@@ -47,6 +47,17 @@ def _positive_int(text: str) -> int:
     return value
 
 
+MAX_ACCUMULATE = 64  # each micro-step is run and measured; the peak stops changing after the second
+
+
+def _accumulate(text: str) -> int:
+    value = _positive_int(text)
+    if value > MAX_ACCUMULATE:
+        raise argparse.ArgumentTypeError(f"at most {MAX_ACCUMULATE} micro-batches (each one runs; from the second on "
+                                         f"the peak no longer changes), got {value}")
+    return value
+
+
 def _number(text: str) -> float:
     try:
         value = float(text)

@@ -10,6 +10,7 @@ import os
 import sys
 
 from ..errors import MemsaveError
+from .args import MAX_COUNT
 
 PRECISIONS = ("fp32", "autocast_bf16", "autocast_fp16", "bf16", "bf16_master")
 
@@ -19,8 +20,8 @@ def _csv_ints(text: str) -> tuple[int, ...]:
         values = tuple(int(v) for v in text.split(",") if v.strip())
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected numbers separated by commas, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected positive numbers separated by commas, got {text!r}")
+    if not values or min(values) < 1 or max(values) > MAX_COUNT:
+        raise argparse.ArgumentTypeError(f"expected positive numbers up to {MAX_COUNT} separated by commas, got {text[:40]!r}")
     return values
 
 

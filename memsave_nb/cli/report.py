@@ -10,7 +10,7 @@ import os
 import sys
 
 from ..errors import MemsaveError
-from .args import _fraction, _gb, _positive_int
+from .args import _accumulate, _fraction, _gb, _positive_int
 
 
 def add_model_arguments(p: argparse.ArgumentParser, default: str) -> None:
@@ -36,7 +36,7 @@ def _add_tuner_arguments(rep: argparse.ArgumentParser) -> None:
     rep.add_argument("--seq-len", type=_positive_int, default=None, metavar="T", help="cut or extend token inputs to T")
     rep.add_argument("--precision", choices=sorted(PRECISIONS), default=None, help="precision knob (default: the model's)")
     rep.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default=None, help="optimizer knob (default: AdamW)")
-    rep.add_argument("--accumulate", type=_positive_int, default=None, metavar="K", help="K micro-batches per optimizer step")
+    rep.add_argument("--accumulate", type=_accumulate, default=None, metavar="K", help="K micro-batches per optimizer step")
     rep.add_argument("--keep-grads", action="store_true", help="zero_grad(set_to_none=False): gradients stay allocated")
     rep.add_argument("--target-gb", type=_gb, default=None, metavar="GB",
                      help=f"the GPU's memory in GB (presets {', '.join(f'{g:g}' for g in PRESETS_GB)}): says fits / does not fit")
