@@ -166,3 +166,22 @@ def test_qlora_from_the_command_line(capsys, tiny):
     out = _run(capsys, ["report", "--model", tiny, "--lora", "r=4", "--quantize", "nf4", "--seq-len", "32"])
     m = measure(memsave_nb.from_pretrained(tiny, lora="r=4", quantize="nf4", seq_len=32), mode="fake")
     assert out.splitlines()[2].startswith(f"Peak memory: {format_bytes(m.peak_bytes)} during {m.peak_phase}")
+
+
+def test_a_hub_model_per_rank_with_knobs_equals_measure_parallel(capsys, tiny):
+    import memsave_nb
+    from memsave_nb import Plan
+    from memsave_nb.parallel import ParallelSpec, measure_parallel
+
+    out = _run(capsys, ["report", "--model", tiny, "--lora", "r=4", "--seq-len", "32", "--batch", "2", "--world-size", "4",
+                        "--fsdp", "--precision", "fp32", "--accumulate", "2", "--optimizer", "adamw_foreach"])
+    wl = memsave_nb.from_pretrained(tiny, lora="r=4", seq_len=32, batch_size=2)
+    m = measure_parallel(wl, ParallelSpec(world_size=4), Plan(precision="fp32", accumulation_steps=2, optimizer="adamw_foreach"))
+    assert out.splitlines()[2].startswith(f"Peak per rank: {format_bytes(m.device_peak_bytes)}")
+    assert m.table() in out
+
+
+def test_max_seq_of_a_hub_model(capsys, tiny):
+    out = _run(capsys, ["report", "--model", tiny, "--seq-len", "32", "--target-gb", "0.02", "--max-seq"])
+    line = out.splitlines()[4]
+    assert line.startswith("Max sequence length that fits: ") and int(line.split(": ")[1].split()[0]) > 32
