@@ -113,11 +113,11 @@ def test_a_real_batch_this_machine_cannot_hold_is_refused_before_allocating():
     per_sample = batch_bytes_per_sample("mlp")
     assert per_sample == 784 * 4 + 8  # the inputs and the int64 target the loss holds
     with pytest.raises(MemsaveError, match="of inputs alone"):
-        check_fits_this_machine("mlp", 1000, "fake", available=per_sample * 999)
+        check_fits_this_machine("mlp", 1000, "fake", available=per_sample * 1999)
     # the inputs fit, the real step does not: the fake-mode estimate says so, in real mode only
-    check_fits_this_machine("mlp", 1000, "fake", available=per_sample * 1000)
+    check_fits_this_machine("mlp", 1000, "fake", available=per_sample * 2000)
     with pytest.raises(MemsaveError, match="in real mode"):
-        check_fits_this_machine("mlp", 1000, "real", available=per_sample * 1000)
+        check_fits_this_machine("mlp", 1000, "real", available=per_sample * 2000)
 
 
 def test_the_real_mode_estimate_is_the_engine_s_figure():
