@@ -115,6 +115,7 @@ def test_plan_exports_the_chosen_plan_as_a_trainer_config(capsys, tmp_path, tiny
     assert "The chosen plan as a trl config:" in out and f"Wrote {exported}" in out
 
 
+@pytest.mark.slow
 def test_report_llama_8b_lora_max_batch_runs_and_answers_first(capsys):
     """Issue 26's command. Its goal is under 10 s; this loaded 2-core machine takes far longer, so
     the time is printed (``-s``), not asserted."""
