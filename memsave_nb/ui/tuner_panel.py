@@ -33,14 +33,12 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import ipywidgets as W
-from bokeh.models import ColumnDataSource, DataRange1d, HoverTool, Span, TapTool
-from bokeh.plotting import figure
-
 from memsave_nb.errors import Cancelled, MemsaveError
 from memsave_nb.target import DEFAULT_HEADROOM, HEADROOM_SOURCE, HEADROOM_WHY, PRESETS_GB, Target
 
-from . import figures
 from .format import format_bytes
+from .front_list import FrontList
+from .pareto_figure import FITS_COLOR, MISS_COLOR, pareto, pareto_data  # noqa: F401 - pareto_data: public here too
 from .plots import bokeh_widget
 from .runner import Runner
 from .tuner_host import TunerHost
@@ -49,57 +47,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from memsave_nb.planner import Candidate, PlannerResult
 
 FREE = "other…"
-FITS_COLOR = "#2ca02c"
-MISS_COLOR = "#d62728"
-
-
-# -- the figure (pure: results in, Bokeh out) --------------------------------------------------
-def pareto_data(candidates: Sequence["Candidate"], front: Sequence["Candidate"] = ()) -> figures.Data:
-    on_front = {id(c) for c in front}
-    data: figures.Data = {k: [] for k in ("index", "ms", "peak_bytes", "label", "peak_label", "fits", "color", "size", "config")}
-    for i, c in enumerate(candidates):
-        data["index"].append(i)
-        data["ms"].append(c.est_seconds * 1e3)
-        data["peak_bytes"].append(c.est_peak_bytes)
-        data["label"].append(c.label)
-        data["peak_label"].append(format_bytes(c.est_peak_bytes))
-        data["fits"].append("fits" if c.fits else "does not fit")
-        data["color"].append(FITS_COLOR if c.fits else MISS_COLOR)
-        data["size"].append(11 if id(c) in on_front else 6)
-        data["config"].append(c.config)
-    return data
-
-
-def pareto(candidates: Sequence["Candidate"], front: Sequence["Candidate"] = (), usable_bytes: int | None = None,
-           *, width: int = 620, height: int = 380) -> figures.Plot:
-    """Estimated peak against estimated step time, one point per candidate plan (front points
-    larger; green fits, red does not), the headroom line as a horizontal rule."""
-
-    def data_fn(cs: Sequence[Any], fr: Sequence[Any] = (), usable: int | None = None) -> dict[str, figures.Data]:
-        return {"main": pareto_data(cs, fr)}
-
-    source = ColumnDataSource(data_fn(candidates, front)["main"], name="pareto")
-    fig = figure(width=width, height=height, title="Planner: estimated peak vs estimated step time",
-                 tools="pan,wheel_zoom,box_zoom,save,reset", toolbar_location="above",
-                 x_range=DataRange1d(range_padding=0.1), y_range=DataRange1d(range_padding=0.1), name="pareto_figure")
-    points = fig.scatter(x="ms", y="peak_bytes", source=source, size="size", color="color", alpha=0.7,
-                         selection_color="#1f77b4", nonselection_alpha=0.3, name="pareto_points")
-    rule = Span(location=usable_bytes or 0, dimension="width", line_color="#555555", line_dash="dashed",
-                visible=usable_bytes is not None, name="headroom_line")
-    fig.add_layout(rule)
-    fig.add_tools(TapTool(renderers=[points]))
-    fig.add_tools(HoverTool(renderers=[points], tooltips=[("plan", "@label"), ("config", "@config"),
-                                                          ("peak", "@peak_label"), ("step", "@ms{0.00} ms"), ("", "@fits")]))
-    figures._bytes_axis(fig.yaxis[0])
-    fig.yaxis.axis_label = "estimated peak"
-    fig.xaxis.axis_label = "estimated step time (ms)"
-
-    def after(plot: figures.Plot, new: dict[str, figures.Data], _rule: Any = rule) -> None:
-        pass
-
-    plot = figures.Plot(fig, {"main": source}, data_fn, after)
-    plot.rule = rule  # type: ignore[attr-defined]
-    return plot
 
 
 # -- the panel ---------------------------------------------------------------------------------
@@ -150,6 +97,7 @@ class TunerPanel(W.VBox):
         self.state = "idle"
         self._picking = False
         self._syncing = False
+        self._drawn_for: int | None = None  # the headroom line (bytes) the scatter was last drawn for
         # background work: the newest request wins (ui/runner.py); a generation marks stale results
         self.runner = Runner(0.0, name="memsave-tuner")
         self._generation = 0
@@ -213,9 +161,7 @@ class TunerPanel(W.VBox):
         self.code.add_class("memsave-tuner-code")
         self.plot = pareto([], [], None)
         self.plot.source.selected.on_change("indices", self._tapped)
-        self.front_list = W.VBox([], layout=W.Layout(min_width="300px", max_height="380px", overflow="auto"))
-        self.front_list.add_class("memsave-front-list")
-        self.front_rows: list[W.HBox] = []
+        self.front_list = FrontList(self.pick)
         note = W.HTML(f"<small>Fits means the measured peak stays under the headroom line: {html.escape(HEADROOM_WHY)}. "
                       f"Source of the 80% rule: {html.escape(HEADROOM_SOURCE)}. The planner works in fake mode; "
                       "click a point, or <i>load</i> in the list, to load that plan into the explorer.</small>")
@@ -312,12 +258,13 @@ class TunerPanel(W.VBox):
                                   f"peak {format_bytes(peak)}: {html.escape(target.verdict(peak))}</b>")
             if self.explorer.target != target:
                 self.explorer.set_target(target)
-            self.plot.rule.location = target.usable_bytes
-            self.plot.rule.visible = True
-            if self.candidates:
+            # the scatter is redrawn only when the line moved: a redraw after every run made the
+            # browser echo the selection back, and a second run followed each click
+            if self._drawn_for != target.usable_bytes:
+                self._drawn_for = target.usable_bytes
                 for c in self.candidates:
                     object.__setattr__(c, "fits", target.fits(c.est_peak_bytes))
-                self.plot.update(self.candidates, self.result.front if self.result else ())
+                self._redraw()
                 self._show_front()
             self._show_max_batch()
 
@@ -502,25 +449,13 @@ class TunerPanel(W.VBox):
         self.picked = None
         self._picking = True
         try:
-            self.plot.update(self.candidates, result.front)
+            self._redraw()
             self.plot.source.selected.indices = []
         finally:
             self._picking = False
         by_id = {id(c): i for i, c in enumerate(self.candidates)}
         self.front_indices = [by_id[id(c)] for c in result.front if id(c) in by_id]
-        self.front_rows = []
-        for k, index in enumerate(self.front_indices):
-            text = W.HTML("")
-            text.add_class("memsave-front-text")
-            load = W.Button(description="load", icon="upload", layout=W.Layout(width="80px", flex="0 0 auto"),
-                            tooltip="load this plan into the explorer")
-            load.add_class("memsave-front-load")
-            load.on_click(lambda _b, i=index: self.pick(i))
-            row = W.HBox([load, text], layout=W.Layout(align_items="center"))
-            row.add_class("memsave-front-row")
-            self.front_rows.append(row)
-        self.front_list.children = [W.HTML(f"<b>Pareto front</b> <small>({len(self.front_rows)} plans, "
-                                           "lowest estimated peak first)</small>")] + self.front_rows
+        self.front_list.set_front([self.candidates[i] for i in self.front_indices], self.front_indices)
         self._show_front()
         chosen = result.chosen
         if chosen is not None:
@@ -528,22 +463,20 @@ class TunerPanel(W.VBox):
         return (f"{len(result.candidates)} plans, {len(result.fitting)} fit; "
                 + (f"chosen: {chosen.label}" if chosen else "none fits") + f" ({result.seconds:.1f} s)")
 
+    @property
+    def front_rows(self) -> list[W.HBox]:
+        """One list row per front plan, in the front's order (lowest estimated peak first)."""
+        return self.front_list.rows
+
+    def _redraw(self) -> None:
+        self._drawn_for = self.target.usable_bytes
+        self.plot.update(self.candidates, self.result.front if self.result else (), self._drawn_for)
+
     def _show_front(self) -> None:
         """Each front entry's text and fits / does not fit class (after a search or a new target)."""
-        for row, index in zip(self.front_rows, self.front_indices):
-            c = self.candidates[index]
-            for cls in ("memsave-fits", "memsave-nofit", "memsave-front-picked"):
-                row.remove_class(cls)
-            row.add_class("memsave-fits" if c.fits else "memsave-nofit")
-            if index == self.picked:
-                row.add_class("memsave-front-picked")
-            color = FITS_COLOR if c.fits else MISS_COLOR
-            row.children[1].value = (
-                f"<span title='{html.escape(c.config)}'>{'<b>' if index == self.picked else ''}"
-                f"{html.escape(c.label)}{'</b>' if index == self.picked else ''}</span> "
-                f"<small>est. peak <b>{format_bytes(c.est_peak_bytes)}</b> · {c.est_seconds * 1e3:.2f} ms · "
-                f"<span style='color:{color}'>{'fits' if c.fits else 'does not fit'}</span></small>"
-            )
+        rows = self.front_indices
+        picked = rows.index(self.picked) if self.picked in rows else None
+        self.front_list.show([self.candidates[i] for i in rows], picked)
 
     def pick(self, index: int) -> None:
         """Load candidate ``index`` into the explorer (what a click on its point or its list entry's
@@ -572,7 +505,14 @@ class TunerPanel(W.VBox):
     def _tapped(self, _attr: str, _old: list[int], new: list[int]) -> None:
         if self._picking or not new:
             return
-        self.pick(int(new[0]))
+        index = int(new[0])
+        if index == self.picked and 0 <= index < len(self.candidates) and _same(self.explorer.plan, self.candidates[index].plan):
+            return  # the selection echoed back (a redraw, a second event per tap): the plan is loaded already
+        self.pick(index)
+
+
+def _same(a: Any, b: Any) -> bool:
+    return a.replace(name="") == b.replace(name="")
 
 
 def _notes_html(result: Any) -> str:
