@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import ipywidgets as W
 from memsave_nb.errors import Cancelled, MemsaveError
-from memsave_nb.target import DEFAULT_HEADROOM, HEADROOM_SOURCE, HEADROOM_WHY, PRESETS_GB, Target
+from memsave_nb.target import DEFAULT_HEADROOM, HEADROOM_SOURCE, HEADROOM_WHY, PRESETS_GB, Target, plausible_preset_gb
 
 from .format import format_bytes
 from .front_list import FrontList
@@ -56,17 +56,25 @@ ZERO_GRAD_CHOICES = (("as given", AS_GIVEN), ("set to None", "none"), ("zero in 
 _ZERO_GRAD = {AS_GIVEN: None, "none": True, "zero": False}
 
 
-def _has_tokens(workload: Any) -> bool:
-    """Whether the workload's batch has token inputs whose length ``seq_len`` can change."""
+def no_seq_reason(workload: Any) -> str:
+    """Why "max seq len" cannot run for this workload ("" when it can: token inputs whose length
+    ``seq_len`` can change)."""
     from memsave_nb.knobs import seq_len_of
 
     if callable(workload.batch):
-        return False
+        return ("max seq len: the batch is a function, so its sequence length cannot be changed from here; "
+                "pass the batch itself (a dict or tensor of token ids) to search it")
     try:
         seq_len_of(workload.batch)
     except MemsaveError:  # no token tensors: the knob does not apply
-        return False
-    return True
+        return "max seq len: the batch has no token-id inputs (no sequence length to change)"
+    return ""
+
+
+def _floor(m: Any) -> int:
+    """What no checkpointing removes from the peak: parameters, gradients and optimizer state."""
+    s = m.peak_split
+    return s.parameters + s.gradients + s.optimizer_state
 
 
 def one_line(exc: BaseException) -> str:
@@ -106,10 +114,18 @@ class TunerPanel(W.VBox):
         self._label = ""
         self._ticker: threading.Thread | None = None
 
+        # the target starts at the smallest preset the step could plausibly fit; none when no preset
+        # holds even its weights, gradients and optimizer state (a 70B opened at "24 GB: 2685%")
+        start_gb = plausible_preset_gb(explorer.measurement)
+        self.no_target: str | None = None if start_gb is not None else (
+            f"no target yet: no single GPU of the presets holds this step's parameters, gradients and optimizer "
+            f"state ({format_bytes(_floor(explorer.measurement))}); shard it (GPUs tab) or freeze most of it, "
+            "or pick a size")
+        start_gb = start_gb or float(max(PRESETS_GB))
         options = [(f"{g:g} GB", float(g)) for g in PRESETS_GB] + [(FREE, 0.0)]
-        self.target_menu = W.Dropdown(options=options, value=24.0, description="my GPU", layout=W.Layout(width="200px"))
+        self.target_menu = W.Dropdown(options=options, value=start_gb, description="my GPU", layout=W.Layout(width="200px"))
         self.target_menu.add_class("memsave-target")
-        self.target_gb = W.BoundedFloatText(value=24.0, min=1e-6, max=10000.0, step=1.0, description="GB",
+        self.target_gb = W.BoundedFloatText(value=start_gb, min=1e-6, max=10000.0, step=1.0, description="GB",
                                             layout=W.Layout(width="160px"))
         self.target_gb.add_class("memsave-target-gb")
         self.headroom = W.BoundedFloatText(value=DEFAULT_HEADROOM, min=0.05, max=1.0, step=0.05, description="headroom",
@@ -167,7 +183,7 @@ class TunerPanel(W.VBox):
                       "click a point, or <i>load</i> in the list, to load that plan into the explorer.</small>")
         self.target_menu.observe(self._menu_changed, "value")
         self.target_gb.observe(self._gb_changed, "value")
-        self.headroom.observe(lambda _ch: self.refresh(), "value")
+        self.headroom.observe(lambda _ch: self._target_chosen(), "value")
         self.max_batch_button.on_click(lambda _b: self.find_max_batch(background=True))
         self.max_seq_button.on_click(lambda _b: self.find_max_seq_len(background=True))
         self.search_button.on_click(lambda _b: self.search(background=True))
@@ -187,8 +203,11 @@ class TunerPanel(W.VBox):
             self.code,
         ])
         self.add_class("memsave-tuner-panel")
-        if not _has_tokens(explorer.session.workload):  # no token inputs: no sequence length to search
-            self.max_seq_button.layout.display = "none"
+        why_no_seq = no_seq_reason(explorer.session.workload)
+        if why_no_seq:  # the button stays, greyed, and says why
+            self.max_seq_button.disabled = True
+            self.max_seq_button.tooltip = why_no_seq
+            self.max_seq_result.value = f"<small style='color:#888'>{html.escape(why_no_seq)}</small>"
         explorer.on_result(lambda _entry: self.refresh())
         explorer.editor.on_change(self.sync_knobs)  # a loaded or edited plan: the knob controls follow
         self.sync_knobs()
@@ -212,9 +231,16 @@ class TunerPanel(W.VBox):
         if headroom is not None:
             self.headroom.value = headroom
         self.target_gb.value = float(gb)
+        self._target_chosen()
+
+    def _target_chosen(self) -> None:
+        """The user set a size or a headroom: from now on there is a target."""
+        self.no_target = None
         self.refresh()
 
     def _menu_changed(self, change: dict) -> None:
+        if change["new"] == self.target_gb.value and self.no_target:
+            self._target_chosen()  # the preset shown while there was no target, chosen now
         if change["new"] and change["new"] != self.target_gb.value:
             self.target_gb.value = change["new"]
 
@@ -223,7 +249,7 @@ class TunerPanel(W.VBox):
         menu = gb if gb in PRESETS_GB else 0.0
         if self.target_menu.value != menu:
             self.target_menu.value = menu
-        self.refresh()
+        self._target_chosen()
 
     def sync_knobs(self) -> None:
         """Show the workload knobs of the explorer's plan in the knob controls."""
@@ -247,6 +273,13 @@ class TunerPanel(W.VBox):
             target = self.target
         except MemsaveError as exc:
             self._set_status("error", str(exc))
+            return
+        if self.no_target:
+            with self.explorer._ui_lock:
+                self.line.value = f"<small class='memsave-no-target'>{html.escape(self.no_target)}</small>"
+                self.verdict.value = ""
+                if self.explorer.target is not None:
+                    self.explorer.set_target(None)
             return
         with self.explorer._ui_lock:
             self.line.value = (f"<small>plans must stay under <b>{format_bytes(target.usable_bytes)}</b> "
@@ -469,7 +502,7 @@ class TunerPanel(W.VBox):
         return self.front_list.rows
 
     def _redraw(self) -> None:
-        self._drawn_for = self.target.usable_bytes
+        self._drawn_for = None if self.no_target else self.target.usable_bytes
         self.plot.update(self.candidates, self.result.front if self.result else (), self._drawn_for)
 
     def _show_front(self) -> None:
