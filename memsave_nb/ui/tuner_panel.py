@@ -175,6 +175,9 @@ class TunerPanel(W.VBox):
 
         self.code = W.HTML("")
         self.code.add_class("memsave-tuner-code")
+        self.hints: list = []  # what_would_fit's answer when a search found nothing that fits
+        self.hints_box = W.HTML("")
+        self.hints_box.add_class("memsave-tuner-hints")
         self.plot = pareto([], [], None)
         self.plot.source.selected.on_change("indices", self._tapped)
         self.front_list = FrontList(self.pick)
@@ -198,6 +201,7 @@ class TunerPanel(W.VBox):
             W.HBox([self.max_seq_button, self.max_seq_result], layout=W.Layout(align_items="center")),
             W.HBox([self.search_button, self.cancel_button, self.progress_text, self.status],
                    layout=W.Layout(align_items="center", flex_flow="row wrap")),
+            self.hints_box,
             W.HBox([bokeh_widget(self.plot.figure), self.front_list], layout=W.Layout(flex_flow="row wrap")),
             note,
             self.code,
@@ -471,8 +475,14 @@ class TunerPanel(W.VBox):
         options.setdefault("precisions", (plan.precision, "bf16") if plan.precision != "bf16" else ("bf16",))
 
         def work(ev: threading.Event) -> "PlannerResult":
-            return plan_for(workload, target, mode="fake", device=device, base_plan=plan.replace(regions={}),
-                            cancel_event=ev, **options)
+            result = plan_for(workload, target, mode="fake", device=device, base_plan=plan.replace(regions={}),
+                              cancel_event=ev, **options)
+            self.hints = []
+            if result.chosen is None and not result.fitting:  # nothing fits: which knob would, on its own
+                from memsave_nb.planner import what_would_fit
+
+                self.hints = what_would_fit(workload, plan, target, cancel_event=ev)
+            return result
 
         return self._submit("searching plans (fake mode)", work, self._show_result, background)
 
@@ -493,8 +503,10 @@ class TunerPanel(W.VBox):
         chosen = result.chosen
         if chosen is not None:
             self._show_code(chosen)
+        self.hints_box.value = _hints_html(self.hints, result.target) if chosen is None else ""
         return (f"{len(result.candidates)} plans, {len(result.fitting)} fit; "
-                + (f"chosen: {chosen.label}" if chosen else "none fits") + f" ({result.seconds:.1f} s)")
+                + (f"chosen: {chosen.label}" if chosen else "none fits" + _hints_count(self.hints))
+                + f" ({result.seconds:.1f} s)")
 
     @property
     def front_rows(self) -> list[W.HBox]:
@@ -542,6 +554,26 @@ class TunerPanel(W.VBox):
         if index == self.picked and 0 <= index < len(self.candidates) and _same(self.explorer.plan, self.candidates[index].plan):
             return  # the selection echoed back (a redraw, a second event per tap): the plan is loaded already
         self.pick(index)
+
+
+def _hints_html(hints: Sequence[Any], target: Target) -> str:
+    """None fits: the knobs that would on their own (green) or come closest, each with its peak."""
+    if not hints:
+        return ""
+    rows = []
+    for h in sorted(hints, key=lambda h: (not h.fits, h.peak_bytes)):
+        cls, color = ("memsave-fits", FITS_COLOR) if h.fits else ("memsave-nofit", MISS_COLOR)
+        rows.append(f"<li class='memsave-hint {cls}'><b>{html.escape(h.knob)}</b>: {html.escape(h.change)} &rarr; peak "
+                    f"<b>{format_bytes(h.peak_bytes)}</b>, <span style='color:{color}'>"
+                    f"{html.escape(target.verdict(h.peak_bytes))}</span></li>")
+    head = ("None of the plans fits, but these knobs do on their own (each measured in fake mode):"
+            if any(h.fits for h in hints) else "Nothing fits, not even one knob on its own; the closest each reaches:")
+    return f"<div><b>{head}</b><ul style='margin:2px 0'>{''.join(rows)}</ul></div>"
+
+
+def _hints_count(hints: Sequence[Any]) -> str:
+    n = sum(h.fits for h in hints)
+    return f"; {n} knob{'s' if n != 1 else ''} would on {'their' if n != 1 else 'its'} own (below)" if n else ""
 
 
 def _same(a: Any, b: Any) -> bool:

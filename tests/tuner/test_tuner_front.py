@@ -93,3 +93,40 @@ def test_scatter_headroom_line_is_a_visible_glyph_and_stacks_say_how_many():
     # a new line moves with an update
     plot.update(cands, cands[:1], 2 * usable)
     assert plot.sources["headroom"].data["peak_bytes"] == [2 * usable, 2 * usable]
+
+
+@pytest.mark.slow
+def test_none_fits_says_which_knob_would_with_the_figure_it_reaches():
+    from memsave_nb.measure import measure
+    from memsave_nb.planner import hint_lines, plan_for
+    from memsave_nb.target import Target, measure_peak
+
+    explorer = Explorer(Session(zoo.gpt(TINY_GPT, batch_size=16), mode="fake", repeats=0), live=False, debounce_s=0.0)
+    panel = explorer.tuner
+    workload = explorer.session.workload
+    search = {"precisions": (None,), "region_kinds": ("full",), "micro_batches": (1,)}
+    lowest = min(c.est_peak_bytes for c in plan_for(workload, Target(24), **search).candidates)
+    batch1 = measure_peak(workload, Plan(batch_size=1)).peak_bytes
+    assert batch1 < lowest
+    panel.set_target((batch1 + lowest) / 2 / 0.8 / 2**30)  # batch 1 fits; no plan of the search does
+    panel.search(**search)
+    assert panel.result is not None and not panel.result.fitting and panel.result.chosen is None
+    assert "none fits;" in panel.status.value and "would on" in panel.status.value
+    hints = {h.knob: h for h in panel.hints}
+    batch = hints["smaller batch"]
+    assert batch.fits and batch.plan is not None
+    b = batch.plan.batch_size
+    assert 1 <= b < 16 and f"batch {b} (from 16)" == batch.change
+    # the oracle: that batch measured here, and the next one up does not fit
+    with batch.plan.apply(workload) as wl:
+        assert measure(wl, mode="fake", repeats=0).peak_bytes == batch.peak_bytes
+    assert not panel.target.fits(measure_peak(workload, Plan(batch_size=b + 1)).peak_bytes)
+    # every knob's figure is the peak of its own plan
+    for h in panel.hints:
+        if h.plan is not None:
+            assert measure_peak(workload, h.plan).peak_bytes == h.peak_bytes, h.knob
+    assert {"smaller batch", "micro-batches", "precision", "freezing", "checkpointing", "offload", "more GPUs"} <= set(hints)
+    box = panel.hints_box.value
+    assert "memsave-hint memsave-fits" in box and f"batch {b} (from 16)" in box
+    lines = hint_lines(panel.hints, panel.target)
+    assert lines[0] == "knobs that fit on their own:" and any(f"batch {b}" in line for line in lines)
