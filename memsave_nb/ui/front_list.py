@@ -3,7 +3,7 @@
 
 Near-duplicates are the same plan at different offload counts (the front holds "offload the first
 n blocks" for many n): by default the list shows each group's first (lowest-peak) row with a
-"+N like it" note; "show all" shows every row.
+"+N like it" note; "show all" shows every row. A front of at most 12 rows is shown whole.
 
 DOM hooks: ``.memsave-front-list`` (the scrolling box), one ``.memsave-front-row`` per front plan
 (``.memsave-fits`` / ``.memsave-nofit``, ``.memsave-front-picked``, ``.memsave-front-folded`` when
@@ -24,6 +24,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from memsave_nb.planner import Candidate
 
 ROW_HEIGHT = "34px"
+FOLD_ABOVE = 12  # a front this short is read whole: a trade-off curve, nothing folded
 
 
 def group_key(c: "Candidate") -> str:
@@ -59,7 +60,7 @@ class FrontList(W.VBox):
 
     def set_front(self, front: Sequence["Candidate"], indices: Sequence[int]) -> None:
         """New rows for a new front (``indices``: each entry's candidate index, passed to ``on_load``)."""
-        self.leaders = groups(front)
+        self.leaders = groups(front) if len(front) > FOLD_ABOVE else list(range(len(front)))
         self.rows = []
         for index in indices:
             text = W.HTML("", layout=W.Layout(flex="1 1 auto"))

@@ -59,7 +59,7 @@ def columns(result: Any) -> list[str]:
     return [c for c in CATEGORIES if any(_split(result, r).get(c) for r in result.ranks)]
 
 
-def rank_figure(result: Any, target: Target | None, *, width: int = 620, height: int = 320) -> Any:
+def rank_figure(result: Any, target: Target | None, *, width: int = 640, height: int = 320) -> Any:
     """One stacked bar per rank group; the hatched range is the unseen lines (low to high)."""
     labels = [rank_label(r.ranks) for r in result.ranks]
     cols = columns(result)
@@ -75,7 +75,7 @@ def rank_figure(result: Any, target: Target | None, *, width: int = 620, height:
     source = ColumnDataSource(data, name="gpus")
     top = max(data["unseen_top"] + ([target.usable_bytes, ] if target else []) + [1])
     fig = figure(x_range=FactorRange(*labels), y_range=Range1d(0, top * 1.12), width=width, height=height,
-                 sizing_mode="stretch_width", min_width=320, max_width=width, toolbar_location=None,
+                 toolbar_location=None,
                  title=f"Per-rank GPU memory: {result.spec.describe()}", name="gpus_figure")
     strategy = getattr(result.spec, "strategy", "fsdp")
     fig.vbar_stack(cols, x="rank", width=0.6, source=source, color=list(COLORS[: len(cols)]),
@@ -90,9 +90,9 @@ def rank_figure(result: Any, target: Target | None, *, width: int = 620, height:
                             line_width=2, name="gpus_usable_line"))
     _bytes_axis(fig.yaxis[0])
     fig.yaxis.axis_label = "bytes per GPU"
-    fig.legend.location = "top_left"
-    fig.legend.label_text_font_size = "9px"
-    fig.legend.background_fill_alpha = 0.5
+    legend = fig.legend[0]
+    legend.label_text_font_size = "9px"
+    fig.add_layout(legend, "right")  # beside the bars, never over them
     return fig
 
 

@@ -74,8 +74,7 @@ def pareto(candidates: Sequence["Candidate"], front: Sequence["Candidate"] = (),
     source = ColumnDataSource(datas["main"], name="pareto")
     line_source = ColumnDataSource(datas["headroom"], name="pareto_headroom")
     fig = figure(width=width, height=height, title="Planner: estimated peak vs estimated step time",
-                 tools="pan,wheel_zoom,box_zoom,save,reset", toolbar_location="above", sizing_mode="stretch_width",
-                 min_width=320, max_width=width,
+                 tools="pan,wheel_zoom,box_zoom,save,reset", toolbar_location="above",
                  x_range=DataRange1d(range_padding=0.1), y_range=DataRange1d(range_padding=0.1), name="pareto_figure")
     line = fig.line(x="ms", y="peak_bytes", source=line_source, line_color=LINE_COLOR, line_dash="dashed",
                     line_width=1.5, name="headroom_line", legend_label="headroom line")

@@ -71,10 +71,10 @@ def test_front_list_keeps_row_height_scrolls_and_folds_offload_counts():
     assert "like it" not in box.rows[0].children[1].value
     box.rows[7].children[0].click()
     assert loaded == [107]
-    # a front without near-duplicates has no toggle
-    plain = [_candidate(0, 100 - k, 1 + k, full=k) for k in range(3)]
-    box.set_front(plain, [0, 1, 2])
-    assert box.show_all.layout.display == "none"
+    # a short front is read whole (a trade-off curve), near-duplicates too: no toggle
+    short = [_candidate(n, 100 - n, 1 + n) for n in range(3)]
+    box.set_front(short, [0, 1, 2])
+    assert box.show_all.layout.display == "none" and all(r.layout.display != "none" for r in box.rows)
 
 
 def test_scatter_headroom_line_is_a_visible_glyph_and_stacks_say_how_many():
