@@ -84,7 +84,7 @@ class ParallelPanel(W.VBox):
         self.figure_box = W.Box([], layout=W.Layout(width="100%"))
         self.figure_box.add_class("memsave-parallel-figure")
         self.figure = None  # the Bokeh figure of the last result
-        self.table = W.HTML(layout=W.Layout(max_width="100%", overflow="auto"))
+        self.table = W.HTML(layout=W.Layout(width="100%", min_width="0"))
         self.table.add_class("memsave-parallel-table")
         self.error = W.HTML()
         self.error.add_class("memsave-parallel-error")

@@ -134,7 +134,9 @@ def table_html(result: Any) -> str:
     unseen = "".join(f"<li title='{html.escape(u.source)}'>{html.escape(u.name)}: {format_bytes(u.low_bytes)} .. "
                      f"{format_bytes(u.high_bytes)}</li>" for u in result.unseen)
     state = "steady state" if result.steady else "first step"
-    return (f"<div class='memsave-parallel-grid-box' style='overflow-x:auto;max-width:100%'>"
+    # the widget's content box would grow to the table's width: let it shrink, the grid box scrolls
+    fit = (".memsave-parallel-table .widget-html-content{min-width:0;width:100%;overflow:hidden}")
+    return (f"<style>{fit}</style><div class='memsave-parallel-grid-box' style='overflow-x:auto;max-width:100%'>"
             f"<div><small>{html.escape(result.spec.describe())} ({state})"
             f"{'; GPU = device memory, host = CPU memory' if offload else ''}</small></div>"
             f"<table class='memsave-parallel-grid' style='border-collapse:collapse;font-size:12px'>"

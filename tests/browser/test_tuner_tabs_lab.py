@@ -163,3 +163,55 @@ def test_front_list_scatter_line_one_click_one_run_and_gpu_bars(lab, lab_root, p
     assert table.is_visible() and "parameters (shards)" in table.inner_text()
     ex.locator(".memsave-parallel-figure").first.scroll_into_view_if_needed()
     lh.screenshot(page, ARTIFACTS / "gpus-tab-bars-verdict.png")
+
+
+CANVAS_BRIGHTNESS = """(c) => {
+  const ctx = c.getContext('2d');
+  if (!ctx || c.width === 0 || c.height === 0) return null;
+  const d = ctx.getImageData(0, 0, c.width, c.height).data;
+  let sum = 0, n = 0;
+  for (let i = 0; i < d.length; i += 4) if (d[i+3] > 0) { sum += (d[i] + d[i+1] + d[i+2]) / 3; n++; }
+  return n ? sum / n : null;
+}"""
+
+
+def test_dark_theme_figures_are_dark_and_the_gpus_table_scrolls_at_700px(lab, lab_root, page):
+    page.set_viewport_size({"width": 700, "height": 1000})
+    lh.write_notebook(lab_root / "dark.ipynb", [SETUP])
+    lh.open_notebook(page, lab, "dark.ipynb")
+    # Settings > Theme > JupyterLab Dark, before the figures are drawn
+    page.locator(".lm-MenuBar-itemLabel", has_text="Settings").first.click()
+    page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Theme$")).first.hover()
+    page.locator(".lm-Menu-itemLabel", has_text="JupyterLab Dark").first.click()
+    page.wait_for_selector('body[data-jp-theme-light="false"]', state="attached", timeout=30_000)
+    lh.run_all(page, via="command", timeout=150)
+    lh.assert_no_cell_errors(page)
+    ex = page.locator(".memsave-explorer").first
+    lh.wait_for_text(ex.locator(".memsave-status").first, re.compile(r"^\s*idle"), timeout=60)
+    # the empty planner plot: dark, not a large white box
+    ex.locator(".lm-TabBar-tab", has_text="Fit a GPU").first.click()
+    canvas = lh.bokeh_canvas(ex.locator(".memsave-tuner-panel").first)
+    canvas.scroll_into_view_if_needed()
+    deadline = time.monotonic() + 30
+    while (brightness := canvas.evaluate(CANVAS_BRIGHTNESS)) is None or brightness > 100:
+        assert time.monotonic() < deadline, f"the planner plot stayed light (mean {brightness})"
+        time.sleep(0.3)
+    print("planner plot brightness:", brightness)
+    lh.screenshot(page, ARTIFACTS / "dark-theme-planner-plot.png")
+    # the GPUs tab at 700 px: its table scrolls inside its box, the rank column stays
+    ex.locator(".lm-TabBar-tab", has_text="GPUs").first.click()
+    ex.locator(".memsave-parallel-size").first.click()
+    lh.wait_for_text(ex.locator(".memsave-parallel-verdict").first, re.compile(r"fit"), timeout=90)
+    grid_box = ex.locator(".memsave-parallel-grid-box").first
+    sizes = grid_box.evaluate("e => ({sw: e.scrollWidth, cw: e.clientWidth})")
+    print("GPUs table at 700 px:", sizes)
+    assert sizes["sw"] > sizes["cw"]
+    first = ex.locator(".memsave-parallel-grid td").first
+    before = first.bounding_box()
+    grid_box.evaluate("e => { e.scrollLeft = e.scrollWidth; }")
+    time.sleep(0.3)
+    assert abs(first.bounding_box()["x"] - before["x"]) < 2  # sticky: the rank column did not move
+    gpus_canvas = lh.bokeh_canvas(ex.locator(".memsave-parallel-figure").first)
+    gpus_canvas.scroll_into_view_if_needed()
+    assert (gpus_canvas.evaluate(CANVAS_BRIGHTNESS) or 255) < 100
+    lh.screenshot(page, ARTIFACTS / "dark-theme-gpus-700px.png")
