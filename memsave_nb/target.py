@@ -39,6 +39,7 @@ __all__ = [
     "SearchResult",
     "check_search_args",
     "measure_peak",
+    "plausible_preset_gb",
     "max_batch",
     "max_seq_len",
 ]
@@ -116,6 +117,20 @@ class Target:
             f"target {self.label}: plans must stay under {format_bytes(self.usable_bytes)} "
             f"({self.headroom:.0%} headroom line; {HEADROOM_WHY}; {HEADROOM_SOURCE})"
         )
+
+
+def plausible_preset_gb(measurement: "Measurement", headroom: float = DEFAULT_HEADROOM) -> float | None:
+    """The smallest preset GPU the step could plausibly fit: the smallest whose headroom line holds
+    the measured peak, else the smallest that holds what no checkpointing or micro-batching removes
+    (parameters, gradients and optimizer state at the peak); None when no preset holds even that
+    (a 70B full fine-tune: shard it over GPUs, or freeze most of it, before picking a card)."""
+    split = measurement.peak_split
+    floor = split.parameters + split.gradients + split.optimizer_state
+    for need in (measurement.peak_bytes, floor):
+        fitting = [gb for gb in PRESETS_GB if need <= gb * GIB * headroom]
+        if fitting:
+            return float(min(fitting))
+    return None
 
 
 @dataclass(frozen=True)

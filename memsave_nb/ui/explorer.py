@@ -211,7 +211,8 @@ class Explorer(ExplorerRuns, W.VBox):
         ])
         from .parallel_panel import ParallelPanel
 
-        self.gpus = ParallelPanel(session.workload, plan_fn=lambda: self.plan)  # per-rank sizing, on demand
+        # per-rank sizing, on demand; judged against the "Fit a GPU" target
+        self.gpus = ParallelPanel(session.workload, plan_fn=lambda: self.plan, target_fn=lambda: self.target)
         self.tabs = W.Tab(children=[layers_tab, self.sac, self.budget, self.results, code_tab, self.gpus])
         self.tuner = None  # the "Fit a GPU" panel (ui/tuner_panel.py), added once the wiring below is done
         for i, t in enumerate(TAB_TITLES):
@@ -282,6 +283,7 @@ class Explorer(ExplorerRuns, W.VBox):
             self.target = target
             self.results.set_target(target)
             self._show_target()
+            self.gpus.show_target()
 
     def set_max_batch(self, plan: Plan, target: Target, value: int) -> None:
         """Note the max batch found for ``plan`` under ``target``: the header shows it while that
