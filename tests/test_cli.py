@@ -146,3 +146,24 @@ def test_plan_command_refuses_bad_input_in_one_line(capsys):
     assert main(["plan", "--target-gb", "1", "--precisions", "fp8"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "precisions are" in err
+
+
+def test_plan_command_says_which_knob_would_fit_when_nothing_searched_does(capsys):
+    """Issue 28 item 6 at the command line: "no candidate fits" comes with each knob's own figure;
+    a knob said to fit is checked by measuring its plan independently."""
+    from memsave_nb.cli import main
+    from memsave_nb.planner.what_fits import what_would_fit
+    from memsave_nb import Plan, zoo
+    from memsave_nb.target import Target, measure_peak
+
+    target = Target(0.044, headroom=1.0)
+    rc = main(["plan", "--model", "mlp", "--target-gb", "0.044", "--headroom", "1"])
+    out = capsys.readouterr().out
+    assert rc == 1
+    assert "Nothing searched fits. Each knob on its own" in out
+    hints = what_would_fit(zoo.make("mlp"), Plan(), target, gpus=False)
+    fitting = [h for h in hints if h.fits]
+    assert fitting, "a smaller batch at least fits this target"
+    for h in fitting:
+        assert h.line(target) in out
+        assert measure_peak(zoo.make("mlp"), h.plan, "fake").peak_bytes <= target.usable_bytes

@@ -111,6 +111,11 @@ def run_plan(args: argparse.Namespace) -> int:
         if args.export:
             out += _export(result.chosen.plan, args.export, workload.model, args.export_to)
     else:
+        from ..planner.what_fits import hint_lines, what_would_fit
+
+        hints = what_would_fit(workload, Plan(), target, mode=args.mode)
+        out += ["", "Nothing searched fits. Each knob on its own from the baseline (fake-mode probes):",
+                *(f"  {line}" for line in hint_lines(hints, target))]
         out += [f"No plan fits: nothing written to {p}" for p in (args.save, args.export_to) if p]
     sys.stdout.write("\n".join(out) + "\n")
     return 0 if result.chosen is not None else 1
