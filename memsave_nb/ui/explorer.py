@@ -558,23 +558,26 @@ def explore(
     debounce_s: float = 0.3,
     repeats: int = 3,
     tab: str | None = None,
+    **hub_kwargs: Any,
 ) -> Explorer:
     """Open the explorer on a model and batch, a :class:`~memsave_nb.workload.Workload`, a
-    :class:`~memsave_nb.session.Session`, or a demo name (``"cnn"``, ``"gpt"``, ``"mlp"``).
+    :class:`~memsave_nb.session.Session`, a demo name or a model name (``ui/by_name.py``).
 
     ``mode="fake"`` measures with fake tensors (sizes without memory or compute, for models too
     large to run here); ``device="cuda"`` runs on the GPU and also shows the allocator's peak.
     ``tab`` opens that tab first (``"Fit a GPU"``, ``"GPUs"``; default: ``"Layers"``).
     """
+    if hub_kwargs and not isinstance(model_or_workload, str):
+        raise WorkloadError(f"{', '.join(sorted(hub_kwargs))}: only with a model given by name")
     if isinstance(model_or_workload, Session):
         session = model_or_workload
     else:
         if isinstance(model_or_workload, str):
-            from memsave_nb import zoo
+            from .by_name import workload_by_name
 
-            workload = zoo.make(model_or_workload, device=device)
             if batch is not None or loss is not None:
-                raise WorkloadError("a demo name brings its own batch and loss; pass a model to use yours")
+                raise WorkloadError("a model name brings its own batch and loss; pass a model to use yours")
+            workload, mode = workload_by_name(model_or_workload, device, mode, hub_kwargs)
         elif isinstance(model_or_workload, Workload):
             workload = model_or_workload
             if batch is not None or loss is not None:
