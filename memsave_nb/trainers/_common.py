@@ -17,7 +17,7 @@ from typing import Any, Mapping, NamedTuple
 from torch import nn
 
 from memsave_nb.checkpointing import PlanError, RegionKind, RegionPolicy, show, suggest_regions
-from memsave_nb.parallel.spec import ParallelSpec
+from memsave_nb.parallel_spec import ParallelSpec
 from memsave_nb.plan import Plan
 
 __all__ = ["Imported", "Exported", "TrainerConfigError", "load_config", "checkpoint_layers", "regions_for",

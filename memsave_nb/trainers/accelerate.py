@@ -14,7 +14,7 @@ from typing import Any
 from torch import nn
 
 from memsave_nb.checkpointing import RegionKind
-from memsave_nb.parallel.spec import ParallelSpec
+from memsave_nb.parallel_spec import ParallelSpec
 from memsave_nb.plan import Plan
 
 from ._common import (Exported, Imported, dump, every_n_of, load_config, parallel_of, regions_for, truthy, unwritable,

@@ -18,7 +18,7 @@ from typing import Any, Mapping
 from torch import nn
 
 from memsave_nb.checkpointing import RegionKind
-from memsave_nb.parallel.spec import ParallelSpec
+from memsave_nb.parallel_spec import ParallelSpec
 from memsave_nb.plan import Plan
 
 from ._common import (Exported, Imported, TrainerConfigError, dump, every_n_of, load_config, parallel_of,

@@ -16,7 +16,7 @@ from typing import Any
 from torch import nn
 
 from memsave_nb.checkpointing import RegionKind
-from memsave_nb.parallel.spec import ParallelSpec
+from memsave_nb.parallel_spec import ParallelSpec
 from memsave_nb.plan import Plan
 
 from . import hf

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from memsave_nb import Plan
 from memsave_nb.checkpointing import RegionKind, RegionPolicy
 from memsave_nb.errors import MemsaveError
-from memsave_nb.parallel.spec import ParallelSpec
+from memsave_nb.parallel_spec import ParallelSpec
 from memsave_nb.trainers import TrainerConfigError, axolotl, detect, from_trainer, hf, to_trainer, trl
 
 from .conftest import LAYERS, tiny_llama
