@@ -70,6 +70,11 @@ def measure_rank(workload: Workload, spec: ParallelSpec, plan: Any = None, *, ra
     """One rank in fake mode (see ``measure_parallel``)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    if spec.tensor_parallel > 1:
+        from .tp import measure_tp_rank
+
+        with _PROCESS_GROUP_LOCK:
+            return measure_tp_rank(workload, spec, plan, rank=rank, ranks=ranks, steady=steady)
     with _PROCESS_GROUP_LOCK, fake_process_group(spec, rank) as mesh:
         fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
         twin = fake_twin(workload.model, fake_mode)
