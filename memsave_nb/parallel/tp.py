@@ -22,64 +22,61 @@ from ..parallel_spec import ParallelError, ParallelSpec
 COLWISE = frozenset({"q_proj", "k_proj", "v_proj", "qkv", "query", "key", "value", "wq", "wk", "wv",
                      "gate_proj", "up_proj", "gate", "up", "fc", "fc1", "w1", "w3"})
 ROWWISE = frozenset({"o_proj", "out_proj", "proj", "down_proj", "down", "fc2", "w2", "wo"})
-NORMS = (nn.LayerNorm, nn.RMSNorm)
+EMBEDDINGS = frozenset({"wte", "embed_tokens", "tok_embeddings"})  # when the model does not say
+HEADS = frozenset({"head", "lm_head", "output"})
 
 
-def _leaf(name: str) -> str:
-    return name.rsplit(".", 1)[-1]
+def default_tp_plan(model, sequence_parallel=False):
+    """``(module name, style)`` for every module the default decoder plan splits (by the last part
+    of the name; the embedding and head as the model's get_input/output_embeddings say)."""
+    def leaf(name):
+        return name.rsplit(".", 1)[-1]
 
+    def ask(method):
+        get = getattr(model, method, None)
+        return get() if callable(get) else None
 
-def _input_embedding(model: nn.Module) -> str | None:
-    get = getattr(model, "get_input_embeddings", None)
-    emb = get() if callable(get) else None
-    for name, mod in model.named_modules():
-        if mod is emb or (emb is None and isinstance(mod, nn.Embedding) and _leaf(name) in ("wte", "embed_tokens", "tok_embeddings")):
-            return name
-    return None
-
-
-def _output_head(model: nn.Module) -> str | None:
-    get = getattr(model, "get_output_embeddings", None)
-    head = get() if callable(get) else None
-    for name, mod in model.named_modules():
-        if mod is head or (head is None and isinstance(mod, nn.Linear) and _leaf(name) in ("head", "lm_head", "output")):
-            return name
-    return None
-
-
-def default_tp_plan(model: nn.Module, sequence_parallel: bool = False) -> list[tuple[str, str]]:
-    """``(module name, style)`` for every module the default decoder plan splits."""
+    emb, head = ask("get_input_embeddings"), ask("get_output_embeddings")
     plan = []
-    emb, head = _input_embedding(model), _output_head(model)
     for name, mod in model.named_modules():
-        if name and name == emb:
+        linear = isinstance(mod, nn.Linear)
+        if not name:
+            continue
+        if mod is emb or (emb is None and isinstance(mod, nn.Embedding) and leaf(name) in EMBEDDINGS):
             plan.append((name, "embedding"))
-        elif name and name == head:
+        elif mod is head or (head is None and linear and leaf(name) in HEADS):
             plan.append((name, "head"))
-        elif isinstance(mod, nn.Linear) and _leaf(name) in COLWISE:
+        elif linear and leaf(name) in COLWISE:
             plan.append((name, "colwise"))
-        elif isinstance(mod, nn.Linear) and _leaf(name) in ROWWISE:
+        elif linear and leaf(name) in ROWWISE:
             plan.append((name, "rowwise"))
-        elif sequence_parallel and (isinstance(mod, NORMS) or type(mod).__name__.endswith("RMSNorm")):
+        elif sequence_parallel and (isinstance(mod, (nn.LayerNorm, nn.RMSNorm)) or type(mod).__name__.endswith("RMSNorm")):
             plan.append((name, "norm"))
-    if not any(s == "colwise" for _, s in plan):
-        raise ParallelError("tensor_parallel: no attention or MLP projections found for the default plan; pass tp_plan")
     return plan
+
+
+def matched_tp_plan(model, rules):
+    """A user plan's ``(pattern, style)`` rules as module names (the first matching rule wins)."""
+    plan = {}
+    for pattern, style in rules:
+        for name, _ in model.named_modules():
+            if name and name not in plan and fnmatch.fnmatchcase(name, pattern):
+                plan[name] = style
+    return list(plan.items())
 
 
 def resolve_tp_plan(model: nn.Module, spec: ParallelSpec) -> list[tuple[str, str]]:
     """The spec's plan as concrete module names (its patterns expanded), checked against ``model``."""
     if not spec.tp_plan:
         plan = default_tp_plan(model, spec.sequence_parallel)
+        if not any(s == "colwise" for _, s in plan):
+            raise ParallelError("tensor_parallel: no attention or MLP projections found for the default plan; pass tp_plan")
     else:
         names = [n for n, _ in model.named_modules() if n]
-        plan, seen = [], set()
-        for pattern, style in spec.tp_plan:
-            hits = [n for n in names if fnmatch.fnmatchcase(n, pattern)]
-            if not hits:
+        for pattern, _ in spec.tp_plan:
+            if not any(fnmatch.fnmatchcase(n, pattern) for n in names):
                 raise ParallelError(f"tp_plan: no module matches {pattern!r}")
-            plan += [(n, style) for n in hits if n not in seen]
-            seen.update(hits)
+        plan = matched_tp_plan(model, spec.tp_plan)
     modules = dict(model.named_modules())
     for name, style in plan:
         mod = modules[name]
@@ -190,5 +187,12 @@ def measure_tp_rank(workload, spec: ParallelSpec, plan: Any = None, *, rank: int
             with fake_mode:
                 wl.model.to_empty(device="cpu")
                 batch = _fake_batch(wl, fake_mode)
-                return tracked_step(wl, called, batch, rank=rank, ranks=ranks or (rank,),
-                                    steady="full" if steady is True else steady)
+                try:
+                    return tracked_step(wl, called, batch, rank=rank, ranks=ranks or (rank,),
+                                        steady="full" if steady is True else steady)
+                except RuntimeError as exc:
+                    if not spec.sequence_parallel:
+                        raise
+                    # e.g. position embeddings or masks sized from the local (sharded) sequence
+                    raise ParallelError("sequence_parallel: the model's forward does not run on sequence shards "
+                                        f"({str(exc).splitlines()[0][:160]})") from None

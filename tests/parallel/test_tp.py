@@ -51,7 +51,7 @@ def torch_plan(model: nn.Module) -> dict:
     return plan
 
 
-def torch_tracker_peak(workload: Workload, spec: ParallelSpec, rank: int = 0) -> dict:
+def torch_tracker_peak(workload: Workload, spec: ParallelSpec, rank: int = 0, plan=torch_plan) -> dict:
     """PyTorch's MemTracker (TP alone) or FSDPMemTracker (TP x FSDP2) on the same layout in fake
     mode: built on meta, TP and fully_shard outside fake mode, to_empty inside; one untracked step
     (DTensor's first step over-counts), then a fresh tracker over the second step."""
@@ -68,9 +68,9 @@ def torch_tracker_peak(workload: Workload, spec: ParallelSpec, rank: int = 0) ->
     with fake_process_group(spec, rank) as mesh:
         fm = FakeTensorMode(allow_non_fake_inputs=True)
         twin = fake_twin(workload.model, fm, meta=True)
-        parallelize_module(twin, mesh["tp"], torch_plan(twin))
+        parallelize_module(twin, mesh["tp"], plan(twin))
         if spec.data_parallel > 1:
-            blocks = twin.blocks if isinstance(twin, zoo.GPT) else twin.model.layers
+            blocks = twin.model.layers if hasattr(twin, "model") else twin.blocks
             for b in blocks:
                 fully_shard(b, mesh=mesh["shard"])
             fully_shard(twin, mesh=mesh["shard"])
@@ -113,3 +113,86 @@ def test_rank_peak_equals_pytorch_tracker(model, world_size, tp):
     ours = measure_parallel(wl, spec)
     oracle = torch_tracker_peak(wl, spec)
     assert ours.worst.peak_bytes == oracle["Total"], (ours.worst.peak_split, oracle)
+
+
+def gpt_local_numel(tp: int, dp: int) -> int:
+    """The zoo GPT's parameters on one rank, from its config: TP splits the projections, the
+    embedding's vocabulary and the head's; FSDP2 then splits every tensor over dp (even here)."""
+    V, P, C, L = GPT.vocab_size, GPT.block_size, GPT.n_embd, GPT.n_layer
+    H = 4 * C
+    block = 2 * C + (3 * C * C + 3 * C) // tp + (C * C // tp + C) + 2 * C + (H * C + H) // tp + (H * C // tp + C)
+    return (V * C // tp + P * C + L * block + 2 * C + V * C // tp) // dp
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world_size,tp", [(2, 2), (4, 4), (4, 2), (8, 2)])
+def test_parameter_gradient_and_adamw_bytes_are_the_analytic_shards(world_size, tp):
+    m = measure_parallel(gpt(), ParallelSpec(world_size=world_size, tensor_parallel=tp))
+    n_tensors = len(list(gpt().model.parameters()))
+    numel = gpt_local_numel(tp, world_size // tp)
+    for r in m.ranks:
+        end = r.end_split
+        assert end["sharded_parameters"] == 4 * numel
+        # TP alone: DTensor's embedding backward returns the row-wise embedding's gradient
+        # Replicate, the whole vocabulary on every rank (FSDP2's reduce-scatter shards it again)
+        replicated = GPT.vocab_size * GPT.n_embd * (tp - 1) // tp if world_size == tp else 0
+        assert end["gradients"] == 4 * (numel + replicated)
+        assert end["optimizer_state"] == 2 * 4 * numel + 4 * n_tensors  # exp_avg, exp_avg_sq, step
+    assert [r.ranks for r in m.ranks] == [tuple(range(world_size))]  # every rank alike
+
+
+def test_spec_round_trips_through_plan_json_and_describes_the_mesh():
+    spec = ParallelSpec(world_size=16, replicate=2, tensor_parallel=4, tp_plan={"blocks.*.0": "colwise", "blocks.*.2": "rowwise"})
+    plan = Plan(name="tp", parallel=spec)
+    again = Plan.from_json(plan.to_json())
+    assert again == plan and again.parallel.tp_plan == (("blocks.*.0", "colwise"), ("blocks.*.2", "rowwise"))
+    assert spec.mesh_shape == (2, 2, 4) and spec.mesh_dim_names == ("replicate", "shard", "tp")
+    assert spec.shard_size == 2 and spec.data_parallel == 4
+    assert "TP 4 x HSDP 4" in plan.describe()
+    assert ParallelSpec(world_size=4).to_dict()["tensor_parallel"] == 1
+
+
+@pytest.mark.parametrize("kw,message", [
+    (dict(world_size=6, tensor_parallel=4), "divisor"),
+    (dict(world_size=4, tensor_parallel=2, strategy="ddp"), "not DDP"),
+    (dict(world_size=4, sequence_parallel=True), "tensor_parallel > 1"),
+    (dict(world_size=4, tensor_parallel=2, tp_plan=(("x", "diagonal"),)), "style"),
+    (dict(world_size=4, tensor_parallel=2, tp_plan="x"), "pairs"),
+])
+def test_bad_tensor_parallel_choices_are_one_line_errors(kw, message):
+    with pytest.raises(ParallelError, match=message):
+        ParallelSpec(**kw)
+
+
+@pytest.mark.parametrize("kw,message", [
+    (dict(world_size=8, tensor_parallel=8), "divide"),  # 4 heads over 8 ranks
+    (dict(world_size=2, tensor_parallel=2, tp_plan=(("nothing.*", "colwise"),)), "no module matches"),
+    (dict(world_size=2, tensor_parallel=2, tp_plan=(("blocks.0", "colwise"),)), "ModuleDict|Block"),
+])
+def test_plans_that_do_not_fit_the_model_are_refused_before_anything_runs(kw, message):
+    from memsave_nb.model_state import ModelSnapshot
+
+    wl = gpt()
+    before = ModelSnapshot.capture(wl.model)
+    with pytest.raises(ParallelError, match=message):
+        measure_parallel(wl, ParallelSpec(**kw))
+    assert not before.differences(wl.model)
+    assert not torch.distributed.is_initialized()
+
+
+@pytest.mark.slow
+def test_a_user_plan_on_a_model_of_its_own_equals_memtracker():
+    """The user's own plan (fnmatch patterns) on a model the default does not know, TP 2 x FSDP2 2."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    from .conftest import blocks_workload
+
+    spec = ParallelSpec(world_size=4, tensor_parallel=2, tp_plan=(("blocks.*.0", "colwise"), ("blocks.*.2", "rowwise")))
+    wl = blocks_workload()
+    with pytest.raises(ParallelError, match="default plan"):
+        measure_parallel(wl, ParallelSpec(world_size=2, tensor_parallel=2))
+    ours = measure_parallel(wl, spec)
+    by_hand = {f"blocks.{i}.{j}": ColwiseParallel() if j == 0 else RowwiseParallel() for i in range(2) for j in (0, 2)}
+    oracle = torch_tracker_peak(wl, spec, plan=lambda model: by_hand)
+    assert ours.worst.peak_bytes == oracle["Total"]
+    assert ours.worst.end_split["sharded_parameters"] == 4 * (2 * (64 * 128 // 2 + 128 // 2 + 128 * 64 // 2 + 64) + 64 * 64 + 64) // 2
