@@ -32,7 +32,8 @@ def parallel_code(spec: ParallelSpec, model_var: str = "model") -> tuple[list[st
         body += more_body
         if spec.data_parallel == 1:
             return imports, body + ["# build the optimizer after this line, over the (now split) parameters"]
-        dp_mesh = f"mesh[{spec.mesh_dim_names[:-1]!r}]"
+        dp_names = spec.mesh_dim_names[:-1]
+        dp_mesh = f"mesh[{dp_names[0] if len(dp_names) == 1 else dp_names!r}]"
     kwargs = [f"mesh={dp_mesh}", f"reshard_after_forward={spec.reshard_after_forward!r}"]
     if spec.param_dtype or spec.reduce_dtype:
         imports.append("from torch.distributed.fsdp import MixedPrecisionPolicy")
@@ -70,7 +71,7 @@ def _source(fn, signature: str) -> list[str]:
 def tensor_parallel_code(spec: ParallelSpec, model_var: str = "model") -> tuple[list[str], list[str]]:
     """``parallelize_module`` with the spec's plan on ``mesh["tp"]``: the very functions the sizing
     resolves the plan and builds PyTorch's styles with, so the script splits what was measured."""
-    from memsave_nb.parallel import tp
+    from memsave_nb import tp_plan as tp
 
     m = model_var
     imports = ["from torch import nn", "from torch.distributed.tensor.parallel import parallelize_module"]

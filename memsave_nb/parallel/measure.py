@@ -70,23 +70,39 @@ def measure_rank(workload: Workload, spec: ParallelSpec, plan: Any = None, *, ra
     """One rank in fake mode (see ``measure_parallel``)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    if spec.tensor_parallel > 1:
-        from .tp import measure_tp_rank
-
-        with _PROCESS_GROUP_LOCK:
-            return measure_tp_rank(workload, spec, plan, rank=rank, ranks=ranks, steady=steady)
+    # Tensor parallel: FSDP2 x TP cannot be set up inside fake mode (the mesh's _concatenate runs
+    # nonzero), so the twin is built on meta, sharded outside fake mode and to_empty'd inside it;
+    # DTensor's first step over-counts (sharding propagation), so a whole first step runs untracked.
+    tp = spec.tensor_parallel > 1
     with _PROCESS_GROUP_LOCK, fake_process_group(spec, rank) as mesh:
         fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
-        twin = fake_twin(workload.model, fake_mode)
+        twin = fake_twin(workload.model, fake_mode, meta=tp)
         twin_workload = workload.replace(model=twin)
         applied = plan.apply(twin_workload) if plan is not None else contextlib.nullcontext(twin_workload)
-        with applied as wl, fake_mode:
-            # The plan restores the twin on exit by comparing its parameter dicts: put back the
-            # twin's own tensors first (fully_shard swapped in DTensors), then the plan undoes the rest.
-            with entries_restored(wl.model):
+        # The plan restores the twin on exit by comparing its parameter dicts: put back the
+        # twin's own tensors first (fully_shard swapped in DTensors), then the plan undoes the rest.
+        with applied as wl, entries_restored(wl.model):
+            with contextlib.nullcontext() if tp else fake_mode:
                 called = apply_parallel(wl.model, spec, mesh, fake=True)
+            with fake_mode, _sequence_parallel_errors(spec):
+                if tp:
+                    wl.model.to_empty(device="cpu")
                 batch = _fake_batch(wl, fake_mode)
-                return tracked_step(wl, called, batch, rank=rank, ranks=ranks or (rank,), steady=steady)
+                return tracked_step(wl, called, batch, rank=rank, ranks=ranks or (rank,),
+                                    steady="full" if tp and steady is True else steady)
+
+
+@contextlib.contextmanager
+def _sequence_parallel_errors(spec: ParallelSpec):
+    """A forward that cannot run on sequence shards (position embeddings or masks sized from the
+    local sequence length) is a one-line error under ``sequence_parallel``."""
+    try:
+        yield
+    except RuntimeError as exc:
+        if not spec.sequence_parallel:
+            raise
+        raise ParallelError("sequence_parallel: the model's forward does not run on sequence shards "
+                            f"({str(exc).splitlines()[0][:160]})") from None
 
 
 @contextlib.contextmanager

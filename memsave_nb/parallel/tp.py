@@ -1,13 +1,12 @@
-"""Tensor parallel: a ``ParallelSpec``'s TP plan resolved on a model and applied with PyTorch's
-``parallelize_module`` on the mesh's ``tp`` dimension.
+"""Tensor parallel: a ``ParallelSpec``'s TP plan resolved and checked on a model, and applied
+with PyTorch's ``parallelize_module`` on the mesh's ``tp`` dimension.
 
-The default plan is the Megatron / torchtitan one for decoders: attention q, k, v (or a fused
+The plan's functions live in ``tp_plan.py`` (below the plan, so ``to_code`` writes the very same
+ones): the default is the Megatron / torchtitan plan for decoders, attention q, k, v (or a fused
 qkv) and the MLP's up / gate column-wise, the attention output and MLP down row-wise (one
-all-reduce after each), the input embedding row-wise over the vocabulary (token ids replicated),
-the output head column-wise with the logits gathered (no loss parallel); with sequence parallel the
-norms run on sequence shards and the row-wise outputs are reduce-scattered over the sequence.
-Module names are matched by their last part, so Hugging Face Llama/Mistral/Qwen-style decoders
-and the zoo GPT get it without a plan of their own; a user plan names modules by pattern.
+all-reduce after each), the input embedding row-wise over the vocabulary, the output head
+column-wise with the logits gathered (no loss parallel). Here: the checks (split dims and head
+counts divisible by the degree), each rank's parameter shapes, and the call.
 """
 
 from __future__ import annotations
@@ -18,51 +17,7 @@ from typing import Any
 from torch import nn
 
 from ..parallel_spec import ParallelError, ParallelSpec
-
-COLWISE = frozenset({"q_proj", "k_proj", "v_proj", "qkv", "query", "key", "value", "wq", "wk", "wv",
-                     "gate_proj", "up_proj", "gate", "up", "fc", "fc1", "w1", "w3"})
-ROWWISE = frozenset({"o_proj", "out_proj", "proj", "down_proj", "down", "fc2", "w2", "wo"})
-EMBEDDINGS = frozenset({"wte", "embed_tokens", "tok_embeddings"})  # when the model does not say
-HEADS = frozenset({"head", "lm_head", "output"})
-
-
-def default_tp_plan(model, sequence_parallel=False):
-    """``(module name, style)`` for every module the default decoder plan splits (by the last part
-    of the name; the embedding and head as the model's get_input/output_embeddings say)."""
-    def leaf(name):
-        return name.rsplit(".", 1)[-1]
-
-    def ask(method):
-        get = getattr(model, method, None)
-        return get() if callable(get) else None
-
-    emb, head = ask("get_input_embeddings"), ask("get_output_embeddings")
-    plan = []
-    for name, mod in model.named_modules():
-        linear = isinstance(mod, nn.Linear)
-        if not name:
-            continue
-        if mod is emb or (emb is None and isinstance(mod, nn.Embedding) and leaf(name) in EMBEDDINGS):
-            plan.append((name, "embedding"))
-        elif mod is head or (head is None and linear and leaf(name) in HEADS):
-            plan.append((name, "head"))
-        elif linear and leaf(name) in COLWISE:
-            plan.append((name, "colwise"))
-        elif linear and leaf(name) in ROWWISE:
-            plan.append((name, "rowwise"))
-        elif sequence_parallel and (isinstance(mod, (nn.LayerNorm, nn.RMSNorm)) or type(mod).__name__.endswith("RMSNorm")):
-            plan.append((name, "norm"))
-    return plan
-
-
-def matched_tp_plan(model, rules):
-    """A user plan's ``(pattern, style)`` rules as module names (the first matching rule wins)."""
-    plan = {}
-    for pattern, style in rules:
-        for name, _ in model.named_modules():
-            if name and name not in plan and fnmatch.fnmatchcase(name, pattern):
-                plan[name] = style
-    return list(plan.items())
+from ..tp_plan import default_tp_plan, matched_tp_plan, tp_styles
 
 
 def resolve_tp_plan(model: nn.Module, spec: ParallelSpec) -> list[tuple[str, str]]:
@@ -134,65 +89,9 @@ def tp_local_shapes(model: nn.Module, spec: ParallelSpec) -> dict[str, tuple[int
     return shapes
 
 
-def tp_styles(plan: list[tuple[str, str]], sequence_parallel: bool) -> dict[str, Any]:
-    """PyTorch ``ParallelStyle`` objects for ``parallelize_module``, torchtitan's layouts."""
-    from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel
-
-    seq = Shard(1) if sequence_parallel else Replicate()
-    make = {
-        "colwise": lambda: ColwiseParallel(input_layouts=seq),
-        "rowwise": lambda: RowwiseParallel(output_layouts=seq),
-        "embedding": lambda: RowwiseParallel(input_layouts=Replicate(), output_layouts=seq),
-        "head": lambda: ColwiseParallel(input_layouts=seq, output_layouts=Replicate()),
-        "norm": SequenceParallel,
-    }
-    return {name: make[style]() for name, style in plan}
-
-
 def apply_tensor_parallel(model: nn.Module, spec: ParallelSpec, tp_mesh: Any) -> nn.Module:
     """``parallelize_module`` with the spec's plan on the ``tp`` mesh (in place)."""
     from torch.distributed.tensor.parallel import parallelize_module
 
     return parallelize_module(model, tp_mesh, tp_styles(resolve_tp_plan(model, spec), spec.sequence_parallel))
 
-
-def measure_tp_rank(workload, spec: ParallelSpec, plan: Any = None, *, rank: int = 0,
-                    ranks: tuple[int, ...] | None = None, steady: bool | str = True):
-    """One rank under TP (and FSDP2 over the rest of the mesh), in fake mode.
-
-    FSDP2 x TP cannot be set up inside ``FakeTensorMode`` (the mesh's ``_concatenate`` runs
-    ``nonzero``): the twin is built on ``meta``, TP and ``fully_shard`` are applied outside fake
-    mode, then ``to_empty`` inside it. The first step under DTensor over-counts (sharding
-    propagation runs once and is cached), so the steady state is a whole first step, untracked,
-    then the tracked step with a fresh tracker; ``steady=False`` measures that first step as is.
-    """
-    import contextlib
-
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    from .apply import apply_parallel
-    from .measure import _fake_batch, entries_restored
-    from .process_group import fake_process_group
-    from .step import tracked_step
-    from .twin import fake_twin
-
-    with fake_process_group(spec, rank) as mesh:
-        fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
-        twin = fake_twin(workload.model, fake_mode, meta=True)
-        twin_workload = workload.replace(model=twin)
-        applied = plan.apply(twin_workload) if plan is not None else contextlib.nullcontext(twin_workload)
-        with applied as wl, entries_restored(wl.model):
-            called = apply_parallel(wl.model, spec, mesh, fake=True)
-            with fake_mode:
-                wl.model.to_empty(device="cpu")
-                batch = _fake_batch(wl, fake_mode)
-                try:
-                    return tracked_step(wl, called, batch, rank=rank, ranks=ranks or (rank,),
-                                        steady="full" if steady is True else steady)
-                except RuntimeError as exc:
-                    if not spec.sequence_parallel:
-                        raise
-                    # e.g. position embeddings or masks sized from the local (sharded) sequence
-                    raise ParallelError("sequence_parallel: the model's forward does not run on sequence shards "
-                                        f"({str(exc).splitlines()[0][:160]})") from None

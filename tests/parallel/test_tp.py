@@ -196,3 +196,33 @@ def test_a_user_plan_on_a_model_of_its_own_equals_memtracker():
     oracle = torch_tracker_peak(wl, spec, plan=lambda model: by_hand)
     assert ours.worst.peak_bytes == oracle["Total"]
     assert ours.worst.end_split["sharded_parameters"] == 4 * (2 * (64 * 128 // 2 + 128 // 2 + 128 * 64 // 2 + 64) + 64 * 64 + 64) // 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spec", [
+    ParallelSpec(world_size=4, tensor_parallel=2),
+    ParallelSpec(world_size=2, tensor_parallel=2),
+    ParallelSpec(world_size=4, tensor_parallel=2, tp_plan=(("blocks.*.attn.qkv", "colwise"), ("blocks.*.attn.proj", "rowwise"))),
+], ids=["tp2-fsdp2", "tp2", "own-plan"])
+def test_to_code_splits_like_the_prediction(spec):
+    """Exec the snippet on a fresh real GPT on a fake group (rank 0), run the step on real CPU
+    tensors, and require the fake-mode prediction's bytes exactly."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from memsave_nb.parallel.step import tracked_step
+
+    plan = Plan(parallel=spec)
+    predicted = measure_parallel(gpt(), plan=plan, ranks=[0]).rank(0)
+    fresh = gpt()
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=spec.world_size)
+    try:
+        ns = {"model": fresh.model}
+        exec(compile(plan.to_code(), "<plan>", "exec"), ns)
+        model = ns["model"]
+        assert type(model.blocks[0].attn.qkv.weight).__name__ == "DTensor"
+        measured = tracked_step(fresh, model, fresh.make_batch(), rank=0, ranks=(0,), steady="full")
+    finally:
+        dist.destroy_process_group()
+    assert measured.peak_bytes == predicted.peak_bytes
+    assert measured.peak_split == predicted.peak_split
