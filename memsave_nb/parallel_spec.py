@@ -147,7 +147,8 @@ class ParallelSpec:
     @property
     def communicators(self) -> int:
         """Process groups (NCCL communicators) the strategy uses per rank."""
-        return (2 if self.replicate > 1 else 1) + (1 if self.tensor_parallel > 1 else 0)
+        dp = 2 if self.replicate > 1 else 1 if self.data_parallel > 1 else 0
+        return dp + (1 if self.tensor_parallel > 1 else 0)
 
     def describe(self) -> str:
         if self.strategy == "ddp":

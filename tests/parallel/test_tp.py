@@ -71,9 +71,10 @@ def torch_tracker_peak(workload: Workload, spec: ParallelSpec, rank: int = 0, pl
         parallelize_module(twin, mesh["tp"], plan(twin))
         if spec.data_parallel > 1:
             blocks = twin.model.layers if hasattr(twin, "model") else twin.blocks
+            dp = mesh[spec.mesh_dim_names[:-1]]  # (replicate, shard) under HSDP
             for b in blocks:
-                fully_shard(b, mesh=mesh["shard"])
-            fully_shard(twin, mesh=mesh["shard"])
+                fully_shard(b, mesh=dp)
+            fully_shard(twin, mesh=dp)
         w = workload.replace(model=twin)
         with fm:
             twin.to_empty(device="cpu")
@@ -102,14 +103,15 @@ def torch_tracker_peak(workload: Workload, spec: ParallelSpec, rank: int = 0, pl
     return {str(getattr(k, "value", k)): v for k, v in dev_snap.items()}
 
 
-CASES = [("gpt", 2, 2), ("gpt", 4, 4), ("gpt", 4, 2), ("llama", 2, 2), ("llama", 4, 4), ("llama", 4, 2)]
+CASES = [("gpt", 2, 2, 1), ("gpt", 4, 4, 1), ("gpt", 4, 2, 1), ("llama", 2, 2, 1), ("llama", 4, 4, 1), ("llama", 4, 2, 1),
+         ("gpt", 8, 2, 2)]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model,world_size,tp", CASES, ids=[f"{m}-ws{w}-tp{t}" for m, w, t in CASES])
-def test_rank_peak_equals_pytorch_tracker(model, world_size, tp):
+@pytest.mark.parametrize("model,world_size,tp,replicate", CASES, ids=[f"{m}-ws{w}-tp{t}-r{r}" for m, w, t, r in CASES])
+def test_rank_peak_equals_pytorch_tracker(model, world_size, tp, replicate):
     wl = gpt() if model == "gpt" else llama(kv_heads=tp)
-    spec = ParallelSpec(world_size=world_size, tensor_parallel=tp)
+    spec = ParallelSpec(world_size=world_size, tensor_parallel=tp, replicate=replicate)
     ours = measure_parallel(wl, spec)
     oracle = torch_tracker_peak(wl, spec)
     assert ours.worst.peak_bytes == oracle["Total"], (ours.worst.peak_split, oracle)
@@ -147,7 +149,8 @@ def test_spec_round_trips_through_plan_json_and_describes_the_mesh():
     again = Plan.from_json(plan.to_json())
     assert again == plan and again.parallel.tp_plan == (("blocks.*.0", "colwise"), ("blocks.*.2", "rowwise"))
     assert spec.mesh_shape == (2, 2, 4) and spec.mesh_dim_names == ("replicate", "shard", "tp")
-    assert spec.shard_size == 2 and spec.data_parallel == 4
+    assert spec.shard_size == 2 and spec.data_parallel == 4 and spec.communicators == 3
+    assert ParallelSpec(world_size=2, tensor_parallel=2).communicators == 1  # TP alone: no FSDP2 group
     assert "TP 4 x HSDP 4" in plan.describe()
     assert ParallelSpec(world_size=4).to_dict()["tensor_parallel"] == 1
 
