@@ -19,8 +19,9 @@ from memsave_nb.errors import PlanError, WorkloadError
 STRATEGIES = ("fsdp", "ddp")
 # Tensor-parallel styles a plan names (``parallel/tp.py`` maps each to PyTorch's ParallelStyle):
 # colwise / rowwise Linear (or Embedding), the input embedding (rowwise, token ids replicated),
-# the output head (colwise, logits gathered), a norm (sequence parallel only).
-TP_STYLES = ("colwise", "rowwise", "embedding", "head", "norm")
+# the output head (colwise, logits gathered), a norm and a module that gathers its sequence-sharded
+# input once (both for sequence parallel).
+TP_STYLES = ("colwise", "rowwise", "embedding", "head", "norm", "gather_input")
 DTYPES = ("float32", "bfloat16", "float16")
 MAX_WORLD_SIZE = 1 << 16
 

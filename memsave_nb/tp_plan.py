@@ -45,6 +45,9 @@ def default_tp_plan(model, sequence_parallel=False):
             plan.append((name, "rowwise"))
         elif sequence_parallel and (isinstance(mod, (nn.LayerNorm, nn.RMSNorm)) or type(mod).__name__.endswith("RMSNorm")):
             plan.append((name, "norm"))
+    if sequence_parallel:  # as torchtitan: attention and MLP gather the sequence once, at their input
+        parents = [n.rpartition(".")[0] for n, style in plan if style == "colwise"]
+        plan += [(p, "gather_input") for p in dict.fromkeys(parents) if p]
     return plan
 
 
@@ -59,16 +62,29 @@ def matched_tp_plan(model, rules):
 
 
 def tp_styles(plan: list[tuple[str, str]], sequence_parallel: bool) -> dict[str, Any]:
-    """PyTorch ``ParallelStyle`` objects for ``parallelize_module``, torchtitan's layouts."""
+    """PyTorch ``ParallelStyle`` objects for ``parallelize_module``, torchtitan's layouts.
+
+    Under sequence parallel the residual stream is sharded on dim 1 (the sequence): a module marked
+    ``gather_input`` all-gathers its first input once, and the column-wise layers inside it take it
+    whole; a column-wise layer without such a parent gathers its own input.
+    """
     from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel
+    from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel
 
     seq = Shard(1) if sequence_parallel else Replicate()
+    gathered = {name for name, style in plan if style == "gather_input"}
+
+    def colwise(name):
+        whole = not sequence_parallel or name.rpartition(".")[0] in gathered
+        return ColwiseParallel(input_layouts=Replicate() if whole else seq)
+
     make = {
-        "colwise": lambda: ColwiseParallel(input_layouts=seq),
-        "rowwise": lambda: RowwiseParallel(output_layouts=seq),
-        "embedding": lambda: RowwiseParallel(input_layouts=Replicate(), output_layouts=seq),
-        "head": lambda: ColwiseParallel(input_layouts=seq, output_layouts=Replicate()),
-        "norm": SequenceParallel,
+        "colwise": colwise,
+        "rowwise": lambda name: RowwiseParallel(output_layouts=seq),
+        "embedding": lambda name: RowwiseParallel(input_layouts=Replicate(), output_layouts=seq),
+        "head": lambda name: ColwiseParallel(input_layouts=seq, output_layouts=Replicate()),
+        "norm": lambda name: SequenceParallel(),
+        "gather_input": lambda name: PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),),
+                                                        use_local_output=True),
     }
-    return {name: make[style]() for name, style in plan}
+    return {name: make[style](name) for name, style in plan}

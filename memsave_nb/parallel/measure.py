@@ -74,6 +74,10 @@ def measure_rank(workload: Workload, spec: ParallelSpec, plan: Any = None, *, ra
     # nonzero), so the twin is built on meta, sharded outside fake mode and to_empty'd inside it;
     # DTensor's first step over-counts (sharding propagation), so a whole first step runs untracked.
     tp = spec.tensor_parallel > 1
+    if tp:
+        from .tp import clear_dtensor_caches
+
+        clear_dtensor_caches()  # no mesh of an earlier (destroyed) group may come back from them
     with _PROCESS_GROUP_LOCK, fake_process_group(spec, rank) as mesh:
         fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
         twin = fake_twin(workload.model, fake_mode, meta=tp)
@@ -95,10 +99,11 @@ def measure_rank(workload: Workload, spec: ParallelSpec, plan: Any = None, *, ra
 @contextlib.contextmanager
 def _sequence_parallel_errors(spec: ParallelSpec):
     """A forward that cannot run on sequence shards (position embeddings or masks sized from the
-    local sequence length) is a one-line error under ``sequence_parallel``."""
+    local sequence length, attention called with keyword inputs) is a one-line error under
+    ``sequence_parallel``."""
     try:
         yield
-    except RuntimeError as exc:
+    except (RuntimeError, ValueError) as exc:
         if not spec.sequence_parallel:
             raise
         raise ParallelError("sequence_parallel: the model's forward does not run on sequence shards "

@@ -14,6 +14,7 @@ from __future__ import annotations
 import fnmatch
 from typing import Any
 
+import torch
 from torch import nn
 
 from ..parallel_spec import ParallelError, ParallelSpec
@@ -35,7 +36,7 @@ def resolve_tp_plan(model: nn.Module, spec: ParallelSpec) -> list[tuple[str, str
     modules = dict(model.named_modules())
     for name, style in plan:
         mod = modules[name]
-        if style == "norm":
+        if style in ("norm", "gather_input"):
             continue
         if not isinstance(mod, (nn.Linear, nn.Embedding)):
             raise ParallelError(f"tp_plan: {name!r} is a {type(mod).__name__}; style {style!r} splits a Linear or Embedding")
@@ -45,7 +46,7 @@ def resolve_tp_plan(model: nn.Module, spec: ParallelSpec) -> list[tuple[str, str
 
 def _sharded_dims(mod: nn.Module, style: str) -> dict[str, int | None]:
     """Parameter name -> the dim TP splits (None: replicated), as PyTorch's styles shard them."""
-    if style == "norm":
+    if style in ("norm", "gather_input"):
         return {n: None for n, _ in mod.named_parameters(recurse=False)}
     # torch shards an Embedding's weight on dim 1 column-wise and dim 0 row-wise; a Linear's on
     # dim 0 column-wise (its bias too) and dim 1 row-wise (its bias replicated)
@@ -95,3 +96,27 @@ def apply_tensor_parallel(model: nn.Module, spec: ParallelSpec, tp_mesh: Any) ->
 
     return parallelize_module(model, tp_mesh, tp_styles(resolve_tp_plan(model, spec), spec.sequence_parallel))
 
+
+
+def clear_dtensor_caches() -> None:
+    """Forget DTensor's sharding-propagation and redistribution caches.
+
+    They are keyed by specs that compare device meshes by shape and names, so a later measurement
+    (a new fake process group, an equal mesh) gets outputs placed on a mesh of an earlier, destroyed
+    group and its redistribution fails ("Could not resolve the process group registered under the
+    name N"): seen on the second TP measurement in one process, and in ranks forked after one.
+    """
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor import _redistribute
+    from torch.distributed.tensor._sharding_prop import ShardingPropagator
+
+    prop = DTensor._op_dispatcher.sharding_propagator
+    for cache in (getattr(prop, "propagate_op_sharding", None), getattr(ShardingPropagator, "_propagate_tensor_meta_cached", None),
+                  getattr(_redistribute, "_gen_transform_infos", None)):
+        clear = getattr(cache, "cache_clear", None)
+        if callable(clear):
+            clear()
+    for clear in (getattr(_redistribute, "clear_redistribute_planner_cache", None),
+                  getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None)):  # the C++ fast path's
+        if callable(clear):
+            clear()
