@@ -432,3 +432,13 @@ def test_one_process_sizes_one_tp_layout_after_another():
     second = measure_parallel(gpt(), ParallelSpec(world_size=8, tensor_parallel=2)).worst.peak_bytes
     assert second < first  # FSDP2 over 4 ranks instead of 2
     assert not torch.distributed.is_initialized()
+
+
+def test_rank_layouts_follow_fsdp2_shards_of_each_tp_shard():
+    """Mesh (shard 4, tp 2): rank r has shard index r // 2. A column-wise Linear with 12 outputs
+    holds 6 rows per TP rank; FSDP2 chunks 6 rows over 4 ranks as 2, 2, 2, 0: ranks 6 and 7 differ."""
+    from memsave_nb.parallel.apply import rank_layouts
+
+    model = nn.Sequential(nn.Linear(8, 12), nn.ReLU(), nn.Linear(12, 8))
+    spec = ParallelSpec(world_size=8, tensor_parallel=2, tp_plan=(("0", "colwise"), ("2", "rowwise")))
+    assert rank_layouts(model, spec) == [(0, 1, 2, 3, 4, 5), (6, 7)]
