@@ -69,7 +69,9 @@ class OpChoice(str, enum.Enum):
 
 
 # Overload packet names, as `str(op.overloadpacket)` spells them.
-MATMUL_OPS: tuple[str, ...] = ("aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm")
+# aten._grouped_mm: the experts of mixture-of-experts layers (transformers' Mixtral, Qwen-MoE...), one
+# matmul per expert over its share of the tokens.
+MATMUL_OPS: tuple[str, ...] = ("aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm", "aten._grouped_mm")
 ATTENTION_OPS: tuple[str, ...] = (
     "aten._scaled_dot_product_flash_attention",
     "aten._scaled_dot_product_flash_attention_for_cpu",

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Protocol
 import torch
 from torch import nn
 
-from memsave_nb.checkpointing import PlanError
+from memsave_nb.checkpointing import PlanError, show
 from memsave_nb.workload import iter_tensors, map_tensors
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -99,12 +99,16 @@ class KnobValues(Protocol):
 # Plan fields owned by this module, with their "keep the workload's" value.
 KNOB_FIELDS = ("batch_size", "seq_len", "precision", "optimizer", "accumulation_steps", "set_to_none")
 
+# the largest batch size, sequence length or accumulation count a plan takes: int32's maximum
+# (no GPU holds 2**31 samples; larger counts overflow the sizes torch multiplies them into)
+MAX_KNOB = 2**31 - 1
+
 
 def _positive(value: Any, name: str) -> int | None:
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise PlanError(f"{name} must be a positive integer or None, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_KNOB:
+        raise PlanError(f"{name} must be a positive integer up to {MAX_KNOB} or None, got {show(value)}")
     return int(value)
 
 
@@ -118,17 +122,17 @@ def check_knobs(plan: "KnobValues") -> dict[str, Any]:
     precision = plan.precision
     if precision is not None:
         if not isinstance(precision, str) or precision.lower().replace("-", "_") not in PRECISIONS:
-            raise PlanError(f"precision {precision!r}: choose one of {sorted(PRECISIONS)} or None")
+            raise PlanError(f"precision {show(precision)}: choose one of {sorted(PRECISIONS)} or None")
         precision = precision.lower().replace("-", "_")
     out["precision"] = precision
     optimizer = plan.optimizer
     if optimizer is not None:
         if not isinstance(optimizer, str) or optimizer.lower().replace("-", "_") not in OPTIMIZERS:
-            raise PlanError(f"optimizer {optimizer!r}: choose one of {sorted(OPTIMIZERS)} or None")
+            raise PlanError(f"optimizer {show(optimizer)}: choose one of {sorted(OPTIMIZERS)} or None")
         optimizer = optimizer.lower().replace("-", "_")
     out["optimizer"] = optimizer
     if plan.set_to_none is not None and not isinstance(plan.set_to_none, bool):
-        raise PlanError(f"set_to_none must be True, False or None, got {plan.set_to_none!r}")
+        raise PlanError(f"set_to_none must be True, False or None, got {show(plan.set_to_none)}")
     out["set_to_none"] = plan.set_to_none
     return out
 
@@ -231,20 +235,145 @@ def _resize_loss(loss: Any, old_batch: Any, batch_size: int | None, seq_len: int
         except ValueError:  # empty cell
             cells.append(cell)
             continue
-        if isinstance(value, torch.Tensor) and value.dim() >= 1 and value.shape[0] == b:
-            new = value
-            if t_len is not None and value.dim() >= 2 and value.shape[1] == t_len:
-                new = _resize_dim(new, 1, seq_len)  # type: ignore[arg-type]
-            if batch_size is not None:
-                new = _resize_dim(new, 0, batch_size)
-            if new is not value:
-                changed = True
+        new = _resized_target(value, b, t_len, batch_size, seq_len)
+        if new is not value:
+            changed = True
             cells.append(types.CellType(new))
         else:
             cells.append(cell)
     if not changed:
         return loss
     return types.FunctionType(loss.__code__, loss.__globals__, loss.__name__, loss.__defaults__, tuple(cells))
+
+
+def _resized_target(value: Any, b: int, t_len: int | None, batch_size: int | None, seq_len: int | None) -> Any:
+    """A closed-over loss target resized like the batch (leading size ``b``), else ``value``."""
+    if not isinstance(value, torch.Tensor) or value.dim() < 1 or value.shape[0] != b:
+        return value
+    new = value
+    if t_len is not None and value.dim() >= 2 and value.shape[1] == t_len:
+        new = _resize_dim(new, 1, seq_len)  # type: ignore[arg-type]
+    if batch_size is not None:
+        new = _resize_dim(new, 0, batch_size)
+    return new
+
+
+def _lazy_loss(loss: Any) -> tuple[Any, list[tuple[Any, torch.Tensor]]]:
+    """A copy of a plain-function loss whose closed-over tensors sit in cells of its own, to be
+    filled by :class:`_ResizedBatch` with targets built in the step's own mode; and those cells."""
+    if not isinstance(loss, types.FunctionType) or not loss.__closure__:
+        return loss, []
+    cells, mine = [], []
+    for cell in loss.__closure__:
+        try:
+            value = cell.cell_contents
+        except ValueError:  # empty cell
+            cells.append(cell)
+            continue
+        if isinstance(value, torch.Tensor):
+            cell = types.CellType(value)
+            mine.append((cell, value))
+        cells.append(cell)
+    if not mine:
+        return loss, []
+    return types.FunctionType(loss.__code__, loss.__globals__, loss.__name__, loss.__defaults__, tuple(cells)), mine
+
+
+class _ResizedBatch:
+    """A batch factory: the workload's batch resized when the step asks for it, so that under
+    fake mode the resized batch (and the loss's resized targets) are fake tensors built from
+    shapes, whatever the size. In real mode it says in one line when the resized batch alone
+    exceeds this machine's free memory, before allocating it.
+
+    ``source_batch`` is the workload's own batch (fake mode's mask checks read its values)."""
+
+    def __init__(self, source: Any, batch_size: int | None, seq_len: int | None, takes_batch_size: bool,
+                 loss_cells: list[tuple[Any, torch.Tensor]]):
+        self.source_batch = None if _is_factory(source) else source
+        self._source = source
+        self._n, self._t, self._takes = batch_size, seq_len, takes_batch_size
+        self._loss_cells = loss_cells
+
+    def __call__(self) -> Any:
+        from torch._guards import detect_fake_mode
+
+        src = self._source
+        raw = (src(batch_size=self._n) if (self._takes and self._n is not None) else src()) if _is_factory(src) else src
+        n = None if self._takes else self._n
+        if detect_fake_mode() is None:
+            _check_host_memory(raw, n, self._t)
+        with torch.no_grad():
+            batch = resize_batch(raw, n, self._t)
+            if self._loss_cells:
+                self._fill_loss(raw)
+        return _same_grad_flags(raw, batch)
+
+    def _fill_loss(self, raw: Any) -> None:
+        try:
+            b = batch_size_of(raw)
+            t_len = seq_len_of(raw) if self._t is not None else None
+        except PlanError:
+            return
+        for cell, value in self._loss_cells:
+            cell.cell_contents = _resized_target(value, b, t_len, self._n, self._t)
+
+
+def _same_grad_flags(raw: Any, batch: Any) -> Any:
+    """``batch`` (resized from ``raw`` without autograd) with fresh leaves that require grad where
+    ``raw``'s tensors did: the step's input gradients never flow back into the user's tensors."""
+    flags = iter([t.requires_grad for t in iter_tensors(raw)])
+    return map_tensors(batch, lambda t: t.requires_grad_(True) if next(flags, False) and t.is_leaf else t)
+
+
+def _resized_bytes(batch: Any, batch_size: int | None, seq_len: int | None) -> int:
+    """Bytes the resized batch will take, from shapes alone."""
+    tokens = {id(t) for t in _token_tensors(batch)} if seq_len is not None else set()
+    b = batch_size_of(batch) if batch_size is not None else None
+    total = 0
+    for t in iter_tensors(batch):
+        shape = list(t.shape)
+        if id(t) in tokens:
+            shape[1] = seq_len
+        if b is not None and t.dim() >= 1 and shape[0] == b:
+            shape[0] = batch_size
+        numel = 1
+        for d in shape:
+            numel *= d
+        total += numel * t.element_size()
+    return total
+
+
+def _free_host_bytes() -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _check_host_memory(batch: Any, batch_size: int | None, seq_len: int | None) -> None:
+    """Real mode: refuse, in one line, a resized batch larger than this machine's free memory."""
+    from memsave_nb.errors import WorkloadError
+    from memsave_nb.units import format_bytes
+
+    free = _free_host_bytes()
+    need = _resized_bytes(batch, batch_size, seq_len)
+    if free is not None and need > free:
+        raise WorkloadError(
+            f"the resized batch alone needs {format_bytes(need)}, more than this machine's free memory "
+            f"({format_bytes(free)}): measure this size with mode='fake'"
+        )
+
+
+def _grows(batch: Any, batch_size: int | None, seq_len: int | None) -> bool:
+    try:
+        return (batch_size is not None and batch_size > batch_size_of(batch)) or (
+            seq_len is not None and seq_len > seq_len_of(batch))
+    except PlanError:
+        return False  # the eager path raises the one-line error
 
 
 def max_positions(model: nn.Module) -> int | None:
@@ -267,22 +396,13 @@ def _batch_changes(plan: "KnobValues", workload: "Workload") -> dict[str, Any]:
             raise PlanError(f"seq_len {t} exceeds the model's {limit} positions")
     batch = workload.batch
     changes: dict[str, Any] = {}
-    if _is_factory(batch):
-        takes = _factory_takes_batch_size(batch)
-
-        def factory(batch=batch, takes=takes) -> Any:
-            raw = batch(batch_size=n) if (takes and n is not None) else batch()
-            return resize_batch(raw, None if takes else n, t)
-
-        changes["batch"] = factory
-        # the loss may close over targets sized like the factory's batch: build one to see
-        if workload.loss is not None and isinstance(workload.loss, types.FunctionType) and workload.loss.__closure__:
-            try:
-                sample = batch()
-            except Exception:  # noqa: BLE001 - a factory that needs its fake mode: leave the loss
-                sample = None
-            if sample is not None:
-                changes["loss"] = _resize_loss(workload.loss, sample, n, t)
+    if _is_factory(batch) or _grows(batch, n, t):
+        # built when the step asks: fake under fake mode, whatever its size (never for real)
+        takes = _is_factory(batch) and _factory_takes_batch_size(batch)
+        loss, cells = _lazy_loss(workload.loss)
+        changes["batch"] = _ResizedBatch(batch, n, t, takes, cells)
+        if cells:
+            changes["loss"] = loss
     else:
         changes["batch"] = resize_batch(batch, n, t)
         if workload.loss is not None:
@@ -372,8 +492,10 @@ def cast_parameters(model: nn.Module, dtype: torch.dtype) -> Callable[[], None]:
     """Hold the model's floating parameters and buffers in ``dtype``; returns the undo.
 
     Parameters keep their identity (``param.data`` is swapped); buffers are replaced in their
-    module's ``_buffers`` (the plan's restore point puts the originals back; undo does too)."""
-    originals: list[tuple[nn.Parameter, torch.Tensor]] = []
+    module's ``_buffers`` (the plan's restore point puts the originals back; undo does too).
+    A gradient the model already holds (any model after a training cell) is set aside while the
+    dtype differs (torch refuses an fp32 ``.grad`` on a bf16 parameter) and given back by undo."""
+    originals: list[tuple[nn.Parameter, torch.Tensor, torch.Tensor | None]] = []
     buffers: list[tuple[nn.Module, str, torch.Tensor]] = []
     seen: set[int] = set()
     with torch.no_grad():
@@ -382,7 +504,8 @@ def cast_parameters(model: nn.Module, dtype: torch.dtype) -> Callable[[], None]:
                 if p is None or id(p) in seen or not p.is_floating_point() or p.dtype == dtype:
                     continue
                 seen.add(id(p))
-                originals.append((p, p.data))
+                originals.append((p, p.data, p.grad))
+                p.grad = None
                 p.data = p.data.to(dtype)
             for name, b in list(module._buffers.items()):
                 if b is None or not b.is_floating_point() or b.dtype == dtype:
@@ -391,10 +514,10 @@ def cast_parameters(model: nn.Module, dtype: torch.dtype) -> Callable[[], None]:
                 module._buffers[name] = b.to(dtype)
 
     def undo() -> None:
-        for p, data in originals:
+        for p, data, grad in originals:
+            p.grad = None
             p.data = data
-            if p.grad is not None and p.grad.dtype != data.dtype:
-                p.grad = None
+            p.grad = grad
         for module, name, b in buffers:
             module._buffers[name] = b
 

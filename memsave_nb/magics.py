@@ -36,7 +36,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 
 from .errors import MemsaveError, WorkloadError
 
-OPTIMIZERS = ("adamw", "adam", "sgd", "none")
+OPTIMIZERS = ("adamw", "adam", "sgd", "sgd_momentum", "none")
 DEFAULT_REPORT = "memsave_report.html"
 CELL_FILENAME = "<%%memsave cell>"
 

@@ -66,7 +66,7 @@ class OffloadLedger:
 
     def remove(self, n: int) -> None:
         with self._lock:
-            self.live_bytes -= n
+            self.live_bytes = max(0, self.live_bytes - n)  # a reset may come between pack and release
 
 
 LEDGER = OffloadLedger()
@@ -93,10 +93,26 @@ def _is_fake(t: torch.Tensor) -> bool:
 
 
 class _Packed:
+    """One offloaded tensor. Its bytes leave the ledger when backward reloads it, or when the
+    graph that holds it dies unreloaded (a failed step): the ledger never keeps a dead step's bytes."""
+
     __slots__ = ("host", "device", "meta", "nbytes", "released")
 
     def __init__(self) -> None:
+        self.released = True  # nothing counted yet
+
+    def count(self, nbytes: int) -> None:
+        self.nbytes = nbytes
         self.released = False
+        LEDGER.add(nbytes)
+
+    def release(self) -> None:
+        if not self.released:
+            self.released = True
+            LEDGER.remove(self.nbytes)
+
+    def __del__(self) -> None:
+        self.release()
 
 
 @contextlib.contextmanager
@@ -112,7 +128,7 @@ def offloading(module: nn.Module) -> Iterator[None]:
             return t
         packed = _Packed()
         packed.device = t.device
-        packed.nbytes = _nbytes(t)
+        nbytes = _nbytes(t)
         if _is_fake(t):
             packed.host = None
             packed.meta = (t.shape, t.stride(), t.dtype, t.requires_grad)
@@ -125,15 +141,13 @@ def offloading(module: nn.Module) -> Iterator[None]:
                     host = t.detach().clone()
             packed.host = host
             packed.meta = None
-        LEDGER.add(packed.nbytes)
+        packed.count(nbytes)
         return packed
 
     def unpack(packed: Any) -> torch.Tensor:
         if isinstance(packed, torch.Tensor):
             return packed
-        if not packed.released:
-            packed.released = True
-            LEDGER.remove(packed.nbytes)
+        packed.release()
         if packed.meta is not None:
             shape, stride, dtype, _ = packed.meta
             return torch.empty_strided(shape, stride, dtype=dtype, device=packed.device)

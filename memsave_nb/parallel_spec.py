@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Mapping
 
+from memsave_nb.checkpointing import show
 from memsave_nb.errors import PlanError, WorkloadError
 
 STRATEGIES = ("fsdp", "ddp")
@@ -71,18 +72,18 @@ class ParallelSpec:
         set_ = object.__setattr__
         ws = self.world_size
         if isinstance(ws, bool) or not isinstance(ws, int) or not 1 <= ws <= MAX_WORLD_SIZE:
-            raise ParallelError(f"world_size must be an integer in [1, {MAX_WORLD_SIZE}], got {ws!r}")
+            raise ParallelError(f"world_size must be an integer in [1, {MAX_WORLD_SIZE}], got {show(ws)}")
         if self.strategy not in STRATEGIES:
-            raise ParallelError(f"strategy must be one of {STRATEGIES}, got {self.strategy!r}")
+            raise ParallelError(f"strategy must be one of {STRATEGIES}, got {show(self.strategy)}")
         names = self.shard_modules
         if isinstance(names, str):
             names = (names,)
-        if not all(isinstance(n, str) for n in names):
-            raise ParallelError(f"shard_modules must be module names, got {self.shard_modules!r}")
+        if not isinstance(names, (tuple, list)) or not all(isinstance(n, str) for n in names):
+            raise ParallelError(f"shard_modules must be module names, got {show(self.shard_modules)}")
         set_(self, "shard_modules", tuple(dict.fromkeys(names)))
         r = self.replicate
         if isinstance(r, bool) or not isinstance(r, int) or r < 1 or ws % r:
-            raise ParallelError(f"replicate must be a positive divisor of world_size {ws}, got {r!r}")
+            raise ParallelError(f"replicate must be a positive divisor of world_size {ws}, got {show(r)}")
         if r > 1 and self.strategy != "fsdp":
             raise ParallelError("replicate (HSDP) needs strategy 'fsdp'")
         if self.cpu_offload is True and self.strategy != "fsdp":
@@ -90,32 +91,32 @@ class ParallelSpec:
         for f in ("param_dtype", "reduce_dtype"):
             v = getattr(self, f)
             if v is not None and v not in DTYPES:
-                raise ParallelError(f"{f} must be one of {DTYPES} or None, got {v!r}")
+                raise ParallelError(f"{f} must be one of {DTYPES} or None, got {show(v)}")
         for f in ("reshard_after_forward", "cpu_offload", "gradient_as_bucket_view"):
             if not isinstance(getattr(self, f), bool):
-                raise ParallelError(f"{f} must be True or False, got {getattr(self, f)!r}")
+                raise ParallelError(f"{f} must be True or False, got {show(getattr(self, f))}")
         self._check_tensor_parallel()
         b = self.bucket_cap_mb
         if isinstance(b, bool) or not isinstance(b, (int, float)) or not 0 < b < float("inf"):
-            raise ParallelError(f"bucket_cap_mb must be a positive number, got {b!r}")
+            raise ParallelError(f"bucket_cap_mb must be a positive number, got {show(b)}")
         set_(self, "bucket_cap_mb", float(b))
 
     def _check_tensor_parallel(self) -> None:
         tp, ws, r = self.tensor_parallel, self.world_size, self.replicate
         if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1 or (ws // r) % tp:
-            raise ParallelError(f"tensor_parallel must be a positive divisor of world_size // replicate = {ws // r}, got {tp!r}")
+            raise ParallelError(f"tensor_parallel must be a positive divisor of world_size // replicate = {ws // r}, got {show(tp)}")
         if not isinstance(self.sequence_parallel, bool):
-            raise ParallelError(f"sequence_parallel must be True or False, got {self.sequence_parallel!r}")
+            raise ParallelError(f"sequence_parallel must be True or False, got {show(self.sequence_parallel)}")
         plan = self.tp_plan
         if isinstance(plan, Mapping):
             plan = tuple(plan.items())
         pair = lambda x: isinstance(x, (tuple, list)) and len(x) == 2 and all(isinstance(v, str) for v in x)  # noqa: E731
         if isinstance(plan, str) or not isinstance(plan, (tuple, list)) or not all(map(pair, plan)):
-            raise ParallelError(f"tp_plan must be (module-name pattern, style) pairs, got {self.tp_plan!r}")
+            raise ParallelError(f"tp_plan must be (module-name pattern, style) pairs, got {show(self.tp_plan)}")
         plan = tuple(tuple(x) for x in plan)
         bad = [s for _, s in plan if s not in TP_STYLES]
         if bad:
-            raise ParallelError(f"tp_plan style must be one of {TP_STYLES}, got {bad[0]!r}")
+            raise ParallelError(f"tp_plan style must be one of {TP_STYLES}, got {show(bad[0])}")
         object.__setattr__(self, "tp_plan", plan)
         if tp == 1 and (self.sequence_parallel or plan):
             raise ParallelError("sequence_parallel and tp_plan need tensor_parallel > 1")
@@ -180,11 +181,11 @@ class ParallelSpec:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "ParallelSpec":
         if not isinstance(data, Mapping):
-            raise ParallelError(f"parallel must be an object, got {data!r}")
+            raise ParallelError(f"parallel must be an object, got {show(data)}")
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise ParallelError(f"unknown parallel field(s): {', '.join(unknown)}")
+            raise ParallelError(f"unknown parallel field(s): {show(', '.join(map(str, unknown)))}")
         kw = dict(data)
         if "shard_modules" in kw and isinstance(kw["shard_modules"], list):
             kw["shard_modules"] = tuple(kw["shard_modules"])
@@ -202,4 +203,4 @@ def parallel_field(value: Any) -> ParallelSpec:
             return ParallelSpec.from_dict(value)
     except (ParallelError, TypeError) as exc:
         raise PlanError(f"plan field 'parallel': {exc}") from None
-    raise PlanError(f"plan field 'parallel' must be a ParallelSpec, an object or None, got {value!r}")
+    raise PlanError(f"plan field 'parallel' must be a ParallelSpec, an object or None, got {show(value)}")

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 import torch
 from torch import nn
 
+from memsave_nb.workload import DEFAULT_LOOP
 from memsave_nb.checkpointing import (
     PlanError,
     RegionKind,
@@ -379,13 +380,15 @@ class Plan:
         ]
 
     # -- code export -------------------------------------------------------------------------
-    def to_code(self, model_var: str = "model") -> str:
+    def to_code(self, model_var: str = "model", loop: str = DEFAULT_LOOP) -> str:
         """A standalone snippet that makes this plan's choices on ``model_var`` in a training
         script. Run it once, after building the model and before the training loop (and
-        before building the optimizer, which should take the trainable parameters only)."""
+        before building the optimizer, which should take the trainable parameters only).
+        It ends with ``training_step``: the step as the engine measured it, with the workload's
+        ``loop`` (pass ``workload.loop``; the default is the workload's default)."""
         from memsave_nb.export.pytorch import plan_code
 
-        return plan_code(self, model_var)
+        return plan_code(self, model_var, loop)
 
 
 def _short(names: Sequence[str], limit: int = 3) -> str:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from .measure.result import Measurement
+from .workload import DEFAULT_LOOP
 from .ui.format import (
     format_bytes,
     format_delta_bytes,
@@ -34,6 +35,7 @@ class _Contents:
     baseline: Measurement | None  # only for a session with a history
     entries: list[Any]  # baseline entry first, then the history (a session only)
     heading: str  # what ``measurement`` is
+    loop: str = DEFAULT_LOOP  # the session workload's loop: the exported code is written for it
 
 
 def _measurement(obj: Any) -> Measurement:
@@ -55,7 +57,8 @@ def _contents(obj: Any) -> _Contents:
     from .ui.figures import plan_label
 
     last = history[-1]
-    return _Contents(_measurement(last), baseline, [base_entry, *history], f"last plan: {plan_label(last.plan)}")
+    return _Contents(_measurement(last), baseline, [base_entry, *history], f"last plan: {plan_label(last.plan)}",
+                     getattr(getattr(obj, "workload", None), "loop", DEFAULT_LOOP))
 
 
 @dataclass
@@ -143,7 +146,7 @@ def _plans_html(c: _Contents) -> str:
     for i, e in enumerate(c.entries[1:], start=1):
         to_code = getattr(getattr(e, "plan", None), "to_code", None)
         if callable(to_code):
-            codes.append(f"<details><summary>plan #{i} as code</summary><pre>{html.escape(to_code())}</pre></details>")
+            codes.append(f"<details><summary>plan #{i} as code</summary><pre>{html.escape(to_code(loop=c.loop))}</pre></details>")
     return table + "".join(codes)
 
 

@@ -103,6 +103,22 @@ def run_plan(
                 h.remove()
 
 
+def give_memory_back() -> None:
+    """Collect cycles, then ask glibc to return its free pages (``malloc_trim``): freed Python
+    objects otherwise stay in the process's resident memory. A no-op where libc is not glibc."""
+    import ctypes
+    import ctypes.util
+    import gc
+
+    gc.collect()
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        trim = libc.malloc_trim
+    except (OSError, AttributeError):
+        return
+    trim(0)
+
+
 def _check(cancel_event: threading.Event | None) -> None:
     if cancel_event is not None and cancel_event.is_set():
         raise Cancelled("run cancelled")
@@ -195,8 +211,11 @@ class Session:
             return [self.baseline_entry.row()] + [e.row() for e in chosen]
 
     def clear(self) -> None:
+        """Forget the history and give its memory back to the system (collected, then the C
+        allocator's free pages returned), so a long notebook session does not keep it."""
         with self._lock:
             self._history.clear()
+        give_memory_back()
 
     def sweep_budgets(
         self,

@@ -22,7 +22,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
-from memsave_nb.checkpointing import PlanError
+from memsave_nb.checkpointing import PlanError, show
 from memsave_nb.errors import Cancelled
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -37,7 +37,9 @@ __all__ = [
     "HEADROOM_WHY",
     "Target",
     "SearchResult",
+    "check_search_args",
     "measure_peak",
+    "plausible_preset_gb",
     "max_batch",
     "max_seq_len",
 ]
@@ -52,6 +54,22 @@ HEADROOM_WHY = (
 )
 
 
+# the largest target a plan is sized for (1 PiB): beyond it byte counts stop being exact integers
+MAX_GB = float(2**20)
+# the largest batch size or sequence length a search probes (the knobs' own bound)
+MAX_UPPER = 2**31 - 1
+
+
+def _number_in(value: Any, low: float, high: float) -> bool:
+    """``value`` is a real number (not a bool) with ``low <= value <= high`` (NaN and inf are not)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return low <= float(value) <= high
+    except OverflowError:  # an int too large for a float
+        return False
+
+
 @dataclass(frozen=True)
 class Target:
     """A GPU memory size and the share of it a plan may use."""
@@ -61,12 +79,14 @@ class Target:
     name: str = ""
 
     def __post_init__(self) -> None:
-        if isinstance(self.gb, bool) or not isinstance(self.gb, (int, float)) or not (self.gb > 0):
-            raise PlanError(f"target memory must be a positive number of GB, got {self.gb!r}")
-        if isinstance(self.headroom, bool) or not isinstance(self.headroom, (int, float)) or not (0 < self.headroom <= 1):
-            raise PlanError(f"headroom must be a fraction in (0, 1], got {self.headroom!r}")
+        if not _number_in(self.gb, 0, MAX_GB) or self.gb == 0:
+            raise PlanError(f"target memory must be a positive number of GB up to {MAX_GB:g}, got {show(self.gb)}")
+        if not _number_in(self.headroom, 0, 1) or self.headroom == 0:
+            raise PlanError(f"headroom must be a fraction in (0, 1], got {show(self.headroom)}")
         object.__setattr__(self, "gb", float(self.gb))
         object.__setattr__(self, "headroom", float(self.headroom))
+        if self.usable_bytes < 1:
+            raise PlanError(f"target {self.gb:g} GB x headroom {self.headroom:g} leaves no byte to plan with")
 
     @property
     def total_bytes(self) -> int:
@@ -99,6 +119,20 @@ class Target:
         )
 
 
+def plausible_preset_gb(measurement: "Measurement", headroom: float = DEFAULT_HEADROOM) -> float | None:
+    """The smallest preset GPU the step could plausibly fit: the smallest whose headroom line holds
+    the measured peak, else the smallest that holds what no checkpointing or micro-batching removes
+    (parameters, gradients and optimizer state at the peak); None when no preset holds even that
+    (a 70B full fine-tune: shard it over GPUs, or freeze most of it, before picking a card)."""
+    split = measurement.peak_split
+    floor = split.parameters + split.gradients + split.optimizer_state
+    for need in (measurement.peak_bytes, floor):
+        fitting = [gb for gb in PRESETS_GB if need <= gb * GIB * headroom]
+        if fitting:
+            return float(min(fitting))
+    return None
+
+
 @dataclass(frozen=True)
 class SearchResult:
     """The largest value that fits (0 when even the smallest does not), and every probe."""
@@ -117,6 +151,26 @@ class SearchResult:
         return len(self.probes)
 
 
+_NOT_GIVEN = object()
+
+
+def check_search_args(plan: Any, target: Any = _NOT_GIVEN, mode: Any = "fake", upper: Any = None, *,
+                      plan_name: str = "plan") -> None:
+    """Name a bad argument of a search (max batch, max sequence, the planner) in one line, before
+    any measurement: a wrong mode must not read as "even 1 does not fit"."""
+    from memsave_nb.measure.engine import MODES
+    from memsave_nb.plan import Plan
+
+    if not isinstance(plan, Plan):
+        raise PlanError(f"{plan_name} must be a Plan, got {show(plan)}")
+    if target is not _NOT_GIVEN and not isinstance(target, Target):
+        raise PlanError(f"target must be a Target (e.g. Target(80)), got {show(target)}")
+    if not isinstance(mode, str) or mode not in MODES:
+        raise PlanError(f"mode must be one of {MODES}, got {show(mode)}")
+    if upper is not None and (isinstance(upper, bool) or not isinstance(upper, int) or not 1 <= upper <= MAX_UPPER):
+        raise PlanError(f"upper must be a whole number in [1, {MAX_UPPER}], got {show(upper)}")
+
+
 def measure_peak(workload: "Workload", plan: "Plan", mode: str = "fake", *,
                  cancel_event: "threading.Event | None" = None) -> "Measurement":
     """One measurement of ``plan`` on ``workload`` (steady state when the engine offers it).
@@ -127,6 +181,7 @@ def measure_peak(workload: "Workload", plan: "Plan", mode: str = "fake", *,
     from memsave_nb.measure import measure
     from memsave_nb.measure.engine import model_lock
 
+    check_search_args(plan, mode=mode)
     if cancel_event is not None and cancel_event.is_set():
         raise Cancelled("cancelled")
     kwargs: dict[str, Any] = {"repeats": 0, "cancel_event": cancel_event}
@@ -186,6 +241,7 @@ def max_batch(workload: "Workload", plan: "Plan", target: Target, *, mode: str =
     ``cancel_event`` stops it between and inside probes (``Cancelled``)."""
     from memsave_nb.knobs import batch_size_of
 
+    check_search_args(plan, target, mode, upper)
     current = plan.batch_size or _current(lambda: batch_size_of(_raw_batch(workload)), 1)
 
     notes: dict[str, None] = {}
@@ -203,6 +259,7 @@ def max_seq_len(workload: "Workload", plan: "Plan", target: Target, *, mode: str
     position embeddings when its config names them."""
     from memsave_nb.knobs import max_positions, seq_len_of
 
+    check_search_args(plan, target, mode, upper)
     current = plan.seq_len or seq_len_of(_raw_batch(workload))
     positions = max_positions(workload.model)
     if upper is None:

@@ -19,12 +19,39 @@ AUTOCAST_DTYPES = (torch.bfloat16, torch.float16)
 
 OptimizerSpec = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer] | str | None
 
+# Names mean what the plan's optimizer knob (knobs.OPTIMIZERS) and Hugging Face's ``optim`` mean:
+# "sgd" is plain SGD (no state), "sgd_momentum" keeps a momentum buffer per parameter.
+# "sgd-nomomentum" is the old name of plain SGD, still accepted.
 _OPTIMIZERS: dict[str, Callable[[list[nn.Parameter]], torch.optim.Optimizer]] = {
     "adamw": lambda params: torch.optim.AdamW(params, lr=1e-3),
     "adam": lambda params: torch.optim.Adam(params, lr=1e-3),
-    "sgd": lambda params: torch.optim.SGD(params, lr=1e-2, momentum=0.9),
+    "sgd": lambda params: torch.optim.SGD(params, lr=1e-2),
+    "sgd_momentum": lambda params: torch.optim.SGD(params, lr=1e-2, momentum=0.9),
     "sgd-nomomentum": lambda params: torch.optim.SGD(params, lr=1e-2),
 }
+
+
+# How long the model's output lives in the training loop (the loss always lives to the end of the
+# step: a trainer keeps it to log it). The output of a causal LM holds its logits and KV cache, which
+# autograd did not save: dropping it before backward frees them for the whole backward pass.
+LOOPS: dict[str, str] = {
+    "loss_only": "the output is dropped once the loss is computed: only the loss goes into backward "
+                 "(Hugging Face's Trainer, TRL, the exported code)",
+    "keep_output_backward": "the output is kept through backward and dropped before the optimizer step",
+    "keep_output_step": "the output is kept through backward and the optimizer step "
+                        "(out = model(**batch); out.loss.backward(); opt.step())",
+}
+DEFAULT_LOOP = "loss_only"
+
+
+def output_dropped(loop: str, point: str) -> bool:
+    """Whether ``loop`` has dropped the last micro-step's output by ``point``: "backward" (before
+    it starts) or "step" (before the optimizer step). One answer for every runner of the loop."""
+    if point == "backward":
+        return loop == "loss_only"
+    if point == "step":
+        return loop != "keep_output_step"
+    raise ValueError(f"unknown point {point!r}")
 
 
 def map_tensors(obj: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
@@ -123,6 +150,8 @@ class Workload:
     step. ``set_to_none``: how grads are cleared between steps (``zero_grad(set_to_none=...)``):
     None at the start of a step when True, zero tensors alive from the start when False.
     ``autocast_dtype``: the forward runs under ``torch.autocast`` with that dtype when set.
+    ``loop``: how long the model's output lives (see ``LOOPS``); the default, ``"loss_only"``, is
+    what Hugging Face's Trainer and ``Plan.to_code()`` run: only the loss goes into backward.
 
     ``batch`` is a tensor, a tuple/list (positional arguments), a dict (keyword arguments, as
     Hugging Face models take them) or a zero-argument callable returning one of those.
@@ -139,6 +168,7 @@ class Workload:
     accumulation_steps: int = 1
     set_to_none: bool = True
     autocast_dtype: torch.dtype | None = None
+    loop: str = DEFAULT_LOOP
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, nn.Module):
@@ -152,6 +182,8 @@ class Workload:
             raise WorkloadError(
                 f"autocast_dtype must be torch.bfloat16, torch.float16 or None, got {self.autocast_dtype!r}"
             )
+        if self.loop not in LOOPS:
+            raise WorkloadError(f"unknown loop {self.loop!r}; choose from {', '.join(LOOPS)}")
         if isinstance(self.optimizer, str) and self.optimizer.lower() not in _OPTIMIZERS and self.optimizer.lower() != "none":
             raise WorkloadError(f"unknown optimizer {self.optimizer!r}; choose from {sorted(_OPTIMIZERS)} or 'none'")
         self.device = check_device(self.device)

@@ -1201,6 +1201,23 @@ assert len(result.candidates) >= 100 and winner.measured_peak_bytes is not None 
 assert exported.peak_bytes == winner.measured_peak_bytes
 print("all claims hold")
 """),
+    md(r"""
+## Your turn: the explorer
+
+The same workload in the explorer, in fake mode (`explore(workload, mode="fake")`), open on its
+**Fit a GPU** tab with the 24 GB target and the RTX 4090's roofline: *find plans* runs the
+planner above and draws its front (click a point to load that plan), *max batch* bisects the
+batch for the plan on display. The Layers tab changes the plan by hand: freeze, checkpoint or
+offload per block, and the header's verdict follows.
+"""),
+    code(r"""
+from memsave_nb.ui.explorer import explore
+
+explorer = explore(workload, mode="fake", repeats=0, tab="Fit a GPU")
+explorer.tuner.device.value = "RTX 4090"
+explorer.tuner.set_target(24)
+explorer
+"""),
 ]
 # -- 8. Sizing a 70B fine-tune on 8 x 80 GB ------------------------------------------------------
 def nb08() -> list:
@@ -1221,6 +1238,9 @@ the CUDA context, fragmentation) is added as explicit lines with their sources.
 
 The model: Llama-2-70B's shape (80 layers, d=8192, 64 heads with 8 KV heads, MLP 28672, vocab
 32000), built on the meta device, bf16, AdamW, sequence 4096, batch 1 per rank.
+
+**Units.** The tables and the text count in GiB (2^30 bytes). A GPU sold as "80 GB" holds
+80 x 10^9 bytes here, which is 74.5 GiB; its 80% line (below) is 59.6 GiB.
 """),
         code(r"""
 import torch
@@ -1280,7 +1300,7 @@ print(fsdp8_ac.table())
 """),
         md(r"""
 Checkpointing takes the saved activations from about 130 GiB to under 1 GiB per rank. Now the
-peak moves to the **optimizer step**, at about 86 GB: over 80 GB. torch's default AdamW on a GPU
+peak moves to the **optimizer step**, at about 80 GiB: over the card's 74.5 GiB. torch's default AdamW on a GPU
 is its *foreach* step, which works on all of a rank's parameters at once and makes temporaries the
 size of the whole shard (here 16 GiB). The single-tensor loop (`foreach=False`, slower) updates
 one parameter at a time:
@@ -1288,13 +1308,13 @@ one parameter at a time:
         code(r"""
 loop = workload.replace(optimizer=lambda params: torch.optim.AdamW(params, foreach=False))
 fsdp8_ac_loop = measure_parallel(loop, ParallelSpec(world_size=8), ac)
-print(f"foreach AdamW: {fsdp8_ac.peak_bytes / 1e9:.1f} GB during {fsdp8_ac.worst.peak_phase}; "
-      f"single-tensor AdamW: {fsdp8_ac_loop.peak_bytes / 1e9:.1f} GB during {fsdp8_ac_loop.worst.peak_phase}")
+print(f"foreach AdamW: {fsdp8_ac.peak_bytes / GiB:.1f} GiB during {fsdp8_ac.worst.peak_phase}; "
+      f"single-tensor AdamW: {fsdp8_ac_loop.peak_bytes / GiB:.1f} GiB during {fsdp8_ac_loop.worst.peak_phase}")
 """),
         md(r"""
-With the single-tensor loop the counted peak is under 80 GB, but above the 80% line (64 GB)
-under which Fujii et al. (454 runs on A100/H100) never saw an out-of-memory error, and the unseen
-lines (NCCL buffers, CUDA context, fragmentation) take it past 80 GB at their high end. Too
+With the single-tensor loop the counted peak is under the card's 74.5 GiB, but above the 80% line
+(59.6 GiB) under which Fujii et al. (454 runs on A100/H100) never saw an out-of-memory error, and
+the unseen lines (NCCL buffers, CUDA context, fragmentation) take it past 74.5 GiB at their high end. Too
 close. Doubling the GPUs halves every sharded line, the optimizer's temporaries included:
 """),
         code(r"""
@@ -1336,6 +1356,24 @@ assert 0.8 * 80e9 < fsdp8_ac_loop.peak_bytes < 80e9, fsdp8_ac_loop.peak_bytes / 
 assert fsdp16_ac.peak_bytes + fsdp16_ac.unseen_high_bytes < 0.8 * 80e9, fsdp16_ac.peak_bytes / 1e9
 assert fsdp8_ac.worst.saved_bytes < fsdp8.worst.saved_bytes / 10
 print("all claims hold")
+"""),
+        md(r"""
+## Your turn: the explorer
+
+The same workload in the explorer, in fake mode (`explore(workload, mode="fake")`), open on its
+**GPUs** tab with the checkpointing plan above: it sizes that plan per rank on 8 GPUs in the
+background (a minute or so here), and again when you change the number of GPUs, the sharding,
+bf16 parameters or CPU offload. The header's numbers are one unsharded GPU's, judged against an
+80 GB card; they wait for *run* (live reruns are off: each costs a 70B fake step).
+"""),
+        code(r"""
+from memsave_nb.ui.explorer import explore
+
+explorer = explore(workload, mode="fake", repeats=0, live=False, tab="GPUs")
+explorer.tuner.set_target(80)  # the verdicts against the notebook's 80 GB cards
+explorer.set_plan(ac)
+explorer.gpus.refresh(background=True)
+explorer
 """),
     ]
 

@@ -1,4 +1,5 @@
-"""``memsave-nb report --world-size N [--fsdp | --ddp]``: the per-rank table of a demo workload."""
+"""``memsave-nb report --world-size N [--fsdp | --ddp]``: the per-rank answer and table of a workload,
+with the same knob plan (and target) as the single-device report."""
 
 from __future__ import annotations
 
@@ -24,25 +25,63 @@ def wants_parallel(args: argparse.Namespace) -> bool:
     return args.world_size is not None or args.fsdp or args.ddp or args.gradient_as_bucket_view or args.cpu_offload
 
 
-def report_parallel(args: argparse.Namespace) -> int:
-    from .. import zoo
-    from ..parallel.measure import measure_parallel
-    from ..parallel_spec import ParallelSpec
+# single-device flags the per-rank report does not take
+_SINGLE_ONLY = (("--out", "out"), ("--top", "top"), ("--max-batch", "max_batch"), ("--max-seq", "max_seq"))
 
+
+def check_parallel_args(args: argparse.Namespace) -> None:
+    """Per-rank flag combinations that cannot apply, refused before anything is built."""
+    if not wants_parallel(args):
+        return
     if args.world_size is None:
         raise MemsaveError("--fsdp, --ddp, --gradient-as-bucket-view and --cpu-offload need --world-size N")
-    if args.out:
-        raise MemsaveError("--out writes single-device reports; drop it with --world-size")
+    for flag, key in _SINGLE_ONLY:
+        if getattr(args, key):
+            raise MemsaveError(f"{flag} applies to single-device reports; drop it with --world-size")
     if args.mode == "real":
         raise MemsaveError("--world-size sizes ranks in fake mode only; drop --mode real")
     if args.gradient_as_bucket_view and not args.ddp:
         raise MemsaveError("--gradient-as-bucket-view needs --ddp")
     if args.cpu_offload and args.ddp:
         raise MemsaveError("--cpu-offload is FSDP2's CPUOffloadPolicy; drop --ddp")
-    spec = ParallelSpec(world_size=args.world_size, strategy="ddp" if args.ddp else "fsdp",
+
+
+def parallel_spec(args: argparse.Namespace):
+    from ..parallel_spec import ParallelSpec
+
+    return ParallelSpec(world_size=args.world_size, strategy="ddp" if args.ddp else "fsdp",
                         gradient_as_bucket_view=args.gradient_as_bucket_view, cpu_offload=args.cpu_offload)
-    workload = zoo.make(args.model, args.batch, device=args.device)
-    batch = args.batch or zoo.DEFAULT_BATCH.get(args.model)
-    m = measure_parallel(workload, spec)
-    sys.stdout.write(f"memsave_nb per-rank report: {args.model}, batch {batch} per rank, fake mode\n\n{m.table()}\n")
+
+
+def report_parallel(args: argparse.Namespace, cw, plan, spec=None, notes=()) -> int:
+    """Measure every distinct rank under ``plan`` (the knob flags, or a trainer config's plan) and
+    print the answer (worst rank's peak, verdict, split), then the per-rank table."""
+    from ..parallel.measure import measure_parallel
+    from ..units import format_bytes
+
+    if spec is None:  # a trainer config's spec (its strategy, --world-size's ranks) wins
+        spec = parallel_spec(args)
+    m = measure_parallel(cw.workload, spec, plan)
+    worst = m.worst
+    knobs = f", {plan.describe()}" if not plan.is_empty else ""
+    lines = [f"memsave_nb per-rank report: {cw.name}, batch {plan.batch_size or cw.batch} per rank{knobs}, fake mode, loop {cw.workload.loop}", "",
+             f"Peak per rank: {format_bytes(m.device_peak_bytes)} (worst rank {worst.rank}, during "
+             f"{worst.device_peak_phase or worst.peak_phase}); with the unseen lines "
+             f"{format_bytes(m.device_peak_bytes + m.unseen_low_bytes)} .. {format_bytes(m.device_peak_bytes + m.unseen_high_bytes)}"]
+    explained = ""
+    if args.target_gb is not None:
+        from ..target import Target
+        from .target import cli_target, verdict_line
+
+        target = cli_target(args)
+        lines.append(verdict_line(target, m.device_peak_bytes, " per rank"))
+        whole = Target(target.gb, 1.0, target.name)  # the unseen lines are what the headroom is for
+        lines.append(f"  with the unseen lines' upper end ({format_bytes(m.device_peak_bytes + m.unseen_high_bytes)}) on the "
+                     f"whole GPU: {whole.verdict(m.device_peak_bytes + m.unseen_high_bytes)}")
+        explained = "\n" + target.line() + "\n"
+    split = worst.device_peak_split or worst.peak_split
+    lines.append("Split: " + ", ".join(f"{k.replace('_', ' ')} {format_bytes(v)}" for k, v in split.items() if v))
+    lines += ["", m.table()]
+    lines += [f"Note: {n}" for n in notes]
+    sys.stdout.write("\n".join(lines) + "\n" + explained)
     return 0

@@ -1,13 +1,16 @@
-"""``memsave-nb plan``: the planner from the command line. Which setups of a demo workload fit a
-target GPU, ranked by estimated step time; the Pareto front as a table; the chosen plan as code
-(and as a plan file with ``--save``)."""
+"""``memsave-nb plan``: the planner from the command line. Which setups of a workload (a demo model
+or a Hugging Face model by name) fit a target GPU; the Pareto front as a table, lowest peak first;
+the chosen plan (the fastest that fits) as code, as a plan file with ``--save`` and as a trainer's
+config with ``--export``. Paths are checked before the search."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from ..errors import MemsaveError
+from .args import MAX_COUNT
 
 PRECISIONS = ("fp32", "autocast_bf16", "autocast_fp16", "bf16", "bf16_master")
 
@@ -17,8 +20,8 @@ def _csv_ints(text: str) -> tuple[int, ...]:
         values = tuple(int(v) for v in text.split(",") if v.strip())
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected numbers separated by commas, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected positive numbers separated by commas, got {text!r}")
+    if not values or min(values) < 1 or max(values) > MAX_COUNT:
+        raise argparse.ArgumentTypeError(f"expected positive numbers up to {MAX_COUNT} separated by commas, got {text[:40]!r}")
     return values
 
 
@@ -31,20 +34,24 @@ def _csv_precisions(text: str) -> tuple[str, ...]:
 
 
 def add_parser(sub, positive_int) -> None:
-    from .. import zoo
     from ..planner.roofline import GPUS
+    from ..trainers import TRAINERS
+    from .args import _fraction, _gb
+    from .report import add_model_arguments
 
-    p = sub.add_parser("plan", help="find the setups of a demo workload that fit a target GPU, fastest first",
+    p = sub.add_parser("plan", help="find the setups of a workload that fit a target GPU; the fastest that fits is chosen",
                        description="Search freezing, checkpointing/offloading per block, precision and micro-batching "
-                                   "for the plans that fit a target GPU; print the Pareto front and the chosen plan as code.")
-    p.add_argument("--model", default="gpt", metavar="NAME", help=f"demo workload: {', '.join(zoo.NAMES)} (default: gpt)")
+                                   "for the plans that fit a target GPU; print the Pareto front (lowest peak first) and "
+                                   "the chosen plan (the fastest that fits) as code.")
+    add_model_arguments(p, "gpt")
     p.add_argument("--batch", type=positive_int, default=None, metavar="N", help="batch size (default: the model's own)")
-    p.add_argument("--target-gb", type=float, required=True, metavar="GB", help="the GPU's memory in GB")
-    p.add_argument("--headroom", type=float, default=None, metavar="FRACTION",
+    p.add_argument("--seq-len", type=positive_int, default=None, metavar="T", help="Hugging Face models: the sequence length")
+    p.add_argument("--target-gb", type=_gb, required=True, metavar="GB", help="the GPU's memory in GB")
+    p.add_argument("--headroom", type=_fraction, default=None, metavar="FRACTION",
                    help="usable share of the target (default 0.8: the 80%% rule)")
     p.add_argument("--gpu", default="H100", choices=sorted(GPUS) + ["host"],
                    help="whose FLOP/s and bandwidth estimate the step time (default: H100)")
-    p.add_argument("--mode", choices=("real", "fake"), default="fake",
+    p.add_argument("--mode", choices=("real", "fake"), default=None,
                    help="fake (default): shapes and bytes only; real: run the steps on this machine")
     p.add_argument("--precisions", type=_csv_precisions, default=("fp32",), metavar="P,P",
                    help=f"precisions to try, from {', '.join(PRECISIONS)} (default: fp32)")
@@ -53,19 +60,34 @@ def add_parser(sub, positive_int) -> None:
     p.add_argument("--last-blocks", type=_csv_ints, default=(), metavar="N,N",
                    help="also try training only the last N blocks (default: full fine-tuning only)")
     p.add_argument("--save", default=None, metavar="PLAN.json", help="write the chosen plan here")
+    p.add_argument("--export", choices=sorted(TRAINERS), default=None,
+                   help="print the chosen plan as this trainer's config (hf: TrainingArguments, trl: SFTConfig, axolotl, accelerate)")
+    p.add_argument("--export-to", default=None, metavar="PATH", help="with --export: write that config here")
 
 
 def run_plan(args: argparse.Namespace) -> int:
-    from .. import presets, zoo
+    from .. import presets
     from ..plan import Plan
     from ..target import Target
     from ..units import format_bytes
     from ..planner.search import plan_for
+    from .args import check_writable
+    from .workload import build, check_model_flags, is_demo
 
-    if args.model == "gpt-7b" and args.mode == "real":
-        raise MemsaveError("gpt-7b is built from fake tensors and only runs with --mode fake")
+    check_model_flags(args)
+    if args.seq_len is not None and is_demo(args.model):
+        raise MemsaveError(f"plan --seq-len sets a Hugging Face model's sequence; {args.model!r} is a demo model "
+                           "(its batch keeps its own length)")
+    if args.export_to and not args.export:
+        raise MemsaveError("--export-to needs --export hf|trl|axolotl|accelerate")
+    for flag, path in (("--save", args.save), ("--export-to", args.export_to)):
+        if path:
+            check_writable(path, flag)
     target = Target(args.target_gb) if args.headroom is None else Target(args.target_gb, headroom=args.headroom)
-    workload = zoo.make(args.model, args.batch)
+    if args.mode is None:
+        args.mode = "fake"
+    cw = build(args)
+    workload = cw.workload
     freezing = {"all trainable": Plan()}
     for n in args.last_blocks:
         freezing[f"last {n} blocks"] = presets.last_blocks(workload.model, n)
@@ -81,12 +103,28 @@ def run_plan(args: argparse.Namespace) -> int:
     for r in rows:
         out.append("  " + "  ".join(r[i].rjust(widths[i]) for i in range(3)) + "  " + r[3])
     if result.chosen is not None:
-        out += ["", "The chosen plan as code:", "", result.chosen.plan.to_code()]
+        out += ["", "The chosen plan as code:", "", result.chosen.plan.to_code(loop=workload.loop)]
         if args.save:
             with open(args.save, "w", encoding="utf-8") as f:
                 f.write(result.chosen.plan.to_json(indent=2))
             out.append(f"Wrote {args.save}")
-    elif args.save:
-        out.append(f"No plan fits: nothing written to {args.save}")
+        if args.export:
+            out += _export(result.chosen.plan, args.export, workload.model, args.export_to)
+    else:
+        out += [f"No plan fits: nothing written to {p}" for p in (args.save, args.export_to) if p]
     sys.stdout.write("\n".join(out) + "\n")
     return 0 if result.chosen is not None else 1
+
+
+def _export(plan, trainer: str, model, path: str | None) -> list[str]:
+    """The chosen plan as ``trainer``'s config (memsave_nb.to_trainer), and what it cannot say."""
+    from ..trainers import to_trainer
+
+    exported = to_trainer(plan, trainer, model=model)
+    out = ["", f"The chosen plan as a {trainer} config:", "", exported.text.rstrip()]
+    out += [f"  note: {n}" for n in exported.notes]
+    if path:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(exported.text)
+        out.append(f"Wrote {path}")
+    return out

@@ -1,13 +1,36 @@
-"""``memsave-nb report``: measure a demo workload, print the per-layer table and the peak's
-split, the knobs and the target; ``--out`` writes the HTML report."""
+"""``memsave-nb report``: measure a workload (a demo model or a Hugging Face model by name) and
+print the answer first (the peak, its split, fits / does not fit the target, the max batch), then
+the per-layer table; ``--out`` writes the HTML report. Every flag is checked before anything is
+built or measured."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from ..errors import MemsaveError
-from .args import _positive_int
+from .args import _accumulate, _fraction, _gb, _positive_int
+
+
+def add_model_arguments(p: argparse.ArgumentParser, default: str) -> None:
+    """--model (a demo name or any model memsave_nb.hub knows) and its LoRA / QLoRA / task flags."""
+    from .. import zoo
+    from ..hub import TASKS
+    from ..hub.quant import QUANT_TYPES
+
+    p.add_argument("--model", default=default, metavar="NAME",
+                   help=f"a demo workload ({', '.join(zoo.NAMES)}), a catalogue name (qwen2.5-7b, llama-3.1-8b, ...), "
+                        f"a hub id (Qwen/Qwen2.5-7B) or a local folder / config.json (default: {default})")
+    p.add_argument("--lora", default=None, metavar="SETTINGS", help="Hugging Face models: LoRA, e.g. r=16 or "
+                   "r=16,alpha=32,target_modules=q_proj+v_proj")
+    p.add_argument("--quantize", choices=QUANT_TYPES, default=None, help="Hugging Face models: QLoRA base weights (needs --lora)")
+    p.add_argument("--task", choices=tuple(TASKS), default=None, help="Hugging Face models: the head (default: the config's)")
+    from ..workload import DEFAULT_LOOP, LOOPS
+
+    p.add_argument("--loop", choices=list(LOOPS), default=DEFAULT_LOOP,
+                   help="how long the model's output lives: loss_only (dropped before backward, as Hugging Face's "
+                        "Trainer and the exported code), keep_output_backward, keep_output_step (default: loss_only)")
 
 
 def _add_tuner_arguments(rep: argparse.ArgumentParser) -> None:
@@ -18,21 +41,61 @@ def _add_tuner_arguments(rep: argparse.ArgumentParser) -> None:
     rep.add_argument("--seq-len", type=_positive_int, default=None, metavar="T", help="cut or extend token inputs to T")
     rep.add_argument("--precision", choices=sorted(PRECISIONS), default=None, help="precision knob (default: the model's)")
     rep.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default=None, help="optimizer knob (default: AdamW)")
-    rep.add_argument("--accumulate", type=_positive_int, default=None, metavar="K", help="K micro-batches per optimizer step")
+    rep.add_argument("--accumulate", type=_accumulate, default=None, metavar="K", help="K micro-batches per optimizer step")
     rep.add_argument("--keep-grads", action="store_true", help="zero_grad(set_to_none=False): gradients stay allocated")
-    rep.add_argument("--target-gb", type=float, default=None, metavar="GB",
+    rep.add_argument("--target-gb", type=_gb, default=None, metavar="GB",
                      help=f"the GPU's memory in GB (presets {', '.join(f'{g:g}' for g in PRESETS_GB)}): says fits / does not fit")
-    rep.add_argument("--headroom", type=float, default=None, metavar="FRACTION",
-                     help="usable share of the target (default 0.8: the 80%% rule)")
+    rep.add_argument("--headroom", type=_fraction, default=None, metavar="FRACTION",
+                     help="with --target-gb: usable share of the target (default 0.8: the 80%% rule)")
     rep.add_argument("--max-batch", action="store_true", help="with --target-gb: the largest batch that fits (bisection, fake mode)")
     rep.add_argument("--max-seq", action="store_true", help="with --target-gb: the longest sequence that fits (bisection, fake mode)")
+    rep.add_argument("--from-config", default=None, metavar="PATH",
+                     help="size this trainer config on --model: TrainingArguments / SFTConfig JSON, axolotl or accelerate YAML")
 
 
-def _knob_plan(args: argparse.Namespace):
+KNOB_FLAGS = (("--seq-len", "seq_len"), ("--precision", "precision"), ("--optimizer", "optimizer"),
+              ("--accumulate", "accumulate"), ("--keep-grads", "keep_grads"))
+
+
+def check_report_args(args: argparse.Namespace) -> None:
+    """Combinations that cannot apply, refused in one line before anything is built or measured."""
+    from .parallel import check_parallel_args
+    from .workload import check_model_flags
+
+    if (args.max_batch or args.max_seq) and args.target_gb is None:
+        raise MemsaveError("--max-batch and --max-seq need --target-gb")
+    if args.headroom is not None and args.target_gb is None:
+        raise MemsaveError("--headroom needs --target-gb")
+    check_model_flags(args)
+    check_parallel_args(args)
+    if args.out is not None and os.path.isdir(args.out):
+        raise MemsaveError(f"--out {args.out}: is a folder; give a file name like report.html")
+    if args.from_config is not None:
+        knobs = [flag for flag, key in KNOB_FLAGS if getattr(args, key) and not (key == "seq_len" and _is_hub(args))]
+        if knobs:
+            raise MemsaveError(f"--from-config sets the knobs; drop {', '.join(knobs)} (or edit the config)")
+        strategy = [f for f, k in (("--fsdp", "fsdp"), ("--ddp", "ddp"), ("--cpu-offload", "cpu_offload"),
+                                   ("--gradient-as-bucket-view", "gradient_as_bucket_view")) if getattr(args, k)]
+        if strategy:
+            raise MemsaveError(f"--from-config sets the parallel strategy; drop {', '.join(strategy)} "
+                               "(--world-size N still sets the ranks)")
+        from ..trainers import load_config
+
+        args.trainer_config = load_config(args.from_config)  # a missing or unreadable file fails here, not after a build
+
+
+def _is_hub(args: argparse.Namespace) -> bool:
+    from .workload import is_demo
+
+    return not is_demo(args.model)
+
+
+def knob_plan(args: argparse.Namespace, *, hub: bool = False):
+    """The Plan of the knob flags (a hub model gets --seq-len at build time, not as a knob)."""
     from ..plan import Plan
 
     return Plan(
-        seq_len=args.seq_len,
+        seq_len=None if hub else args.seq_len,
         precision=args.precision,
         optimizer=args.optimizer,
         accumulation_steps=args.accumulate,
@@ -40,9 +103,27 @@ def _knob_plan(args: argparse.Namespace):
     )
 
 
-def format_report(measurement, *, title: str, top: int | None = None) -> str:
-    """The text the ``report`` command prints: heading, per-layer table, peak split, totals."""
-    from ..ui.format import format_bytes, format_flops, format_seconds, layer_table, render_table, split_table
+_knob_plan = knob_plan  # the old private name
+
+
+def _plan_and_parallel(args: argparse.Namespace, cw):
+    """The knob plan, or the trainer config's plan (and its parallel spec) with --from-config."""
+    if getattr(args, "trainer_config", None) is None:
+        return knob_plan(args, hub=cw.hub), None, ()
+    from ..trainers import from_trainer
+
+    imported = from_trainer(args.trainer_config, cw.workload.model, world_size=args.world_size)
+    if not cw.hub and imported.plan.batch_size:  # a demo batch is resized for real: check it fits first
+        from .workload import check_fits_this_machine
+
+        check_fits_this_machine(cw.name, imported.plan.batch_size, cw.mode, args.device)
+    return imported.plan, imported.parallel, imported.notes
+
+
+def format_report(measurement, *, title: str, top: int | None = None, answer: tuple[str, ...] = ()) -> str:
+    """The text the ``report`` command prints: heading, the answer (peak, split, and the target's
+    ``answer`` lines), then the per-layer table and the totals."""
+    from ..ui.format import format_bytes, format_flops, format_time_spread, layer_table, render_table, split_table
 
     m = measurement
     headers, rows = layer_table(m, top=top)
@@ -53,20 +134,34 @@ def format_report(measurement, *, title: str, top: int | None = None) -> str:
     lines = [
         title,
         "",
+        f"Peak memory: {format_bytes(m.peak_bytes)} during {m.peak_phase}" + _step_note(m, format_bytes),
+        *answer,
+        render_table(split_headers, split_rows, right={1, 2}),
+        "",
         "Saved activations per layer " + caption if caption else "Saved activations per layer",
         layers,
         "",
-        f"Peak memory: {format_bytes(m.peak_bytes)} during {m.peak_phase}" + _step_note(m, format_bytes),
-        render_table(split_headers, split_rows, right={1, 2}),
-        "",
         f"Saved activations: {format_bytes(m.saved_bytes)}   Outputs kept: {format_bytes(m.output_bytes)}   "
-        f"FLOPs: {format_flops(m.flops)}   Step time: {format_seconds(m.step_seconds)}",
+        f"FLOPs: {format_flops(m.flops)}   Step time: {format_time_spread(m)}{_noisy(m)}",
     ]
     if m.cuda_peak_bytes is not None:
         lines.append(f"CUDA allocator peak: {format_bytes(m.cuda_peak_bytes)} (tracker: {format_bytes(m.peak_bytes)})")
     lines.extend(f"Advice: {a}" for a in m.advice)
     lines.extend(f"Note: {n}" for n in m.notes)
     return "\n".join(lines) + "\n"
+
+
+HUB_TOP = 20  # a Hugging Face model has a thousand modules: its table lists the top ones unless --top says
+NOISY_RATIO = 1.5  # slowest over fastest timed step above this: the machine was busy
+
+
+def _noisy(m) -> str:
+    from ..ui.format import time_spread
+
+    _, lo, hi, n = time_spread(m)
+    if n >= 2 and lo and hi / lo > NOISY_RATIO:
+        return " - noisy: the machine was busy, compare step times with care"
+    return ""
 
 
 def _step_note(m, format_bytes) -> str:
@@ -79,30 +174,29 @@ def _step_note(m, format_bytes) -> str:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from .. import zoo
     from ..measure import measure
     from ..workload import check_device
-
-    check_device(args.device)
     from .parallel import report_parallel, wants_parallel
+    from .workload import build
 
-    if wants_parallel(args):
-        return report_parallel(args)
-    mode = args.mode or ("fake" if args.model == "gpt-7b" else "real")
-    if args.model == "gpt-7b" and mode == "real":
-        raise MemsaveError("gpt-7b is built from fake tensors and only runs with --mode fake")
-    workload = zoo.make(args.model, args.batch, device=args.device)
-    batch = args.batch or zoo.DEFAULT_BATCH.get(args.model)
-    plan = _knob_plan(args)
-    with plan.apply(workload) as applied:
-        measurement = measure(applied, mode=mode, repeats=args.repeats)
+    check_report_args(args)
+    check_device(args.device)
+    cw = build(args, device=args.device)
+    plan, spec, notes = _plan_and_parallel(args, cw)
+    if wants_parallel(args) or spec is not None:
+        return report_parallel(args, cw, plan, spec, notes)
+    with plan.apply(cw.workload) as applied:
+        measurement = measure(applied, mode=cw.mode, repeats=args.repeats)
     knobs = f", {plan.describe()}" if not plan.is_empty else ""
-    title = f"memsave_nb report: {args.model}, batch {batch}{knobs}, {mode} mode on {measurement.device}"
-    sys.stdout.write(format_report(measurement, title=title, top=args.top))
-    if args.target_gb is not None or args.max_batch or args.max_seq:
+    title = f"memsave_nb report: {cw.name}, batch {plan.batch_size or cw.batch}{knobs}, {cw.mode} mode on {measurement.device}, loop {cw.workload.loop}"
+    top = args.top if args.top is not None or not cw.hub else HUB_TOP
+    answer, explained = (), ""
+    if args.target_gb is not None:
         from .target import cli_target_lines
 
-        sys.stdout.write(cli_target_lines(workload, plan, measurement, args))
+        answer, explained = cli_target_lines(cw.workload, plan, measurement, args)
+    text = format_report(measurement, title=title, top=top, answer=answer)
+    sys.stdout.write(text + "".join(f"Note: {n}\n" for n in notes) + explained)
     if args.out:
         from ..report import write_report
 

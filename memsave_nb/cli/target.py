@@ -1,5 +1,6 @@
-"""``memsave-nb report --target-gb GB [--headroom F] [--max-batch] [--max-seq]``: the target
-section of the report (fits / does not fit, the largest batch or sequence that fits)."""
+"""``memsave-nb report --target-gb GB [--headroom F] [--max-batch] [--max-seq]``: the target's
+answer (fits / does not fit, the largest batch or sequence that fits), printed beside the peak,
+and its explanation (the headroom line and why), printed after the table."""
 
 from __future__ import annotations
 
@@ -14,22 +15,30 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..workload import Workload
 
 
-def cli_target_lines(workload: "Workload", plan: "Plan", measurement: "Measurement", args: Any) -> str:
-    """The CLI's target section: the headroom line, fits / does not fit, max batch / sequence."""
-    from memsave_nb.units import format_bytes
-
+def cli_target(args: Any) -> Target:
     if args.target_gb is None:
         raise PlanError("--max-batch and --max-seq need --target-gb")
-    target = Target(args.target_gb, args.headroom if args.headroom is not None else DEFAULT_HEADROOM)
-    lines = ["", target.line(), f"Peak {format_bytes(measurement.peak_bytes)}: {target.verdict(measurement.peak_bytes)}"]
+    return Target(args.target_gb, args.headroom if args.headroom is not None else DEFAULT_HEADROOM)
+
+
+def verdict_line(target: Target, peak_bytes: int, who: str = "") -> str:
+    return f"Target {target.label}{who}: {target.verdict(peak_bytes)}"
+
+
+def cli_target_lines(workload: "Workload", plan: "Plan", measurement: "Measurement", args: Any) -> tuple[tuple[str, ...], str]:
+    """``(answer lines, explanation)``: the verdict and max batch / sequence, then the headroom line."""
+    from memsave_nb.units import format_bytes
+
+    target = cli_target(args)
+    answer = [verdict_line(target, measurement.peak_bytes)]
     if args.max_batch:
         r = max_batch(workload, plan, target)
-        lines.append(f"Max batch that fits: {r.value} (peak {format_bytes(r.peak_bytes or 0)}; {r.count} fake-mode probes)"
-                     + (f"; {r.limit}" if r.limit else ""))
-        lines += [f"  note: {n}" for n in r.notes]
+        answer.append(f"Max batch that fits: {r.value} (peak {format_bytes(r.peak_bytes or 0)}; {r.count} fake-mode probes)"
+                      + (f"; {r.limit}" if r.limit else ""))
+        answer += [f"  note: {n}" for n in r.notes]  # caveats on where the boundary lies, beside it
     if args.max_seq:
         r = max_seq_len(workload, plan, target)
-        lines.append(f"Max sequence length that fits: {r.value} (peak {format_bytes(r.peak_bytes or 0)}; {r.count} fake-mode probes)"
-                     + (f"; limited by {r.limit}" if r.limit else ""))
-        lines += [f"  note: {n}" for n in r.notes]
-    return "\n".join(lines) + "\n"
+        answer.append(f"Max sequence length that fits: {r.value} (peak {format_bytes(r.peak_bytes or 0)}; {r.count} fake-mode probes)"
+                      + (f"; limited by {r.limit}" if r.limit else ""))
+        answer += [f"  note: {n}" for n in r.notes]
+    return tuple(answer), "\n" + target.line() + "\n"

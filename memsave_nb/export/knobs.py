@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from memsave_nb.errors import PlanError
 from memsave_nb.knobs import KNOB_FIELDS
 
 # -- code export -----------------------------------------------------------------------------
@@ -18,6 +19,9 @@ _OPTIMIZER_CODE = {
     "adafactor": "torch.optim.Adafactor(params, lr=1e-2)",
     "adamw_8bit": "bitsandbytes.optim.AdamW8bit(params, lr=1e-3)",
 }
+
+
+_AUTOCAST_CODE = {"autocast_bf16": "torch.bfloat16", "autocast_fp16": "torch.float16"}
 
 
 def knob_code(plan: Any, m: str) -> tuple[list[str], list[str]]:
@@ -35,11 +39,7 @@ def knob_code(plan: Any, m: str) -> tuple[list[str], list[str]]:
     body.append(f"accumulation_steps = {k!r}")
     body.append(f"set_to_none = {plan.set_to_none if plan.set_to_none is not None else True!r}")
     precision = plan.precision or "fp32"
-    autocast = None
-    if precision == "autocast_bf16":
-        autocast = "torch.bfloat16"
-    elif precision == "autocast_fp16":
-        autocast = "torch.float16"
+    autocast = _AUTOCAST_CODE.get(precision)
     if precision in ("bf16", "bf16_master"):
         body.append(f"{m}.to(torch.bfloat16)  # parameters and buffers in bf16; cast floating inputs too")
     body.append(f"params = [p for p in {m}.parameters() if p.requires_grad]")
@@ -54,25 +54,60 @@ def knob_code(plan: Any, m: str) -> tuple[list[str], list[str]]:
         ]
     else:
         body.append("optimizer = " + opt)
-    ctx = f"torch.autocast(device_type=device, dtype={autocast})" if autocast else None
-    body += [
-        "",
-        "# for step, micro_batches in enumerate(batches):  # accumulation_steps micro-batches each",
-        "#     for batch in micro_batches:",
-        f"#         {'with ' + ctx + ':' if ctx else ''}",
-        f"#         {'    ' if ctx else ''}loss = loss_fn({m}(batch)) / accumulation_steps",
-        "#         loss.backward()",
-    ]
-    if precision == "bf16_master":
-        body += [
-            "#     for p, master in zip(params, masters): master.grad = p.grad.float()",
-            "#     optimizer.step()",
-            "#     with torch.no_grad():",
-            "#         for p, master in zip(params, masters): p.copy_(master)",
-            "#     for p in params: p.grad = None",
-        ]
-    else:
-        body += ["#     optimizer.step()", "#     optimizer.zero_grad(set_to_none=set_to_none)"]
-    body = [line.replace("#         \n", "") for line in body]
-    body = [line for line in body if line.strip() != "#"]
     return imports, body
+
+
+_STEP_CODE = """\
+def training_step(model, micro_batches, optimizer, loss_fn=lambda output: output.loss, set_to_none=True):
+    \"\"\"One optimizer step over micro_batches (dicts of model inputs, tuples or tensors).\"\"\"
+    k = len(micro_batches)
+    for i, batch in enumerate(micro_batches):
+        with FORWARD_CONTEXT:
+            if isinstance(batch, dict):
+                output = model(**batch)
+            else:
+                output = model(*batch) if isinstance(batch, (tuple, list)) else model(batch)
+        loss = loss_fn(output)
+        if k > 1:
+            loss = loss / k
+DROP_BEFORE_BACKWARD        loss.backward()
+        if i < k - 1:
+            output = loss = None
+DROP_BEFORE_STEP    optimizer.step()
+MASTERS_AFTER_STEP    del output, loss  # the loss lived to here: a trainer logs it
+    model.zero_grad(set_to_none=set_to_none)"""
+
+
+def step_code(plan: Any, m: str, loop: str) -> list[str]:
+    """The training step the engine measures, as code: the workload's ``loop`` (how long the
+    output lives), accumulation, autocast and fp32 master weights written as the engine runs them."""
+    from memsave_nb.workload import LOOPS, output_dropped
+
+    if loop not in LOOPS:
+        raise PlanError(f"unknown loop {loop!r}; choose from {', '.join(LOOPS)}")
+    autocast = _AUTOCAST_CODE.get(plan.precision or "fp32")
+    before_backward = ("        output = None  # only the loss goes into backward\n"
+                       if output_dropped(loop, "backward") else "")
+    before_step = ("        else:\n            output = None  # kept through backward, dropped before the step\n"
+                   if output_dropped(loop, "step") and not output_dropped(loop, "backward") else "")
+    masters = ""
+    if plan.precision == "bf16_master":
+        before_step += ("    for p, master in zip(params, masters):  # fp32 gradients for the fp32 masters\n"
+                        "        master.grad = None if p.grad is None else p.grad.float()\n")
+        masters = ("    with torch.no_grad():\n"
+                   "        for p, master in zip(params, masters):\n"
+                   "            master.grad = None  # the fp32 master gradients go once the step is done\n"
+                   "            p.copy_(master)\n")
+    code = _STEP_CODE
+    if autocast:
+        code = code.replace("FORWARD_CONTEXT", f"torch.autocast(next(model.parameters()).device.type, dtype={autocast})")
+    else:  # no autocast: the forward's lines without the with block
+        head, rest = code.split("        with FORWARD_CONTEXT:\n")
+        forward, tail = rest.split("        loss = loss_fn(output)")
+        code = head + "".join(line[4:] + "\n" for line in forward.splitlines()) + "        loss = loss_fn(output)" + tail
+    code = (code.replace("DROP_BEFORE_BACKWARD", before_backward)
+            .replace("DROP_BEFORE_STEP", before_step).replace("MASTERS_AFTER_STEP", masters))
+    call = (f"# training_step({m}, micro_batches, optimizer, set_to_none=set_to_none)" if plan.has_knobs
+            else f"# training_step({m}, [batch], optimizer)")
+    return ["", "", f"# the training step memsave_nb measured (loop {loop!r}: {LOOPS[loop]})",
+            *code.splitlines(), "", "", call]

@@ -16,14 +16,16 @@ from memsave_nb.checkpointing import RegionKind, RegionPolicy, show
 from memsave_nb.errors import PlanError
 from memsave_nb.naming import memsave_include, selects
 
+from memsave_nb.workload import DEFAULT_LOOP
+
 from .hf import cache_off_code
-from .knobs import knob_code
+from .knobs import knob_code, step_code
 from .parallel import parallel_code
 
 __all__ = ["plan_code"]
 
 
-def plan_code(plan: Any, model_var: str = "model") -> str:
+def plan_code(plan: Any, model_var: str = "model", loop: str = DEFAULT_LOOP) -> str:
     """A standalone snippet that makes ``plan``'s choices on ``model_var`` (see ``Plan.to_code``)."""
     if not isinstance(model_var, str) or not model_var.isidentifier() or keyword.iskeyword(model_var):
         raise PlanError(f"model_var {show(model_var)} is not a Python identifier")
@@ -115,6 +117,7 @@ def plan_code(plan: Any, model_var: str = "model") -> str:
         knob_imports, knob_body = knob_code(plan, m)
         imports += knob_imports
         body += knob_body
+    body += step_code(plan, m, loop)
     if needs_selects:
         imports.append("import fnmatch")
         source = inspect.getsource(selects).splitlines()

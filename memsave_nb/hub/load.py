@@ -97,7 +97,11 @@ class SyntheticBatch:
     def resized(self, *, batch_size: int | None = None, seq_len: int | None = None) -> "SyntheticBatch":
         return dataclasses.replace(self, batch_size=batch_size or self.batch_size, seq_len=seq_len or self.seq_len)
 
-    def __call__(self) -> dict[str, torch.Tensor]:
+    def __call__(self, batch_size: int | None = None) -> dict[str, torch.Tensor]:
+        """The batch; ``batch_size`` builds it at that size directly (``Plan(batch_size=...)`` and
+        the max-batch search pass it: no copy of a smaller batch is repeated)."""
+        if batch_size is not None and batch_size != self.batch_size:
+            return self.resized(batch_size=batch_size)()
         b, t = self.batch_size, self.seq_len
         if self.task == "image-classification":
             size = self.image_size

@@ -3,7 +3,7 @@ weight copies."""
 
 from __future__ import annotations
 
-from ..workload import Workload
+from ..workload import Workload, output_dropped
 from .result import OpStats
 
 # A part of the output gets a hint when it holds at least this share of what the step keeps at the
@@ -14,13 +14,17 @@ ADVICE_SHARE_CACHE = 0.01
 _CACHE_PARTS = ("past_key_values", "present_key_values", "mems", "cache")
 
 
-def advice_for(parts: tuple[tuple[str, int], ...], kept_bytes: int, peak_bytes: int) -> tuple[str, ...]:
+def advice_for(parts: tuple[tuple[str, int], ...], kept_bytes: int, peak_bytes: int,
+               loop: str = "keep_output_step") -> tuple[str, ...]:
     """One-line hints for outputs that keep much memory to the end of the step, and what frees them.
 
     ``kept_bytes``: saved for backward plus outputs at the end of forward; a part gets a hint when
-    it holds at least ``ADVICE_SHARE`` of it."""
+    it holds at least ``ADVICE_SHARE`` of it. Under the ``loss_only`` loop the outputs already go
+    before backward: only the KV cache (alive with the activations at the end of forward) gets one."""
     hints = []
     for name, nbytes in parts:
+        if output_dropped(loop, "backward") and name not in _CACHE_PARTS:
+            continue
         share_needed = ADVICE_SHARE_CACHE if name in _CACHE_PARTS else ADVICE_SHARE
         if peak_bytes <= 0 or kept_bytes <= 0 or nbytes < share_needed * kept_bytes:
             continue

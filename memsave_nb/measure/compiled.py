@@ -41,7 +41,7 @@ from torch import nn
 
 from ..errors import Cancelled, MemsaveError, StepError, WorkloadError
 from ..model_state import ModelSnapshot
-from ..workload import Workload, iter_output_tensors, iter_tensors
+from ..workload import Workload, iter_output_tensors, iter_tensors, output_dropped
 from .common import clear_grads
 from .result import CATEGORIES, Measurement, MemorySplit, ModuleStats, Timeline
 
@@ -174,12 +174,16 @@ class _Loop:
                     if not loss.requires_grad:
                         raise WorkloadError("the loss does not depend on anything that requires grad")
                     _check(self.cancel_event)
+                    if output_dropped(workload.loop, "backward"):
+                        output = None  # the workload's loop, as the eager engine runs it
                     phase = "backward"
                     with record_function(_MARK + ("backward" if micro == k - 1 else "micro")):
                         loss.backward()
                     _check(self.cancel_event)
                     if micro < k - 1:
                         del output, loss, batch
+                    elif output_dropped(workload.loop, "step"):
+                        output = None
                 if optimizer is not None:
                     phase = "optimizer"
                     with record_function(_MARK + "optimizer"):

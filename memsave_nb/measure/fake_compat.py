@@ -26,12 +26,14 @@ import contextlib
 import sys
 import threading
 import warnings
+import weakref
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..workload import Workload
 
@@ -59,6 +61,47 @@ class _Facts:
     positions_packed: bool | None = None
     masks_full: bool | None = None
     unknown_bytes: dict[str, int] = field(default_factory=dict)  # what -> bytes the built mask takes
+    ones: dict[int, weakref.ref] = field(default_factory=dict)  # id -> tensor the model filled with ones
+
+    def all_ones(self, t: Any) -> bool:
+        ref = self.ones.get(id(t))
+        return ref is not None and ref() is t
+
+    def note_ones(self, t: torch.Tensor) -> None:
+        self.ones[id(t)] = weakref.ref(t)
+
+
+_ONES_OPS = ("ones.default", "new_ones.default", "ones_like.default")
+_KEEPS_ONES = ("_to_copy.default", "clone.default", "view.default", "unsqueeze.default", "expand.default",
+               "slice.Tensor", "alias.default", "contiguous.default", "detach.default")
+
+
+def _storage_key(t: torch.Tensor) -> int:
+    return t.untyped_storage()._cdata
+
+
+class _OnesTracker(TorchDispatchMode):
+    """Notes the tensors a fake step fills with ones (``torch.ones``, ``new_ones``, ``ones_like``) and
+    what keeps them all ones (dtype casts, views, slices): an encoder-decoder model (BART) makes its
+    decoder's ``attention_mask`` this way when the batch has none, and a real step's value check
+    then finds no padding."""
+
+    def __init__(self, facts: _Facts):
+        super().__init__()
+        self.facts = facts
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: D105
+        if self.facts.ones and func._schema.is_mutable:
+            # written in place (a mask padded by hand): no tensor on that storage is known to be ones
+            written = {_storage_key(a) for a in args if isinstance(a, torch.Tensor)}
+            self.facts.ones = {k: r for k, r in self.facts.ones.items() if r() is None or _storage_key(r()) not in written}
+        out = func(*args, **(kwargs or {}))
+        name = f"{func._opname}.{func._overloadname}"
+        if isinstance(out, torch.Tensor) and out.dim() == 2 and (
+            name in _ONES_OPS or (name in _KEEPS_ONES and args and self.facts.all_ones(args[0]))
+        ):
+            self.facts.note_ones(out)
+        return out
 
 
 def _real_answers(raw: Any, packed_check: Callable | None) -> dict[str, bool]:
@@ -125,6 +168,8 @@ def _wrap_skip(original: Callable) -> Callable:
     def skip_check(padding_mask: torch.Tensor | None, *args: Any, **kwargs: Any) -> Any:
         facts = _current()
         if facts is not None and _is_fake(padding_mask):
+            if facts.all_ones(padding_mask):
+                return original(None, *args, **kwargs)  # a mask the model filled with ones itself
             if facts.masks_full:
                 return original(None, *args, **kwargs)  # all ones answers every value check as no mask
             if facts.masks_full is None and padding_mask.dim() == 2:
@@ -160,16 +205,24 @@ def _masking_utils() -> Any | None:
 
 @contextlib.contextmanager
 def same_path_as_real(workload: Workload) -> Iterator[None]:
-    """While a fake step runs: transformers' mask checks answer as on the real batch (see module doc).
-
-    Does nothing unless the model has transformers modules. Everything is restored on exit.
+    """While a fake step runs: transformers' mask checks answer as on the real batch, and grouped
+    matmuls run in the dtype a real CPU step runs them in (see module doc). Everything is restored on exit.
     """
+    with grouped_mm_in_any_dtype(), _masks_as_real(workload):
+        yield
+
+
+@contextlib.contextmanager
+def _masks_as_real(workload: Workload) -> Iterator[None]:
+    """transformers' mask checks answer from the real batch (see the module doc)."""
     model = workload.model
     masking = _masking_utils() if uses_transformers(model) else None
     if masking is None:
         yield
         return
-    raw = None if callable(workload.batch) and not isinstance(workload.batch, nn.Module) else workload.batch
+    raw = workload.batch
+    if callable(raw) and not isinstance(raw, nn.Module):  # a resized batch keeps its source (knobs)
+        raw = getattr(raw, "source_batch", None)
     answers = _real_answers(raw, getattr(masking, _PACKED_CHECK, None))  # a wrapper reads real tensors as is
     facts = _Facts()
 
@@ -182,7 +235,8 @@ def same_path_as_real(workload: Workload) -> Iterator[None]:
             _install(masking)
         _ACTIVE.append(facts)
     try:
-        yield
+        with _OnesTracker(facts):
+            yield
     finally:
         with _LOCK:
             _ACTIVE.remove(facts)
@@ -199,6 +253,72 @@ def same_path_as_real(workload: Workload) -> Iterator[None]:
         )
 
 
+# -- grouped matmuls (mixture-of-experts layers) in float32 ---------------------------------------------
+# transformers' Mixtral-style experts call ``torch._grouped_mm``. Its CPU kernel takes float32, but
+# PyTorch's meta kernel (the one fake mode runs) insists on bfloat16, so a fake float32 step failed where
+# a real one runs. The output's shape does not depend on the dtype (nor on values: the groups' offsets
+# only split rows), so while a fake step runs, a grouped matmul outside bfloat16 gets an output of the
+# shape the meta kernel gives, in its inputs' dtype. bfloat16 calls still go to PyTorch's own kernel.
+_GROUPED_LOCK = threading.Lock()
+_GROUPED_USERS: list[object] = []
+
+
+def _grouped_mm_shape(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor | None) -> list[int]:
+    """The output shape of ``_grouped_mm(a, b, offs)``, as PyTorch's meta kernel has it."""
+    if a.dim() == 2 and b.dim() == 2:
+        if offs is None:
+            raise RuntimeError("_grouped_mm of two 2-D matrices needs offs")
+        return [offs.size(0), a.size(0), b.size(1)]
+    if a.dim() == 2:
+        return [a.size(0), b.size(-1)]
+    if b.dim() == 2:
+        return [a.size(1), b.size(1)]
+    return [a.size(0), a.size(1), b.size(-1)]
+
+
+def _is_grouped_mm(func: Any) -> bool:
+    return func is torch.ops.aten._grouped_mm.default
+
+
+def _grouped_mm_fake(fake_mode: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
+    from torch._subclasses.fake_tensor import FakeTensor, in_kernel_invocation_manager
+
+    names = ("mat_a", "mat_b", "offs", "bias", "out_dtype")
+    given = dict(zip(names, args), **kwargs)
+    a, b = given["mat_a"], given["mat_b"]
+    if a.dtype == torch.bfloat16 or not _GROUPED_USERS or not _is_fake(a):
+        return NotImplemented  # PyTorch's meta kernel, as without memsave_nb
+    if a.dtype != b.dtype:
+        raise RuntimeError(f"_grouped_mm: mat_a is {a.dtype} but mat_b is {b.dtype}")
+    dtype = given.get("out_dtype") or a.dtype
+    with in_kernel_invocation_manager(fake_mode):
+        out = torch.empty(_grouped_mm_shape(a, b, given.get("offs")), dtype=dtype, device="meta")
+    return FakeTensor(fake_mode, out, a.fake_device)
+
+
+@contextlib.contextmanager
+def grouped_mm_in_any_dtype() -> Iterator[None]:
+    """While a fake step runs: ``aten._grouped_mm`` outside bfloat16 gets its output (see above)."""
+    if not hasattr(torch.ops.aten, "_grouped_mm"):
+        yield
+        return
+    from torch._subclasses import fake_impls
+
+    token = object()
+    entry = (_is_grouped_mm, _grouped_mm_fake)
+    with _GROUPED_LOCK:
+        if not _GROUPED_USERS:
+            fake_impls.op_implementations_checks.insert(0, entry)
+        _GROUPED_USERS.append(token)
+    try:
+        yield
+    finally:
+        with _GROUPED_LOCK:
+            _GROUPED_USERS.remove(token)
+            if not _GROUPED_USERS and entry in fake_impls.op_implementations_checks:
+                fake_impls.op_implementations_checks.remove(entry)
+
+
 # -- optimizers that read values as Python numbers ----------------------------------------------------
 # torch.optim.Adafactor's step reads ``step_t.item()``, ``param.norm(2).item()`` and
 # ``update.norm(2).item()``: fake tensors have no values (``DataDependentOutputException``), so a fake
@@ -212,7 +332,8 @@ _ORIGINAL_ITEM = torch.Tensor.item
 
 
 def _fake_item(self: torch.Tensor) -> Any:
-    if not _is_fake(self):
+    # a DTensor (FSDP2's parameters and their optimizer state) is fake when its local shard is
+    if not (_is_fake(self) or _is_fake(getattr(self, "_local_tensor", None))):
         return _ORIGINAL_ITEM(self)
     if self.numel() != 1:
         return _ORIGINAL_ITEM(self)  # the usual error for a tensor of several elements

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from ..errors import Cancelled, MemsaveError, StepError, WorkloadError
-from ..workload import Workload, iter_tensors, map_tensors, output_parts
+from ..workload import Workload, iter_tensors, map_tensors, output_dropped, output_parts
 from . import fake_compat
 from .common import clear_grads, single_tensor_default
 from .fake_model import _fake_twin, _is_fake
@@ -88,7 +88,8 @@ class _Step:
 
     def run(self, make_batch: Callable[[], Any], on_forward_end: Callable[[Any, Any], None] | None = None,
             saved_hook: Callable[[torch.Tensor], None] | None = None) -> list[Any]:
-        """One training step: k micro-steps (forward, loss / k, backward), then the optimizer.
+        """One training step: k micro-steps (forward, loss / k, backward), then the optimizer; the
+        last micro-step's output lives as the workload's ``loop`` says (``output_dropped``).
 
         Returns the batches it used (the caller drops them)."""
         wl = self.workload
@@ -118,16 +119,20 @@ class _Step:
                 loss = loss / k
             if on_forward_end is not None and last:
                 on_forward_end(output, loss)
+            if output_dropped(wl.loop, "backward"):
+                output = None  # the workload's loop: only the loss goes into backward
             self.set_phase("backward")
             loss.backward()
             if not last:
-                del output, loss
+                output = loss = None
+            elif output_dropped(wl.loop, "step"):
+                output = None
         if self.optimizer is not None:
             self.set_phase("optimizer")
             with fake_compat.optimizer_numbers() if self.fake else contextlib.nullcontext():
                 self.optimizer.step()
         self.set_phase("done")
-        del output, loss
+        del output, loss  # the loss lives to the end of the step in every loop (a trainer logs it)
         return batches
 
     def grads(self) -> list[torch.Tensor]:

@@ -117,7 +117,7 @@ def _summarise(tracker: MemoryTracker, workload: Workload, mode: str, times: lis
         output_parts=parts,
         first_step_peak_bytes=first_step_peak,
         steady_state=steady_state,
-        advice=advice_for(parts, saved_total + output_total, max(peak, 0)) + autocast_advice(workload, ops, saved_total),
+        advice=advice_for(parts, saved_total + output_total, max(peak, 0), workload.loop) + autocast_advice(workload, ops, saved_total),
     )
 
 

@@ -12,6 +12,7 @@ storages counts AC, SAC, views, in-place ops and reused modules the same way.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import weakref
 from typing import Any, Iterable
@@ -24,6 +25,9 @@ from torch.utils._pytree import tree_flatten
 # Pre-existing storages get these kinds; the rest are decided after the step.
 PARAMETER, INPUT = "parameters", "inputs"
 _LISTS = (list, tuple)
+# The op name the CPU generator states checkpoint stashes are recorded under (not a torch op:
+# ``torch.get_rng_state`` copies below the dispatcher), see ``_rng_states_seen``.
+RNG_STATE_OP = "get_rng_state"
 _METADATA_OPS = frozenset({torch.ops.prim.device.default, torch.ops.prim.layout.default})
 
 
@@ -143,6 +147,7 @@ class MemoryTracker:
         self._handles: list[Any] = []
         self._mode: _DispatchWatcher | None = None
         self._closed = False
+        self._rng_seen: contextlib.AbstractContextManager | None = None
 
     # -- storages ---------------------------------------------------------------------------
     def _key(self, storage: torch.UntypedStorage) -> int:
@@ -290,10 +295,15 @@ class MemoryTracker:
 
     # -- context ----------------------------------------------------------------------------
     def __enter__(self) -> "MemoryTracker":
+        self._see_rng_states()
         self._install_module_hooks()
         self._mode = _DispatchWatcher(self)
         self._mode.__enter__()
         return self
+
+    def _see_rng_states(self) -> None:
+        self._rng_seen = _rng_states_seen(self)
+        self._rng_seen.__enter__()
 
     def __exit__(self, *exc: Any) -> None:
         try:
@@ -302,12 +312,40 @@ class MemoryTracker:
         finally:
             self._mode = None
             self._closed = True
+            if self._rng_seen is not None:
+                self._rng_seen.__exit__(None, None, None)
+                self._rng_seen = None
             for h in self._handles:
                 h.remove()
             self._handles.clear()
 
     def live_records(self) -> list[int]:
         return [i for i, r in enumerate(self.records) if r.died is None]
+
+
+@contextlib.contextmanager
+def _rng_states_seen(tracker: MemoryTracker):
+    """Count the CPU generator states that ``torch.get_rng_state()`` returns while the step runs.
+
+    Checkpointing (``preserve_rng_state=True``, the default) stashes one per region in forward and
+    ``fork_rng`` takes another around each recomputation: a 5,056-byte tensor that C++ copies out
+    of the generator below the dispatcher, so no Python mode sees it (the allocator does). Both
+    call ``torch.get_rng_state`` by attribute, so it is wrapped for the step and put back after.
+    """
+    original = torch.get_rng_state
+
+    @functools.wraps(original)
+    def get_rng_state() -> torch.Tensor:
+        state = original()
+        if not tracker.ignore and not tracker._closed:
+            tracker._see_output(state, tracker.current_module(), RNG_STATE_OP, tracker.phase)
+        return state
+
+    torch.get_rng_state = get_rng_state  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        torch.get_rng_state = original  # type: ignore[assignment]
 
 
 def _shape_of(output: Any) -> tuple[int, ...] | None:

@@ -18,6 +18,8 @@ from typing import Any, Sequence
 
 import torch
 
+from ..errors import MemsaveError
+from ..measure.fake_compat import optimizer_numbers
 from ..workload import Workload, map_tensors
 from .apply import apply_parallel, rank_layouts
 from .process_group import fake_process_group
@@ -42,6 +44,7 @@ def measure_parallel(workload: Workload, spec: ParallelSpec | None = None, plan:
             raise ParallelError("no parallel spec: pass spec=ParallelSpec(...) or a plan with parallel=...")
     if plan is not None and getattr(plan, "compile_budget", None) is not None:
         raise ParallelError("a compile budget cannot be sized per rank in fake mode (fake tensors do not compile)")
+    _check_optimizer(workload, spec, plan)
     layouts = rank_layouts(workload.model, spec)
     if ranks is None:
         chosen = [(g[0], g) for g in layouts]
@@ -58,6 +61,24 @@ def measure_parallel(workload: Workload, spec: ParallelSpec | None = None, plan:
                           max(r.offload_d2h_bytes for r in results), max(r.foreach_temp_bytes for r in results))
     return ParallelMeasurement(spec=spec, ranks=results, steady=steady, plan_name=getattr(plan, "name", "") or "",
                                unseen=unseen)
+
+
+def _check_optimizer(workload: Workload, spec: ParallelSpec, plan: Any) -> None:
+    """Refuse, in one line, an optimizer that cannot step the strategy's parameters."""
+    name = getattr(plan, "optimizer", None) or workload.optimizer
+    if spec.strategy == "fsdp" and isinstance(name, str) and name.lower() == "adafactor":
+        raise ParallelError(
+            "optimizer adafactor: torch.optim.Adafactor cannot step FSDP2's sharded (DTensor) parameters "
+            "(its factored update runs an in-place op DTensor refuses); size it with strategy 'ddp' or another optimizer"
+        )
+
+
+def _rank_error(rank: int, exc: BaseException) -> ParallelError:
+    """A step that failed on a rank, in one line (the cause is kept on the exception)."""
+    from ..checkpointing import show
+
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return ParallelError(f"rank {rank}: the step failed: {type(exc).__name__}: {show(first, 200)[1:-1]}")
 
 
 # One default process group per process: measurements from several threads (the explorer's GPUs
@@ -88,26 +109,30 @@ def measure_rank(workload: Workload, spec: ParallelSpec, plan: Any = None, *, ra
         with applied as wl, entries_restored(wl.model):
             with contextlib.nullcontext() if tp else fake_mode:
                 called = apply_parallel(wl.model, spec, mesh, fake=True)
-            with fake_mode, _sequence_parallel_errors(spec):
+            with fake_mode:
                 if tp:
                     wl.model.to_empty(device="cpu")
                 batch = _fake_batch(wl, fake_mode)
-                return tracked_step(wl, called, batch, rank=rank, ranks=ranks or (rank,),
-                                    steady="full" if tp and steady is True else steady)
+                # an optimizer that reads a scalar (Adafactor's step count) gets the single-device answer
+                try:
+                    with optimizer_numbers():
+                        return tracked_step(wl, called, batch, rank=rank, ranks=ranks or (rank,),
+                                            steady="full" if tp and steady is True else steady)
+                except (MemsaveError, KeyboardInterrupt):
+                    raise
+                except Exception as exc:  # noqa: BLE001 - one line, the cause kept
+                    if spec.sequence_parallel and isinstance(exc, (RuntimeError, ValueError)):
+                        raise _sequence_parallel_error(exc) from exc
+                    raise _rank_error(rank, exc) from exc
 
 
-@contextlib.contextmanager
-def _sequence_parallel_errors(spec: ParallelSpec):
+def _sequence_parallel_error(exc: BaseException) -> ParallelError:
     """A forward that cannot run on sequence shards (position embeddings or masks sized from the
-    local sequence length, attention called with keyword inputs) is a one-line error under
-    ``sequence_parallel``."""
-    try:
-        yield
-    except (RuntimeError, ValueError) as exc:
-        if not spec.sequence_parallel:
-            raise
-        raise ParallelError("sequence_parallel: the model's forward does not run on sequence shards "
-                            f"({str(exc).splitlines()[0][:160]})") from None
+    local sequence length, attention called with keyword inputs), in one line."""
+    from ..checkpointing import show
+
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return ParallelError(f"sequence_parallel: the model's forward does not run on sequence shards ({show(first, 160)[1:-1]})")
 
 
 @contextlib.contextmanager

@@ -77,6 +77,13 @@ def unseen_lines(spec: ParallelSpec, peak_bytes: int, offload_h2d_bytes: int = 0
         "CUDA runtime context per GPU, 300-500 MB depending on driver and loaded kernels (PyTorch CUDA notes)",
     ))
     lines.append(Unseen(
+        "kernel workspaces (cuBLAS; cuDNN not bounded)", 0, 32 * MIB,
+        "memory a kernel allocates below the dispatcher. cuBLAS: one workspace per handle and stream, up to "
+        "32 MiB (NVIDIA's recommendation on Hopper and later, 4 MiB before), taken from PyTorch's caching "
+        "allocator. cuDNN convolutions pick a workspace per algorithm: not bounded here. On the CPU, oneDNN "
+        "convolutions do the same (docs/parallel.md, 'Against the allocator's own record')",
+    ))
+    lines.append(Unseen(
         "allocator fragmentation and headroom", 0, peak_bytes // 4,
         "Fujii et al. 2024 (arXiv 2411.06465, 454 runs on A100/H100): estimates below 80% of GPU memory "
         "never ran out of memory, i.e. keep up to 25% above the counted peak",

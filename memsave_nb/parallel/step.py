@@ -18,7 +18,7 @@ from torch import nn
 from ..errors import WorkloadError
 from ..measure.engine import single_tensor_default
 from ..measure.tracker import INPUT
-from ..workload import Workload, iter_tensors
+from ..workload import Workload, iter_tensors, output_dropped
 from .apply import unsharded_tensors
 from .host import copy_bounds, host_records
 from .ddp import rebuild_buckets, reducer_storages
@@ -37,7 +37,7 @@ def _run(workload: Workload, model: nn.Module, batch: Any, optimizer, tracker: S
             tracker.phase = p
 
     k = workload.accumulation_steps
-    for micro in range(k):  # k micro-steps (forward, loss / k, backward), as the engine runs them
+    for micro in range(k):  # k micro-steps (forward, loss / k, backward) and the output's life, as the engine runs them
         phase("forward")
         output = workload.forward(batch) if model is workload.model else _call(workload, model, batch)
         loss = workload.compute_loss(output)
@@ -48,13 +48,19 @@ def _run(workload: Workload, model: nn.Module, batch: Any, optimizer, tracker: S
         if tracker is not None and micro == k - 1:
             marks["forward_end"] = len(tracker.events)
             marks["live"] = set(tracker.live_records())
+        if output_dropped(workload.loop, "backward"):
+            output = None  # the workload's loop, as the engine runs it: only the loss goes into backward
         phase("backward")
         loss.backward()
-        del output, loss
+        if micro < k - 1:
+            output = loss = None
+        elif output_dropped(workload.loop, "step"):
+            output = None
     if optimizer is not None:
         phase("optimizer")
         optimizer.step()
     phase("done")
+    del output, loss  # the loss lives to the end of the step in every loop (a trainer logs it)
 
 
 _INIT_GROUP_ARGS = ("self", "group", "params_with_grad", "grads", "exp_avgs", "exp_avg_sqs", "max_exp_avg_sqs", "state_steps")

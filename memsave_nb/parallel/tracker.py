@@ -26,7 +26,7 @@ from typing import Any, Iterator
 
 import torch
 
-from ..measure.tracker import MemoryTracker, _DispatchWatcher
+from ..measure.tracker import MemoryTracker, _DispatchWatcher, _rng_states_seen
 
 _FSDP_COLLECTIVES = ("foreach_all_gather", "foreach_reduce")
 
@@ -119,6 +119,7 @@ class ShardTracker(MemoryTracker):
         stack.enter_context(_patched_resize(self))
         stack.enter_context(_marked_collectives(self))
         stack.enter_context(_ignored_propagation(self))
+        stack.enter_context(_rng_states_seen(self))
         try:
             self._install_module_hooks()
             self._mode = _ShardWatcher(self)

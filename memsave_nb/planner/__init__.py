@@ -4,6 +4,7 @@ from memsave_nb.planner.cost import StepCost, step_cost
 from memsave_nb.planner.pareto import pareto_front
 from memsave_nb.planner.roofline import GPUS, Device, calibrate_host, device_named
 from memsave_nb.planner.search import REGION_KINDS, Candidate, PlannerResult, plan_for
+from memsave_nb.planner.what_fits import KnobHint, hint_lines, what_would_fit
 
 __all__ = [
     "GPUS",
@@ -17,4 +18,7 @@ __all__ = [
     "Candidate",
     "PlannerResult",
     "plan_for",
+    "KnobHint",
+    "hint_lines",
+    "what_would_fit",
 ]

@@ -33,14 +33,15 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
-from memsave_nb.checkpointing import PlanError, suggest_regions
+from memsave_nb.checkpointing import PlanError, show, suggest_regions
+from memsave_nb.knobs import MAX_KNOB
 from memsave_nb.errors import Cancelled, MemsaveError
 from memsave_nb.offload import LINKS
 from memsave_nb.plan import Plan
 from memsave_nb.planner.cost import StepCost, step_cost
 from memsave_nb.planner.pareto import pareto_front
 from memsave_nb.planner.roofline import Device, device_named
-from memsave_nb.target import Target, measure_peak
+from memsave_nb.target import Target, check_search_args, measure_peak
 
 if TYPE_CHECKING:  # pragma: no cover
     from memsave_nb.measure.result import Measurement
@@ -63,7 +64,48 @@ class Candidate:
 
     @property
     def label(self) -> str:
-        return self.plan.name or self.plan.describe()
+        """The plan in words, with which region takes which kind: two candidates that differ only
+        in where the kinds go (mirror images) read differently."""
+        if self.plan.name:
+            return self.plan.name
+        regions = self.plan.active_regions
+        if not regions:
+            return self.plan.describe()
+        rest = self.plan.replace(regions={})
+        where = "; ".join(f"{kind} {_compact(names)}" for kind, names in _by_kind(regions).items())
+        return where if rest.is_empty else f"{where}; {rest.describe()}"
+
+
+def _by_kind(regions: Mapping[str, Any]) -> dict[str, list[str]]:
+    """Region names per kind ("full", "save_matmuls", "offload", ...), kinds in order of first use."""
+    from memsave_nb.checkpointing import POLICY_PRESETS
+
+    out: dict[str, list[str]] = {}
+    for name, policy in regions.items():
+        kind = next((k for k, preset in POLICY_PRESETS.items() if preset == policy), "selective")
+        out.setdefault(kind, []).append(name)
+    return out
+
+
+def _compact(names: list[str]) -> str:
+    """``a.0, a.1, a.2, a.5`` as ``a.0-2, a.5``: runs of numbered siblings written as ranges."""
+    runs: list[tuple[str, int, int]] = []
+    others: list[str] = []
+    for name in names:
+        head, _, tail = name.rpartition(".")
+        if tail.isdigit() and runs and runs[-1][0] == head and runs[-1][2] == int(tail) - 1:
+            runs[-1] = (head, runs[-1][1], int(tail))
+        elif tail.isdigit():
+            runs.append((head, int(tail), int(tail)))
+        else:
+            runs.append((name, -1, -1))
+    for head, a, b in runs:
+        if a < 0:
+            others.append(head)
+        else:
+            prefix = f"{head}." if head else ""
+            others.append(f"{prefix}{a}" if a == b else f"{prefix}{a}-{b}")
+    return ", ".join(others)
 
 
 @dataclass
@@ -148,16 +190,13 @@ def plan_for(
     batch size; k > 1 needs the engine's gradient accumulation). ``cancel_event``, set from another
     thread, stops the search at the next measurement with ``Cancelled`` (the model restored)."""
     start = time.perf_counter()
-    base_plan = base_plan or Plan()
+    base_plan = Plan() if base_plan is None else base_plan
+    check_search_args(base_plan, target, mode, plan_name="base_plan")
     dev = device_named(device)
-    if link not in LINKS:
-        raise PlanError(f"link {link!r}: choose one of {sorted(LINKS)}")
-    for kind in region_kinds:
-        if kind not in REGION_KINDS:
-            raise PlanError(f"region kind {kind!r}: choose from {REGION_KINDS}")
+    _check_choices(link, micro_batches, region_kinds, precisions, memsave, remeasure, compile_budgets)
     model = workload.model
-    regions = list(regions) if regions is not None else suggest_regions(model)
-    freezing = dict(freezing) if freezing else {"as given": Plan()}
+    regions = _check_regions(model, regions) if regions is not None else suggest_regions(model)
+    freezing = _check_freezing(freezing) if freezing else {"as given": Plan()}
     notes: list[str] = []
     measurements = 0
 
@@ -279,6 +318,54 @@ def plan_for(
             break
     front = pareto_front(ranked, key=lambda c: (c.est_peak_bytes, c.est_seconds))
     return PlannerResult(target, dev, ranked, front, chosen, remeasured, time.perf_counter() - start, measurements, notes)
+
+
+def _sequence(value: Any, name: str) -> list[Any]:
+    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+        raise PlanError(f"{name} must be a list or tuple, got {show(value)}")
+    return list(value)
+
+
+def _check_choices(link: Any, micro_batches: Any, region_kinds: Any, precisions: Any, memsave: Any,
+                   remeasure: Any, compile_budgets: Any) -> None:
+    """Every list the planner takes, checked in one line each before any measurement."""
+    if not isinstance(link, str) or link not in LINKS:
+        raise PlanError(f"link {show(link)}: choose one of {sorted(LINKS)}")
+    for k in _sequence(micro_batches, "micro_batches"):
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_KNOB:
+            raise PlanError(f"micro_batches must hold whole numbers in [1, {MAX_KNOB}], got {show(k)}")
+    for kind in _sequence(region_kinds, "region_kinds"):
+        if not isinstance(kind, str) or kind not in REGION_KINDS:
+            raise PlanError(f"region kind {show(kind)}: choose from {REGION_KINDS}")
+    for precision in _sequence(precisions, "precisions"):
+        if precision is not None:
+            Plan(precision=precision)  # one-line PlanError naming the precision
+    for swap in _sequence(memsave, "memsave"):
+        if not isinstance(swap, bool):
+            raise PlanError(f"memsave must hold True or False, got {show(swap)}")
+    if isinstance(remeasure, bool) or not isinstance(remeasure, int) or remeasure < 0:
+        raise PlanError(f"remeasure must be a whole number >= 0, got {show(remeasure)}")
+    for budget in _sequence(compile_budgets, "compile_budgets"):
+        if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not 0 <= budget <= 1:
+            raise PlanError(f"compile budget must be a number in [0, 1], got {show(budget)}")
+
+
+def _check_regions(model: Any, regions: Any) -> list[str]:
+    names = _sequence(regions, "regions")
+    known = dict(model.named_modules())
+    for name in names:
+        if not isinstance(name, str) or not name or name not in known:
+            raise PlanError(f"regions: {show(name)} is not a submodule of the model")
+    return names
+
+
+def _check_freezing(freezing: Any) -> dict[str, Plan]:
+    if not isinstance(freezing, Mapping):
+        raise PlanError(f"freezing must map labels to plans, got {show(freezing)}")
+    for label, plan in freezing.items():
+        if not isinstance(plan, Plan):
+            raise PlanError(f"freezing[{show(label)}] must be a Plan, got {show(plan)}")
+    return {str(label): plan for label, plan in freezing.items()}
 
 
 def _assignments(regions: list[str], kinds: list[str], options: dict[tuple[str, str], tuple[float, float]]) -> Iterable[dict[str, str]]:

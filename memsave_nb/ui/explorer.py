@@ -101,7 +101,7 @@ class Explorer(ExplorerRuns, W.VBox):
         # -- header: numbers, status, controls -------------------------------------------------
         wl = session.workload
         self.title = W.HTML(title_html(getattr(wl, "name", "workload"), type(self.model).__name__, session.mode,
-                                       str(getattr(wl, "device", "cpu"))))
+                                       str(getattr(wl, "device", "cpu")), wl.loop))
         self.title.add_class("memsave-title")
         self.saved_total = _label("-", "memsave-saved-total")
         self.saved_bytes = _label("-", "memsave-saved-bytes")
@@ -211,7 +211,8 @@ class Explorer(ExplorerRuns, W.VBox):
         ])
         from .parallel_panel import ParallelPanel
 
-        self.gpus = ParallelPanel(session.workload, plan_fn=lambda: self.plan)  # per-rank sizing, on demand
+        # per-rank sizing, on demand; judged against the "Fit a GPU" target
+        self.gpus = ParallelPanel(session.workload, plan_fn=lambda: self.plan, target_fn=lambda: self.target)
         self.tabs = W.Tab(children=[layers_tab, self.sac, self.budget, self.results, code_tab, self.gpus])
         self.tuner = None  # the "Fit a GPU" panel (ui/tuner_panel.py), added once the wiring below is done
         for i, t in enumerate(TAB_TITLES):
@@ -269,12 +270,20 @@ class Explorer(ExplorerRuns, W.VBox):
             ok = tuner.wait(timeout) and ok
         return ok
 
+    def show_tab(self, title: str) -> None:
+        """Open the tab titled ``title`` (case ignored: ``"Fit a GPU"``, ``"GPUs"``), as a click would."""
+        titles = [t.lower() for t in self.tabs.titles]
+        if title.lower() not in titles:
+            raise MemsaveError(f"no tab {title!r}; the explorer's tabs: {', '.join(self.tabs.titles)}")
+        self.tabs.selected_index = titles.index(title.lower())
+
     def set_target(self, target: Target | None) -> None:
         """The target GPU every peak is judged against (header and Results table); None: no target."""
         with self._ui_lock:
             self.target = target
             self.results.set_target(target)
             self._show_target()
+            self.gpus.show_target()
 
     def set_max_batch(self, plan: Plan, target: Target, value: int) -> None:
         """Note the max batch found for ``plan`` under ``target``: the header shows it while that
@@ -490,7 +499,7 @@ class Explorer(ExplorerRuns, W.VBox):
             code = f"# not exported: this plan failed when it ran ({self.error or 'see the error above'})"
         else:
             try:
-                code = plan.to_code()
+                code = plan.to_code(loop=self.session.workload.loop)
             except MemsaveError as exc:
                 code = f"# cannot write this plan as code: {exc}"
         self.code.value = (
@@ -548,12 +557,14 @@ def explore(
     live: bool = True,
     debounce_s: float = 0.3,
     repeats: int = 3,
+    tab: str | None = None,
 ) -> Explorer:
     """Open the explorer on a model and batch, a :class:`~memsave_nb.workload.Workload`, a
     :class:`~memsave_nb.session.Session`, or a demo name (``"cnn"``, ``"gpt"``, ``"mlp"``).
 
     ``mode="fake"`` measures with fake tensors (sizes without memory or compute, for models too
     large to run here); ``device="cuda"`` runs on the GPU and also shows the allocator's peak.
+    ``tab`` opens that tab first (``"Fit a GPU"``, ``"GPUs"``; default: ``"Layers"``).
     """
     if isinstance(model_or_workload, Session):
         session = model_or_workload
@@ -580,4 +591,7 @@ def explore(
                 f"got {type(model_or_workload).__name__}"
             )
         session = Session(workload, mode, repeats=repeats)
-    return Explorer(session, live=live, debounce_s=debounce_s)
+    explorer = Explorer(session, live=live, debounce_s=debounce_s)
+    if tab is not None:
+        explorer.show_tab(tab)
+    return explorer

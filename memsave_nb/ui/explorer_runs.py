@@ -131,13 +131,16 @@ class ExplorerRuns:
             self._failed_plan = plan
         if revert and plan is not None:
             good = self.entry.plan if self.entry is not None else Plan()
-            if good != plan:  # a toggle that fails must not stay on: back to the plan on display
-                self._restoring = True
-                try:
-                    self.editor.load(good)
-                finally:
-                    self._restoring = False
-                undone = " The change was undone: the controls show the plan of the numbers on display."
+            # a toggle that fails must not stay on: back to the plan on display, but only while the
+            # controls still show the plan that failed (an edit made since is the user's newer choice)
+            with self._ui_lock:
+                if good != plan and self.plan == plan:
+                    self._restoring = True
+                    try:
+                        self.editor.load(good)
+                    finally:
+                        self._restoring = False
+                    undone = " The change was undone: the controls show the plan of the numbers on display."
         cause = getattr(exc, "cause", None) or exc
         tb = "".join(traceback.format_exception(type(cause), cause, cause.__traceback__))
         with self._ui_lock:

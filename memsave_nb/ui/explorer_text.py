@@ -6,13 +6,17 @@ from __future__ import annotations
 import html
 from typing import Any
 
+from memsave_nb.workload import DEFAULT_LOOP, LOOPS
+
 from .format import format_delta_bytes
 
 
-def title_html(name: str, type_name: str, mode: str, device: str) -> str:
-    """The explorer's title; the class name once when the workload is named after it."""
+def title_html(name: str, type_name: str, mode: str, device: str, loop: str = DEFAULT_LOOP) -> str:
+    """The explorer's title; the class name once when the workload is named after it; the training
+    loop measured (how long the output lives), with its meaning on hover."""
     what = html.escape(type_name) if name in ("", type_name, "workload") else f"{html.escape(name)}: {html.escape(type_name)}"
-    return f"<b>memsave explorer</b> &mdash; {what}, {html.escape(mode)} mode on {html.escape(device)}"
+    return (f"<b>memsave explorer</b> &mdash; {what}, {html.escape(mode)} mode on {html.escape(device)}, "
+            f"<span title='{html.escape(LOOPS.get(loop, ''), quote=True)}'>loop {html.escape(loop)}</span>")
 
 
 def loss_note_html(workload: Any, mode: str) -> str:
@@ -20,7 +24,7 @@ def loss_note_html(workload: Any, mode: str) -> str:
     ``loss``, the rule that builds one (sum of every floating output) is named."""
     if getattr(workload, "loss", None) is not None:
         return ""
-    kind = output_kind(workload) if mode == "real" else None
+    kind = output_kind(workload, fake=mode == "fake")
     if kind == "loss":
         return "<small>loss: the model's own <code>loss</code> output</small>"
     if kind == "tensor" or kind is None:
@@ -29,20 +33,24 @@ def loss_note_html(workload: Any, mode: str) -> str:
             "of every floating-point tensor in it. Pass <code>loss=...</code> to use your own.</small>")
 
 
-def output_kind(workload: Any) -> str | None:
+def output_kind(workload: Any, *, fake: bool = False) -> str | None:
     """``"tensor"``, ``"loss"`` (an output with a loss), ``"tuple"``, ``"dict"``... from one forward
-    without gradients; None when it cannot be told."""
+    without gradients (``fake``: on fake twins of the weights, as fake mode measures, so a model
+    too large for this machine is asked too); None when it cannot be told."""
     import torch
 
     try:
-        buffers = [(b, b.detach().clone()) for b in workload.model.buffers()]
-        try:
-            with torch.no_grad():
-                out = workload.forward(workload.make_batch())
-        finally:
-            with torch.no_grad():
-                for b, saved in buffers:
-                    b.copy_(saved)
+        if fake:
+            out = _fake_forward(workload)
+        else:
+            buffers = [(b, b.detach().clone()) for b in workload.model.buffers()]
+            try:
+                with torch.no_grad():
+                    out = workload.forward(workload.make_batch())
+            finally:
+                with torch.no_grad():
+                    for b, saved in buffers:
+                        b.copy_(saved)
     except Exception:  # noqa: BLE001 - a note only; the measured step reports real errors
         return None
     if isinstance(out, torch.Tensor):
@@ -53,6 +61,18 @@ def output_kind(workload: Any) -> str | None:
     if isinstance(loss, torch.Tensor):
         return "loss"
     return type(out).__name__
+
+
+def _fake_forward(workload: Any) -> Any:
+    """One forward on fake twins of the parameters and buffers (the model's own are untouched)."""
+    import torch
+
+    from memsave_nb.measure.common import model_lock
+    from memsave_nb.measure.fake_model import _fake_model
+
+    with model_lock(workload.model), _fake_model(workload.model, str(workload.device)) as fake_mode, fake_mode:
+        with torch.no_grad():
+            return workload.forward(workload.make_batch())
 
 
 def _delta_text(now: int, before: int) -> str:

@@ -4,8 +4,13 @@ It builds a ``ParallelSpec`` from its controls and asks ``memsave_nb.parallel.me
 (fake mode, PyTorch's own ``fully_shard`` / ``DistributedDataParallel``) for the per-rank table; it holds no measurement logic.
 Changing a control re-sizes on a worker thread (a newer request supersedes an older one).
 
+The result is a picture (``ui/parallel_view.py``): a stacked bar per distinct rank group, the
+unseen lines hatched above it, the target GPU's usable line and a verdict (the target is the
+"Fit a GPU" tab's, read through ``target_fn``), and a table with units per value.
+
 DOM hooks: ``.memsave-gpus`` (number), ``.memsave-sharding`` (dropdown), ``.memsave-bf16``
 (checkbox), ``.memsave-offload`` (checkbox: FSDP2 CPU offload), ``.memsave-parallel-size`` (button), ``.memsave-parallel-peak`` (worst rank),
+``.memsave-parallel-verdict`` (fits / does not fit), ``.memsave-parallel-figure`` (the bars),
 ``.memsave-parallel-table`` (the table), ``.memsave-parallel-error``.
 """
 
@@ -18,6 +23,11 @@ from typing import Any, Callable
 import ipywidgets as W
 
 from memsave_nb.parallel import ParallelError, ParallelSpec, measure_parallel
+from memsave_nb.target import Target
+
+from .format import format_bytes
+from .parallel_view import rank_figure, table_html, verdict_html
+from .plots import bokeh_widget
 
 SHARDINGS = (
     ("FSDP2: fully_shard per block + root", "fsdp"),
@@ -51,9 +61,11 @@ def spec_for(gpus: int, sharding: str, bf16: bool, offload: bool = False) -> Par
 
 
 class ParallelPanel(W.VBox):
-    def __init__(self, workload: Any, plan_fn: Callable[[], Any], *, live: bool = True):
+    def __init__(self, workload: Any, plan_fn: Callable[[], Any], *, live: bool = True,
+                 target_fn: Callable[[], Target | None] = lambda: None):
         self.workload = workload
         self._plan_fn = plan_fn
+        self._target_fn = target_fn
         self.live = live
         self.gpus = W.BoundedIntText(value=8, min=1, max=MAX_GPUS, description="GPUs", layout=W.Layout(width="160px"))
         self.gpus.add_class("memsave-gpus")
@@ -67,7 +79,12 @@ class ParallelPanel(W.VBox):
         self.size_button.add_class("memsave-parallel-size")
         self.peak = W.HTML()
         self.peak.add_class("memsave-parallel-peak")
-        self.table = W.HTML()
+        self.verdict = W.HTML()
+        self.verdict.add_class("memsave-parallel-verdict")
+        self.figure_box = W.Box([], layout=W.Layout(width="100%"))
+        self.figure_box.add_class("memsave-parallel-figure")
+        self.figure = None  # the Bokeh figure of the last result
+        self.table = W.HTML(layout=W.Layout(width="100%", min_width="0"))
         self.table.add_class("memsave-parallel-table")
         self.error = W.HTML()
         self.error.add_class("memsave-parallel-error")
@@ -78,7 +95,8 @@ class ParallelPanel(W.VBox):
         note = W.HTML("<small>Per-rank memory in fake mode with PyTorch's own <code>fully_shard</code> or DDP "
                       "on a fake process group; the plan's freezing and checkpointing apply.</small>")
         super().__init__([note, W.HBox([self.gpus, self.sharding, self.bf16, self.offload, self.size_button],
-                                       layout=W.Layout(flex_flow="row wrap")), self.peak, self.error, self.table])
+                                       layout=W.Layout(flex_flow="row wrap")), self.peak, self.verdict, self.error,
+                                       self.figure_box, self.table])
         for w in (self.gpus, self.sharding, self.bf16, self.offload):
             w.observe(lambda _ch: self._changed(), "value")
         self.size_button.on_click(lambda _b: self.refresh(background=True))
@@ -114,18 +132,33 @@ class ParallelPanel(W.VBox):
         except Exception as exc:  # noqa: BLE001 - shown in the panel, never printed
             if generation == self._generation:
                 self.error.value = f"<span style='color:#b00'>{html.escape(' '.join(str(exc).split()))}</span>"
-                self.peak.value = ""
+                # nothing of an older result stays under a new error
+                self.result = None
+                self.peak.value = self.verdict.value = self.table.value = ""
+                self.figure_box.children = []
+                self.figure = None
             return
         if generation != self._generation:  # a newer request superseded this one
             return
         self.result = result
         self.error.value = ""
-        gib = result.device_peak_bytes / (1 << 30)
-        hi = (result.device_peak_bytes + result.unseen_high_bytes) / (1 << 30)
+        counted = result.device_peak_bytes
         where, host = "", ""
         if result.host_peak_bytes is not None:
             where = " on the GPU"
-            host = f"; host memory {result.host_peak_bytes / (1 << 30):.2f} GiB per rank"
-        self.peak.value = (f"<b>worst rank {result.worst.rank}: {gib:.2f} GiB counted{where}</b>, "
-                           f"up to {hi:.2f} GiB with the unseen lines{host} ({html.escape(spec.describe())})")
-        self.table.value = f"<pre style='font-size:11px'>{html.escape(result.table())}</pre>"
+            host = f"; host memory {format_bytes(result.host_peak_bytes)} per rank"
+        self.peak.value = (f"<b>worst rank {result.worst.rank}: {format_bytes(counted)} counted{where}</b>, "
+                           f"up to {format_bytes(counted + result.unseen_high_bytes)} with the unseen lines{host} "
+                           f"({html.escape(spec.describe())})")
+        self.table.value = table_html(result)
+        self.show_target()
+
+    def show_target(self) -> None:
+        """The verdict and the usable line for the current target (a new target redraws them)."""
+        result = self.result
+        if result is None:
+            return
+        target = self._target_fn()
+        self.verdict.value = verdict_html(result, target)
+        self.figure = rank_figure(result, target)
+        self.figure_box.children = [bokeh_widget(self.figure)]

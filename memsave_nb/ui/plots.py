@@ -107,6 +107,43 @@ class BokehFigure(W.Box):
         self.add_class("memsave-bokeh")
 
 
+# Lab's dark theme marks the page (body[data-jp-theme-light="false"]); a Bokeh figure is drawn on
+# a canvas with its own colours, white unless told otherwise. This runs in the page when the figure
+# is first laid out (its inner_width is set then) and restyles it dark once. Voila's dark theme
+# sets the same attribute.
+DARK_THEME_JS = """
+const dark = document.body && document.body.dataset && document.body.dataset.jpThemeLight === "false";
+if (!dark || cb_obj.tags.includes("memsave-dark")) return;
+cb_obj.tags = [...cb_obj.tags, "memsave-dark"];
+cb_obj.background_fill_color = "#1b1b1b";
+cb_obj.border_fill_color = "#111111";
+cb_obj.outline_line_color = "#555555";
+if (cb_obj.title) cb_obj.title.text_color = "#e0e0e0";
+for (const m of [...cb_obj.left, ...cb_obj.right, ...cb_obj.above, ...cb_obj.below, ...cb_obj.center]) {
+  if ("major_label_text_color" in m) {
+    m.major_label_text_color = "#cccccc"; m.axis_label_text_color = "#cccccc";
+    m.axis_line_color = "#888888"; m.major_tick_line_color = "#888888"; m.minor_tick_line_color = "#666666";
+  } else if ("grid_line_color" in m) {
+    m.grid_line_color = "#333333";
+  } else if ("label_text_color" in m) {
+    m.label_text_color = "#dddddd"; m.background_fill_color = "#1b1b1b"; m.border_line_color = "#555555";
+  }
+}
+"""
+
+
+def follow_theme(fig: Any) -> Any:
+    """Make ``fig`` turn dark in a page with a dark Lab / Voila theme (see ``DARK_THEME_JS``)."""
+    from bokeh.models import CustomJS
+
+    if not hasattr(fig, "js_on_change") or "inner_width" not in fig.properties():
+        return fig
+    if not any(getattr(cb, "code", None) == DARK_THEME_JS for cb in fig.js_property_callbacks.get("change:inner_width", [])):
+        fig.js_on_change("inner_width", CustomJS(code=DARK_THEME_JS))
+    return fig
+
+
 def bokeh_widget(fig: Any) -> BokehFigure:
-    """A widget showing a Bokeh figure, BokehJS included (see the module's docstring)."""
-    return BokehFigure(fig)
+    """A widget showing a Bokeh figure, BokehJS included (see the module's docstring); the figure
+    follows a dark page theme."""
+    return BokehFigure(follow_theme(fig))

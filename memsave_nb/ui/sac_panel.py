@@ -23,6 +23,7 @@ from typing import Callable
 import ipywidgets as W
 
 from memsave_nb.measure import Measurement
+from memsave_nb.measure.tracker import RNG_STATE_OP
 
 from .editor import REGION_CHOICES, PlanEditor, op_choice
 from .format import format_bytes, format_count
@@ -105,7 +106,11 @@ class SacPanel(W.VBox):
     def op_names(self) -> list[str]:
         if self.module is None or self._baseline is None:
             return []
-        return [o.op for o in self._baseline.ops_in(self.module)]
+        return [o.op for o in self._region_ops(self._baseline)]
+
+    def _region_ops(self, measurement: Measurement) -> list:
+        """The region's ops a policy can name: checkpoint's stashed generator state is no torch op."""
+        return [o for o in measurement.ops_in(self.module) if o.op != RNG_STATE_OP]
 
     def _rebuild(self) -> None:
         with self._lock:
@@ -118,8 +123,8 @@ class SacPanel(W.VBox):
         key = self.editor.region_key(self.module)
         label = dict((v, k) for k, v in REGION_CHOICES).get(key, key)
         self.title.value = f"<b>Region <code>{html.escape(name)}</code></b>: {html.escape(label)}"
-        base_ops = self._baseline.ops_in(self.module)
-        now = {o.op: o for o in (self._measurement or self._baseline).ops_in(self.module)}
+        base_ops = self._region_ops(self._baseline)
+        now = {o.op: o for o in self._region_ops(self._measurement or self._baseline)}
         rows = []
         policy = self.editor.regions.get(self.module)
         try:

@@ -33,14 +33,12 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import ipywidgets as W
-from bokeh.models import ColumnDataSource, DataRange1d, HoverTool, Span, TapTool
-from bokeh.plotting import figure
-
 from memsave_nb.errors import Cancelled, MemsaveError
-from memsave_nb.target import DEFAULT_HEADROOM, HEADROOM_SOURCE, HEADROOM_WHY, PRESETS_GB, Target
+from memsave_nb.target import DEFAULT_HEADROOM, HEADROOM_SOURCE, HEADROOM_WHY, PRESETS_GB, Target, plausible_preset_gb
 
-from . import figures
 from .format import format_bytes
+from .front_list import FrontList
+from .pareto_figure import FITS_COLOR, MISS_COLOR, pareto, pareto_data  # noqa: F401 - pareto_data: public here too
 from .plots import bokeh_widget
 from .runner import Runner
 from .tuner_host import TunerHost
@@ -49,57 +47,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from memsave_nb.planner import Candidate, PlannerResult
 
 FREE = "other…"
-FITS_COLOR = "#2ca02c"
-MISS_COLOR = "#d62728"
-
-
-# -- the figure (pure: results in, Bokeh out) --------------------------------------------------
-def pareto_data(candidates: Sequence["Candidate"], front: Sequence["Candidate"] = ()) -> figures.Data:
-    on_front = {id(c) for c in front}
-    data: figures.Data = {k: [] for k in ("index", "ms", "peak_bytes", "label", "peak_label", "fits", "color", "size", "config")}
-    for i, c in enumerate(candidates):
-        data["index"].append(i)
-        data["ms"].append(c.est_seconds * 1e3)
-        data["peak_bytes"].append(c.est_peak_bytes)
-        data["label"].append(c.label)
-        data["peak_label"].append(format_bytes(c.est_peak_bytes))
-        data["fits"].append("fits" if c.fits else "does not fit")
-        data["color"].append(FITS_COLOR if c.fits else MISS_COLOR)
-        data["size"].append(11 if id(c) in on_front else 6)
-        data["config"].append(c.config)
-    return data
-
-
-def pareto(candidates: Sequence["Candidate"], front: Sequence["Candidate"] = (), usable_bytes: int | None = None,
-           *, width: int = 620, height: int = 380) -> figures.Plot:
-    """Estimated peak against estimated step time, one point per candidate plan (front points
-    larger; green fits, red does not), the headroom line as a horizontal rule."""
-
-    def data_fn(cs: Sequence[Any], fr: Sequence[Any] = (), usable: int | None = None) -> dict[str, figures.Data]:
-        return {"main": pareto_data(cs, fr)}
-
-    source = ColumnDataSource(data_fn(candidates, front)["main"], name="pareto")
-    fig = figure(width=width, height=height, title="Planner: estimated peak vs estimated step time",
-                 tools="pan,wheel_zoom,box_zoom,save,reset", toolbar_location="above",
-                 x_range=DataRange1d(range_padding=0.1), y_range=DataRange1d(range_padding=0.1), name="pareto_figure")
-    points = fig.scatter(x="ms", y="peak_bytes", source=source, size="size", color="color", alpha=0.7,
-                         selection_color="#1f77b4", nonselection_alpha=0.3, name="pareto_points")
-    rule = Span(location=usable_bytes or 0, dimension="width", line_color="#555555", line_dash="dashed",
-                visible=usable_bytes is not None, name="headroom_line")
-    fig.add_layout(rule)
-    fig.add_tools(TapTool(renderers=[points]))
-    fig.add_tools(HoverTool(renderers=[points], tooltips=[("plan", "@label"), ("config", "@config"),
-                                                          ("peak", "@peak_label"), ("step", "@ms{0.00} ms"), ("", "@fits")]))
-    figures._bytes_axis(fig.yaxis[0])
-    fig.yaxis.axis_label = "estimated peak"
-    fig.xaxis.axis_label = "estimated step time (ms)"
-
-    def after(plot: figures.Plot, new: dict[str, figures.Data], _rule: Any = rule) -> None:
-        pass
-
-    plot = figures.Plot(fig, {"main": source}, data_fn, after)
-    plot.rule = rule  # type: ignore[attr-defined]
-    return plot
 
 
 # -- the panel ---------------------------------------------------------------------------------
@@ -109,17 +56,25 @@ ZERO_GRAD_CHOICES = (("as given", AS_GIVEN), ("set to None", "none"), ("zero in 
 _ZERO_GRAD = {AS_GIVEN: None, "none": True, "zero": False}
 
 
-def _has_tokens(workload: Any) -> bool:
-    """Whether the workload's batch has token inputs whose length ``seq_len`` can change."""
+def no_seq_reason(workload: Any) -> str:
+    """Why "max seq len" cannot run for this workload ("" when it can: token inputs whose length
+    ``seq_len`` can change)."""
     from memsave_nb.knobs import seq_len_of
 
     if callable(workload.batch):
-        return False
+        return ("max seq len: the batch is a function, so its sequence length cannot be changed from here; "
+                "pass the batch itself (a dict or tensor of token ids) to search it")
     try:
         seq_len_of(workload.batch)
     except MemsaveError:  # no token tensors: the knob does not apply
-        return False
-    return True
+        return "max seq len: the batch has no token-id inputs (no sequence length to change)"
+    return ""
+
+
+def _floor(m: Any) -> int:
+    """What no checkpointing removes from the peak: parameters, gradients and optimizer state."""
+    s = m.peak_split
+    return s.parameters + s.gradients + s.optimizer_state
 
 
 def one_line(exc: BaseException) -> str:
@@ -150,6 +105,7 @@ class TunerPanel(W.VBox):
         self.state = "idle"
         self._picking = False
         self._syncing = False
+        self._drawn_for: int | None = None  # the headroom line (bytes) the scatter was last drawn for
         # background work: the newest request wins (ui/runner.py); a generation marks stale results
         self.runner = Runner(0.0, name="memsave-tuner")
         self._generation = 0
@@ -158,10 +114,18 @@ class TunerPanel(W.VBox):
         self._label = ""
         self._ticker: threading.Thread | None = None
 
+        # the target starts at the smallest preset the step could plausibly fit; none when no preset
+        # holds even its weights, gradients and optimizer state (a 70B opened at "24 GB: 2685%")
+        start_gb = plausible_preset_gb(explorer.measurement)
+        self.no_target: str | None = None if start_gb is not None else (
+            f"no target yet: no single GPU of the presets holds this step's parameters, gradients and optimizer "
+            f"state ({format_bytes(_floor(explorer.measurement))}); shard it (GPUs tab) or freeze most of it, "
+            "or pick a size")
+        start_gb = start_gb or float(max(PRESETS_GB))
         options = [(f"{g:g} GB", float(g)) for g in PRESETS_GB] + [(FREE, 0.0)]
-        self.target_menu = W.Dropdown(options=options, value=24.0, description="my GPU", layout=W.Layout(width="200px"))
+        self.target_menu = W.Dropdown(options=options, value=start_gb, description="my GPU", layout=W.Layout(width="200px"))
         self.target_menu.add_class("memsave-target")
-        self.target_gb = W.BoundedFloatText(value=24.0, min=1e-6, max=10000.0, step=1.0, description="GB",
+        self.target_gb = W.BoundedFloatText(value=start_gb, min=1e-6, max=10000.0, step=1.0, description="GB",
                                             layout=W.Layout(width="160px"))
         self.target_gb.add_class("memsave-target-gb")
         self.headroom = W.BoundedFloatText(value=DEFAULT_HEADROOM, min=0.05, max=1.0, step=0.05, description="headroom",
@@ -211,17 +175,18 @@ class TunerPanel(W.VBox):
 
         self.code = W.HTML("")
         self.code.add_class("memsave-tuner-code")
+        self.hints: list = []  # what_would_fit's answer when a search found nothing that fits
+        self.hints_box = W.HTML("")
+        self.hints_box.add_class("memsave-tuner-hints")
         self.plot = pareto([], [], None)
         self.plot.source.selected.on_change("indices", self._tapped)
-        self.front_list = W.VBox([], layout=W.Layout(min_width="300px", max_height="380px", overflow="auto"))
-        self.front_list.add_class("memsave-front-list")
-        self.front_rows: list[W.HBox] = []
+        self.front_list = FrontList(self.pick)
         note = W.HTML(f"<small>Fits means the measured peak stays under the headroom line: {html.escape(HEADROOM_WHY)}. "
                       f"Source of the 80% rule: {html.escape(HEADROOM_SOURCE)}. The planner works in fake mode; "
                       "click a point, or <i>load</i> in the list, to load that plan into the explorer.</small>")
         self.target_menu.observe(self._menu_changed, "value")
         self.target_gb.observe(self._gb_changed, "value")
-        self.headroom.observe(lambda _ch: self.refresh(), "value")
+        self.headroom.observe(lambda _ch: self._target_chosen(), "value")
         self.max_batch_button.on_click(lambda _b: self.find_max_batch(background=True))
         self.max_seq_button.on_click(lambda _b: self.find_max_seq_len(background=True))
         self.search_button.on_click(lambda _b: self.search(background=True))
@@ -236,13 +201,17 @@ class TunerPanel(W.VBox):
             W.HBox([self.max_seq_button, self.max_seq_result], layout=W.Layout(align_items="center")),
             W.HBox([self.search_button, self.cancel_button, self.progress_text, self.status],
                    layout=W.Layout(align_items="center", flex_flow="row wrap")),
+            self.hints_box,
             W.HBox([bokeh_widget(self.plot.figure), self.front_list], layout=W.Layout(flex_flow="row wrap")),
             note,
             self.code,
         ])
         self.add_class("memsave-tuner-panel")
-        if not _has_tokens(explorer.session.workload):  # no token inputs: no sequence length to search
-            self.max_seq_button.layout.display = "none"
+        why_no_seq = no_seq_reason(explorer.session.workload)
+        if why_no_seq:  # the button stays, greyed, and says why
+            self.max_seq_button.disabled = True
+            self.max_seq_button.tooltip = why_no_seq
+            self.max_seq_result.value = f"<small style='color:#888'>{html.escape(why_no_seq)}</small>"
         explorer.on_result(lambda _entry: self.refresh())
         explorer.editor.on_change(self.sync_knobs)  # a loaded or edited plan: the knob controls follow
         self.sync_knobs()
@@ -266,9 +235,16 @@ class TunerPanel(W.VBox):
         if headroom is not None:
             self.headroom.value = headroom
         self.target_gb.value = float(gb)
+        self._target_chosen()
+
+    def _target_chosen(self) -> None:
+        """The user set a size or a headroom: from now on there is a target."""
+        self.no_target = None
         self.refresh()
 
     def _menu_changed(self, change: dict) -> None:
+        if change["new"] == self.target_gb.value and self.no_target:
+            self._target_chosen()  # the preset shown while there was no target, chosen now
         if change["new"] and change["new"] != self.target_gb.value:
             self.target_gb.value = change["new"]
 
@@ -277,7 +253,7 @@ class TunerPanel(W.VBox):
         menu = gb if gb in PRESETS_GB else 0.0
         if self.target_menu.value != menu:
             self.target_menu.value = menu
-        self.refresh()
+        self._target_chosen()
 
     def sync_knobs(self) -> None:
         """Show the workload knobs of the explorer's plan in the knob controls."""
@@ -302,6 +278,13 @@ class TunerPanel(W.VBox):
         except MemsaveError as exc:
             self._set_status("error", str(exc))
             return
+        if self.no_target:
+            with self.explorer._ui_lock:
+                self.line.value = f"<small class='memsave-no-target'>{html.escape(self.no_target)}</small>"
+                self.verdict.value = ""
+                if self.explorer.target is not None:
+                    self.explorer.set_target(None)
+            return
         with self.explorer._ui_lock:
             self.line.value = (f"<small>plans must stay under <b>{format_bytes(target.usable_bytes)}</b> "
                                f"({target.headroom:.0%} of {target.label})</small>")
@@ -312,12 +295,13 @@ class TunerPanel(W.VBox):
                                   f"peak {format_bytes(peak)}: {html.escape(target.verdict(peak))}</b>")
             if self.explorer.target != target:
                 self.explorer.set_target(target)
-            self.plot.rule.location = target.usable_bytes
-            self.plot.rule.visible = True
-            if self.candidates:
+            # the scatter is redrawn only when the line moved: a redraw after every run made the
+            # browser echo the selection back, and a second run followed each click
+            if self._drawn_for != target.usable_bytes:
+                self._drawn_for = target.usable_bytes
                 for c in self.candidates:
                     object.__setattr__(c, "fits", target.fits(c.est_peak_bytes))
-                self.plot.update(self.candidates, self.result.front if self.result else ())
+                self._redraw()
                 self._show_front()
             self._show_max_batch()
 
@@ -491,8 +475,14 @@ class TunerPanel(W.VBox):
         options.setdefault("precisions", (plan.precision, "bf16") if plan.precision != "bf16" else ("bf16",))
 
         def work(ev: threading.Event) -> "PlannerResult":
-            return plan_for(workload, target, mode="fake", device=device, base_plan=plan.replace(regions={}),
-                            cancel_event=ev, **options)
+            result = plan_for(workload, target, mode="fake", device=device, base_plan=plan.replace(regions={}),
+                              cancel_event=ev, **options)
+            self.hints = []
+            if result.chosen is None and not result.fitting:  # nothing fits: which knob would, on its own
+                from memsave_nb.planner import what_would_fit
+
+                self.hints = what_would_fit(workload, plan, target, cancel_event=ev)
+            return result
 
         return self._submit("searching plans (fake mode)", work, self._show_result, background)
 
@@ -502,48 +492,36 @@ class TunerPanel(W.VBox):
         self.picked = None
         self._picking = True
         try:
-            self.plot.update(self.candidates, result.front)
+            self._redraw()
             self.plot.source.selected.indices = []
         finally:
             self._picking = False
         by_id = {id(c): i for i, c in enumerate(self.candidates)}
         self.front_indices = [by_id[id(c)] for c in result.front if id(c) in by_id]
-        self.front_rows = []
-        for k, index in enumerate(self.front_indices):
-            text = W.HTML("")
-            text.add_class("memsave-front-text")
-            load = W.Button(description="load", icon="upload", layout=W.Layout(width="80px", flex="0 0 auto"),
-                            tooltip="load this plan into the explorer")
-            load.add_class("memsave-front-load")
-            load.on_click(lambda _b, i=index: self.pick(i))
-            row = W.HBox([load, text], layout=W.Layout(align_items="center"))
-            row.add_class("memsave-front-row")
-            self.front_rows.append(row)
-        self.front_list.children = [W.HTML(f"<b>Pareto front</b> <small>({len(self.front_rows)} plans, "
-                                           "lowest estimated peak first)</small>")] + self.front_rows
+        self.front_list.set_front([self.candidates[i] for i in self.front_indices], self.front_indices)
         self._show_front()
         chosen = result.chosen
         if chosen is not None:
             self._show_code(chosen)
+        self.hints_box.value = _hints_html(self.hints, result.target) if chosen is None else ""
         return (f"{len(result.candidates)} plans, {len(result.fitting)} fit; "
-                + (f"chosen: {chosen.label}" if chosen else "none fits") + f" ({result.seconds:.1f} s)")
+                + (f"chosen: {chosen.label}" if chosen else "none fits" + _hints_count(self.hints))
+                + f" ({result.seconds:.1f} s)")
+
+    @property
+    def front_rows(self) -> list[W.HBox]:
+        """One list row per front plan, in the front's order (lowest estimated peak first)."""
+        return self.front_list.rows
+
+    def _redraw(self) -> None:
+        self._drawn_for = None if self.no_target else self.target.usable_bytes
+        self.plot.update(self.candidates, self.result.front if self.result else (), self._drawn_for)
 
     def _show_front(self) -> None:
         """Each front entry's text and fits / does not fit class (after a search or a new target)."""
-        for row, index in zip(self.front_rows, self.front_indices):
-            c = self.candidates[index]
-            for cls in ("memsave-fits", "memsave-nofit", "memsave-front-picked"):
-                row.remove_class(cls)
-            row.add_class("memsave-fits" if c.fits else "memsave-nofit")
-            if index == self.picked:
-                row.add_class("memsave-front-picked")
-            color = FITS_COLOR if c.fits else MISS_COLOR
-            row.children[1].value = (
-                f"<span title='{html.escape(c.config)}'>{'<b>' if index == self.picked else ''}"
-                f"{html.escape(c.label)}{'</b>' if index == self.picked else ''}</span> "
-                f"<small>est. peak <b>{format_bytes(c.est_peak_bytes)}</b> · {c.est_seconds * 1e3:.2f} ms · "
-                f"<span style='color:{color}'>{'fits' if c.fits else 'does not fit'}</span></small>"
-            )
+        rows = self.front_indices
+        picked = rows.index(self.picked) if self.picked in rows else None
+        self.front_list.show([self.candidates[i] for i in rows], picked)
 
     def pick(self, index: int) -> None:
         """Load candidate ``index`` into the explorer (what a click on its point or its list entry's
@@ -567,12 +545,39 @@ class TunerPanel(W.VBox):
 
     def _show_code(self, c: "Candidate") -> None:
         self.code.value = (f"<small>{html.escape(c.label)}: estimated {format_bytes(c.est_peak_bytes)}, "
-                           f"{c.est_seconds * 1e3:.2f} ms</small><pre>{html.escape(c.plan.to_code())}</pre>")
+                           f"{c.est_seconds * 1e3:.2f} ms</small><pre>{html.escape(c.plan.to_code(loop=self.explorer.session.workload.loop))}</pre>")
 
     def _tapped(self, _attr: str, _old: list[int], new: list[int]) -> None:
         if self._picking or not new:
             return
-        self.pick(int(new[0]))
+        index = int(new[0])
+        if index == self.picked and 0 <= index < len(self.candidates) and _same(self.explorer.plan, self.candidates[index].plan):
+            return  # the selection echoed back (a redraw, a second event per tap): the plan is loaded already
+        self.pick(index)
+
+
+def _hints_html(hints: Sequence[Any], target: Target) -> str:
+    """None fits: the knobs that would on their own (green) or come closest, each with its peak."""
+    if not hints:
+        return ""
+    rows = []
+    for h in sorted(hints, key=lambda h: (not h.fits, h.peak_bytes)):
+        cls, color = ("memsave-fits", FITS_COLOR) if h.fits else ("memsave-nofit", MISS_COLOR)
+        rows.append(f"<li class='memsave-hint {cls}'><b>{html.escape(h.knob)}</b>: {html.escape(h.change)} &rarr; peak "
+                    f"<b>{format_bytes(h.peak_bytes)}</b>, <span style='color:{color}'>"
+                    f"{html.escape(target.verdict(h.peak_bytes))}</span></li>")
+    head = ("None of the plans fits, but these knobs do on their own (each measured in fake mode):"
+            if any(h.fits for h in hints) else "Nothing fits, not even one knob on its own; the closest each reaches:")
+    return f"<div><b>{head}</b><ul style='margin:2px 0'>{''.join(rows)}</ul></div>"
+
+
+def _hints_count(hints: Sequence[Any]) -> str:
+    n = sum(h.fits for h in hints)
+    return f"; {n} knob{'s' if n != 1 else ''} would on {'their' if n != 1 else 'its'} own (below)" if n else ""
+
+
+def _same(a: Any, b: Any) -> bool:
+    return a.replace(name="") == b.replace(name="")
 
 
 def _notes_html(result: Any) -> str:

@@ -71,4 +71,17 @@ def lora_llama(batch: int = 2, seq: int = 32, *, layers: int = 2, d: int = 64, v
     return Workload(model, wl.batch, name="lora-llama")
 
 
-MODELS: dict[str, Callable[..., Workload]] = {"gpt2": gpt2, "bert": bert, "llama": llama, "t5": t5, "lora-llama": lora_llama}
+def qwen2(batch: int = 2, seq: int = 32, *, layers: int = 2, d: int = 64, vocab: int = VOCAB) -> Workload:
+    """Qwen2's shape in small: grouped-query attention with biased q/k/v, tied embeddings off."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen2Config(hidden_size=d, intermediate_size=3 * d, num_hidden_layers=layers, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=vocab, max_position_embeddings=512, tie_word_embeddings=False,
+                      bos_token_id=0, eos_token_id=0)
+    ids = _ids(batch, seq, vocab)
+    return Workload(Qwen2ForCausalLM(cfg), {"input_ids": ids, "labels": ids}, name="qwen2")
+
+
+MODELS: dict[str, Callable[..., Workload]] = {"gpt2": gpt2, "bert": bert, "llama": llama, "t5": t5,
+                                              "lora-llama": lora_llama, "qwen2": qwen2}

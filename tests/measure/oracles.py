@@ -26,6 +26,25 @@ class OracleCount:
     end_of_forward_by_category: dict[str, int]
 
 
+def rng_state_bytes(wl: Workload) -> int:
+    """Bytes of the CPU generator states checkpointing stashes in one forward (one per region with
+    ``preserve_rng_state``), counted by calls to ``torch.get_rng_state``. MemTracker and the
+    profiler's tensor-identity categories do not see them (C++ copies them below the dispatcher)."""
+    original, calls = torch.get_rng_state, []
+
+    def counted() -> torch.Tensor:
+        state = original()
+        calls.append(state.untyped_storage().nbytes())
+        return state
+
+    torch.get_rng_state = counted
+    try:
+        wl.compute_loss(wl.forward(wl.make_batch()))
+    finally:
+        torch.get_rng_state = original
+    return sum(calls)
+
+
 def closure_tensors(wl: Workload) -> list[torch.Tensor]:
     """Pre-existing tensors the step uses besides parameters, buffers and batch: targets the loss
     closure holds, plain tensor attributes of modules. The tracker counts them as inputs."""
@@ -48,7 +67,13 @@ def _step(wl: Workload, at_forward_end=None) -> None:
     loss = wl.compute_loss(output)
     if at_forward_end is not None:
         at_forward_end()
+    if wl.loop == "loss_only":
+        del output
+        output = None
     loss.backward()
+    if wl.loop == "keep_output_backward":
+        del output
+        output = None
     if optimizer is not None:
         optimizer.step()
     del output, loss, optimizer, batch
@@ -93,13 +118,19 @@ def memtracker_count(wl: Workload, iterations: int = 1, tracker_cls: Any = None)
                     if k > 1:
                         loss = loss / k
                     forward_end.update(_flat(tracker.get_tracker_snapshot("current")))
+                    if wl.loop == "loss_only":  # as Hugging Face's Trainer: the output goes before backward
+                        del output
+                        output = None
                     loss.backward()
                     if micro < k - 1:
                         del output, loss
                         tracker.reset_mod_stats()  # it refuses a second root forward otherwise
+                    elif wl.loop == "keep_output_backward":
+                        del output
+                        output = None
                 if optimizer is not None:
                     optimizer.step()
-                del output, loss
+                del output, loss  # the loss to the end of the step in every loop
             peak = _flat(tracker.get_tracker_snapshot("peak"))
     finally:
         del batch, optimizer
@@ -218,3 +249,34 @@ def frozen_aware_memtracker() -> type:
             return memory
 
     return FrozenAwareMemTracker
+
+
+def memtracker_on_snippet(wl: Workload, plan: Any, tracker_cls: Any = None) -> int:
+    """MemTracker's peak of step 2 of the training loop ``plan.to_code(loop=wl.loop)`` writes: the
+    snippet is executed on the workload's model and its own ``training_step`` runs twice (the first
+    makes the optimizer's state). Without knobs the snippet builds no optimizer: the workload's is used.
+    The model is put back afterwards."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    snapshot = ModelSnapshot.capture(wl.model)
+    namespace: dict[str, Any] = {"model": wl.model}
+    try:
+        exec(compile(plan.to_code(loop=wl.loop), "<plan>", "exec", dont_inherit=True), namespace)  # noqa: S102
+        model = namespace["model"]
+        for p in model.parameters():
+            p.grad = None
+        optimizer = namespace.get("optimizer") or wl.make_optimizer()
+        set_to_none = namespace.get("set_to_none", True)
+        micro = [wl.make_batch() for _ in range(namespace.get("accumulation_steps", 1))]
+        micro = [micro[0]] * len(micro)  # the engine's micro-steps use one batch
+        step = namespace["training_step"]
+        step(model, micro, optimizer, loss_fn=wl.compute_loss, set_to_none=set_to_none)
+        tracker = (tracker_cls or MemTracker)()
+        tracker.track_external(model, optimizer, *iter_tensors(micro[0]), *closure_tensors(wl))
+        with tracker:
+            step(model, micro, optimizer, loss_fn=wl.compute_loss, set_to_none=set_to_none)
+        peak = _flat(tracker.get_tracker_snapshot("peak"))
+        del optimizer, micro, namespace
+    finally:
+        snapshot.restore(wl.model)
+    return peak.get("Total", 0)

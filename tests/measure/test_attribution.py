@@ -51,7 +51,7 @@ def test_ops_add_up(case):
     for _, op, calls, _ in m.module_ops:
         per_op[op] += calls
     assert {o.op: o.count for o in m.ops if o.count} == dict(+per_op)
-    assert all(o.op.startswith("aten.") for o in m.ops if o.saved_bytes)
+    assert all(o.op.startswith("aten.") or o.op == "get_rng_state" for o in m.ops if o.saved_bytes)
 
 
 def test_reused_module_counted_twice():

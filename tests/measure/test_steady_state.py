@@ -42,7 +42,7 @@ def test_cnn_steady_state_is_memtrackers_second_step(mode, set_to_none):
         assert m.timeline.by_category["gradients"][start] == sum(p.numel() * 4 for p in wl.model.parameters())
 
 
-@pytest.mark.parametrize("optimizer", ["sgd", "sgd-nomomentum", "adam", "adagrad", "none"])
+@pytest.mark.parametrize("optimizer", ["sgd", "sgd_momentum", "sgd-nomomentum", "adam", "adagrad", "none"])
 def test_any_optimizer_makes_its_own_state(optimizer):
     factory = (lambda ps: torch.optim.Adagrad(ps, lr=0.1)) if optimizer == "adagrad" else optimizer
     wl = CASE["linear_relu"].build().replace(optimizer=factory)
@@ -52,8 +52,10 @@ def test_any_optimizer_makes_its_own_state(optimizer):
     # MemTracker and above fake mode, which copies no fake state.)
     m = _check(wl, "real")
     assert m.first_step_peak_bytes == measure(wl, "fake", repeats=0).first_step_peak_bytes
-    if optimizer in ("sgd-nomomentum", "none"):
+    if optimizer in ("sgd", "sgd-nomomentum", "none"):
         assert m.peak_split.optimizer_state == 0 and m.peak_bytes == m.first_step_peak_bytes
+    else:
+        assert m.peak_split.optimizer_state > 0
 
 
 @pytest.mark.parametrize("mode", ["real", "fake"])

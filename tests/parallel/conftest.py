@@ -64,12 +64,20 @@ def fsdp_mem_tracker_peak(workload: Workload, spec, plan=None, rank: int = 0) ->
             k = w.accumulation_steps
 
             def step():
-                for _ in range(k):  # micro-steps as memsave_nb runs them: loss / k, same batch
+                for micro in range(k):  # micro-steps as memsave_nb runs them: loss / k, same batch
                     out = w.forward(batch)
                     loss = w.compute_loss(out)
-                    (loss / k if k > 1 else loss).backward()
-                    del out, loss
+                    if k > 1:
+                        loss = loss / k
+                    if w.loop == "loss_only":  # the workload's loop: the output goes before backward
+                        out = None
+                    loss.backward()
+                    if micro < k - 1:
+                        out = loss = None
+                    elif w.loop == "keep_output_backward":
+                        out = None
                 opt.step()
+                del out, loss  # the loss lives to the end of the step
                 opt.zero_grad()
 
             step()
@@ -80,3 +88,16 @@ def fsdp_mem_tracker_peak(workload: Workload, spec, plan=None, rank: int = 0) ->
             snap = fmt.get_tracker_snapshot("peak")
     (dev_snap,) = snap.values()
     return {str(getattr(k, "value", k)): v for k, v in dev_snap.items()}
+
+
+RNG_STATE_BYTES = torch.get_rng_state().untyped_storage().nbytes()
+
+
+def beyond_fsdp_mem_tracker(ours: int, theirs: int, plan) -> int:
+    """How many of checkpoint's stashed CPU generator states (``torch.get_rng_state()``, made below
+    the dispatcher) our peak holds beyond FSDPMemTracker's, which does not see them; checks the rest
+    is byte-identical and that there are no more than the plan has checkpointed regions."""
+    regions = len(plan.active_regions) if plan is not None else 0
+    extra = ours - theirs
+    assert extra % RNG_STATE_BYTES == 0 and 0 <= extra // RNG_STATE_BYTES <= regions, (ours, theirs, regions)
+    return extra // RNG_STATE_BYTES

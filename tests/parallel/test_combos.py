@@ -15,7 +15,7 @@ from memsave_nb import Plan
 from memsave_nb.parallel import ParallelSpec, measure_parallel
 from memsave_nb.workload import iter_tensors
 
-from .conftest import blocks_workload, fsdp_mem_tracker_peak, tiny_gpt
+from .conftest import beyond_fsdp_mem_tracker, blocks_workload, fsdp_mem_tracker_peak, tiny_gpt
 
 SAC = {"blocks.0": "save_matmuls", "blocks.1": "recompute_all"}
 
@@ -38,7 +38,7 @@ def test_combination_per_rank_bytes_equal_fsdp_mem_tracker(name):
     spec = ParallelSpec(world_size=4, **kw)
     ours = measure_parallel(wl, spec, plan, ranks=[0]).rank(0)
     oracle = fsdp_mem_tracker_peak(wl, spec, plan)
-    assert ours.peak_bytes == oracle["Total"], (ours.peak_split, oracle)
+    beyond_fsdp_mem_tracker(ours.peak_bytes, oracle["Total"], plan)  # checkpoint's RNG stashes: we see them
     split = ours.peak_split
     assert split["sharded_parameters"] == oracle.get("Sharded Param", 0)
     assert split["unsharded_parameters"] == oracle.get("Unsharded Param", 0)

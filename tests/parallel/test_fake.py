@@ -12,12 +12,25 @@ from memsave_nb.model_state import ModelSnapshot
 from memsave_nb.parallel import ParallelError, ParallelSpec, measure_parallel
 from memsave_nb.workload import iter_tensors
 
-from .conftest import blocks_workload, fsdp_mem_tracker_peak, tiny_gpt
+from .conftest import beyond_fsdp_mem_tracker, blocks_workload, fsdp_mem_tracker_peak, tiny_gpt
 
 
 def _batch_bytes(workload) -> int:
     raw = workload.batch() if callable(workload.batch) else workload.batch
     return sum(t.untyped_storage().nbytes() for t in iter_tensors(raw))
+
+
+@pytest.mark.parametrize("loop", ["loss_only", "keep_output_backward", "keep_output_step"])
+def test_each_loop_per_rank_equals_fsdp_mem_tracker_on_that_loop(loop):
+    """The per-rank step runs the workload's loop as the engine does (the output dropped before
+    backward, before the step, or kept): FSDPMemTracker running the same loop agrees to the byte,
+    and keeping the output raises the rank's peak over the default, as on one device."""
+    wl = tiny_gpt().replace(loop=loop)
+    spec = ParallelSpec(world_size=2)
+    ours = measure_parallel(wl, spec, ranks=[0]).rank(0)
+    assert ours.peak_bytes == fsdp_mem_tracker_peak(wl, spec)["Total"]
+    if loop != "loss_only":
+        assert ours.peak_bytes > measure_parallel(wl.replace(loop="loss_only"), spec, ranks=[0]).rank(0).peak_bytes
 
 
 @pytest.mark.slow
@@ -30,7 +43,7 @@ def test_rank_peak_equals_fsdp_mem_tracker(world_size, regions):
     spec = ParallelSpec(world_size=world_size)
     ours = measure_parallel(wl, spec, plan, ranks=[0]).rank(0)
     oracle = fsdp_mem_tracker_peak(wl, spec, plan)
-    assert ours.peak_bytes == oracle["Total"]
+    beyond_fsdp_mem_tracker(ours.peak_bytes, oracle["Total"], plan)  # checkpoint's RNG stashes: we see them
     split = ours.peak_split
     assert split["sharded_parameters"] == oracle.get("Sharded Param", 0)
     assert split["unsharded_parameters"] == oracle.get("Unsharded Param", 0)
@@ -146,6 +159,7 @@ def test_unseen_lines_are_explicit():
     names = [u.name for u in m.unseen]
     assert any("NCCL" in n for n in names) and any("CUDA context" in n for n in names)
     assert any("fragmentation" in n for n in names)
+    assert any(n.startswith("kernel workspaces") for n in names)  # issue 33: what kernels allocate below dispatch
     assert all(u.source and u.high_bytes >= u.low_bytes for u in m.unseen)
     assert "NCCL" in m.table() and "worst rank" in m.table()
 

@@ -129,7 +129,9 @@ def test_gpus_tab_offload_checkbox_shows_the_device_peak_and_host_memory():
     panel.refresh()
     expected = measure_parallel(wl, ParallelSpec(world_size=4, cpu_offload=True))
     assert panel.result.device_peak_bytes == expected.device_peak_bytes < expected.peak_bytes
-    assert f"{expected.device_peak_bytes / (1 << 30):.2f} GiB counted on the GPU" in panel.peak.value
+    from memsave_nb.ui.format import format_bytes
+
+    assert f"{format_bytes(expected.device_peak_bytes)} counted on the GPU" in panel.peak.value  # units per value
     assert "host memory" in panel.peak.value
     panel.sharding.value = "ddp"
     panel.refresh()

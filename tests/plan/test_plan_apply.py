@@ -244,7 +244,8 @@ def test_selective_policy_saves_exactly_the_matmul_outputs_it_names(gpt_runs):
     sac = gpt_runs["save_matmuls"]
     full = gpt_runs["full"]
     kept = {o.op for o in sac.ops_in("blocks.0") if o.saved_bytes}
-    # matmul outputs, and the block's output (the residual add), which the next region keeps as input
-    assert kept <= {"aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm", "aten.add"}, kept
+    # matmul outputs, the block's output (the residual add), which the next region keeps as input,
+    # and the CPU generator state checkpoint stashes for the recomputation
+    assert kept <= {"aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm", "aten.add", "get_rng_state"}, kept
     assert {"aten.addmm", "aten.bmm"} & kept or {"aten.mm"} & kept
     assert sac.module("blocks.0").saved_bytes > full.module("blocks.0").saved_bytes

@@ -75,7 +75,8 @@ def test_unknown_mask_values_warn_with_the_bytes_fake_mode_over_counts():
 
     def make() -> dict[str, torch.Tensor]:  # called by measure() inside the fake mode
         ids = torch.zeros(batch_size, seq, dtype=torch.long)
-        return {"input_ids": ids, "labels": ids, "attention_mask": torch.ones(batch_size, seq, dtype=torch.long)}
+        # all ones, but read from the ids (a mask made by torch.ones is known to be full: not this test)
+        return {"input_ids": ids, "labels": ids, "attention_mask": (ids == 0).long()}
 
     known = llama.replace(batch=make())
     with warnings.catch_warnings():
@@ -86,3 +87,37 @@ def test_unknown_mask_values_warn_with_the_bytes_fake_mode_over_counts():
     assert len([w for w in caught if "over-count" in str(w.message)]) == 1
     assert fake_unknown.saved_bytes - fake_known.saved_bytes == batch_size * seq * seq
     assert (masking_utils.find_packed_sequence_indices, masking_utils._ignore_causal_mask_sdpa) == originals
+
+
+def _bart():
+    from .real_cases import HEADS, HIDDEN, LAYERS, _transformers
+
+    t = _transformers()
+    cfg = t.BartConfig(vocab_size=VOCAB, d_model=HIDDEN, encoder_layers=LAYERS, decoder_layers=LAYERS,
+                       encoder_attention_heads=HEADS, decoder_attention_heads=HEADS, encoder_ffn_dim=2 * HIDDEN,
+                       decoder_ffn_dim=2 * HIDDEN, max_position_embeddings=2 * SEQ)
+    torch.manual_seed(0)
+    return t.BartForConditionalGeneration(cfg).train()
+
+
+@pytest.mark.parametrize("mask", ["none", "padded", "full"])
+def test_bart_in_fake_mode_equals_real_without_a_warning(mask):
+    """BART's decoder makes its own all-ones attention_mask (torch.ones) when the batch has none:
+    fake mode once built the decoder's mask a real step skips (16,384 bytes over, and a warning of
+    2,048 without a mask; silently with a padded encoder mask). The ones it made are now known."""
+    from memsave_nb.workload import Workload
+
+    g = torch.Generator().manual_seed(2)
+    ids = torch.randint(3, VOCAB, (BATCH, SEQ), generator=g)
+    batch = {"input_ids": ids, "labels": ids}
+    if mask != "none":
+        batch["attention_mask"] = torch.ones(BATCH, SEQ, dtype=torch.long)
+        if mask == "padded":
+            batch["attention_mask"][1, SEQ // 2:] = 0
+    wl = Workload(_bart(), batch)
+    real = measure(wl, "real", repeats=0, flops=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        fake = measure(wl, "fake", repeats=0, flops=False)
+    assert (fake.saved_bytes, fake.peak_bytes) == (real.saved_bytes, real.peak_bytes)
+

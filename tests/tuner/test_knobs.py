@@ -280,3 +280,16 @@ def test_fake_mode_says_when_the_gpu_would_run_the_foreach_step():
     with Plan(optimizer="adamw").apply(w) as a:
         real = measure(a, mode="real", repeats=0)
     assert not any("single-tensor step" in n for n in real.notes)  # real mode measures what runs
+
+
+@pytest.mark.parametrize("name", ["sgd", "sgd_momentum"])
+def test_an_optimizer_name_means_one_thing_in_workload_and_plan(name):
+    """``Workload(optimizer="sgd")`` once meant SGD with momentum where ``Plan(optimizer="sgd")``
+    meant plain SGD: the same name, the same optimizer and the same state bytes."""
+    wl = zoo.make("mlp", 8)
+    by_workload = measure(wl.replace(optimizer=name), "fake", repeats=0)
+    with Plan(optimizer=name).apply(wl) as applied:
+        by_plan = measure(applied, "fake", repeats=0)
+    assert by_workload.peak_split.optimizer_state == by_plan.peak_split.optimizer_state
+    assert (by_workload.peak_split.optimizer_state == 0) == (name == "sgd")
+

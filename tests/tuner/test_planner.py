@@ -118,3 +118,16 @@ def test_planner_passes_on_the_single_tensor_optimizer_caveat():
     gpu = zoo.gpt(cfg, batch_size=4).replace(optimizer=lambda p: torch.optim.AdamW(p, foreach=True))
     foreach = plan_for(gpu, Target(1), remeasure=0, region_kinds=("full",))
     assert not any("single-tensor step" in n for n in foreach.notes)
+
+
+def test_candidates_labels_tell_plans_apart():
+    """Mirror-image assignments (the first regions one kind, the rest another, and the reverse)
+    are different plans: their labels differ, and say which region takes which kind."""
+    wl = zoo.make("gpt", 4)
+    result = plan_for(wl, Target(1), mode="fake", remeasure=0, region_kinds=("full", "offload"))
+    by_label: dict[str, Plan] = {}
+    for c in result.candidates:
+        assert by_label.setdefault(c.label, c.plan) == c.plan, c.label
+    labels = {c.label for c in result.candidates}
+    assert "full blocks.0-1; offload blocks.2-3" in labels, sorted(labels)
+    assert "offload blocks.0-1; full blocks.2-3" in labels

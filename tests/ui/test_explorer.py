@@ -141,6 +141,46 @@ def test_memory_saving_switch_and_bn_eval(cnn):
     assert expected.saved_bytes < 0.5 * cnn.baseline.saved_bytes  # the paper's "input only, BN eval" case
 
 
+def test_the_title_and_the_code_name_the_loop():
+    ex = Explorer(Session(cnn_workload().replace(loop="keep_output_step"), repeats=0), debounce_s=0.05)
+    assert "loop keep_output_step" in ex.title.value
+    assert "loop &#x27;keep_output_step&#x27;" in ex.code.value or "loop 'keep_output_step'" in ex.code.value
+
+
+def test_a_failed_run_undoes_only_its_own_change_never_later_edits(cnn):
+    """The race behind a flaky ``test_memory_saving_switch_and_bn_eval``: freezing everything
+    (no input grad: nothing to differentiate) runs and fails; the user's next click lands in the
+    editor before the explorer has reacted to it (a new run not yet requested); the failed run's
+    revert then put back the plan on display and wiped that click. Made deterministic here: the
+    failing run waits until the click is in the editor, and the click's handling waits until the
+    failed run is over."""
+    real_run = cnn.session.run
+    failing, click_landed, worker = threading.Event(), threading.Event(), {}
+
+    def slow_run(plan, **kwargs):  # the engine, slowed on purpose: the failing step waits for the click
+        if plan.frozen and not plan.input_requires_grad:
+            worker["thread"] = threading.current_thread()
+            failing.set()
+            assert click_landed.wait(30)
+        return real_run(plan, **kwargs)
+
+    def in_the_window():  # runs first on every edit, before the explorer reacts to it
+        if not failing.is_set() or click_landed.is_set() or threading.current_thread() is worker["thread"]:
+            return
+        click_landed.set()
+        assert cnn.runner.wait(30)  # the failed run, its revert included, is over
+
+    cnn.session.run = slow_run
+    cnn.editor._listeners.insert(0, in_the_window)
+    cnn.table.row("").freeze.value = True  # this run fails
+    assert failing.wait(30)
+    cnn.input_grad.value = True  # the click made while it runs
+    assert click_landed.is_set()
+    assert cnn.wait(120) and cnn.state == "done", cnn.status.value
+    assert cnn.plan.frozen == ("",) and cnn.plan.input_requires_grad is True
+    assert cnn.entry.plan == cnn.plan  # and the numbers on display are that plan's
+
+
 def test_a_plan_preset_sets_every_control(cnn):
     from memsave_nb.presets import presets_for
 

@@ -1,0 +1,145 @@
+"""The GPUs tab's picture of one ``ParallelMeasurement`` (pure: a result in, HTML and Bokeh out):
+a stacked bar per distinct rank group by category, the lines no counter sees as a hatched range
+above it, the GPU's usable line, a fits / does not fit verdict against the Fit-a-GPU target, and
+a table with units chosen per value.
+
+Bokeh names: figure ``gpus_figure``, stacks ``gpus_bar_<category>``, ``gpus_unseen`` (hatched),
+``gpus_usable_line``.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+from bokeh.models import ColumnDataSource, FactorRange, HoverTool, Range1d, Span
+from bokeh.plotting import figure
+
+from memsave_nb.parallel.result import CATEGORIES, unseen_lines
+from memsave_nb.target import Target
+
+from .format import format_bytes
+from .plot_base import _bytes_axis
+
+COLORS = ("#1f77b4", "#aec7e8", "#9467bd", "#17becf", "#ff7f0e", "#d62728", "#2ca02c", "#8c564b", "#7f7f7f")
+FITS_COLOR = "#2ca02c"
+MISS_COLOR = "#d62728"
+
+
+def category_name(category: str, strategy: str) -> str:
+    """A column's words: DDP keeps a whole replica, which is no shard."""
+    if category == "sharded_parameters":
+        return "parameters (replica)" if strategy == "ddp" else "parameters (shards)"
+    if category == "unsharded_parameters":
+        return "parameters (gathered)"
+    return category.replace("_", " ")
+
+
+def rank_label(ranks: tuple[int, ...]) -> str:
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    if list(ranks) == list(range(ranks[0], ranks[-1] + 1)):
+        return f"ranks {ranks[0]}-{ranks[-1]}"
+    return f"{len(ranks)} ranks from {ranks[0]}"
+
+
+def _split(result: Any, r: Any) -> dict[str, int]:
+    if result.host_peak_bytes is not None:
+        return dict(r.device_peak_split or {})
+    return dict(r.peak_split)
+
+
+def _unseen(result: Any, r: Any) -> tuple[int, int]:
+    """The unseen lines for this rank's own peak (the fragmentation line scales with it)."""
+    lines = unseen_lines(result.spec, r.device_bytes, r.offload_h2d_bytes, r.offload_d2h_bytes, r.foreach_temp_bytes)
+    return sum(u.low_bytes for u in lines), sum(u.high_bytes for u in lines)
+
+
+def columns(result: Any) -> list[str]:
+    return [c for c in CATEGORIES if any(_split(result, r).get(c) for r in result.ranks)]
+
+
+def rank_figure(result: Any, target: Target | None, *, width: int = 640, height: int = 320) -> Any:
+    """One stacked bar per rank group; the hatched range is the unseen lines (low to high)."""
+    labels = [rank_label(r.ranks) for r in result.ranks]
+    cols = columns(result)
+    data: dict[str, list] = {"rank": labels}
+    for c in cols:
+        data[c] = [_split(result, r).get(c, 0) for r in result.ranks]
+    data["counted"] = [r.device_bytes for r in result.ranks]
+    data["counted_label"] = [format_bytes(v) for v in data["counted"]]
+    lows, highs = zip(*(_unseen(result, r) for r in result.ranks))
+    data["unseen_bottom"] = list(data["counted"])
+    data["unseen_top"] = [c + h for c, h in zip(data["counted"], highs)]
+    data["unseen_label"] = [f"{format_bytes(lo)} .. {format_bytes(hi)}" for lo, hi in zip(lows, highs)]
+    source = ColumnDataSource(data, name="gpus")
+    top = max(data["unseen_top"] + ([target.usable_bytes, ] if target else []) + [1])
+    fig = figure(x_range=FactorRange(*labels), y_range=Range1d(0, top * 1.12), width=width, height=height,
+                 toolbar_location=None,
+                 title=f"Per-rank GPU memory: {result.spec.describe()}", name="gpus_figure")
+    strategy = getattr(result.spec, "strategy", "fsdp")
+    fig.vbar_stack(cols, x="rank", width=0.6, source=source, color=list(COLORS[: len(cols)]),
+                   legend_label=[category_name(c, strategy) for c in cols], name=[f"gpus_bar_{c}" for c in cols])
+    unseen = fig.vbar(x="rank", bottom="unseen_bottom", top="unseen_top", width=0.6, source=source, fill_alpha=0.0,
+                      hatch_pattern="/", hatch_color="#888888", hatch_alpha=0.8, line_color="#888888",
+                      line_dash="dashed", legend_label="unseen lines (up to)", name="gpus_unseen")
+    fig.add_tools(HoverTool(renderers=[unseen], tooltips=[("ranks", "@rank"), ("counted", "@counted_label"),
+                                                          ("unseen", "@unseen_label")]))
+    if target is not None:
+        fig.add_layout(Span(location=target.usable_bytes, dimension="width", line_color="#333333", line_dash="dashed",
+                            line_width=2, name="gpus_usable_line"))
+    _bytes_axis(fig.yaxis[0])
+    fig.yaxis.axis_label = "bytes per GPU"
+    legend = fig.legend[0]
+    legend.label_text_font_size = "9px"
+    fig.add_layout(legend, "right")  # beside the bars, never over them
+    return fig
+
+
+def verdict_html(result: Any, target: Target | None) -> str:
+    """Fits / does not fit for the worst rank against the target (the counted peak under the
+    headroom line; the unseen lines against the whole card)."""
+    worst = result.worst
+    counted = worst.device_bytes
+    low, high = _unseen(result, worst)
+    where = " on the GPU" if result.host_peak_bytes is not None else ""
+    if target is None:
+        return (f"<span class='memsave-parallel-verdict'>worst {rank_label(worst.ranks)}: {format_bytes(counted)} counted"
+                f"{where}; set a GPU size in <i>Fit a GPU</i> for a verdict</span>")
+    ok = target.fits(counted)
+    whole = counted + high <= target.total_bytes
+    extra = (f"; with the unseen lines {format_bytes(counted + low)} .. {format_bytes(counted + high)}, "
+             f"{'within' if whole else 'over'} the whole {html.escape(target.label)}")
+    return (f"<b class='memsave-parallel-verdict {'memsave-fits' if ok else 'memsave-nofit'}' "
+            f"style='color:{FITS_COLOR if ok else MISS_COLOR}'>worst {rank_label(worst.ranks)}: "
+            f"{format_bytes(counted)}{where} {html.escape(target.verdict(counted))}</b><small>{extra}</small>")
+
+
+def table_html(result: Any) -> str:
+    """Per rank group: device peak, host peak under offload, each category; then the unseen lines.
+    Scrolls sideways in a narrow page with the rank column fixed."""
+    cols = columns(result)
+    strategy = getattr(result.spec, "strategy", "fsdp")
+    offload = result.host_peak_bytes is not None
+    heads = ["ranks", "GPU peak" if offload else "peak"] + (["host peak"] if offload else [])
+    heads += [category_name(c, strategy) for c in cols]
+    sticky = "position:sticky;left:0;background:var(--jp-layout-color0, #fff);"
+    cell = "padding:2px 8px;text-align:right;white-space:nowrap;"
+    th = "".join(f"<th style='{cell}{sticky if i == 0 else ''}'>{html.escape(h)}</th>" for i, h in enumerate(heads))
+    rows = []
+    for r in result.ranks:
+        values = [r.device_bytes] + ([r.host_peak_bytes or 0] if offload else []) + [_split(result, r).get(c, 0) for c in cols]
+        tds = "".join(f"<td style='{cell}'>{format_bytes(v)}</td>" for v in values)
+        rows.append(f"<tr><td style='{cell}{sticky}text-align:left'>{html.escape(rank_label(r.ranks))}</td>{tds}</tr>")
+    unseen = "".join(f"<li title='{html.escape(u.source)}'>{html.escape(u.name)}: {format_bytes(u.low_bytes)} .. "
+                     f"{format_bytes(u.high_bytes)}</li>" for u in result.unseen)
+    state = "steady state" if result.steady else "first step"
+    # the widget's content box would grow to the table's width: let it shrink, the grid box scrolls
+    fit = (".memsave-parallel-table .widget-html-content{min-width:0;width:100%;overflow:hidden}")
+    return (f"<style>{fit}</style><div class='memsave-parallel-grid-box' style='overflow-x:auto;max-width:100%'>"
+            f"<div><small>{html.escape(result.spec.describe())} ({state})"
+            f"{'; GPU = device memory, host = CPU memory' if offload else ''}</small></div>"
+            f"<table class='memsave-parallel-grid' style='border-collapse:collapse;font-size:12px'>"
+            f"<thead><tr>{th}</tr></thead><tbody>{''.join(rows)}</tbody></table></div>"
+            f"<small>Lines no counter sees, per GPU of the worst rank (hover for the source):</small>"
+            f"<ul style='margin:2px 0;font-size:12px'>{unseen}</ul>")
