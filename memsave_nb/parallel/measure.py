@@ -95,10 +95,12 @@ def measure_rank(workload: Workload, spec: ParallelSpec, plan: Any = None, *, ra
     # nonzero), so the twin is built on meta, sharded outside fake mode and to_empty'd inside it;
     # DTensor's first step over-counts (sharding propagation), so a whole first step runs untracked.
     tp = spec.tensor_parallel > 1
+    waits = contextlib.nullcontext()
     if tp:
-        from .tp import clear_dtensor_caches
+        from .tp import clear_dtensor_caches, waits_return_their_tensor
 
         clear_dtensor_caches()  # no mesh of an earlier (destroyed) group may come back from them
+        waits = waits_return_their_tensor()
     with _PROCESS_GROUP_LOCK, fake_process_group(spec, rank) as mesh:
         fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
         twin = fake_twin(workload.model, fake_mode, meta=tp)
@@ -109,7 +111,7 @@ def measure_rank(workload: Workload, spec: ParallelSpec, plan: Any = None, *, ra
         with applied as wl, entries_restored(wl.model):
             with contextlib.nullcontext() if tp else fake_mode:
                 called = apply_parallel(wl.model, spec, mesh, fake=True)
-            with fake_mode:
+            with fake_mode, waits:
                 if tp:
                     wl.model.to_empty(device="cpu")
                 batch = _fake_batch(wl, fake_mode)

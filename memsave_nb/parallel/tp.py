@@ -11,8 +11,9 @@ counts divisible by the degree), each rank's parameter shapes, and the call.
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from torch import nn
@@ -120,3 +121,32 @@ def clear_dtensor_caches() -> None:
                   getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None)):  # the C++ fast path's
         if callable(clear):
             clear()
+
+
+@contextlib.contextmanager
+def waits_return_their_tensor() -> Iterator[None]:
+    """In fake mode, a functional collective's wait returns the collective's output itself.
+
+    TP's redistributions (the all-reduce after a row-wise layer, the all-gather of the logits) run
+    as functional collectives; while tracing, which fake mode counts as, each result passes through
+    ``_c10d_functional.wait_tensor``, whose fake kernel makes a new tensor (its schema declares no
+    alias), so a dispatch-level counter sees a second buffer of the same size. In eager runs the
+    wait hands back the very tensor (``AsyncCollectiveTensor.wait``): one buffer. While active, the
+    wait on a fake tensor returns it (nothing else changes: the collective still runs).
+    """
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch.distributed import _functional_collectives as funcol
+
+    original = getattr(funcol, "wait_tensor", None)
+    if original is None:  # pragma: no cover
+        yield
+        return
+
+    def wait_tensor(tensor):
+        return tensor if isinstance(tensor, FakeTensor) else original(tensor)
+
+    funcol.wait_tensor = wait_tensor
+    try:
+        yield
+    finally:
+        funcol.wait_tensor = original

@@ -51,6 +51,22 @@ def torch_plan(model: nn.Module) -> dict:
     return plan
 
 
+def run_loop(workload: Workload, forward, batch, optimizer) -> None:
+    """One step as the workload's loop runs it: the output dropped where the loop drops it, the
+    loss alive to the end of the step."""
+    from memsave_nb.workload import output_dropped
+
+    out = forward(batch)
+    loss = workload.compute_loss(out)
+    if output_dropped(workload.loop, "backward"):
+        out = None
+    loss.backward()
+    if output_dropped(workload.loop, "step"):
+        out = None
+    optimizer.step()
+    del out, loss
+
+
 def torch_tracker_peak(workload: Workload, spec: ParallelSpec, rank: int = 0, plan=torch_plan) -> dict:
     """PyTorch's MemTracker (TP alone) or FSDPMemTracker (TP x FSDP2) on the same layout in fake
     mode: built on meta, TP and fully_shard outside fake mode, to_empty inside; one untracked step
@@ -81,12 +97,8 @@ def torch_tracker_peak(workload: Workload, spec: ParallelSpec, rank: int = 0, pl
             batch = _fake_batch(w, fm)
             opt = w.make_optimizer()
 
-            def step():  # the output is held through backward, as a training loop holds it
-                out = w.forward(batch)
-                loss = w.compute_loss(out)
-                loss.backward()
-                del out, loss
-                opt.step()
+            def step():
+                run_loop(w, w.forward, batch, opt)
 
             step()
             for p in twin.parameters():
@@ -241,11 +253,7 @@ def profiler_peak(workload: Workload, model: nn.Module, batch) -> int:
     opt = workload.make_optimizer()
 
     def step():
-        out = workload.replace(model=model).forward(batch)
-        loss = workload.compute_loss(out)
-        loss.backward()
-        del out, loss
-        opt.step()
+        run_loop(workload, workload.replace(model=model).forward, batch, opt)
 
     step()
     for p in workload.model.parameters():
