@@ -4,7 +4,9 @@ A plan holds one as its ``parallel`` field; it lives here, below the plan and ``
 the plan knows nothing of how ranks are measured or of ``fully_shard`` (``export/`` writes that).
 
 FSDP2 (``fully_shard``) on a 1-D mesh of ``world_size`` ranks, or on a 2-D mesh
-``(replicate, world_size // replicate)`` for HSDP; or DDP. Validated once, at construction.
+``(replicate, world_size // replicate)`` for HSDP; or DDP. With ``tensor_parallel`` > 1 the mesh
+gains a last ``tp`` dimension (``parallelize_module``), FSDP2 shards over the rest (2-D).
+Validated once, at construction.
 """
 
 from __future__ import annotations
@@ -16,6 +18,11 @@ from memsave_nb.checkpointing import show
 from memsave_nb.errors import PlanError, WorkloadError
 
 STRATEGIES = ("fsdp", "ddp")
+# Tensor-parallel styles a plan names (``parallel/tp.py`` maps each to PyTorch's ParallelStyle):
+# colwise / rowwise Linear (or Embedding), the input embedding (rowwise, token ids replicated),
+# the output head (colwise, logits gathered), a norm and a module that gathers its sequence-sharded
+# input once (both for sequence parallel).
+TP_STYLES = ("colwise", "rowwise", "embedding", "head", "norm", "gather_input")
 DTYPES = ("float32", "bfloat16", "float16")
 MAX_WORLD_SIZE = 1 << 16
 
@@ -40,6 +47,11 @@ class ParallelSpec:
     - ``bucket_cap_mb``: DDP gradient bucket size.
     - ``gradient_as_bucket_view``: DDP's option: gradients are views of its buckets (one copy of
       the gradients instead of two).
+    - ``tensor_parallel``: TP degree (ranks one layer's matrices are split over, within a node);
+      the mesh is ``(replicate?, shard, tp)`` and FSDP2 shards over ``world_size // tp`` ranks.
+    - ``sequence_parallel``: norms and the residual stream sharded over the sequence (TP > 1).
+    - ``tp_plan``: ``(module-name pattern, style)`` pairs (``fnmatch`` patterns, styles in
+      ``TP_STYLES``); empty means the default plan for decoders (``parallel/tp.py``).
     """
 
     world_size: int = 8
@@ -52,6 +64,9 @@ class ParallelSpec:
     cpu_offload: bool = False
     bucket_cap_mb: float = 25.0
     gradient_as_bucket_view: bool = False
+    tensor_parallel: int = 1
+    sequence_parallel: bool = False
+    tp_plan: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -80,33 +95,75 @@ class ParallelSpec:
         for f in ("reshard_after_forward", "cpu_offload", "gradient_as_bucket_view"):
             if not isinstance(getattr(self, f), bool):
                 raise ParallelError(f"{f} must be True or False, got {show(getattr(self, f))}")
+        self._check_tensor_parallel()
         b = self.bucket_cap_mb
         if isinstance(b, bool) or not isinstance(b, (int, float)) or not 0 < b < float("inf"):
             raise ParallelError(f"bucket_cap_mb must be a positive number, got {show(b)}")
         set_(self, "bucket_cap_mb", float(b))
 
+    def _check_tensor_parallel(self) -> None:
+        tp, ws, r = self.tensor_parallel, self.world_size, self.replicate
+        if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1 or (ws // r) % tp:
+            raise ParallelError(f"tensor_parallel must be a positive divisor of world_size // replicate = {ws // r}, got {show(tp)}")
+        if not isinstance(self.sequence_parallel, bool):
+            raise ParallelError(f"sequence_parallel must be True or False, got {show(self.sequence_parallel)}")
+        plan = self.tp_plan
+        if isinstance(plan, Mapping):
+            plan = tuple(plan.items())
+        pair = lambda x: isinstance(x, (tuple, list)) and len(x) == 2 and all(isinstance(v, str) for v in x)  # noqa: E731
+        if isinstance(plan, str) or not isinstance(plan, (tuple, list)) or not all(map(pair, plan)):
+            raise ParallelError(f"tp_plan must be (module-name pattern, style) pairs, got {show(self.tp_plan)}")
+        plan = tuple(tuple(x) for x in plan)
+        bad = [s for _, s in plan if s not in TP_STYLES]
+        if bad:
+            raise ParallelError(f"tp_plan style must be one of {TP_STYLES}, got {show(bad[0])}")
+        object.__setattr__(self, "tp_plan", plan)
+        if tp == 1 and (self.sequence_parallel or plan):
+            raise ParallelError("sequence_parallel and tp_plan need tensor_parallel > 1")
+        if tp > 1 and self.strategy != "fsdp":
+            raise ParallelError("tensor_parallel is combined with FSDP2 (strategy 'fsdp'), not DDP")
+        if tp > 1 and self.cpu_offload:
+            raise ParallelError("cpu_offload with tensor_parallel is not measured yet")
+
     @property
     def mesh_shape(self) -> tuple[int, ...]:
+        tp = (self.tensor_parallel,) if self.tensor_parallel > 1 else ()
         if self.replicate > 1:
-            return (self.replicate, self.world_size // self.replicate)
-        return (self.world_size,)
+            return (self.replicate, self.world_size // self.replicate // self.tensor_parallel, *tp)
+        return (self.world_size // self.tensor_parallel, *tp)
+
+    @property
+    def mesh_dim_names(self) -> tuple[str, ...]:
+        return (("replicate",) if self.replicate > 1 else ()) + ("shard",) + (("tp",) if self.tensor_parallel > 1 else ())
 
     @property
     def shard_size(self) -> int:
         """Ranks one parameter is sharded over (FSDP), 1 for DDP."""
-        return self.world_size // self.replicate if self.strategy == "fsdp" else 1
+        return self.world_size // self.replicate // self.tensor_parallel if self.strategy == "fsdp" else 1
+
+    @property
+    def data_parallel(self) -> int:
+        """Ranks the batch is split over (FSDP2 / HSDP / DDP); 1 under tensor parallel alone."""
+        return self.world_size // self.tensor_parallel
 
     @property
     def communicators(self) -> int:
         """Process groups (NCCL communicators) the strategy uses per rank."""
-        return 2 if self.replicate > 1 else 1
+        dp = 2 if self.replicate > 1 else 1 if self.data_parallel > 1 else 0
+        return dp + (1 if self.tensor_parallel > 1 else 0)
 
     def describe(self) -> str:
         if self.strategy == "ddp":
             view = ", gradients as bucket views" if self.gradient_as_bucket_view else ""
             return f"DDP x{self.world_size} (buckets {self.bucket_cap_mb:g} MB{view})"
         mesh = "x".join(map(str, self.mesh_shape))
-        parts = [f"{'HSDP' if self.replicate > 1 else 'FSDP2'} x{self.world_size}" + (f" (mesh {mesh})" if self.replicate > 1 else "")]
+        tp = self.tensor_parallel
+        if tp > 1:
+            dp = "" if self.data_parallel == 1 else f" x {'HSDP' if self.replicate > 1 else 'FSDP2'} {self.data_parallel}"
+            head = f"TP {tp}{dp} ({self.world_size} ranks, mesh {mesh}" + (", sequence parallel)" if self.sequence_parallel else ")")
+        else:
+            head = f"{'HSDP' if self.replicate > 1 else 'FSDP2'} x{self.world_size}" + (f" (mesh {mesh})" if self.replicate > 1 else "")
+        parts = [head]
         if not self.reshard_after_forward:
             parts.append("no reshard after forward")
         if self.param_dtype or self.reduce_dtype:
@@ -118,6 +175,7 @@ class ParallelSpec:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["shard_modules"] = list(self.shard_modules)
+        d["tp_plan"] = [list(pair) for pair in self.tp_plan]
         return d
 
     @classmethod
@@ -131,6 +189,8 @@ class ParallelSpec:
         kw = dict(data)
         if "shard_modules" in kw and isinstance(kw["shard_modules"], list):
             kw["shard_modules"] = tuple(kw["shard_modules"])
+        if isinstance(kw.get("tp_plan"), list):
+            kw["tp_plan"] = tuple(tuple(p) if isinstance(p, list) else p for p in kw["tp_plan"])
         return cls(**kw)
 
 

@@ -106,10 +106,13 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, C)
         B, T, C = x.shape
-        q, k, v = self.qkv(x).split(C, dim=2)
-        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
+        # chunk and -1 (not split(C) and n_head): under tensor parallel this rank's qkv output holds
+        # 3C / tp features; unsharded they are the same views as split(C) and view(B, T, nh, hs)
+        q, k, v = self.qkv(x).chunk(3, dim=2)
+        hs = C // self.n_head
+        q, k, v = (t.view(B, T, -1, hs).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
-        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        y = y.transpose(1, 2).contiguous().view(B, T, -1)
         return self.resid_dropout(self.proj(y))
 
 

@@ -24,9 +24,17 @@ def parallel_code(spec: ParallelSpec, model_var: str = "model") -> tuple[list[st
         ]
         return imports, body
     imports.append("from torch.distributed.fsdp import fully_shard")
-    names = "('replicate', 'shard')" if spec.replicate > 1 else "('shard',)"
-    body.append(f"mesh = init_device_mesh(device_type, {spec.mesh_shape!r}, mesh_dim_names={names})")
-    kwargs = [f"mesh=mesh", f"reshard_after_forward={spec.reshard_after_forward!r}"]
+    body.append(f"mesh = init_device_mesh(device_type, {spec.mesh_shape!r}, mesh_dim_names={spec.mesh_dim_names!r})")
+    dp_mesh = "mesh"
+    if spec.tensor_parallel > 1:
+        more_imports, more_body = tensor_parallel_code(spec, m)
+        imports += more_imports
+        body += more_body
+        if spec.data_parallel == 1:
+            return imports, body + ["# build the optimizer after this line, over the (now split) parameters"]
+        dp_names = spec.mesh_dim_names[:-1]
+        dp_mesh = f"mesh[{dp_names[0] if len(dp_names) == 1 else dp_names!r}]"
+    kwargs = [f"mesh={dp_mesh}", f"reshard_after_forward={spec.reshard_after_forward!r}"]
     if spec.param_dtype or spec.reduce_dtype:
         imports.append("from torch.distributed.fsdp import MixedPrecisionPolicy")
         pd = f"torch.{spec.param_dtype}" if spec.param_dtype else "None"
@@ -52,4 +60,32 @@ def parallel_code(spec: ParallelSpec, model_var: str = "model") -> tuple[list[st
         f"fully_shard({m}, **fsdp_kwargs)  # the root: everything not in a unit",
         "# build the optimizer after this line, over the (now sharded) parameters",
     ]
+    return imports, body
+
+
+def _source(fn, signature: str) -> list[str]:
+    lines = inspect.getsource(fn).splitlines()
+    return [signature, *lines[1:]]
+
+
+def tensor_parallel_code(spec: ParallelSpec, model_var: str = "model") -> tuple[list[str], list[str]]:
+    """``parallelize_module`` with the spec's plan on ``mesh["tp"]``: the very functions the sizing
+    resolves the plan and builds PyTorch's styles with, so the script splits what was measured."""
+    from memsave_nb import tp_plan as tp
+
+    m = model_var
+    imports = ["from torch import nn", "from torch.distributed.tensor.parallel import parallelize_module"]
+    body = [""]
+    if spec.tp_plan:
+        imports.append("import fnmatch")
+        body += _source(tp.matched_tp_plan, "def matched_tp_plan(model, rules):") + ["", ""]
+        plan = f"matched_tp_plan({m}, {[list(p) for p in spec.tp_plan]!r})"
+    else:
+        for const in ("COLWISE", "ROWWISE", "EMBEDDINGS", "HEADS"):
+            body.append(f"{const} = {sorted(getattr(tp, const))!r}")
+        body += ["", "", *_source(tp.default_tp_plan, "def default_tp_plan(model, sequence_parallel=False):"), "", ""]
+        plan = f"default_tp_plan({m}, {spec.sequence_parallel!r})"
+    body += [*_source(tp.tp_styles, "def tp_styles(plan, sequence_parallel):"), "", ""]
+    body += [f"tp_plan = {plan}  # (module name, style): Megatron-style column / row splits",
+             f"parallelize_module({m}, mesh['tp'], tp_styles(tp_plan, {spec.sequence_parallel!r}))"]
     return imports, body

@@ -55,6 +55,13 @@ def apply_parallel(model: nn.Module, spec: ParallelSpec, mesh: Any, *, fake: boo
         return wrap_ddp(model, spec, fake=fake)
     from torch.distributed.fsdp import fully_shard
 
+    if spec.tensor_parallel > 1:  # TP first, on the mesh's last dimension; FSDP2 over the rest
+        from .tp import apply_tensor_parallel
+
+        apply_tensor_parallel(model, spec, mesh["tp"])
+        if spec.data_parallel == 1:
+            return model
+        mesh = mesh[spec.mesh_dim_names[:-1]]
     kw = fsdp_kwargs(spec, mesh)
     with _rank_chunk_only() if fake else contextlib.nullcontext():
         for name in shard_units(model, spec):
@@ -152,10 +159,12 @@ def rank_layouts(model: nn.Module, spec: ParallelSpec) -> list[tuple[int, ...]]:
     n = spec.shard_size
     if spec.strategy == "ddp" or n == 1:
         return [tuple(range(spec.world_size))]
-    dims = [p.shape[0] if p.dim() else 1 for p in model.parameters()]
+    from .tp import tp_local_shapes  # under TP, FSDP2 shards each rank's TP shard
+
+    dims = [s[0] if s else 1 for s in tp_local_shapes(model, spec).values()]
     groups: dict[tuple[int, ...], list[int]] = {}
     for rank in range(spec.world_size):
-        s = rank % n
+        s = (rank // spec.tensor_parallel) % n  # the mesh is (replicate?, shard, tp?), row-major
         sig = tuple(min(-(-d // n), max(0, d - s * -(-d // n))) for d in dims)
         groups.setdefault(sig, []).append(rank)
     return [tuple(r) for r in groups.values()]

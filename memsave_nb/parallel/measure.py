@@ -91,25 +91,50 @@ def measure_rank(workload: Workload, spec: ParallelSpec, plan: Any = None, *, ra
     """One rank in fake mode (see ``measure_parallel``)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    # Tensor parallel: FSDP2 x TP cannot be set up inside fake mode (the mesh's _concatenate runs
+    # nonzero), so the twin is built on meta, sharded outside fake mode and to_empty'd inside it;
+    # DTensor's first step over-counts (sharding propagation), so a whole first step runs untracked.
+    tp = spec.tensor_parallel > 1
+    waits = contextlib.nullcontext()
+    if tp:
+        from .tp import clear_dtensor_caches, waits_return_their_tensor
+
+        clear_dtensor_caches()  # no mesh of an earlier (destroyed) group may come back from them
+        waits = waits_return_their_tensor()
     with _PROCESS_GROUP_LOCK, fake_process_group(spec, rank) as mesh:
         fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
-        twin = fake_twin(workload.model, fake_mode)
+        twin = fake_twin(workload.model, fake_mode, meta=tp)
         twin_workload = workload.replace(model=twin)
         applied = plan.apply(twin_workload) if plan is not None else contextlib.nullcontext(twin_workload)
-        with applied as wl, fake_mode:
-            # The plan restores the twin on exit by comparing its parameter dicts: put back the
-            # twin's own tensors first (fully_shard swapped in DTensors), then the plan undoes the rest.
-            with entries_restored(wl.model):
+        # The plan restores the twin on exit by comparing its parameter dicts: put back the
+        # twin's own tensors first (fully_shard swapped in DTensors), then the plan undoes the rest.
+        with applied as wl, entries_restored(wl.model):
+            with contextlib.nullcontext() if tp else fake_mode:
                 called = apply_parallel(wl.model, spec, mesh, fake=True)
+            with fake_mode, waits:
+                if tp:
+                    wl.model.to_empty(device="cpu")
                 batch = _fake_batch(wl, fake_mode)
                 # an optimizer that reads a scalar (Adafactor's step count) gets the single-device answer
                 try:
                     with optimizer_numbers():
-                        return tracked_step(wl, called, batch, rank=rank, ranks=ranks or (rank,), steady=steady)
+                        return tracked_step(wl, called, batch, rank=rank, ranks=ranks or (rank,),
+                                            steady="full" if tp and steady is True else steady)
                 except (MemsaveError, KeyboardInterrupt):
                     raise
                 except Exception as exc:  # noqa: BLE001 - one line, the cause kept
+                    if spec.sequence_parallel and isinstance(exc, (RuntimeError, ValueError)):
+                        raise _sequence_parallel_error(exc) from exc
                     raise _rank_error(rank, exc) from exc
+
+
+def _sequence_parallel_error(exc: BaseException) -> ParallelError:
+    """A forward that cannot run on sequence shards (position embeddings or masks sized from the
+    local sequence length, attention called with keyword inputs), in one line."""
+    from ..checkpointing import show
+
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return ParallelError(f"sequence_parallel: the model's forward does not run on sequence shards ({show(first, 160)[1:-1]})")
 
 
 @contextlib.contextmanager

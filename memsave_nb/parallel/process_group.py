@@ -33,8 +33,7 @@ def fake_process_group(spec: ParallelSpec, rank: int) -> Iterator[object]:
 
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=spec.world_size)
     try:
-        names = ("replicate", "shard") if len(spec.mesh_shape) == 2 else ("shard",)
-        mesh = init_device_mesh("cpu", spec.mesh_shape, mesh_dim_names=names)
+        mesh = init_device_mesh("cpu", spec.mesh_shape, mesh_dim_names=spec.mesh_dim_names)
         yield mesh
     finally:
         dist.destroy_process_group()

@@ -1,0 +1,90 @@
+"""A tensor-parallel plan as module names and PyTorch ``ParallelStyle`` objects.
+
+Plain functions of a model (no process group, no fake mode): ``parallel/tp.py`` sizes with them and
+``export/parallel.py`` writes their source into the training script, so both split the same modules
+the same way. Styles are named in ``parallel_spec.TP_STYLES``.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from typing import Any
+
+from torch import nn
+
+COLWISE = frozenset({"q_proj", "k_proj", "v_proj", "qkv", "query", "key", "value", "wq", "wk", "wv",
+                     "gate_proj", "up_proj", "gate", "up", "fc", "fc1", "w1", "w3"})
+ROWWISE = frozenset({"o_proj", "out_proj", "proj", "down_proj", "down", "fc2", "w2", "wo"})
+EMBEDDINGS = frozenset({"wte", "embed_tokens", "tok_embeddings"})  # when the model does not say
+HEADS = frozenset({"head", "lm_head", "output"})
+
+
+def default_tp_plan(model, sequence_parallel=False):
+    """``(module name, style)`` for every module the default decoder plan splits (by the last part
+    of the name; the embedding and head as the model's get_input/output_embeddings say)."""
+    def leaf(name):
+        return name.rsplit(".", 1)[-1]
+
+    def ask(method):
+        get = getattr(model, method, None)
+        return get() if callable(get) else None
+
+    emb, head = ask("get_input_embeddings"), ask("get_output_embeddings")
+    plan = []
+    for name, mod in model.named_modules():
+        linear = isinstance(mod, nn.Linear)
+        if not name:
+            continue
+        if mod is emb or (emb is None and isinstance(mod, nn.Embedding) and leaf(name) in EMBEDDINGS):
+            plan.append((name, "embedding"))
+        elif mod is head or (head is None and linear and leaf(name) in HEADS):
+            plan.append((name, "head"))
+        elif linear and leaf(name) in COLWISE:
+            plan.append((name, "colwise"))
+        elif linear and leaf(name) in ROWWISE:
+            plan.append((name, "rowwise"))
+        elif sequence_parallel and (isinstance(mod, (nn.LayerNorm, nn.RMSNorm)) or type(mod).__name__.endswith("RMSNorm")):
+            plan.append((name, "norm"))
+    if sequence_parallel:  # as torchtitan: attention and MLP gather the sequence once, at their input
+        parents = [n.rpartition(".")[0] for n, style in plan if style == "colwise"]
+        plan += [(p, "gather_input") for p in dict.fromkeys(parents) if p]
+    return plan
+
+
+def matched_tp_plan(model, rules):
+    """A user plan's ``(pattern, style)`` rules as module names (the first matching rule wins)."""
+    plan = {}
+    for pattern, style in rules:
+        for name, _ in model.named_modules():
+            if name and name not in plan and fnmatch.fnmatchcase(name, pattern):
+                plan[name] = style
+    return list(plan.items())
+
+
+def tp_styles(plan: list[tuple[str, str]], sequence_parallel: bool) -> dict[str, Any]:
+    """PyTorch ``ParallelStyle`` objects for ``parallelize_module``, torchtitan's layouts.
+
+    Under sequence parallel the residual stream is sharded on dim 1 (the sequence): a module marked
+    ``gather_input`` all-gathers its first input once, and the column-wise layers inside it take it
+    whole; a column-wise layer without such a parent gathers its own input.
+    """
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel
+
+    seq = Shard(1) if sequence_parallel else Replicate()
+    gathered = {name for name, style in plan if style == "gather_input"}
+
+    def colwise(name):
+        whole = not sequence_parallel or name.rpartition(".")[0] in gathered
+        return ColwiseParallel(input_layouts=Replicate() if whole else seq)
+
+    make = {
+        "colwise": colwise,
+        "rowwise": lambda name: RowwiseParallel(output_layouts=seq),
+        "embedding": lambda name: RowwiseParallel(input_layouts=Replicate(), output_layouts=seq),
+        "head": lambda name: ColwiseParallel(input_layouts=seq, output_layouts=Replicate()),
+        "norm": lambda name: SequenceParallel(),
+        "gather_input": lambda name: PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),),
+                                                        use_local_output=True),
+    }
+    return {name: make[style](name) for name, style in plan}
