@@ -311,7 +311,7 @@ def _make_state(step: _Step) -> list[torch.Tensor] | None:
     if optimizer is not None:
         make_state_on_zero_grads(optimizer, trainable,
                                  fake_compat.optimizer_numbers() if step.fake else None)
-    else:
+    elif not step.workload.set_to_none:  # no state to make: only the zeroed grads a step leaves
         for p in trainable:
             p.grad = torch.zeros_like(p)
     step.zero_grad()

@@ -94,3 +94,11 @@ def test_bad_first_step_peak_flag():
 
     with pytest.raises(WorkloadError, match="first_step_peak"):
         measure(CASE["linear_relu"].build(), repeats=0, first_step_peak="yes")
+
+
+@pytest.mark.parametrize("set_to_none", [True, False])
+def test_no_optimizer_one_step_equals_two_steps(set_to_none):
+    wl = CASE["zoo_mlp"].build().replace(optimizer=None, set_to_none=set_to_none)
+    fast = measure(wl, repeats=0)
+    assert _numbers(fast) == _numbers(measure(wl, repeats=0, first_step_peak=True))
+    assert fast.peak_bytes == memtracker_count(wl, iterations=2).peak_bytes
