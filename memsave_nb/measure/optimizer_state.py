@@ -54,13 +54,25 @@ def init_optimizer_state(optimizer: torch.optim.Optimizer) -> bool:
 def make_state_on_zero_grads(optimizer: torch.optim.Optimizer, trainable: Iterable[torch.Tensor],
                              step_context: ContextManager[Any] | None = None) -> None:
     """Give each trainable parameter a zero gradient and let the optimizer make its state
-    (``_init_group`` where it can, else one ``step()``). The gradients stay: the caller drops or
+    (``_init_group`` where it can, else one ``step()``, its hooks not called). The gradients stay: the caller drops or
     keeps them (``zero_grad(set_to_none=False)``)."""
     for p in trainable:
         p.grad = torch.zeros_like(p)
     if not init_optimizer_state(optimizer):
         with step_context or contextlib.nullcontext():
-            optimizer.step()
+            _step_without_hooks(optimizer)
+
+
+def _step_without_hooks(optimizer: torch.optim.Optimizer) -> None:
+    """``optimizer.step()`` without its step hooks (the user's, the global ones, a scheduler's
+    wrapper): this step only makes state, on zero gradients; a hook that reads gradients (a
+    logger, a test's capture, clipping) must see the tracked step's, as it would in training."""
+    hooked = type(optimizer).step
+    raw = getattr(hooked, "__wrapped__", None)
+    if getattr(hooked, "hooked", False) and callable(raw):
+        raw(optimizer)
+    else:  # pragma: no cover - a torch that wraps step differently
+        optimizer.step()
 
 
 def makes_state_without_a_step(optimizer: Any) -> bool:

@@ -102,3 +102,19 @@ def test_no_optimizer_one_step_equals_two_steps(set_to_none):
     fast = measure(wl, repeats=0)
     assert _numbers(fast) == _numbers(measure(wl, repeats=0, first_step_peak=True))
     assert fast.peak_bytes == memtracker_count(wl, iterations=2).peak_bytes
+
+
+def test_step_hooks_see_only_real_gradients():
+    # the state-making step on zero gradients is not a training step: hooks (a logger, clipping,
+    # a test's gradient capture) see only the tracked step's gradients
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    wl = CASE["linear_relu"].build().replace(optimizer="sgd_momentum")
+    seen: list[bool] = []
+    handle = register_optimizer_step_pre_hook(
+        lambda opt, *_: seen.append(all(bool(p.grad.abs().sum() > 0) for g in opt.param_groups for p in g["params"])))
+    try:
+        measure(wl, repeats=0)
+    finally:
+        handle.remove()
+    assert seen == [True]
