@@ -305,7 +305,7 @@ def peak_ratios(model: nn.Module, input_grad: bool, batches: list[int], size: in
         for label in ("stock", "ours"):
             conversion = convert(model) if label == "ours" else None
             try:
-                m = measure(workload, mode="fake", repeats=0, flops=False, steady_state=True)
+                m = measure(workload, mode="fake", repeats=0, flops=False, steady_state=True, first_step_peak=True)
                 steady.append(m.peak_bytes)
                 first.append(m.first_step_peak_bytes or m.peak_bytes)
             finally:

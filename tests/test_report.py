@@ -83,7 +83,7 @@ def test_report_shows_first_step_beside_steady_state_and_outputs():
     from memsave_nb.report import render_report
 
     wl = zoo.make("cnn", 2)
-    steady = measure(wl, mode="fake")
+    steady = measure(wl, mode="fake", first_step_peak=True)
     first = measure(wl, mode="fake", steady_state=False)
     text = render_report(steady)
     assert steady.first_step_peak_bytes < steady.peak_bytes

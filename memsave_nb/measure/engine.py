@@ -37,14 +37,19 @@ def measure(
     flops: bool = True,
     cancel_event: threading.Event | None = None,
     steady_state: bool = True,
+    first_step_peak: bool = False,
 ) -> Measurement:
     """Measure one training step of ``workload``: peak and its split, saved activations and
     outputs per module and op, a live-bytes timeline, FLOPs and (real mode) the median step time.
 
     ``steady_state=True`` (default) measures the step as training's step 2 and later: the
-    optimizer's state exists from the start (made by the optimizer itself in a first, lightly
-    tracked step whose peak is ``first_step_peak_bytes``), grads cleared per the workload's
-    ``set_to_none``. ``steady_state=False`` measures the first step.
+    optimizer's state exists from the start, grads cleared per the workload's ``set_to_none``.
+    The optimizer makes that state itself, the cheapest way it can (``_init_group``, or a step on
+    zero gradients), not by a whole first step; an optimizer not known to make the same state so
+    gets a whole first step. ``first_step_peak=True`` runs that first step (under a light
+    tracker) in every case, for ``first_step_peak_bytes``: slower, by about one more step.
+    ``first_step_peak_bytes`` is None when the first step did not run. ``steady_state=False``
+    measures the first step (its peak is also ``first_step_peak_bytes``).
 
     ``mode="fake"`` runs the same steps under ``FakeTensorMode``: shapes and bytes without memory
     or compute, for models too large for this machine. The model is left as it was.
@@ -55,6 +60,8 @@ def measure(
         raise WorkloadError(f"repeats must be a whole number >= 0, got {repeats!r}")
     if not isinstance(steady_state, bool):
         raise WorkloadError(f"steady_state must be True or False, got {steady_state!r}")
+    if not isinstance(first_step_peak, bool):
+        raise WorkloadError(f"first_step_peak must be True or False, got {first_step_peak!r}")
     if _is_compiled(workload.model):
         # Inside a compiled graph allocations bypass Python dispatch: count them from the
         # profiler's memory events instead (no per-module rows there).
@@ -71,14 +78,23 @@ def measure(
             )
         snapshot = ModelSnapshot.capture(model, copy_values=(mode == "real"))
         leaves = _user_leaf_grads(workload)
+
+        def restore() -> None:  # before a measurement runs again the old way (step.py's _run)
+            if mode == "real":
+                snapshot.restore(model)
+            for t, _ in leaves:
+                t.grad = None
+
         try:
             if mode == "fake":
                 with _fake_model(model, workload.device) as fake_mode, fake_compat.same_path_as_real(workload):
                     result = _run(workload, fake_mode=fake_mode, flops=flops, cancel_event=cancel_event,
-                                  steady_state=steady_state, repeats=0)
+                                  steady_state=steady_state, repeats=0, first_step_peak=first_step_peak,
+                                  restore=restore)
             else:
                 result = _run(workload, fake_mode=None, flops=flops, cancel_event=cancel_event,
-                              steady_state=steady_state, repeats=repeats)
+                              steady_state=steady_state, repeats=repeats, first_step_peak=first_step_peak,
+                              restore=restore)
         finally:
             snapshot.restore(model)
             for t, g in leaves:

@@ -18,6 +18,7 @@ from ..workload import Workload, iter_tensors, map_tensors, output_dropped, outp
 from . import fake_compat
 from .common import clear_grads, single_tensor_default
 from .fake_model import _fake_twin, _is_fake
+from .optimizer_state import make_state_on_zero_grads, makes_state_without_a_step
 from .tracker import INPUT, PARAMETER, MemoryTracker
 
 class _Step:
@@ -213,19 +214,48 @@ class _OptimizerBackup:
             g.update(saved)
 
 
-def _run(workload: Workload, *, fake_mode, flops: bool, cancel_event, steady_state: bool, repeats: int):
-    """The steps of one measurement: (first step,) the tracked step, (timed steps)."""
+def _run(workload: Workload, *, fake_mode, flops: bool, cancel_event, steady_state: bool, repeats: int,
+         first_step_peak: bool = False, restore: Callable[[], None] | None = None):
+    """The steps of one measurement: the optimizer's state (made cheaply, or by a whole first
+    step), the tracked step, (timed steps).
+
+    Steady state without ``first_step_peak``: the optimizer makes its state on zero gradients
+    (``optimizer_state.py``), then one step is tracked. Were the parameters that received a
+    gradient in that step not the ones given state, the measurement is run again the old way
+    (``restore`` puts the model back first): a whole first step under a light tracker."""
+    if steady_state and not first_step_peak:
+        result = _run_once(workload, fake_mode=fake_mode, flops=flops, cancel_event=cancel_event,
+                           warm_up="state", repeats=repeats)
+        if result is not None:
+            return result
+        if restore is not None:
+            restore()
+    return _run_once(workload, fake_mode=fake_mode, flops=flops, cancel_event=cancel_event,
+                     warm_up="step" if steady_state else None, repeats=repeats)
+
+
+def _run_once(workload: Workload, *, fake_mode, flops: bool, cancel_event, warm_up: str | None, repeats: int):
+    """``warm_up``: None (first step), ``"step"`` (a whole first step) or ``"state"`` (state on
+    zero gradients; None is returned when that proved unlike a first step)."""
     model = workload.model
     for p in model.parameters():
         p.grad = None
     step = _Step(workload, cancel_event)
     step.fake = fake_mode is not None
     tracker: MemoryTracker | None = None
+    received: set[int] | None = None
     try:
         with fake_mode if fake_mode is not None else contextlib.nullcontext():
             make_batch = functools.partial(_make_batch, workload, fake_mode, model)
             first_peak = None
-            if steady_state:
+            given: list[torch.Tensor] = []
+            if warm_up == "state":
+                given = _make_state(step)
+                if given is None:
+                    warm_up = "step"  # an optimizer not trusted to make its state without a step
+                else:
+                    received = set()
+            if warm_up == "step":
                 # Step 1, as training's first step: the optimizer makes its own state.
                 first = MemoryTracker(model)
                 _register_model(first, model)
@@ -238,8 +268,11 @@ def _run(workload: Workload, *, fake_mode, flops: bool, cancel_event, steady_sta
                 step.zero_grad()
             tracker = MemoryTracker(model, count_flops=flops)
             step.tracker = tracker
-            tracker, cuda, parts = _tracked_step(step, tracker, make_batch, fake_mode)
-            if first_peak is None:
+            with _noting_gradients(given, received):
+                tracker, cuda, parts = _tracked_step(step, tracker, make_batch, fake_mode)
+            if received is not None and received != {id(p) for p in given}:
+                return None  # some parameter given state received no gradient (or the reverse)
+            if warm_up is None:
                 first_peak = _peak_of(tracker)
             step.tracker = None
             times = []
@@ -258,6 +291,45 @@ def _run(workload: Workload, *, fake_mode, flops: bool, cancel_event, steady_sta
         for p in model.parameters():
             p.grad = None
     return tracker, cuda, times, first_peak, parts, single_tensor_default(step.optimizer)
+
+
+def _make_state(step: _Step) -> list[torch.Tensor] | None:
+    """The optimizer's state made as its first step would make it, out of any tracker's view, for
+    the parameters that require grad (assumed to be those the step gives a gradient; checked after
+    the tracked step). Grads are then cleared as ``zero_grad(set_to_none=...)`` leaves them.
+    Returns those parameters, or None for an optimizer this cannot be trusted with."""
+    model = step.workload.model
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    if not trainable:
+        return []  # nothing to make state for; the tracked step says what else is wrong
+    if any(isinstance(p, nn.parameter.UninitializedParameter) for p in trainable):
+        return None
+    step.make_optimizer()
+    optimizer = step.optimizer
+    if not makes_state_without_a_step(optimizer):
+        return None
+    if optimizer is not None:
+        make_state_on_zero_grads(optimizer, trainable,
+                                 fake_compat.optimizer_numbers() if step.fake else None)
+    elif not step.workload.set_to_none:  # no state to make: only the zeroed grads a step leaves
+        for p in trainable:
+            p.grad = torch.zeros_like(p)
+    step.zero_grad()
+    return trainable
+
+
+@contextlib.contextmanager
+def _noting_gradients(params: list[torch.Tensor], received: set[int] | None):
+    """Note (in ``received``) each of ``params`` whose gradient is accumulated."""
+    if received is None:
+        yield
+        return
+    handles = [p.register_post_accumulate_grad_hook(lambda t: received.add(id(t))) for p in params]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
 
 
 def _register_model(tracker: MemoryTracker, model: nn.Module) -> None:

@@ -17,6 +17,7 @@ from torch import nn
 
 from ..errors import WorkloadError
 from ..measure.engine import single_tensor_default
+from ..measure.optimizer_state import init_optimizer_state, make_state_on_zero_grads  # noqa: F401 - re-exported
 from ..measure.tracker import INPUT
 from ..workload import Workload, iter_tensors, output_dropped
 from .apply import unsharded_tensors
@@ -63,34 +64,6 @@ def _run(workload: Workload, model: nn.Module, batch: Any, optimizer, tracker: S
     del output, loss  # the loss lives to the end of the step in every loop (a trainer logs it)
 
 
-_INIT_GROUP_ARGS = ("self", "group", "params_with_grad", "grads", "exp_avgs", "exp_avg_sqs", "max_exp_avg_sqs", "state_steps")
-
-
-def init_optimizer_state(optimizer: torch.optim.Optimizer) -> bool:
-    """Create Adam's / AdamW's state with their own ``_init_group``, without the update's arithmetic.
-
-    The first ``step()`` creates the state there (``step``, ``exp_avg``, ``exp_avg_sq``, and
-    ``max_exp_avg_sq`` with amsgrad) for every parameter with a gradient, then updates in place;
-    the update allocates nothing that outlives it, so the state is the first step's, byte for byte
-    (``step`` holds 0 instead of 1). On DTensor parameters the update is the warm-up's largest cost.
-    False (nothing done) for any other optimizer or a torch whose ``_init_group`` differs.
-    """
-    import inspect
-
-    if type(optimizer) not in (torch.optim.Adam, torch.optim.AdamW):
-        return False
-    init = getattr(type(optimizer), "_init_group", None)
-    try:
-        if init is None or tuple(inspect.signature(init).parameters) != _INIT_GROUP_ARGS:
-            return False
-    except (TypeError, ValueError):  # pragma: no cover
-        return False
-    with torch.no_grad():
-        for group in optimizer.param_groups:
-            init(optimizer, group, [], [], [], [], [], [])
-    return True
-
-
 def _fsdp_lazy_init(model: nn.Module) -> None:
     get = getattr(model, "_get_fsdp_state", None)
     if get is not None:
@@ -127,10 +100,7 @@ def tracked_step(workload: Workload, model: nn.Module, batch: Any, *, rank: int,
         # step, at a fraction of its cost (tests check the tracked step is byte-identical). FSDP2's
         # lazy initialisation (which re-views padded shards) runs first, as the first forward would.
         _fsdp_lazy_init(workload.model)
-        for p in trainable:
-            p.grad = torch.zeros_like(p)
-        if not init_optimizer_state(optimizer):
-            optimizer.step()
+        make_state_on_zero_grads(optimizer, trainable)
     for p in params:
         p.grad = None
     if not workload.set_to_none:  # zero_grad(set_to_none=False): zeroed gradients alive from the start

@@ -31,7 +31,8 @@ def tiny(**fields) -> Workload:
 )
 def test_profiler_counter_equals_the_engine_in_steady_state(fields):
     workload = tiny(**fields)
-    engine = measure(workload, repeats=0, flops=False)
+    engine = measure(workload, repeats=0, flops=False, first_step_peak=True)
+    assert measure(workload, repeats=0, flops=False).peak_split == engine.peak_split  # one tracked step
     profiled = measure_compiled(workload, repeats=0, warmup=0)
     assert profiled.steady_state and engine.steady_state
     # loss / k saves the wrapped number k (a 0-d float64, 8 bytes) for backward: real memory that

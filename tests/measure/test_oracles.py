@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import pytest
 
+from memsave_nb import measure
+
 from .cases import CASES, CASE_IDS
 from .conftest import measured
 from .oracles import memtracker_count, profiler_count, rng_state_bytes
@@ -31,7 +33,9 @@ def test_memtracker_peak_and_forward_end(case):
     oracle = memtracker_count(case.build(), iterations=2)
     assert m.steady_state
     assert m.peak_bytes == oracle.peak_bytes
-    assert m.first_step_peak_bytes == measured(case, steady_state=False).peak_bytes
+    both = measure(case.build(), repeats=0, first_step_peak=True)  # state made by a whole first step
+    assert (both.peak_bytes, both.peak_split) == (m.peak_bytes, m.peak_split)
+    assert both.first_step_peak_bytes == measured(case, steady_state=False).peak_bytes
     rng = rng_state_bytes(case.build())  # checkpoint's stashed generator states: MemTracker is blind to them
     assert m.end_of_forward.total == oracle.end_of_forward_bytes + rng
     fwd = oracle.end_of_forward_by_category
