@@ -181,7 +181,9 @@ def measure_callable(
     tracker.output_records = set().union(*(records for _, records in parts))  # type: ignore[attr-defined]
     if not hasattr(tracker, "flop_counts"):
         tracker.flop_counts = {}  # type: ignore[attr-defined]
-    workload = SimpleNamespace(model=root, device=device)
+    # the cell is its own loop: whatever it keeps (an ``out`` it holds) lives to the cell's end,
+    # so its advice is that of the loop that keeps the output through the step
+    workload = SimpleNamespace(model=root, device=device, loop="keep_output_step")
     measurement = _summarise(tracker, workload, "real", [elapsed], cuda, output_parts=parts)  # type: ignore[arg-type]
     return measurement, result
 

@@ -99,8 +99,8 @@ def _batch() -> dict[str, torch.Tensor]:
     return {"input_ids": ids, "labels": ids.clone()}
 
 
-def _plan_peak(plan: Plan, model: torch.nn.Module) -> int:
-    with plan.apply(Workload(model, batch=_batch())) as w:
+def _plan_peak(plan: Plan, model: torch.nn.Module, loop: str = "loss_only") -> int:
+    with plan.apply(Workload(model, batch=_batch(), loop=loop)) as w:
         return measure(w, repeats=0, flops=False).peak_bytes
 
 
@@ -160,12 +160,16 @@ def test_hf_trainer_runs_our_arguments_and_matches_the_plans_peak(case, tmp_path
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", [c for c in CASES if not CASES[c][0].regions])
-def test_our_peak_is_the_trainers_plus_the_logits(case):
+def test_our_peak_is_the_trainers_and_the_kept_output_loop_adds_the_logits(case):
+    """The default loop (loss_only) is the Trainer's: the same peak; the loop that keeps the output
+    through the step (keep_output_step) holds the logits on top."""
     plan, lora = CASES[case]
     model = _model(lora)
-    logits_and_loss = B * T * VOCAB * 4 + 4
+    logits = B * T * VOCAB * 4
     trainer_loop = plain_loop_peak(plan, model, keep_output=False)
-    assert _plan_peak(plan, _model(lora)) == pytest.approx(trainer_loop + logits_and_loss, rel=1e-3)
+    assert _plan_peak(plan, _model(lora)) == pytest.approx(trainer_loop, rel=1e-3)
+    kept = _plan_peak(plan, _model(lora), loop="keep_output_step")
+    assert kept == pytest.approx(trainer_loop + logits, rel=1e-3)
 
 
 @pytest.mark.slow
