@@ -11,6 +11,7 @@
    its RSS just before the call (``VmRSS``, torch and the fake model loaded).
 
     python bench/bench_engine.py [--repeats 9] [--big-repeats 2] [--threads 1]
+    python bench/bench_engine.py --quick --out /tmp/engine.json   # smoke test (the test suite's)
 
 Writes ``bench/results/engine.json`` and prints a Markdown table (pasted into README.md).
 """
@@ -33,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from memsave_nb import measure, zoo  # noqa: E402
-from memsave_nb.measure.engine import _Step, _tracked_step  # noqa: E402
+from memsave_nb.measure.step import _run_once, _Step  # noqa: E402
 from memsave_nb.model_state import ModelSnapshot  # noqa: E402
 from memsave_nb.workload import iter_tensors  # noqa: E402
 
@@ -44,11 +45,12 @@ RESULTS = ROOT / "bench" / "results" / "engine.json"
 def _plain(wl) -> None:
     for p in wl.model.parameters():
         p.grad = None
-    _Step(wl, None, None).run(wl.make_batch())
+    _Step(wl, None).run(wl.make_batch)
 
 
 def _tracked(wl, flops: bool) -> None:
-    _tracked_step(wl, fake_mode=None, flops=flops, cancel_event=None)
+    # one tracked first step, as the plain and MemTracker variants run a first step
+    _run_once(wl, fake_mode=None, flops=flops, cancel_event=None, warm_up=None, repeats=0)
 
 
 def _measure(wl) -> None:
@@ -64,7 +66,7 @@ def _memtracker(wl) -> None:
     tracker = MemTracker()
     tracker.track_external(wl.model, *iter_tensors(batch))
     with tracker:
-        _Step(wl, None, None).run(batch)
+        _Step(wl, None).run(lambda: batch)
     tracker.get_tracker_snapshot("peak")
 
 
@@ -192,8 +194,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--big-repeats", type=int, default=2, help="fresh processes per tool for the 7B shape")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1: steadier on shared cores)")
     parser.add_argument("--skip-7b", action="store_true")
+    parser.add_argument("--quick", action="store_true", help="smoke test: one CNN repeat, no 7B processes")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
+    if args.quick:
+        args.repeats, args.skip_7b = 1, True
     torch.set_num_threads(args.threads)
     result = {
         "torch": torch.__version__,
