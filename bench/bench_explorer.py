@@ -11,6 +11,7 @@ GPT-2-small-shaped model (12 layers, d=768, vocab 50257, sequence 1024) in fake 
 
     python bench/bench_explorer.py              # both cases, 7 clicks each
     python bench/bench_explorer.py --clicks 3   # quicker
+    python bench/bench_explorer.py --quick --out /tmp/explorer.json   # smoke test: 1 click, 1 repeat
     python bench/bench_explorer.py --threads 1  # torch intra-op threads (default: torch's own)
     python bench/bench_explorer.py --cuda-check # on a CUDA machine: allocator vs tracker peaks, 3 plans
 
@@ -157,10 +158,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clicks", type=int, default=7)
     parser.add_argument("--repeats", type=int, default=3, help="timed steps per real-mode run (Session repeats)")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    parser.add_argument("--quick", action="store_true", help="smoke test: one click per case, one timed step")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--cuda-check", action="store_true", help="allocator vs tracker peaks on CUDA, 3 plans")
     parser.add_argument("--check-device", default="cuda", help=argparse.SUPPRESS)  # "cpu" dry-runs the check
     args = parser.parse_args(argv)
+    if args.quick:
+        args.clicks, args.repeats = 1, 1
     if args.cuda_check:
         return cuda_check(args.out.with_name("explorer_cuda.json"), args.check_device)
     if args.threads:

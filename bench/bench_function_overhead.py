@@ -21,6 +21,7 @@ whether that would help, before anyone builds it. In one run, interleaved in ran
 
     python bench/bench_function_overhead.py            # Python Functions only
     python bench/bench_function_overhead.py --cpp      # with the compiled C++ twins
+    python bench/bench_function_overhead.py --quick --out /tmp/fo.json   # smoke test: tiny shapes
 """
 
 from __future__ import annotations
@@ -258,16 +259,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=101, help="rounds for the activation")
     parser.add_argument("--model-repeats", type=int, default=21, help="rounds for ResNet-18")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke test: the 8-element activation only, ResNet-18 at 2 x 32^2, 2 rounds")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"
                                              / "function_overhead.json"))
     args = parser.parse_args(argv)
+    shapes = [(1, 8, 4, 4), (4, 64, 28, 28), (4, 64, 56, 56)]
+    batch, size = 4, 112
+    if args.quick:  # two rounds: the ResNet ratios' quartiles need two
+        args.repeats, args.model_repeats, shapes, batch, size = 2, 2, shapes[:1], 2, 32
     torch.set_num_threads(args.threads)
     random.seed(0)
     cpp = build_cpp() if args.cpp else None
     results: dict = {"settings": vars(args), "torch": torch.__version__, "activation": []}
     print("one activation, forward / backward extra over stock's native node (us), median; "
           "minor page faults per step")
-    for shape in [(1, 8, 4, 4), (4, 64, 28, 28), (4, 64, 56, 56)]:
+    for shape in shapes:
         row = activation_overhead(shape, args.repeats, cpp)
         results["activation"].append(row)
         parts = [f"stock {row['stock']['forward_us']:.0f}/{row['stock']['backward_us']:.0f} us"
@@ -278,9 +285,9 @@ def main(argv: list[str] | None = None) -> int:
                              f"{values['backward_extra_us']:+.0f}"
                              f" ({values['minor_faults_per_step']:.0f})")
         print(f"  {str(tuple(shape)):18s} " + "  ".join(parts), flush=True)
-    row = resnet_conv_overhead(args.model_repeats, cpp, 4, 112)
+    row = resnet_conv_overhead(args.model_repeats, cpp, batch, size)
     results["resnet18_input_convs"] = row
-    print(f"ResNet-18 'input' at 4 x 112^2, convs swapped only (stock step "
+    print(f"ResNet-18 'input' at {batch} x {size}^2, convs swapped only (stock step "
           f"{row['stock_step_seconds'] * 1e3:.0f} ms CPU): time / stock, median [q1..q3] min/min")
     for name, values in row.items():
         if isinstance(values, dict):
