@@ -8,6 +8,7 @@ and written to ``bench/results/parallel.json``.
 
     python bench/bench_parallel.py                  # world sizes 8 and 64, steady state
     python bench/bench_parallel.py --world-size 8 --layers 8   # a quicker, shallower shape
+    python bench/bench_parallel.py --quick --out /tmp/parallel.json   # smoke test: 2 ranks, 1 layer, in-process
 """
 
 from __future__ import annotations
@@ -70,16 +71,8 @@ def run_case(world_size: int, layers: int, seq: int) -> dict:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--world-size", nargs="+", type=int, default=[8, 64])
-    ap.add_argument("--layers", type=int, default=80)
-    ap.add_argument("--seq", type=int, default=4096)
-    ap.add_argument("--case", type=int, help=argparse.SUPPRESS)  # child mode: one world size
-    args = ap.parse_args(argv)
-    if args.case is not None:
-        print(json.dumps(run_case(args.case, args.layers, args.seq)))
-        return 0
+def _fresh_processes(args: argparse.Namespace) -> list[dict] | None:
+    """One fresh subprocess per world size (its RSS is its own); None when one fails."""
     rows = []
     root = str(Path(__file__).resolve().parent.parent)  # this checkout's package, not an installed copy
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
@@ -88,8 +81,30 @@ def main(argv: list[str] | None = None) -> int:
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=Path(__file__).resolve().parent.parent)
         if proc.returncode:
             print(proc.stderr[-3000:], file=sys.stderr)
-            return proc.returncode
+            return None
         rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--world-size", nargs="+", type=int, default=[8, 64])
+    ap.add_argument("--layers", type=int, default=80)
+    ap.add_argument("--seq", type=int, default=4096)
+    ap.add_argument("--quick", action="store_true", help="smoke test: world size 2, 1 layer, seq 128, in this process")
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--case", type=int, help=argparse.SUPPRESS)  # child mode: one world size
+    args = ap.parse_args(argv)
+    if args.case is not None:
+        print(json.dumps(run_case(args.case, args.layers, args.seq)))
+        return 0
+    if args.quick:
+        args.world_size, args.layers, args.seq = [2], 1, 128
+        rows = [run_case(ws, args.layers, args.seq) for ws in args.world_size]
+    else:
+        rows = _fresh_processes(args)
+        if rows is None:
+            return 1
     print(f"Llama-2-70B shape ({args.layers} layers), bf16, AdamW, seq {args.seq}, batch 1 per rank, FSDP2 per layer + root, steady state (step 2)")
     print(f"{'world':>5} {'params':>8} {'worst rank peak':>16} {'+ unseen':>18} {'measure s':>10} {'(CPU s)':>8} {'total s':>8} {'max RSS':>9}")
     for r in rows:
@@ -99,8 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         print()
         print(r["table"])
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({
         "when": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "machine": platform.platform(),
         "cpus": os.cpu_count(), "rows": [{k: v for k, v in r.items() if k != "table"} for r in rows],
     }, indent=2))
