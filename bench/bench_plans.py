@@ -7,6 +7,7 @@ For every plan: saved activations, peak and median step time, each as a ratio to
     python bench/bench_plans.py                     # the GPT demo, batch 8, budgets 1.0 0.5 0.0
     python bench/bench_plans.py --budgets           # no compiled plans (fast)
     python bench/bench_plans.py --batch-size 4 --repeats 3
+    python bench/bench_plans.py --quick --out /tmp/plans.json   # smoke test: 2-layer GPT, 1 step, no compile
 """
 
 from __future__ import annotations
@@ -99,10 +100,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=5, help="timed steps per plan (median)")
     parser.add_argument("--budgets", type=float, nargs="*", default=[1.0, 0.5, 0.0], help="compile budgets ([] for none)")
+    parser.add_argument("--quick", action="store_true", help="smoke test: a 2-layer GPT at seq 32, batch 2, one timed step, no compiled plans")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
+    if args.quick:
+        args.batch_size, args.repeats, args.budgets = 2, 1, []
 
-    workload = zoo.make("gpt", batch_size=args.batch_size)
+    if args.quick:
+        workload = zoo.gpt(zoo.GPTConfig(n_layer=2, block_size=32, n_embd=64), batch_size=args.batch_size)
+    else:
+        workload = zoo.make("gpt", batch_size=args.batch_size)
     started = time.perf_counter()
     plans = plans_for(workload, args.budgets)
     eager = [p for p in plans if not p.compiled]
