@@ -8,6 +8,7 @@ the difference. Printed as a table and written to ``bench/results/real_models.js
 
     python bench/bench_real_models.py              # layers 4, d 256, batch 2, seq 128
     python bench/bench_real_models.py --seq 64 --layers 2
+    python bench/bench_real_models.py --quick --out /tmp/real_models.json   # smoke test: 1 layer, d 64, seq 16, vocab 1000
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from tests.measure.hf_models import MODELS  # noqa: E402
 from tests.measure.oracles import frozen_aware_memtracker, memtracker_count  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "real_models.json"
-VOCABS = {"gpt2": 50257, "bert": 30522, "llama": 32000, "t5": 32128, "lora-llama": 32000}
+VOCABS = {"gpt2": 50257, "bert": 30522, "llama": 32000, "t5": 32128, "lora-llama": 32000, "qwen2": 151936}
 
 
 def mib(n: int) -> str:
@@ -38,7 +39,8 @@ def mib(n: int) -> str:
 
 
 def run(name: str, args: argparse.Namespace) -> dict:
-    wl = MODELS[name](batch=args.batch, seq=args.seq, layers=args.layers, d=args.d, vocab=VOCABS[name])
+    vocab = {} if args.quick else {"vocab": VOCABS[name]}  # quick: the builders' small vocabulary
+    wl = MODELS[name](batch=args.batch, seq=args.seq, layers=args.layers, d=args.d, **vocab)
     params = sum(p.numel() for p in wl.model.parameters())
     trainable = sum(p.numel() for p in wl.model.parameters() if p.requires_grad)
     m = measure(wl, "real", repeats=0, first_step_peak=True)
@@ -57,14 +59,18 @@ def run(name: str, args: argparse.Namespace) -> dict:
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--d", type=int, default=256)
     parser.add_argument("--models", nargs="*", default=list(MODELS))
-    args = parser.parse_args()
+    parser.add_argument("--quick", action="store_true", help="smoke test: batch 1, seq 16, 1 layer, d 64, vocabulary 1000")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.batch, args.seq, args.layers, args.d = 1, 16, 1, 64
     torch.set_num_threads(1)
     rows = [run(name, args) for name in args.models]
     print(f"batch {args.batch}, seq {args.seq}, {args.layers} layers, d {args.d}, AdamW, float32, CPU "
@@ -84,10 +90,11 @@ def main() -> None:
         for a in r["advice"]:
             print(f"- {r['model']}: {a}")
     print(f"fake mode equals real mode (peak, saved, outputs) on {sum(r['fake_equals_real'] for r in rows)} of {len(rows)}")
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({
         "when": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "torch": torch.__version__,
-        "machine": platform.machine(), "args": vars(args), "rows": rows}, indent=2))
+        "machine": platform.machine(), "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "rows": rows}, indent=2))
 
 
 if __name__ == "__main__":
