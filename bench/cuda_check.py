@@ -2,6 +2,7 @@
 
     python bench/cuda_check.py            # about a minute; writes bench/results/cuda_check.json
     python bench/cuda_check.py --cpu      # dry run of the same code paths on the CPU (no allocator figures)
+    python bench/cuda_check.py --quick --out /tmp/cuda_check.json   # the dry run as a smoke test: a failed run exits 1
 
 For each demo model (cnn, gpt, mlp) on CUDA, ``measure()`` runs the baseline and two plans:
 full activation checkpointing of every GPT block and training only the head (through
@@ -24,6 +25,7 @@ Without CUDA the script says so and exits 0.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import statistics
@@ -92,9 +94,9 @@ def _manual(kind: str, wl: Workload) -> Iterator[Workload]:
 
 
 # -- one run ---------------------------------------------------------------------------------------
-def run(name: str, plan: str, wl: Workload, ctx: Callable[[], Any] | None) -> dict[str, Any]:
+def run(name: str, plan: str, wl: Workload, ctx: Callable[[], Any] | None, repeats: int = 3) -> dict[str, Any]:
     with (ctx() if ctx is not None else contextlib.nullcontext(wl)) as planned:
-        m = measure(planned, repeats=3)
+        m = measure(planned, repeats=repeats)
     pre = m.peak_split.parameters + m.peak_split.inputs
     if m.cuda_peak_bytes is None:  # --cpu dry run
         allocator = m.peak_bytes
@@ -115,13 +117,14 @@ def run(name: str, plan: str, wl: Workload, ctx: Callable[[], Any] | None) -> di
     }
 
 
-def explorer_check(device: str) -> str:
+def explorer_check(device: str, batch: int | None = None) -> str:
+    """The explorer headless on the GPT demo (at ``batch``, else the zoo's default)."""
     try:
         from memsave_nb.ui.explorer import explore
     except ImportError:
         return "skipped: memsave_nb.ui.explorer not importable"
     start = time.perf_counter()
-    ex = explore("gpt", device=device, live=False, repeats=1)
+    ex = explore(zoo.make("gpt", batch, device=device) if batch else "gpt", device=device, live=False, repeats=1)
     ex.run_now(raise_errors=True)
     m = ex.measurement
     return (f"ok: explorer on {m.device}: peak {m.peak_bytes / MiB:.1f} MiB, allocator "
@@ -129,13 +132,20 @@ def explorer_check(device: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    dry = "--cpu" in (sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cpu", action="store_true", help="dry run of the same code paths on the CPU")
+    parser.add_argument("--quick", action="store_true", help="smoke test: the CPU dry run at batch 1-8, 1 timed step; any failed run exits 1")
+    parser.add_argument("--out", type=Path, default=None, help="JSON output (default bench/results/cuda_check.json, "
+                                                                  "/tmp/cuda_check_cpu_dry_run.json for a dry run)")
+    args = parser.parse_args(argv)
+    dry = args.cpu or args.quick
+    failures = 0
     if not dry and not torch.cuda.is_available():
         print("cuda_check: no CUDA device visible to this torch (torch.cuda.is_available() is False); nothing to check.")
         return 0
     device = "cpu" if dry else "cuda"
     if dry:
-        BATCH.update({"cnn": 8, "gpt": 2, "mlp": 64})
+        BATCH.update({"cnn": 2, "gpt": 1, "mlp": 8} if args.quick else {"cnn": 8, "gpt": 2, "mlp": 64})
     device_name = "CPU (dry run)" if dry else torch.cuda.get_device_name(0)
     print(f"cuda_check on {device_name}, torch {torch.__version__}")
     print("allocator = cuda_peak - cuda_baseline + tracker's (parameters + inputs); gap = allocator - tracker\n")
@@ -150,8 +160,9 @@ def main(argv: list[str] | None = None) -> int:
                 ctx = None if plan == "baseline" else _plan_context(plan, wl)
                 if plan == "checkpoint blocks" and (ctx is None or not hasattr(wl.model, "blocks")):
                     continue
-                r = run(name, plan, wl, ctx)
+                r = run(name, plan, wl, ctx, repeats=1 if args.quick else 3)
             except Exception as exc:  # noqa: BLE001 - report and go on: one script, one pass
+                failures += 1
                 print(f"{name:5} {plan:18} FAILED: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
                 traceback.print_exc(limit=3)
                 continue
@@ -163,8 +174,9 @@ def main(argv: list[str] | None = None) -> int:
         if not dry:
             torch.cuda.empty_cache()
     try:
-        explorer = explorer_check(device)
+        explorer = explorer_check(device, BATCH["gpt"] if args.quick else None)
     except Exception as exc:  # noqa: BLE001
+        failures += 1
         explorer = f"FAILED: {type(exc).__name__}: {exc}"
     print(f"\nexplorer headless: {explorer}")
     gaps = [abs(r["gap_percent"]) for r in rows]
@@ -180,10 +192,11 @@ def main(argv: list[str] | None = None) -> int:
     out = ROOT / "bench" / "results" / ("cuda_check_cpu_dry_run.json" if dry else "cuda_check.json")
     if dry:
         out = Path("/tmp") / out.name
+    out = args.out or out
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(summary, indent=2) + "\n")
     print(f"max |gap| {summary['max_abs_gap_percent']:.2f}% over {len(rows)} runs, {summary['seconds']:.0f} s; wrote {out}")
-    return 0
+    return 1 if args.quick and failures else 0
 
 
 if __name__ == "__main__":
