@@ -6,7 +6,8 @@ training step with the project's engine, and the step time (median of interleave
 then prints ratios to stock and writes JSON to ``bench/results/``.
 
     python bench/bench_layers.py                 # every model and case (long on 2 cores)
-    python bench/bench_layers.py --quick         # 3 timing repeats at 4 x 112^2, AdamW peaks at batch 2
+    python bench/bench_layers.py --quick --out /tmp/layers.json   # smoke test: demo CNN and GPT, tiny shapes
+    python bench/bench_layers.py --repeats 3 --batch 4 --size 112 --peak-batches 2   # a fast look
     python bench/bench_layers.py --models mobilenet_v2 --cases all,input_bn_eval --gpts ""
     python bench/bench_layers.py --kernels --out bench/results/kernels.json   # C kernels alone
 
@@ -462,7 +463,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--peak-batches", default="1,2,8,32",
                         help="batch sizes of the AdamW peak-ratio columns (fake mode; '' for none)")
     parser.add_argument("--quick", action="store_true",
-                        help="a fast look: 3 timing repeats, AdamW peaks at batch 2 only")
+                        help="smoke test: demo CNN (cases all, input) at 2 x 32^2 and the GPT demo, 2 timing "
+                             "repeats, AdamW peaks at batch 2 only (the old fast look: --repeats 3 --batch 4 "
+                             "--size 112 --peak-batches 2)")
     parser.add_argument("--table", metavar="JSON",
                         help="print the markdown table of a results file and exit")
     parser.add_argument("--bits", action="store_true",
@@ -472,10 +475,11 @@ def main(argv: list[str] | None = None) -> int:
                              "against stock's ops")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "layers.json"))
     args = parser.parse_args(argv)
-    if args.quick:  # small inputs: there each layer's fixed per-call cost weighs more
-        args.repeats = min(args.repeats, 3)
+    if args.quick:  # two repeats: the timing quartiles need two
+        args.models, args.cases, args.gpts, args.repeats = "demo_cnn", "all,input", "gpt", 2
         args.peak_batches = "2" if args.peak_batches else ""
-        args.batch, args.size = min(args.batch, 4), min(args.size, 112)
+        args.batch = args.bytes_batch = 2
+        args.size = args.bytes_size = 32
     peak_batches = [int(b) for b in args.peak_batches.split(",") if b]
     torch.manual_seed(0)
     torch.set_num_threads(args.threads)
