@@ -95,3 +95,38 @@ def test_checker_flags_invalid_notebook():
     nb = _good()
     nb.cells[1]["bogus"] = 1
     assert any("invalid" in p for p in notebook_problems(nb))
+
+
+def _sync_script():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("sync_notebooks", ROOT / "scripts" / "sync_notebooks.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_notebook_is_written_from_its_text_source():
+    """The course is authored as py:percent files: each committed .ipynb equals what
+    ``scripts/sync_notebooks.py`` writes from its ``.py``, and every notebook has a source."""
+    pytest.importorskip("jupytext")
+    sync = _sync_script()
+    sources = sync.sources()
+    assert sources, "notebooks/ holds no NN-*.py source"
+    assert {p.stem for p in sources} == {p.stem for p in NOTEBOOKS.glob("[0-9][0-9]-*.ipynb")}
+    stale = [p.name for p in sources if p.with_suffix(".ipynb").read_text() != sync.build(p)]
+    assert not stale, f"out of date (run python scripts/sync_notebooks.py): {stale}"
+
+
+def test_sync_writes_cells_ids_and_kernelspec_from_a_percent_file(tmp_path):
+    """A markdown and a hidden answer cell survive the trip with their metadata; ids are stable."""
+    pytest.importorskip("jupytext")
+    sync = _sync_script()
+    src = tmp_path / "99-t.py"
+    src.write_text('# %% [markdown]\n# # Title\n\n# %%\nx = 1\n\n# %% tags=["answer"] jupyter={"source_hidden": true}\nprint(x)\n')
+    nb = nbformat.reads(sync.build(src), as_version=4)
+    assert [c.cell_type for c in nb.cells] == ["markdown", "code", "code"]
+    assert [c.id for c in nb.cells] == ["cell-00", "cell-01", "cell-02"]
+    assert nb.cells[0].source == "# Title" and nb.cells[1].source == "x = 1"
+    assert nb.cells[2].metadata["tags"] == ["answer"] and nb.cells[2].metadata["jupyter"]["source_hidden"]
+    assert notebook_problems(nb) == []

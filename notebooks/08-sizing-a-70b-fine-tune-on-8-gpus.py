@@ -1,0 +1,158 @@
+# %% [markdown]
+# # 8. Sizing a 70B fine-tune on 8 x 80 GB
+#
+# A 70-billion-parameter model does not fit one GPU: its bf16 weights alone are 129 GiB. Users
+# shard it with FSDP2 (`fully_shard`): each of N ranks keeps 1/N of the parameters, gradients and
+# optimizer state, and gathers one layer's full parameters just while that layer runs.
+#
+# `memsave_nb.parallel` sizes one training step **per rank** with PyTorch's own FSDP2 code: the real
+# `fully_shard` runs on a *fake process group* under `FakeTensorMode`, in this one process, on a fake
+# twin of the model. No GPU, no memory, no formula of ours: the bytes are the storages FSDP2 and
+# autograd allocate, counted by memsave_nb's tracker. What no such counter can see (NCCL buffers,
+# the CUDA context, fragmentation) is added as explicit lines with their sources.
+#
+# The model: Llama-2-70B's shape (80 layers, d=8192, 64 heads with 8 KV heads, MLP 28672, vocab
+# 32000), built on the meta device, bf16, AdamW, sequence 4096, batch 1 per rank.
+#
+# **Units.** The tables and the text count in GiB (2^30 bytes). A GPU sold as "80 GB" holds
+# 80 x 10^9 bytes here, which is 74.5 GiB; its 80% line (below) is 59.6 GiB.
+
+# %%
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from memsave_nb import Plan
+from memsave_nb.parallel import ParallelSpec, measure_parallel
+from memsave_nb.workload import Workload
+
+GiB = 1 << 30
+cfg = LlamaConfig(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64,
+                  num_key_value_heads=8, vocab_size=32000, max_position_embeddings=4096, use_cache=False,
+                  attn_implementation="sdpa")
+with torch.device("meta"):
+    model = LlamaForCausalLM(cfg).to(torch.bfloat16)
+n_params = sum(p.numel() for p in model.parameters())
+
+
+def batch():  # one sequence of 4096 tokens per rank, built inside the fake mode
+    ids = torch.randint(0, cfg.vocab_size, (1, 4096))
+    return {"input_ids": ids, "labels": ids}
+
+
+# AdamW as a GPU runs it: torch's default there is the foreach step (fake mode on this CPU would
+# otherwise run the single-tensor loop, and the table would add its difference as an unseen line)
+workload = Workload(model, batch, optimizer=lambda params: torch.optim.AdamW(params, foreach=True),
+                    name="llama-2-70b shape")
+print(f"{n_params / 1e9:.1f} B parameters, {2 * n_params / GiB:.0f} GiB in bf16")
+
+# %% [markdown]
+# ## FSDP2 on 8 GPUs, no activation checkpointing
+#
+# Every decoder layer is one `fully_shard` unit (the repeated blocks), the root is another. The
+# step measured is the second one: AdamW's state exists from the first step on.
+
+# %%
+fsdp8 = measure_parallel(workload, ParallelSpec(world_size=8))
+print(fsdp8.table())
+
+# %% [markdown]
+# Per rank, the sharded parameters, gradient shards and AdamW state are 1/8 of the model's
+# (16 + 16 + 32 GiB at the end of the step). The gathered parameters are one layer's plus the
+# root's embedding and head, and the all-gather / reduce-scatter buffers are as FSDP2 allocates
+# them. But the **saved activations** of 80 layers at sequence 4096 are about 130 GiB per rank:
+# no number of GPUs fixes that, since every rank runs its own sequence.
+
+# %% [markdown]
+# ## With every decoder layer checkpointed
+#
+# The same plan a single-GPU user would write: a full checkpoint region on each
+# `model.layers.i`. The plan goes onto the fake twin before `fully_shard`, as in a training script.
+
+# %%
+ac = Plan(regions={f"model.layers.{i}": "full" for i in range(cfg.num_hidden_layers)})
+fsdp8_ac = measure_parallel(workload, ParallelSpec(world_size=8), ac)
+print(fsdp8_ac.table())
+
+# %% [markdown]
+# Checkpointing takes the saved activations from about 130 GiB to under 1 GiB per rank. Now the
+# peak moves to the **optimizer step**, at about 80 GiB: over the card's 74.5 GiB. torch's default AdamW on a GPU
+# is its *foreach* step, which works on all of a rank's parameters at once and makes temporaries the
+# size of the whole shard (here 16 GiB). The single-tensor loop (`foreach=False`, slower) updates
+# one parameter at a time:
+
+# %%
+loop = workload.replace(optimizer=lambda params: torch.optim.AdamW(params, foreach=False))
+fsdp8_ac_loop = measure_parallel(loop, ParallelSpec(world_size=8), ac)
+print(f"foreach AdamW: {fsdp8_ac.peak_bytes / GiB:.1f} GiB during {fsdp8_ac.worst.peak_phase}; "
+      f"single-tensor AdamW: {fsdp8_ac_loop.peak_bytes / GiB:.1f} GiB during {fsdp8_ac_loop.worst.peak_phase}")
+
+# %% [markdown]
+# With the single-tensor loop the counted peak is under the card's 74.5 GiB, but above the 80% line
+# (59.6 GiB) under which Fujii et al. (454 runs on A100/H100) never saw an out-of-memory error, and
+# the unseen lines (NCCL buffers, CUDA context, fragmentation) take it past 74.5 GiB at their high end. Too
+# close. Doubling the GPUs halves every sharded line, the optimizer's temporaries included:
+
+# %%
+fsdp16_ac = measure_parallel(workload, ParallelSpec(world_size=16), ac)
+print(fsdp16_ac.table())
+print()
+# the same choices as code for the training script (launched with torchrun)
+print(ac.replace(regions={"model.layers.0": "full"}, parallel=ParallelSpec(world_size=16)).to_code().split("# FSDP2")[1][:700])
+
+# %% [markdown]
+# ## Your turn
+#
+# **Question.** On 8 GPUs with checkpointing, which line of the per-rank peak is the largest, and
+# by how much would the peak drop if that line were sharded over 16 GPUs instead of 8?
+
+# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["answer"]
+out = []  # the answer, shown folded
+split = fsdp8_ac.worst.peak_split
+largest = max(split, key=split.get)
+out.append(f"largest line on 8 GPUs with AC: {largest}, {split[largest] / GiB:.1f} GiB")
+out.append(f"on 16 GPUs it is {fsdp16_ac.worst.peak_split[largest] / GiB:.1f} GiB; the whole peak drops "
+           f"{(fsdp8_ac.peak_bytes - fsdp16_ac.peak_bytes) / GiB:.1f} GiB (optimizer state, gradients and "
+           "parameters are all halved)")
+out.append("AdamW keeps two moments per parameter: 32 GiB per rank on 8 GPUs, twice the bf16 shards.")
+from IPython.display import HTML, display
+import html
+display(HTML("<details><summary><b>Show the answer</b></summary><pre style='white-space:pre-wrap'>"
+             + html.escape("\n".join(out)) + "</pre></details>"))
+
+# %% [markdown]
+# ## What this notebook claims
+
+# %%
+end = fsdp8.worst.end_split
+# bf16 shards: exactly 1/8 of the model per rank (every dim 0 divides by 8); AdamW: two bf16 moments
+# per shard plus one 4-byte step counter per parameter tensor
+assert end["sharded_parameters"] == 2 * n_params // 8
+n_tensors = len(list(model.parameters()))
+assert end["optimizer_state"] == 2 * 2 * n_params // 8 + 4 * n_tensors
+# without checkpointing a rank does not fit 80 GB whatever the sharding (activations alone exceed it)
+assert fsdp8.peak_bytes > 80e9 and fsdp8.worst.peak_split["activations"] > 80e9
+# with it, 8 GPUs are over 80 GB in the GPU's default (foreach) AdamW step; with the single-tensor
+# loop they are under 80 GB but above the 80% line; 16 GPUs are under it, unseen lines included
+assert fsdp8_ac.worst.peak_phase == "optimizer" and fsdp8_ac.peak_bytes > 80e9, fsdp8_ac.peak_bytes / 1e9
+assert 0.8 * 80e9 < fsdp8_ac_loop.peak_bytes < 80e9, fsdp8_ac_loop.peak_bytes / 1e9
+assert fsdp16_ac.peak_bytes + fsdp16_ac.unseen_high_bytes < 0.8 * 80e9, fsdp16_ac.peak_bytes / 1e9
+assert fsdp8_ac.worst.saved_bytes < fsdp8.worst.saved_bytes / 10
+print("all claims hold")
+
+# %% [markdown]
+# ## Your turn: the explorer
+#
+# The same workload in the explorer, in fake mode (`explore(workload, mode="fake")`), open on its
+# **GPUs** tab with the checkpointing plan above: it sizes that plan per rank on 8 GPUs in the
+# background (a minute or so here), and again when you change the number of GPUs, the sharding,
+# bf16 parameters or CPU offload. The header's numbers are one unsharded GPU's, judged against an
+# 80 GB card; they wait for *run* (live reruns are off: each costs a 70B fake step).
+
+# %%
+from memsave_nb.ui.explorer import explore
+
+explorer = explore(workload, mode="fake", repeats=0, live=False, tab="GPUs")
+explorer.tuner.set_target(80)  # the verdicts against the notebook's 80 GB cards
+explorer.set_plan(ac)
+explorer.gpus.refresh(background=True)
+explorer
