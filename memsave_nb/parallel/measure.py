@@ -78,7 +78,13 @@ def _rank_error(rank: int, exc: BaseException) -> ParallelError:
     from ..checkpointing import show
 
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    return ParallelError(f"rank {rank}: the step failed: {type(exc).__name__}: {show(first, 200)[1:-1]}")
+    hint = ""
+    if "mixed torch.Tensor and DTensor" in first:  # a real run raises the same: say why and what to change
+        hint = (" (with tensor parallel over every rank and no FSDP2, the parameters outside the TP plan, e.g. the "
+                "norms, stay plain tensors, and a foreach optimizer cannot step them with the DTensors; PyTorch "
+                "raises this in a real run too: turn sequence_parallel on, shard with FSDP2 over 2+ ranks, or use "
+                "foreach=False)")
+    return ParallelError(f"rank {rank}: the step failed: {type(exc).__name__}: {show(first, 200)[1:-1]}{hint}")
 
 
 # One default process group per process: measurements from several threads (the explorer's GPUs

@@ -458,3 +458,17 @@ def test_rank_layouts_follow_fsdp2_shards_of_each_tp_shard():
     model = nn.Sequential(nn.Linear(8, 12), nn.ReLU(), nn.Linear(12, 8))
     spec = ParallelSpec(world_size=8, tensor_parallel=2, tp_plan=(("0", "colwise"), ("2", "rowwise")))
     assert rank_layouts(model, spec) == [(0, 1, 2, 3, 4, 5), (6, 7)]
+
+
+def test_tp_over_every_rank_with_a_foreach_optimizer_says_why_it_fails():
+    """TP 2 on 2 ranks (no FSDP2): the norms stay plain tensors beside DTensors and foreach AdamW
+    refuses the mix, as it does in a real run; the error says so and what to change."""
+    import torch
+
+    from memsave_nb import zoo
+    from memsave_nb.parallel import ParallelError, ParallelSpec, measure_parallel
+
+    wl = zoo.make("gpt", 2).replace(optimizer=lambda ps: torch.optim.AdamW(ps, foreach=True))
+    with pytest.raises(ParallelError, match="sequence_parallel on, shard with FSDP2") as info:
+        measure_parallel(wl, ParallelSpec(world_size=2, tensor_parallel=2))
+    assert "\n" not in str(info.value)
