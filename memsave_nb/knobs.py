@@ -25,6 +25,8 @@ What each knob does, precisely:
 - ``optimizer``: see :data:`OPTIMIZERS`.
 - ``accumulation_steps`` / ``set_to_none``: the engine's ``Workload`` fields (k micro-batches of
   the batch, then one optimizer step; ``zero_grad`` semantics).
+- ``loss`` / ``loss_chunk``: ``"full"`` (the model's own loss) or ``"chunked"`` (cross-entropy
+  through the LM head, ``loss_chunk`` tokens at a time; see :mod:`memsave_nb.loss`).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import torch
 from torch import nn
 
 from memsave_nb.checkpointing import PlanError, show
+from memsave_nb.loss import DEFAULT_LOSS_CHUNK, apply_loss, check_loss
 from memsave_nb.workload import iter_tensors, map_tensors
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -94,10 +97,13 @@ class KnobValues(Protocol):
     optimizer: str | None
     accumulation_steps: int | None
     set_to_none: bool | None
+    loss: str | None
+    loss_chunk: int | None
 
 
 # Plan fields owned by this module, with their "keep the workload's" value.
-KNOB_FIELDS = ("batch_size", "seq_len", "precision", "optimizer", "accumulation_steps", "set_to_none")
+KNOB_FIELDS = ("batch_size", "seq_len", "precision", "optimizer", "accumulation_steps", "set_to_none", "loss",
+               "loss_chunk")
 
 # the largest batch size, sequence length or accumulation count a plan takes: int32's maximum
 # (no GPU holds 2**31 samples; larger counts overflow the sizes torch multiplies them into)
@@ -134,6 +140,7 @@ def check_knobs(plan: "KnobValues") -> dict[str, Any]:
     if plan.set_to_none is not None and not isinstance(plan.set_to_none, bool):
         raise PlanError(f"set_to_none must be True, False or None, got {show(plan.set_to_none)}")
     out["set_to_none"] = plan.set_to_none
+    out["loss"], out["loss_chunk"] = check_loss(plan.loss, plan.loss_chunk)
     return out
 
 
@@ -151,6 +158,10 @@ def describe_knobs(plan: "KnobValues") -> list[str]:
         parts.append(f"accumulate {plan.accumulation_steps}")
     if plan.set_to_none is not None:
         parts.append(f"zero_grad set_to_none={plan.set_to_none}")
+    if plan.loss == "chunked":
+        parts.append(f"chunked loss ({plan.loss_chunk or DEFAULT_LOSS_CHUNK} tokens)")
+    elif plan.loss == "full":
+        parts.append("full loss")
     return parts
 
 
@@ -553,4 +564,5 @@ def apply_knobs(plan: "KnobValues", workload: "Workload") -> tuple[dict[str, Any
         if not _workload_has(workload, name):
             raise PlanError(f"{name} needs Workload.{name} (the engine's support), which this version lacks")
         changes[name] = value
+    undo += apply_loss(plan.loss, plan.loss_chunk, workload, changes.get("batch", workload.batch))
     return changes, undo

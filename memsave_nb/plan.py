@@ -74,6 +74,8 @@ class Plan:
     optimizer: str | None = None
     accumulation_steps: int | None = None
     set_to_none: bool | None = None
+    loss: str | None = None  # "full" | "chunked" (memsave_nb.loss)
+    loss_chunk: int | None = None  # tokens per chunk of the chunked loss (None: loss.DEFAULT_LOSS_CHUNK)
 
     parallel: Any = None  # memsave_nb.parallel.ParallelSpec | None: per-rank sizing (measure_parallel)
 

@@ -38,6 +38,13 @@ def knob_code(plan: Any, m: str) -> tuple[list[str], list[str]]:
     k = plan.accumulation_steps or 1
     body.append(f"accumulation_steps = {k!r}")
     body.append(f"set_to_none = {plan.set_to_none if plan.set_to_none is not None else True!r}")
+    if plan.loss == "chunked":
+        from memsave_nb.loss import DEFAULT_LOSS_CHUNK
+
+        imports.append("from memsave_nb.loss import use_chunked_loss")
+        body += ["# the loss through the LM head in chunks of tokens (as TRL's SFTTrainer): no batch x seq x vocab logits;",
+                 f"# {m}(**batch) with labels now returns an output with .loss only",
+                 f"use_chunked_loss({m}, chunk={plan.loss_chunk or DEFAULT_LOSS_CHUNK!r})"]
     precision = plan.precision or "fp32"
     autocast = _AUTOCAST_CODE.get(precision)
     if precision in ("bf16", "bf16_master"):
