@@ -238,4 +238,7 @@ def write(plan: Plan, parallel: ParallelSpec | None = None, model: nn.Module | N
     """A plan -> ``TrainingArguments`` fields as JSON (``TrainingArguments(**json.loads(text))``)."""
     notes: list[str] = []
     out = write_fields(plan, parallel, model, notes)
+    if plan.loss == "chunked":
+        notes.append("chunked loss: not a TrainingArguments field (the Trainer computes the model's own loss over the "
+                     "full logits); TRL's SFTTrainer chunks it (export 'trl'), or call memsave_nb.loss.use_chunked_loss(model)")
     return Exported(dump(out, "json"), out, tuple(notes))

@@ -4,9 +4,13 @@
 (``gradient_checkpointing=True``, ``bf16=True`` unless ``fp16``) plus ``max_length`` (-> the plan's
 ``seq_len``: TRL truncates to it; shorter data stays shorter) and ``activation_offloading`` (every
 saved tensor of the forward goes to the host: sized as offload regions on every layer).
-TRL always computes the loss through a fused LM head, in chunks, never building the
-``batch x seq x vocab`` logits (``loss_type='chunked_nll'`` is now an alias of ``'nll'``); a
-plan measures the workload's own loss, so that difference is reported.
+The loss (trl 1.16, ``SFTTrainer.compute_loss`` and ``trainer/utils.py``'s ``add_fused_lm_head``):
+``loss_type='nll'`` (the default) and ``'dft'`` both run the backbone and then a fused LM head that
+projects tiles of 4096 tokens x 32768 vocabulary entries, never the ``batch x seq x vocab`` logits;
+``'chunked_nll'`` is a deprecated alias that ``SFTConfig.__post_init__`` rewrites to ``'nll'``. So
+every ``loss_type`` reads as the plan's ``loss='chunked'`` (chunks of the tokens that make one TRL
+tile's elements), except ``label_smoothing_factor > 0``, whose smoother needs the full logits
+(``loss='full'``). Export writes ``loss_type='nll'``.
 """
 
 from __future__ import annotations
@@ -20,11 +24,44 @@ from memsave_nb.parallel_spec import ParallelSpec
 from memsave_nb.plan import Plan
 
 from . import hf
-from ._common import Exported, Imported, dump, every_n_of, load_config, lora_of, regions_for, truthy
+from ._common import Exported, Imported, TrainerConfigError, dump, every_n_of, load_config, lora_of, regions_for, truthy
 
 __all__ = ["DEFAULTS", "read", "write"]
 
 DEFAULTS: dict[str, Any] = {**hf.DEFAULTS, "gradient_checkpointing": True, "max_length": 1024, "loss_type": "nll"}
+
+# TRL's fused LM head tiles (trl/kernels/chunked_logprob.py TOKEN_CHUNK_SIZE, trainer/utils.py
+# _CHUNKED_LOGPROB_CHUNK_SIZE): tokens x vocabulary entries per projection
+TILE_TOKENS, TILE_VOCAB = 4096, 32768
+LOSS_TYPES = ("nll", "dft", "chunked_nll")
+
+
+def loss_chunk_for(model: nn.Module | None) -> int | None:
+    """Tokens per chunk whose ``chunk x vocab`` logits hold as many elements as one TRL tile
+    (``4096 x min(32768, vocab)``); ``None`` without a model whose head says its vocabulary."""
+    get_head = getattr(model, "get_output_embeddings", None)
+    head = get_head() if callable(get_head) else None
+    vocab = getattr(head, "out_features", None)
+    if not isinstance(vocab, int) or vocab < 1:
+        return None
+    return max(1, TILE_TOKENS * min(TILE_VOCAB, vocab) // vocab)
+
+
+def _read_loss(d: dict[str, Any], model: nn.Module | None, notes: list[str]) -> dict[str, Any]:
+    loss_type = d.get("loss_type") or DEFAULTS["loss_type"]
+    if loss_type not in LOSS_TYPES:
+        raise TrainerConfigError(f"loss_type {loss_type!r}: SFTConfig takes one of {', '.join(LOSS_TYPES)}")
+    if float(d.get("label_smoothing_factor") or 0) > 0:
+        notes.append(f"label_smoothing_factor={d['label_smoothing_factor']}: TRL's label smoother needs the full logits; "
+                     "sized with loss='full' (the model's own loss, without smoothing)")
+        return {"loss": "full"}
+    chunk = loss_chunk_for(model)
+    alias = " ('chunked_nll' is TRL's deprecated alias of 'nll')" if loss_type == "chunked_nll" else ""
+    dft = "; DFT weights each token's loss by its detached probability (same buffers)" if loss_type == "dft" else ""
+    notes.append(f"loss_type={loss_type!r}{alias}: TRL's fused LM head projects {TILE_TOKENS} tokens x {TILE_VOCAB} vocabulary "
+                 f"entries at a time; sized as loss='chunked' in chunks of "
+                 f"{chunk if chunk else 'the default number of'} tokens x the whole vocabulary (as many elements){dft}")
+    return {"loss": "chunked", "loss_chunk": chunk}
 
 
 def read(config: Any, model: nn.Module | None = None, world_size: int | None = None) -> Imported:
@@ -47,9 +84,7 @@ def read(config: Any, model: nn.Module | None = None, world_size: int | None = N
             notes += more
             notes.append("activation_offloading: TRL offloads every saved tensor of the forward; sized as offload "
                          "regions on every layer (the embedding's and head's saved tensors stay on device)")
-    loss_type = d.get("loss_type") or DEFAULTS["loss_type"]
-    notes.append(f"loss_type={loss_type!r}: TRL computes log-probs in chunks through a fused LM head, never the "
-                 "batch x seq x vocab logits; the plan measures the workload's own loss (with full logits)")
+    kw.update(_read_loss(d, model, notes))
     for key in ("packing", "padding_free"):
         if truthy(d.get(key)):
             notes.append(f"{key}: sequences are concatenated into batch rows; sized as the workload's batch shape")
@@ -85,6 +120,13 @@ def write(plan: Plan, parallel: ParallelSpec | None = None, model: nn.Module | N
         out["activation_offloading"] = True
         notes.append("offload regions on every layer: wrote activation_offloading=True (TRL offloads every saved "
                      "tensor of the forward, a little more than the layers')")
+    out["loss_type"] = "nll"  # TRL 1.16's name for its chunked loss (also SFTConfig's default)
+    if plan.loss != "chunked":
+        notes.append(f"loss {plan.loss or 'as the workload computes it'}: TRL always computes the loss through its fused, "
+                     "chunked LM head (no full logits); wrote loss_type='nll' (loss='chunked' sizes it)")
+    elif plan.loss_chunk is not None and plan.loss_chunk != loss_chunk_for(model):
+        notes.append(f"loss chunk {plan.loss_chunk} tokens: TRL's tile is fixed ({TILE_TOKENS} tokens x {TILE_VOCAB} "
+                     "vocabulary entries), not a config field")
     lora = lora_of(model)
     if lora is not None:
         args = ", ".join(f"{k}={v!r}" for k, v in lora.items())

@@ -58,6 +58,7 @@ def test_legacy_fsdp_string_and_sft_object():
     p = imp.plan
     assert (p.batch_size, p.seq_len, p.accumulation_steps, p.optimizer, p.precision) == (3, 128, 4, "adafactor", "autocast_bf16")
     assert sorted(p.regions) == LAYER_NAMES  # SFTConfig checkpoints by default
+    assert (p.loss, p.loss_chunk) == ("chunked", 4096)  # TRL's default loss_type: a tile of 4096 tokens x 64 here
     assert any("fused LM head" in n for n in imp.notes)
     legacy = from_trainer({"fsdp": "full_shard auto_wrap offload", "fsdp_config": {"transformer_layer_cls_to_wrap": "LlamaDecoderLayer"}},
                           MODEL, world_size=4)
@@ -102,6 +103,37 @@ def test_detect():
     assert detect({"per_device_train_batch_size": 1}) == "hf"
 
 
+def test_trl_loss_types_map_to_the_loss_knob_and_back():
+    """trl 1.16: 'nll' (the default) and 'dft' run the fused chunked head; 'chunked_nll' is its
+    deprecated alias (SFTConfig rewrites it to 'nll'); label smoothing needs the full logits."""
+    trl_pkg = pytest.importorskip("trl")
+    with pytest.warns(FutureWarning, match="chunked_nll"):
+        alias = trl_pkg.SFTConfig(output_dir="/tmp/x", use_cpu=True, loss_type="chunked_nll")
+    assert alias.loss_type == "nll"
+    big = tiny_llama(layers=1)
+    big.resize_token_embeddings(151_936)  # Qwen2.5's vocabulary: TRL's tile of 4096 x 32768 is 883 tokens of it
+    for cfg in (trl_pkg.SFTConfig(output_dir="/tmp/x", use_cpu=True), alias, {"loss_type": "chunked_nll"},
+                trl_pkg.SFTConfig(output_dir="/tmp/x", use_cpu=True, loss_type="dft")):
+        p = from_trainer(cfg, big).plan
+        assert (p.loss, p.loss_chunk) == ("chunked", 4096 * 32768 // 151_936)  # 883 tokens
+    smoothed = from_trainer(trl_pkg.SFTConfig(output_dir="/tmp/x", use_cpu=True, label_smoothing_factor=0.1), big)
+    assert smoothed.plan.loss == "full" and smoothed.plan.loss_chunk is None
+    assert any("label smoother needs the full logits" in n for n in smoothed.notes)
+    with pytest.raises(TrainerConfigError, match="loss_type 'focal'"):
+        from_trainer({"loss_type": "focal"}, big)
+    # export writes TRL's name back; SFTConfig takes it and it reads back as the same plan
+    plan = Plan(batch_size=2, seq_len=64, precision="autocast_bf16", optimizer="adamw_fused", accumulation_steps=1,
+                loss="chunked", loss_chunk=883)
+    exp = to_trainer(plan, "trl", model=big)
+    assert exp.fields["loss_type"] == "nll" and exp.notes == ()
+    back = from_trainer(trl_pkg.SFTConfig(output_dir="/tmp/x", use_cpu=True, **exp.fields), big)
+    assert back.plan == plan.replace(name="trl")
+    # a loss TRL does not run is said, and the knob's chunk is not a field
+    assert any("TRL always computes the loss" in n for n in to_trainer(plan.replace(loss=None, loss_chunk=None), "trl", model=big).notes)
+    assert any("tile is fixed" in n for n in to_trainer(plan.replace(loss_chunk=100), "trl", model=big).notes)
+    assert any("chunked loss: not a TrainingArguments field" in n for n in to_trainer(plan, "hf", model=big).notes)
+
+
 # -- round trips: export then import gives back every choice the trainer can express --------------
 
 every_n = st.sampled_from([None, 1, 2, 3])
@@ -123,6 +155,8 @@ def plans(draw, trainer: str) -> Plan:
         kw["seq_len"] = draw(st.integers(1, 4096))
     if trainer == "trl" and kw["precision"] == "fp32":
         kw["precision"] = "autocast_bf16"  # SFTConfig's defaults always write a precision; fp32 round-trips too
+    if trainer == "trl":  # every TRL loss_type is chunked (its tile: as many elements as loss_chunk_for's chunk)
+        kw["loss"], kw["loss_chunk"] = "chunked", trl.loss_chunk_for(MODEL)
     if n is not None:
         kw["regions"] = {name: RegionPolicy(kind) for i, name in enumerate(LAYER_NAMES) if i % n == 0}
     if draw(st.booleans()):

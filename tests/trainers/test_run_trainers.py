@@ -23,6 +23,7 @@ import torch
 
 from memsave_nb import Plan, Workload, measure
 from memsave_nb.trainers import from_trainer, to_trainer
+from memsave_nb.trainers import trl as memsave_trl
 
 from .conftest import VOCAB, tiny_llama
 
@@ -192,7 +193,7 @@ def test_trl_sft_trainer_runs_our_config(tmp_path):
                                                pad_token="t0", eos_token="t2", unk_token="t1")
     model = tiny_llama()
     plan = Plan(batch_size=B, seq_len=T, precision="fp32", optimizer="adamw", accumulation_steps=1,
-                regions={n: "full" for n in LAYERS})
+                regions={n: "full" for n in LAYERS}, loss="chunked", loss_chunk=memsave_trl.loss_chunk_for(model))
     exported = to_trainer(plan, "trl", model=model)
     assert exported.notes == ()
     args = _trainer_args(exported.fields, tmp_path, trl.SFTConfig)
@@ -209,9 +210,9 @@ def test_trl_sft_trainer_runs_our_config(tmp_path):
         trainer.train()
     assert trainer.state.global_step == 2
     # TRL's fused LM head (trl/kernels/chunked_logprob.py) allocates a (tokens, 32768) float buffer
-    # whatever the vocabulary: on this 64-word model it outweighs the logits our plan holds
-    # (B*T*64 floats), so TRL's peak is above ours by about that buffer; the notes say TRL never
-    # builds the logits, which is the saving on a real (>= 32k) vocabulary.
+    # whatever the vocabulary: on this 64-word model it outweighs the chunk of logits our chunked
+    # loss holds (B*(T-1)*64 floats), so TRL's peak is above ours by about that buffer; on a real
+    # (>= 32k) vocabulary the two hold tiles of the same number of elements.
     fused_buffer = B * (T - 1) * 32768 * 4
     assert probe.peak_bytes > ours and probe.peak_bytes - ours >= 0.9 * fused_buffer - B * T * VOCAB * 4
     assert any("fused LM head" in n for n in imported.notes)
