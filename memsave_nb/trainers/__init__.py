@@ -17,9 +17,10 @@ from memsave_nb.parallel_spec import ParallelSpec
 from memsave_nb.plan import Plan
 
 from . import accelerate, axolotl, hf, trl
-from ._common import Exported, Imported, TrainerConfigError, load_config
+from ._common import Exported, Imported, TrainerConfigError, load_config, lora_of
 
-__all__ = ["TRAINERS", "from_trainer", "to_trainer", "detect", "Imported", "Exported", "TrainerConfigError"]
+__all__ = ["TRAINERS", "from_trainer", "to_trainer", "detect", "lora_settings", "Imported", "Exported",
+           "TrainerConfigError"]
 
 TRAINERS: dict[str, ModuleType] = {"hf": hf, "trl": trl, "axolotl": axolotl, "accelerate": accelerate}
 
@@ -61,6 +62,14 @@ def to_trainer(plan: Plan, trainer: str, *, parallel: ParallelSpec | None = None
     if not isinstance(plan, Plan):
         raise TrainerConfigError(f"to_trainer takes a Plan, got {type(plan).__name__}")
     return _module(trainer).write(plan, parallel=parallel, model=model)
+
+
+def lora_settings(model: nn.Module | None) -> dict[str, Any] | None:
+    """A peft model's LoRA settings as ``LoraConfig`` keyword arguments (``r``, ``lora_alpha``,
+    ``lora_dropout``, ``target_modules``), to pass beside the exported config
+    (``SFTTrainer(..., peft_config=LoraConfig(**lora_settings(model)))``); ``None`` for a model
+    without LoRA adapters."""
+    return lora_of(model)
 
 
 def _module(name: str) -> ModuleType:
