@@ -18,7 +18,7 @@ DOM hooks for browser tests: ``.memsave-target`` (dropdown), ``.memsave-target-g
 ``.memsave-max-batch-result``, ``.memsave-plan-search`` (button), ``.memsave-tuner-cancel``,
 ``.memsave-tuner-status``, ``.memsave-tuner-progress`` (what runs, elapsed seconds),
 ``.memsave-tuner-code``, ``.memsave-knob-batch`` / ``-seq`` / ``-precision`` / ``-optimizer`` /
-``-accumulate`` / ``-zero-grad``, ``.memsave-front-list`` with one ``.memsave-front-row`` per
+``-accumulate`` / ``-zero-grad`` / ``-loss``, ``.memsave-front-list`` with one ``.memsave-front-row`` per
 front plan (``.memsave-fits`` or ``.memsave-nofit``; ``.memsave-front-picked`` on the loaded one)
 holding ``.memsave-front-text`` and a ``.memsave-front-load`` button; ``.memsave-max-seq`` and
 ``.memsave-max-seq-result`` (token workloads only); the scatter's points are the
@@ -93,6 +93,7 @@ class TunerPanel(W.VBox):
 
     def __init__(self, explorer: TunerHost, *, device: str = "H100"):
         from memsave_nb.knobs import OPTIMIZERS, PRECISIONS
+        from memsave_nb.loss import LOSSES
         from memsave_nb.planner import GPUS
 
         self.explorer = explorer
@@ -165,9 +166,11 @@ class TunerPanel(W.VBox):
         self.knob_accumulate = W.BoundedIntText(value=1, min=1, max=1024, description="accumulate", layout=small)
         self.knob_zero_grad = W.Dropdown(options=ZERO_GRAD_CHOICES, value=AS_GIVEN, description="zero_grad",
                                          layout=W.Layout(width="220px"))
+        self.knob_loss = W.Dropdown(options=[("as given", AS_GIVEN)] + [(k, k) for k in LOSSES], value=AS_GIVEN,
+                                    description="loss", layout=W.Layout(width="220px"))
         for name, w in (("batch", self.knob_batch), ("seq", self.knob_seq), ("precision", self.knob_precision),
                         ("optimizer", self.knob_optimizer), ("accumulate", self.knob_accumulate),
-                        ("zero-grad", self.knob_zero_grad)):
+                        ("zero-grad", self.knob_zero_grad), ("loss", self.knob_loss)):
             w.add_class(f"memsave-knob-{name}")
         self.knob_apply = W.Button(description="apply knobs", icon="check", layout=W.Layout(width="120px"))
         self.knob_apply.add_class("memsave-knobs-apply")
@@ -196,7 +199,7 @@ class TunerPanel(W.VBox):
             self.line,
             W.HBox([self.verdict]),
             W.HBox([self.knob_batch, self.knob_seq, self.knob_precision, self.knob_optimizer, self.knob_accumulate,
-                    self.knob_zero_grad, self.knob_apply], layout=W.Layout(flex_flow="row wrap")),
+                    self.knob_zero_grad, self.knob_loss, self.knob_apply], layout=W.Layout(flex_flow="row wrap")),
             W.HBox([self.max_batch_button, self.max_batch_result], layout=W.Layout(align_items="center")),
             W.HBox([self.max_seq_button, self.max_seq_result], layout=W.Layout(align_items="center")),
             W.HBox([self.search_button, self.cancel_button, self.progress_text, self.status],
@@ -267,6 +270,7 @@ class TunerPanel(W.VBox):
                 self.knob_optimizer.value = plan.optimizer or AS_GIVEN
                 self.knob_accumulate.value = plan.accumulation_steps or 1
                 self.knob_zero_grad.value = {None: AS_GIVEN, True: "none", False: "zero"}[plan.set_to_none]
+                self.knob_loss.value = plan.loss or AS_GIVEN
             finally:
                 self._syncing = False
 
@@ -411,6 +415,8 @@ class TunerPanel(W.VBox):
                 optimizer=self.knob_optimizer.value or None,
                 accumulation_steps=self.knob_accumulate.value if self.knob_accumulate.value > 1 else None,
                 set_to_none=_ZERO_GRAD[self.knob_zero_grad.value],
+                loss=self.knob_loss.value or None,  # the chunk stays the plan's while the loss is chunked
+                loss_chunk=self.explorer.plan.loss_chunk if self.knob_loss.value == "chunked" else None,
             )
         except MemsaveError as exc:
             self._set_status("error", str(exc))

@@ -67,6 +67,8 @@ knob_fields = st.fixed_dictionaries({}, optional={
     "precision": small([None, *PRECISIONS, "BF16", "auto-cast_bf16", "fp64"]),
     "optimizer": small([None, *OPTIMIZERS, "ADAMW", "lion"]),
     "set_to_none": small([None, True, False]),
+    "loss": small([None, "full", "chunked", "CHUNKED", "fused", 1]),
+    "loss_chunk": small([None, 1, 1024, 0, -1, 2**31, True, 2.0]),
 })
 
 parallel_fields = st.fixed_dictionaries({}, optional={

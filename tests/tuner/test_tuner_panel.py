@@ -67,6 +67,20 @@ def test_knobs_survive_loading_into_the_explorer(explorer):
     assert explorer.measurement.peak_split.inputs == 2 * 2 * 32 * 8  # idx + targets at batch 2
 
 
+def test_the_loss_knob_control_follows_and_edits_the_plan(explorer):
+    panel = explorer.tuner
+    explorer.set_plan(Plan(loss="chunked", loss_chunk=64))
+    assert panel.knob_loss.value == "chunked"
+    panel.knob_batch.value = 2
+    panel.knob_apply.click()  # the chunk stays the plan's
+    assert (explorer.plan.loss, explorer.plan.loss_chunk, explorer.plan.batch_size) == ("chunked", 64, 2)
+    panel.knob_loss.value = "full"
+    panel.knob_apply.click()  # a full loss has no chunk
+    assert (explorer.plan.loss, explorer.plan.loss_chunk) == ("full", None)
+    explorer.set_plan(Plan())
+    assert panel.knob_loss.label == "as given"
+
+
 def test_knob_controls_edit_the_plan(explorer):
     panel = explorer.tuner
     panel.knob_batch.value = 2
