@@ -185,3 +185,35 @@ def test_refused_where_it_cannot_apply_and_the_model_is_left_as_it_was():
         with Plan(loss="chunked").apply(lm.replace(loss=lambda out: out.logits.sum())):
             pass
     assert "forward" not in vars(lm.model)
+
+
+@pytest.mark.parametrize("precision", [None, "autocast_bf16", "bf16"])
+def test_fake_mode_equals_real_mode_with_ignored_labels(precision):
+    """Fake mode cannot read the labels: the count of kept positions comes from the workload's
+    own (real) batch, so the fake step keeps what the real one keeps, byte for byte, under every
+    precision the chunked loss takes (bf16 logits are widened to float32 per chunk)."""
+    wl = _llama(vocab=1000, seq=32)
+    labels = wl.batch["labels"].clone()
+    labels[0, :9] = -100
+    labels[1, 20:] = -100
+    wl = wl.replace(batch={"input_ids": wl.batch["input_ids"], "labels": labels})
+    plan = Plan(loss="chunked", loss_chunk=7, precision=precision)
+    real, fake = _measure(wl, plan, "real"), _measure(wl, plan, "fake")
+    assert (fake.peak_bytes, fake.peak_split, fake.saved_bytes) == (real.peak_bytes, real.peak_split, real.saved_bytes)
+
+
+def test_bf16_gradients_are_close_to_the_full_loss():
+    """Pure bf16: the chunked loss widens each chunk's logits to float32 and accumulates the head's
+    gradient in float32, as Hugging Face's loss widens the whole logits."""
+    wl = _llama(vocab=300, seq=16)
+    model = wl.model.to(torch.bfloat16)
+    full = model(**wl.batch).loss
+    g_full = torch.autograd.grad(full, list(model.parameters()))
+    with Plan(loss="chunked", loss_chunk=6).apply(wl) as w:
+        ours = w.forward(w.make_batch()).loss
+        g_ours = torch.autograd.grad(ours, list(model.parameters()))
+    assert ours.dtype == full.dtype == torch.float32
+    torch.testing.assert_close(ours, full, rtol=1e-3, atol=1e-3)
+    for a, c in zip(g_full, g_ours):
+        assert c.dtype == a.dtype == torch.bfloat16
+        torch.testing.assert_close(c.float(), a.float(), rtol=0.05, atol=2e-3)
