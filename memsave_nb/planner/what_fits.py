@@ -3,8 +3,9 @@
 "30 plans, 0 fit" left the user where they started although batch 16 fit at 28%. Each knob here is
 tried on its own, from the plan the user holds, with one measurement (or a short bisection) in
 the search's mode: a smaller batch (the largest that fits), micro-batches (gradient
-accumulation), a lower precision, freezing all but the last block, every block checkpointed or
-offloaded, and more GPUs (FSDP2, measured per rank). Every figure is a measured peak, never a
+accumulation), a lower precision, the chunked cross-entropy (causal LMs: no full logits), freezing
+all but the last block, every block checkpointed or offloaded, and more GPUs (FSDP2, measured per
+rank). Every figure is a measured peak, never a
 guess; a knob that cannot apply to this workload is left out. The UI's "Fit a GPU" tab shows them
 when a search finds nothing; the CLI can print ``hint_lines(hints)``.
 """
@@ -32,7 +33,7 @@ GPU_COUNTS = (2, 4, 8, 16, 32, 64)
 class KnobHint:
     """One knob turned on its own: what was changed and the peak it reached."""
 
-    knob: str  # "smaller batch", "micro-batches", "precision", "freezing", "checkpointing", "offload", "more GPUs"
+    knob: str  # "smaller batch", "micro-batches", "precision", "loss", "freezing", "checkpointing", "offload", "more GPUs"
     change: str  # e.g. "batch 16", "4 micro-batches of 4", "bf16", "FSDP2 on 8 GPUs"
     peak_bytes: int
     fits: bool
@@ -90,6 +91,11 @@ def what_would_fit(workload: "Workload", plan: "Plan", target: Target, *, mode: 
         if plan.precision != precision:
             p = plan.replace(precision=precision)
             add("precision", precision, p, peak(p))
+    if plan.loss != "chunked":  # left out where it does not apply (not a causal LM, a loss function of its own)
+        from memsave_nb.loss import DEFAULT_LOSS_CHUNK
+
+        p = plan.replace(loss="chunked", loss_chunk=None)
+        add("loss", f"chunked cross-entropy ({DEFAULT_LOSS_CHUNK} tokens per chunk)", p, peak(p))
     _freezing(workload, plan, peak, add)
     regions = suggest_regions(workload.model)
     if regions:

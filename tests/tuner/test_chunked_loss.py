@@ -217,3 +217,22 @@ def test_bf16_gradients_are_close_to_the_full_loss():
     for a, c in zip(g_full, g_ours):
         assert c.dtype == a.dtype == torch.bfloat16
         torch.testing.assert_close(c.float(), a.float(), rtol=0.05, atol=2e-3)
+
+
+@pytest.mark.slow  # about ten fake-mode steps (every knob's probe)
+def test_what_would_fit_offers_the_chunked_loss_with_its_measured_peak():
+    from memsave_nb.planner import what_would_fit
+    from memsave_nb.target import Target, measure_peak
+
+    wl = _llama(seq=64)
+    full = _measure(wl, Plan(), "fake").peak_bytes
+    target = Target(full * 0.9 / 0.8 / 2**30)  # the full loss misses the line by 10%
+    hints = {h.knob: h for h in what_would_fit(wl, Plan(), target, gpus=False)}
+    loss = hints["loss"]
+    assert loss.plan == Plan(loss="chunked") and loss.fits
+    assert loss.peak_bytes == measure_peak(wl, loss.plan).peak_bytes < full
+    # not offered where it cannot apply
+    from memsave_nb import zoo
+
+    cnn = zoo.make("mlp")
+    assert "loss" not in {h.knob for h in what_would_fit(cnn, Plan(), Target(1e-6), gpus=False)}
