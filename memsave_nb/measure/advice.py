@@ -35,7 +35,7 @@ def advice_for(parts: tuple[tuple[str, int], ...], kept_bytes: int, peak_bytes: 
         elif name == "logits":
             hints.append(
                 f"the logits stay alive to the end of the step ({size}, {share}): keep only the loss "
-                "(loss = model(**batch).loss), compute the loss inside the model or use a chunked cross-entropy"
+                "(loss = model(**batch).loss), compute the loss inside the model or use a chunked cross-entropy (Plan(loss='chunked'))"
             )
         elif name != "loss":
             hints.append(f"the output {name!r} stays alive to the end of the step ({size}, {share}): drop it after the loss if training does not need it")
