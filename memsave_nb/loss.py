@@ -8,7 +8,8 @@ replaced, for the step, by its backbone (``model.base_model``: hidden states) an
 on the head's weight with the labels shifted by one, as TRL's fused LM head does
 (``trl/trainer/utils.py``, ``add_fused_lm_head``). The ``batch x seq x vocab`` logits are never
 built; positions labelled -100 are dropped before the head. The forward returns an object with
-``.loss`` only (no logits), so the workload's default loss reads it. ``loss="full"`` is the
+``.loss`` only (no logits), so the workload's default loss reads it. The zoo's GPT
+(``hidden_states(idx)``, ``head``, aligned ``targets``) takes it too. ``loss="full"`` is the
 model's own loss, as given (nothing changes). Nothing here measures or imports ``transformers``.
 """
 
@@ -55,28 +56,55 @@ class ChunkedLossOutput:
     loss: torch.Tensor
 
 
-def causal_lm(model: nn.Module) -> tuple[nn.Module, nn.Module, nn.Linear]:
-    """``(causal LM, backbone, head)`` of a Hugging Face causal LM (a peft model's base model
-    too), or one ``PlanError`` line saying why the chunked loss does not apply."""
+def causal_lm(model: nn.Module) -> tuple[nn.Module, nn.Linear]:
+    """``(causal LM, head)``: a Hugging Face causal LM (a peft model's base model too: backbone
+    ``base_model``, head ``get_output_embeddings()``) or a model with a ``hidden_states(idx)``
+    method and a ``head`` (the zoo's GPT); else one ``PlanError`` line saying why the chunked loss
+    does not apply."""
     lm = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
     get_head = getattr(lm, "get_output_embeddings", None)
     head = get_head() if callable(get_head) else None
-    backbone = getattr(lm, "base_model", None)
-    if head is None or backbone is None or backbone is lm:
+    if head is None and callable(getattr(lm, "hidden_states", None)):
+        head = getattr(lm, "head", None)
+    elif getattr(lm, "base_model", lm) is lm:
+        head = None
+    if head is None:
         raise PlanError(f"loss='chunked' needs a causal LM with a backbone and an LM head (Hugging Face's "
-                        f"*ForCausalLM); {type(lm).__name__} has none")
+                        f"*ForCausalLM, or hidden_states() and head); {type(lm).__name__} has none")
     if type(head) is not nn.Linear:
         raise PlanError(f"loss='chunked' reads the LM head's weight: {type(head).__name__} (an adapter or quantized "
                         "head) is not a plain nn.Linear")
-    return lm, backbone, head
+    return lm, head
+
+
+def _hidden_and_targets(lm: nn.Module, args: tuple, kwargs: dict[str, Any],
+                        labels: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The hidden states before the head and the target of each: Hugging Face's labels are the
+    inputs (position t predicts label t+1); the zoo's ``targets`` are already aligned."""
+    if callable(getattr(lm, "get_output_embeddings", None)):
+        if labels is None:
+            raise PlanError("loss='chunked' needs labels in the batch (the loss is computed in the forward)")
+        kwargs.setdefault("use_cache", False)  # as TRL's fused head: no KV cache in a training step
+        hidden = lm.base_model(*args, **kwargs).last_hidden_state
+        return hidden[:, :-1], labels[:, 1:]  # (B, T-1, H): position t predicts t+1
+    targets = kwargs.pop("targets", None)
+    if targets is None and len(args) > 1:
+        args, targets = args[:1], args[1]
+    if targets is None:
+        raise PlanError("loss='chunked' needs targets in the batch (the loss is computed in the forward)")
+    return lm.hidden_states(*args, **kwargs), targets
 
 
 def _valid_hint(batch: Any) -> tuple[tuple[int, ...], int] | None:
-    """(shape, count) of the kept next-token labels of a real batch: fake tensors cannot be counted."""
-    labels = batch.get("labels") if isinstance(batch, Mapping) else None
-    if not isinstance(labels, torch.Tensor) or labels.dim() < 2 or _is_fake(labels) or labels.device.type == "meta":
+    """(targets' shape, count kept) of a real batch's ``labels`` (shifted by one) or ``targets``
+    (aligned): fake tensors cannot be counted."""
+    if not isinstance(batch, Mapping):
         return None
-    return tuple(labels.shape), int((labels[:, 1:] != IGNORE_INDEX).sum())
+    labels = batch.get("labels")
+    targets = labels[:, 1:] if isinstance(labels, torch.Tensor) and labels.dim() >= 2 else batch.get("targets")
+    if not isinstance(targets, torch.Tensor) or targets.dim() < 2 or _is_fake(targets) or targets.device.type == "meta":
+        return None
+    return tuple(targets.shape), int((targets != IGNORE_INDEX).sum())
 
 
 def _is_fake(t: torch.Tensor) -> bool:
@@ -87,27 +115,23 @@ def _is_fake(t: torch.Tensor) -> bool:
 
 def use_chunked_loss(model: nn.Module, chunk: int = DEFAULT_LOSS_CHUNK, *,
                      valid_hint: tuple[tuple[int, ...], int] | None = None) -> Callable[[], None]:
-    """Make ``model(**batch)`` (with ``labels``) return ``ChunkedLossOutput(loss)``, the loss computed
+    """Make ``model(**batch)`` (with ``labels``, or the zoo GPT's ``targets``) return ``ChunkedLossOutput(loss)``, the loss computed
     by the chunked linear cross-entropy; returns the undo. In a training script call it once and keep
     it (``training_step``'s ``output.loss`` reads it). ``valid_hint``: ``(labels shape, kept count)``
     for fake-tensor steps of a known batch (without it a fake step keeps every position)."""
     from memsave_nb.layers.linear_ce import chunked_linear_cross_entropy
 
-    lm, _, _ = causal_lm(model)
+    lm, _ = causal_lm(model)
     if "forward" in lm.__dict__:
         raise PlanError(f"loss='chunked' replaces {type(lm).__name__}.forward, which is already replaced "
                         "(a checkpointed region on the model itself?)")
 
     def forward(self: nn.Module, *args: Any, labels: torch.Tensor | None = None, **kwargs: Any) -> ChunkedLossOutput:
-        if labels is None:
-            raise PlanError("loss='chunked' needs labels in the batch (the loss is computed in the forward)")
-        _, backbone, head = causal_lm(self)
-        kwargs.setdefault("use_cache", False)  # as TRL's fused head: no KV cache in a training step
-        hidden = backbone(*args, **kwargs).last_hidden_state[:, :-1]  # (B, T-1, H): position t predicts t+1
-        targets = labels[:, 1:]
+        _, head = causal_lm(self)
+        hidden, targets = _hidden_and_targets(self, args, kwargs, labels)
         count = None
         if _is_fake(targets):  # values unknown: the real batch's count, else every position kept
-            count = valid_hint[1] if valid_hint is not None and valid_hint[0] == tuple(labels.shape) else targets.numel()
+            count = valid_hint[1] if valid_hint is not None and valid_hint[0] == tuple(targets.shape) else targets.numel()
         loss = chunked_linear_cross_entropy(hidden, head.weight, targets.to(hidden.device), bias=head.bias,
                                             chunk=chunk, ignore_index=IGNORE_INDEX, valid_count=count)
         return ChunkedLossOutput(loss)

@@ -179,13 +179,16 @@ class GPT(nn.Module):
             if p.dim() >= 2:
                 nn.init.normal_(p, 0.0, 0.02 / (math.sqrt(2 * cfg.n_layer) if name.endswith(("proj.weight", "down.weight")) else 1.0))
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> DecoderOutput:  # idx: (B, T)
+    def hidden_states(self, idx: torch.Tensor) -> torch.Tensor:  # idx: (B, T) -> (B, T, C), before the head
         T = idx.shape[1]
         pos = torch.arange(T, device=idx.device)
         x = self.drop(self.wte(idx) + self.wpe(pos))  # (B, T, C)
         for block in self.blocks:
             x = block(x)
-        logits = self.head(self.ln_f(x))  # (B, T, vocab)
+        return self.ln_f(x)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> DecoderOutput:  # idx: (B, T)
+        logits = self.head(self.hidden_states(idx))  # (B, T, vocab)
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))

@@ -236,3 +236,23 @@ def test_what_would_fit_offers_the_chunked_loss_with_its_measured_peak():
 
     cnn = zoo.make("mlp")
     assert "loss" not in {h.knob for h in what_would_fit(cnn, Plan(), Target(1e-6), gpus=False)}
+
+
+def test_the_zoo_gpt_takes_the_knob():
+    """The zoo's GPT (``hidden_states`` + ``head``, aligned targets): the same loss and gradients
+    as its own full cross-entropy, and a lower peak (its logits are B x T x 96 floats here)."""
+    from memsave_nb import zoo
+
+    wl = zoo.gpt(zoo.GPTConfig(vocab_size=4096, block_size=64, n_layer=2, n_head=2, n_embd=32, dropout=0.0), batch_size=4)
+    model = wl.model.double()
+    params = list(model.parameters())
+    full = model(**wl.batch).loss
+    g_full = torch.autograd.grad(full, params)
+    with Plan(loss="chunked", loss_chunk=50).apply(wl) as w:
+        ours = w.forward(w.make_batch()).loss
+        g_ours = torch.autograd.grad(ours, params)
+    torch.testing.assert_close(ours, full, rtol=0, atol=1e-12)
+    for a, c in zip(g_full, g_ours):
+        torch.testing.assert_close(c, a, rtol=0, atol=1e-12)
+    model.float()
+    assert _measure(wl, Plan(loss="chunked", loss_chunk=50), "fake").peak_bytes < _measure(wl, Plan(), "fake").peak_bytes
