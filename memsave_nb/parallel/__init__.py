@@ -7,10 +7,11 @@ lines no dispatch-level counter sees (communication library buffers, CUDA contex
 """
 
 from .measure import measure_parallel, measure_rank
+from .pipeline import measure_pipeline, split_stages
 from .result import CATEGORIES, ParallelMeasurement, RankMeasurement, Unseen, unseen_lines
 from ..parallel_spec import ParallelError, ParallelSpec
 
 __all__ = [
     "CATEGORIES", "ParallelError", "ParallelMeasurement", "ParallelSpec", "RankMeasurement", "Unseen",
-    "measure_parallel", "measure_rank", "unseen_lines",
+    "measure_parallel", "measure_pipeline", "measure_rank", "split_stages", "unseen_lines",
 ]

@@ -1,0 +1,276 @@
+"""Pipeline stages: each rank's memory under ``torch.distributed.pipelining``'s own schedules.
+
+``measure_pipeline(workload, ParallelSpec(world_size=2, pipeline_parallel=2, schedule="1f1b",
+microbatches=4))`` runs, for each pipeline rank, that rank's ``PipelineStage``(s) and torch's
+``ScheduleGPipe`` / ``Schedule1F1B`` / ``ScheduleInterleaved1F1B`` on a fake process group under
+``FakeTensorMode``: the schedule's real order of forwards and backwards, its receive buffers and
+the activations of the micro-batches it keeps in flight, counted by the per-rank tracker. No
+formula of ours: the in-flight counts come out of torch's schedule (docs/parallel.md).
+
+Two things stop a stock schedule on the fake group (found by trying, torch 2.13): the warm-up
+vote's ``.item()`` (data-dependent under fake tensors) and, without complete metadata, the shape
+exchange by ``send_object_list`` (nothing is received on a fake group). So every stage is given
+its static input and output metadata (one micro-batch run through the stages first, no grad),
+and in fake mode the vote's outcome (STATIC, as a real run with that metadata votes) is set
+instead of exchanged. ``rank_step`` is shared with the real gloo ranks, which run the stock vote.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import nn
+
+from ..errors import MemsaveError
+from ..measure.tracker import INPUT
+from ..parallel_spec import ParallelError, ParallelSpec
+from ..workload import Workload, iter_tensors, output_dropped
+from ..checkpointing import show
+from .result import ParallelMeasurement, RankMeasurement, unseen_lines
+from .step import categorise, summarise
+from .tracker import ShardTracker
+
+StageSplit = Callable[[nn.Module, int], Sequence[nn.Module]]
+# Interleaved 1F1B: stages per rank (torch's schedule takes any number; two is the usual choice).
+INTERLEAVED_STAGES_PER_RANK = 2
+
+
+def stages_per_rank(spec: ParallelSpec) -> int:
+    return INTERLEAVED_STAGES_PER_RANK if spec.schedule == "interleaved_1f1b" else 1
+
+
+def split_stages(model: nn.Module, n: int) -> list[nn.Module]:
+    """``n`` contiguous stages of an ``nn.Sequential``, its children split as evenly as counts allow
+    (the first stages take one more). Other models need their own split (``stages=``)."""
+    if not isinstance(model, nn.Sequential):
+        raise ParallelError(
+            f"pipeline stages: {type(model).__name__} is not an nn.Sequential; pass stages=fn(model, n) -> n stage modules"
+        )
+    children = list(model)
+    if len(children) < n:
+        raise ParallelError(f"pipeline stages: {len(children)} layers cannot make {n} stages")
+    q, r = divmod(len(children), n)
+    out, start = [], 0
+    for i in range(n):
+        end = start + q + (1 if i < r else 0)
+        out.append(nn.Sequential(*children[start:end]))
+        start = end
+    return out
+
+
+def _as_args(batch: Any) -> tuple:
+    if isinstance(batch, torch.Tensor):
+        return (batch,)
+    if isinstance(batch, (tuple, list)) and all(isinstance(t, torch.Tensor) for t in batch):
+        return tuple(batch)
+    raise ParallelError("pipeline stages take a tensor or a tuple of tensors as the batch (split into micro-batches on dim 0)")
+
+
+def _microbatch(args: tuple, spec: ParallelSpec) -> tuple:
+    n = spec.microbatches
+    size = args[0].shape[0] if args and args[0].dim() else 0
+    if size % n or size < n:
+        raise ParallelError(f"microbatches {n} must divide the batch size {size}")
+    return tuple(a[: a.shape[0] // n] for a in args)
+
+
+def stage_metadata(stages: Sequence[nn.Module], mb_args: tuple) -> list[tuple[tuple, tuple]]:
+    """(input, output) example tensors of every stage for one micro-batch (run once, no grad):
+    the static metadata ``PipelineStage`` takes instead of exchanging shapes."""
+    meta, args = [], mb_args
+    with torch.no_grad():
+        for i, stage in enumerate(stages):
+            out = stage(*args)
+            outs = out if isinstance(out, tuple) else (out,)
+            if not all(isinstance(t, torch.Tensor) for t in outs):
+                raise ParallelError(f"pipeline stage {i} must return a tensor or a tuple of tensors")
+            ins = tuple(a if i == 0 else torch.empty_like(a).requires_grad_(a.is_floating_point()) for a in args)
+            # the output must require grad, or the stage derives no gradient metadata for it
+            meta.append((ins, tuple(torch.empty_like(t).requires_grad_(t.is_floating_point()) for t in outs)))
+            args = outs
+    return meta
+
+
+def rank_stage_indices(spec: ParallelSpec, rank: int) -> list[int]:
+    """The stages ``rank`` holds: its own, or (interleaved) every ``pipeline_parallel``-th from it."""
+    return [rank + k * spec.pipeline_parallel for k in range(stages_per_rank(spec))]
+
+
+def _schedule_class(name: str):
+    from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+
+    return {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved_1f1b": ScheduleInterleaved1F1B}[name]
+
+
+def _static_vote(schedule) -> None:
+    """Set the warm-up vote's outcome instead of exchanging it (fake group: nothing is received)."""
+    from torch.distributed.pipelining.stage import InferenceMode
+
+    def warmup(stages, has_backward, p2p_done):
+        for stage in stages:
+            stage._inference_mode = InferenceMode.STATIC
+
+    schedule._warmup_p2p = warmup
+
+
+def recv_buffers(stages) -> list[torch.Tensor]:
+    """The receive buffers ``PipelineStage`` keeps per micro-batch (activations in, gradients in)."""
+    out = []
+    for stage in stages:
+        for infos in list(stage.args_recv_info.values()) + list(getattr(stage, "grad_recv_info", {}).values()):
+            for info in infos:
+                buf = getattr(info, "buffer", None)
+                if isinstance(buf, torch.Tensor):
+                    out.append(buf)
+    return out
+
+
+def rank_step(workload: Workload, spec: ParallelSpec, all_stages: Sequence[nn.Module], rank: int, batch: Any, *,
+              loss_fn: Callable | None = None, target: torch.Tensor | None = None, fake: bool = True,
+              steady: bool = True) -> RankMeasurement:
+    """Build this rank's stage(s) and schedule on the current default group and measure one step
+    (``steady``: after a whole first step, as training's step 2 on)."""
+    from torch.distributed.pipelining import PipelineStage
+
+    start = time.perf_counter()
+    args = _as_args(batch)
+    meta = stage_metadata(all_stages, _microbatch(args, spec))
+    n_stages = len(all_stages)
+    mine = rank_stage_indices(spec, rank)
+    device = torch.device(workload.device)
+    stages = [PipelineStage(all_stages[i], i, n_stages, device, input_args=meta[i][0], output_args=meta[i][1])
+              for i in mine]
+    if target is None:  # the schedule splits a target beside the inputs; none given: an empty one
+        target = torch.empty(args[0].shape[0], 0)
+    loss = loss_fn or (lambda output, _target: workload.compute_loss(output))
+    cls = _schedule_class(spec.schedule)
+    schedule = cls(stages if cls.__name__ == "ScheduleInterleaved1F1B" else stages[0], spec.microbatches, loss_fn=loss)
+    if fake:
+        _static_vote(schedule)
+    root = nn.ModuleList(all_stages[i] for i in mine)
+    params = list(root.parameters())
+    rank_workload = workload.replace(model=root)
+    optimizer = rank_workload.make_optimizer() if any(p.requires_grad for p in params) else None
+    keep = not output_dropped(workload.loop, "backward")
+
+    first, last = any(s.is_first for s in stages), any(s.is_last for s in stages)
+
+    def step(tracker: ShardTracker | None = None, marks: dict | None = None) -> None:
+        with _phases(stages, tracker, marks):
+            schedule.step(*(args if first else ()), target=target if last else None, return_outputs=keep)
+        if optimizer is not None:
+            if tracker is not None:
+                tracker.phase = "optimizer"
+            optimizer.step()
+        if tracker is not None:
+            tracker.phase = "done"
+
+    if steady:  # a whole first step: optimizer state, the stages' receive buffers
+        step()
+        for p in params:
+            p.grad = None
+    tracker = ShardTracker(root)
+    tracker.register_tensors(params, "sharded_parameters")
+    tracker.register_tensors((b for b in root.buffers() if b is not None), "buffers")
+    tracker.register_tensors(recv_buffers(stages), "communication")
+    if optimizer is not None:
+        tracker.register_tensors((t for s in optimizer.state.values() for t in iter_tensors(s)), "optimizer_state")
+    tracker.register_tensors(args, INPUT)
+    tracker.register_tensors((target,), INPUT)
+    marks: dict = {"live": set()}
+    with tracker:
+        step(tracker, marks)
+        grads = {tracker.record_of(p.grad) for p in params if p.grad is not None}
+        opt = set()
+        if optimizer is not None:
+            opt = {tracker.record_of(t) for s in optimizer.state.values() for t in iter_tensors(s)}
+    kinds = categorise(tracker, grads - {None}, opt - {None}, set(), marks)
+    return summarise(tracker, kinds, marks, rank=rank, ranks=(rank,), seconds=time.perf_counter() - start)
+
+
+@contextlib.contextmanager
+def _phases(stages, tracker: ShardTracker | None, marks: dict | None):
+    """Tag the tracker's events with forward / backward per chunk; what is alive when a backward
+    starts and was born in a forward is an activation (kept for that backward, or in flight)."""
+    if tracker is None:
+        yield
+        return
+    saved = []
+    for stage in stages:
+        fwd, bwd = stage.forward_one_chunk, stage.backward_one_chunk
+
+        def forward_one_chunk(*a, _f=fwd, **k):
+            tracker.phase = "forward"
+            return _f(*a, **k)
+
+        def backward_one_chunk(*a, _b=bwd, **k):
+            if "forward_end" not in marks:  # the first backward: every in-flight micro-batch is alive
+                marks["forward_end"] = len(tracker.events)
+            marks["live"] |= set(tracker.live_records())
+            tracker.phase = "backward"
+            return _b(*a, **k)
+
+        stage.forward_one_chunk, stage.backward_one_chunk = forward_one_chunk, backward_one_chunk
+        saved.append((stage, fwd, bwd))
+    try:
+        yield
+    finally:
+        for stage, fwd, bwd in saved:
+            del stage.forward_one_chunk, stage.backward_one_chunk
+
+
+def measure_pipeline(workload: Workload, spec: ParallelSpec, plan: Any = None, *, stages: StageSplit | None = None,
+                     loss_fn: Callable | None = None, target: torch.Tensor | None = None,
+                     steady: bool = True) -> ParallelMeasurement:
+    """Each pipeline rank's peak and split under ``spec.schedule`` with ``spec.microbatches``.
+
+    The model is split into ``pipeline_parallel`` stages (interleaved: two per rank) by
+    ``stages(model, n)`` or, for an ``nn.Sequential``, evenly (``split_stages``). The batch (a
+    tensor or tuple) is split on dim 0 into micro-batches; the last stage's loss is
+    ``loss_fn(output, target_chunk)`` or, by default, the workload's loss on each micro-batch's
+    output (which must not hold whole-batch targets: pass ``loss_fn`` and ``target`` then).
+    ``ranks[i]`` of the result is pipeline rank ``i`` (stage ``i``; interleaved: ``i`` and ``i + pp``).
+    """
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from .measure import _PROCESS_GROUP_LOCK, _fake_batch, _rank_error, entries_restored
+    from .process_group import fake_process_group
+    from .twin import fake_twin
+
+    if spec.pipeline_parallel < 2:
+        raise ParallelError("measure_pipeline needs pipeline_parallel >= 2")
+    if plan is not None and getattr(plan, "compile_budget", None) is not None:
+        raise ParallelError("a compile budget cannot be sized per rank in fake mode (fake tensors do not compile)")
+    results = []
+    for rank in range(spec.pipeline_parallel):
+        with _PROCESS_GROUP_LOCK, fake_process_group(spec, rank):
+            fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+            twin = fake_twin(workload.model, fake_mode)
+            twin_workload = workload.replace(model=twin)
+            applied = plan.apply(twin_workload) if plan is not None else contextlib.nullcontext(twin_workload)
+            with applied as wl, entries_restored(wl.model), fake_mode:
+                all_stages = _split(wl.model, spec, stages)
+                batch = _fake_batch(wl, fake_mode)
+                tgt = fake_mode.from_tensor(target) if target is not None else None
+                try:
+                    results.append(rank_step(wl, spec, all_stages, rank, batch, loss_fn=loss_fn, target=tgt,
+                                             fake=True, steady=steady))
+                except (MemsaveError, KeyboardInterrupt):
+                    raise
+                except Exception as exc:  # noqa: BLE001 - one line, the cause kept
+                    raise _rank_error(rank, exc) from exc
+    results = tuple(results)
+    worst = max(results, key=lambda r: (r.peak_bytes, -r.rank))
+    return ParallelMeasurement(spec=spec, ranks=results, steady=steady, plan_name=getattr(plan, "name", "") or "",
+                               unseen=unseen_lines(spec, worst.peak_bytes))
+
+
+def _split(model: nn.Module, spec: ParallelSpec, stages: StageSplit | None) -> list[nn.Module]:
+    n = spec.pipeline_parallel * stages_per_rank(spec)
+    out = list(stages(model, n)) if stages is not None else split_stages(model, n)
+    if len(out) != n or not all(isinstance(m, nn.Module) for m in out):
+        raise ParallelError(f"pipeline stages: expected {n} stage modules, got {show(out)}")
+    return out
