@@ -116,6 +116,48 @@ def _static_vote(schedule) -> None:
     schedule._warmup_p2p = warmup
 
 
+class _HeldWork:
+    """A fake-backend Work that keeps the tensors of its sends alive for its own lifetime.
+
+    A real backend's send Work keeps its tensor until the Work is destroyed (gloo's ``SendWork``
+    holds it; NCCL stashes it until ``wait()``), and the schedules hold their send Works until a
+    later wait: the tensor sent can outlive the stage's own reference. The fake backend's Work
+    holds nothing, so without this the sizing read a stage output 16,384 B short on 1F1B's first
+    stage (found against real gloo ranks).
+    """
+
+    def __init__(self, work, tensors):
+        self._work, self._tensors = work, tensors
+
+    def wait(self, *args, **kwargs):
+        return self._work.wait(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._work, name)
+
+
+@contextlib.contextmanager
+def sends_hold_their_tensors():
+    """During a fake-mode step: every P2P batch's Works hold the tensors they send (``_HeldWork``)."""
+    import torch.distributed as dist
+    from torch.distributed.pipelining import schedules
+
+    original = schedules._batch_p2p
+
+    def batch_p2p(p2p_ops, desc=None):
+        works = original(p2p_ops, desc=desc)
+        sends = [p.tensor for p in p2p_ops if p.op is dist.isend]
+        if len(works) == len(p2p_ops):  # one Work per op: each holds its own tensor
+            return [_HeldWork(w, [p.tensor] if p.op is dist.isend else []) for w, p in zip(works, p2p_ops)]
+        return [_HeldWork(w, sends if i == 0 else []) for i, w in enumerate(works)]
+
+    schedules._batch_p2p = batch_p2p
+    try:
+        yield
+    finally:
+        schedules._batch_p2p = original
+
+
 def recv_buffers(stages) -> list[torch.Tensor]:
     """The receive buffers ``PipelineStage`` keeps per micro-batch (activations in, gradients in)."""
     out = []
@@ -159,7 +201,7 @@ def rank_step(workload: Workload, spec: ParallelSpec, all_stages: Sequence[nn.Mo
     first, last = any(s.is_first for s in stages), any(s.is_last for s in stages)
 
     def step(tracker: ShardTracker | None = None, marks: dict | None = None) -> None:
-        with _phases(stages, tracker, marks):
+        with _phases(stages, tracker, marks), sends_hold_their_tensors() if fake else contextlib.nullcontext():
             schedule.step(*(args if first else ()), target=target if last else None, return_outputs=keep)
         if optimizer is not None:
             if tracker is not None:

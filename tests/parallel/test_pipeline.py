@@ -1,0 +1,110 @@
+"""Pipeline stages (issue 30 section 2): torch's own schedules per rank in fake mode, against the
+schedules' in-flight counts composed from one micro-batch measured by the engine, and against
+real 2-stage gloo runs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from memsave_nb.measure import measure
+from memsave_nb.parallel import ParallelError, ParallelSpec, cross_check, measure_pipeline, split_stages
+from memsave_nb.parallel.cross_check import markdown_table
+from memsave_nb.workload import Workload
+
+MICRO = 8
+ROWS = 64  # per micro-batch
+
+
+def mlp() -> Workload:
+    """Four 64-512-64 blocks as one nn.Sequential (two blocks per stage at 2 stages)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(*[m for _ in range(4) for m in (nn.Linear(64, 512), nn.ReLU(), nn.Linear(512, 64))])
+    return Workload(model, torch.randn(MICRO * ROWS, 64), loss=lambda o: o.square().mean(), name="mlp-pp")
+
+
+def spec(schedule: str, pp: int = 2) -> ParallelSpec:
+    return ParallelSpec(world_size=pp, pipeline_parallel=pp, schedule=schedule, microbatches=MICRO)
+
+
+def one_microbatch_activations(stage: int) -> int:
+    """What one micro-batch keeps at ``stage`` (the engine, fake mode, one forward and backward):
+    saved for backward plus the stage's output (kept for the stage's backward and the send)."""
+    wl = mlp()
+    stages = split_stages(wl.model, 2)
+    x = wl.batch[:ROWS]
+    if stage == 0:
+        m = measure(Workload(stages[0], x, loss=lambda o: o.sum()), mode="fake")
+        return m.saved_bytes + m.output_bytes - 4  # the 4-byte loss is the engine's, not the stage's
+    h = stages[0](x).detach()
+    m = measure(Workload(stages[1], h, loss=lambda o: o.square().mean(), input_requires_grad=True), mode="fake")
+    return m.saved_bytes  # the received input is the stage's receive buffer, counted apart
+
+
+# in flight when a stage's first backward starts (torch's schedules.py): GPipe runs every forward
+# first; 1F1B's stage i runs (stages - 1 - i) warm-up forwards and one more before its first backward
+IN_FLIGHT = {"gpipe": lambda i, stages: MICRO, "1f1b": lambda i, stages: min(MICRO, stages - i)}
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_in_flight_activations_are_the_schedule_count_of_one_microbatch(schedule):
+    m = measure_pipeline(mlp(), spec(schedule))
+    assert [r.rank for r in m.ranks] == [0, 1]
+    for i, r in enumerate(m.ranks):
+        in_flight = IN_FLIGHT[schedule](i, 2)
+        losses = 4 * in_flight if i == 1 else 0  # the last stage keeps each micro-batch's loss (float32 scalar)
+        assert r.saved_bytes == in_flight * one_microbatch_activations(i) + losses, (schedule, i)
+    params = 2 * (64 * 512 + 512 + 512 * 64 + 64) * 4  # two blocks per stage, float32
+    for r in m.ranks:
+        assert r.peak_split["sharded_parameters"] == params
+        assert r.end_split["gradients"] == params and r.end_split["optimizer_state"] == 2 * params + 4 * 4 * 2
+    gpipe_more = measure_pipeline(mlp(), spec("gpipe")).ranks[0].saved_bytes
+    assert schedule == "gpipe" or m.ranks[0].saved_bytes < gpipe_more  # 1F1B keeps fewer in flight
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="gloo backend not built")
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "interleaved_1f1b"])
+def test_real_two_stage_gloo_run_measures_what_fake_mode_predicts(schedule):
+    """Two real gloo processes, torch's stock schedule (the warm-up vote exchanged for real), the
+    per-rank tracker on real tensors: every rank equal to the fake-mode prediction to the byte."""
+    rows = cross_check(mlp, spec(schedule))
+    assert [r.rank for r in rows] == [0, 1]
+    for r in rows:
+        assert r.measured_bytes == r.predicted_bytes, markdown_table(rows)
+        assert r.measured_split == r.predicted_split
+        assert r.predicted_split["activations"] > 0
+    assert not dist.is_initialized()
+
+
+@pytest.mark.parametrize(("kw", "message"), [
+    (dict(world_size=4, pipeline_parallel=3), "pipeline_parallel must be a positive divisor of world_size 4"),
+    (dict(world_size=2, pipeline_parallel=2, schedule="zb"), "schedule must be one of"),
+    (dict(world_size=2, pipeline_parallel=2, microbatches=0), "microbatches must be an integer in"),
+    (dict(world_size=2, microbatches=4), "schedule and microbatches need pipeline_parallel > 1"),
+    (dict(world_size=4, pipeline_parallel=2, microbatches=4), "with data or tensor parallel is not measured yet"),
+    (dict(world_size=4, pipeline_parallel=4, schedule="interleaved_1f1b", microbatches=9), "interleaved_1f1b needs"),
+])
+def test_bad_pipeline_choices_are_one_line_errors(kw, message):
+    with pytest.raises(ParallelError, match=message) as info:
+        ParallelSpec(**kw)
+    assert "\n" not in str(info.value)
+
+
+def test_spec_round_trips_and_describes_the_schedule():
+    s = ParallelSpec(world_size=4, pipeline_parallel=4, schedule="interleaved_1f1b", microbatches=8)
+    assert ParallelSpec.from_dict(s.to_dict()) == s
+    assert s.describe() == "PP 4 (interleaved 1F1B, 8 micro-batches)"
+
+
+def test_models_that_do_not_split_and_batches_that_do_not_divide_are_refused():
+    wl = mlp()
+    before = {k: v.clone() for k, v in wl.model.state_dict().items()}
+    with pytest.raises(ParallelError, match="microbatches 3 must divide the batch size 512"):
+        measure_pipeline(wl, ParallelSpec(world_size=2, pipeline_parallel=2, microbatches=3))
+    with pytest.raises(ParallelError, match="is not an nn.Sequential; pass stages="):
+        measure_pipeline(wl.replace(model=nn.ModuleDict({"a": wl.model})), spec("1f1b"))
+    assert all(torch.equal(before[k], v) for k, v in wl.model.state_dict().items())
+    assert not dist.is_initialized()
