@@ -1,10 +1,11 @@
-"""``memsave-nb report --world-size N [--fsdp | --ddp]``: the per-rank answer and table of a workload,
+"""``memsave-nb report --world-size N [--fsdp | --ddp] [--tp T [--sequence-parallel]] [--replicate R]``: the per-rank answer and table of a workload,
 with the same knob plan (and target) as the single-device report."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 
 from ..errors import MemsaveError
 
@@ -19,10 +20,18 @@ def add_arguments(rep: argparse.ArgumentParser, positive_int) -> None:
                      help="with --ddp: gradients are views of DDP's buckets (one gradient copy instead of two)")
     rep.add_argument("--cpu-offload", action="store_true",
                      help="with --world-size: FSDP2 CPUOffloadPolicy (sharded parameters, gradients, optimizer on the host)")
+    rep.add_argument("--tp", type=positive_int, default=None, metavar="T",
+                     help="with --world-size: tensor parallel of degree T inside FSDP2 (mesh (N/T, T); the default "
+                          "decoder plan: attention q/k/v and MLP up/gate column-wise, o and down row-wise)")
+    rep.add_argument("--sequence-parallel", action="store_true",
+                     help="with --tp: norms and the residual stream sharded over the sequence (torchtitan's layouts)")
+    rep.add_argument("--replicate", type=positive_int, default=None, metavar="R",
+                     help="with --world-size: HSDP, R replica groups of N/R sharded ranks")
 
 
 def wants_parallel(args: argparse.Namespace) -> bool:
-    return args.world_size is not None or args.fsdp or args.ddp or args.gradient_as_bucket_view or args.cpu_offload
+    return (args.world_size is not None or args.fsdp or args.ddp or args.gradient_as_bucket_view or args.cpu_offload
+            or args.tp is not None or args.sequence_parallel or args.replicate is not None)
 
 
 # single-device flags the per-rank report does not take
@@ -34,7 +43,8 @@ def check_parallel_args(args: argparse.Namespace) -> None:
     if not wants_parallel(args):
         return
     if args.world_size is None:
-        raise MemsaveError("--fsdp, --ddp, --gradient-as-bucket-view and --cpu-offload need --world-size N")
+        raise MemsaveError("--fsdp, --ddp, --gradient-as-bucket-view, --cpu-offload, --tp, --sequence-parallel and "
+                           "--replicate need --world-size N")
     for flag, key in _SINGLE_ONLY:
         if getattr(args, key):
             raise MemsaveError(f"{flag} applies to single-device reports; drop it with --world-size")
@@ -44,13 +54,19 @@ def check_parallel_args(args: argparse.Namespace) -> None:
         raise MemsaveError("--gradient-as-bucket-view needs --ddp")
     if args.cpu_offload and args.ddp:
         raise MemsaveError("--cpu-offload is FSDP2's CPUOffloadPolicy; drop --ddp")
+    if args.sequence_parallel and not (args.tp or 1) > 1:
+        raise MemsaveError("--sequence-parallel needs --tp 2 or more")
+    if args.ddp and ((args.tp or 1) > 1 or (args.replicate or 1) > 1):
+        raise MemsaveError("--tp and --replicate combine with FSDP2; drop --ddp")
 
 
 def parallel_spec(args: argparse.Namespace):
     from ..parallel_spec import ParallelSpec
 
     return ParallelSpec(world_size=args.world_size, strategy="ddp" if args.ddp else "fsdp",
-                        gradient_as_bucket_view=args.gradient_as_bucket_view, cpu_offload=args.cpu_offload)
+                        gradient_as_bucket_view=args.gradient_as_bucket_view, cpu_offload=args.cpu_offload,
+                        tensor_parallel=args.tp or 1, sequence_parallel=args.sequence_parallel,
+                        replicate=args.replicate or 1)
 
 
 def report_parallel(args: argparse.Namespace, cw, plan, spec=None, notes=()) -> int:
@@ -61,10 +77,13 @@ def report_parallel(args: argparse.Namespace, cw, plan, spec=None, notes=()) -> 
 
     if spec is None:  # a trainer config's spec (its strategy, --world-size's ranks) wins
         spec = parallel_spec(args)
-    m = measure_parallel(cw.workload, spec, plan)
+    with warnings.catch_warnings():  # FSDP2's advice on in-place ops on a view output: about the user's loop, not this sizing
+        warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
+        m = measure_parallel(cw.workload, spec, plan)
     worst = m.worst
     knobs = f", {plan.describe()}" if not plan.is_empty else ""
-    lines = [f"memsave_nb per-rank report: {cw.name}, batch {plan.batch_size or cw.batch} per rank{knobs}, fake mode, loop {cw.workload.loop}", "",
+    lines = [f"memsave_nb per-rank report: {cw.name}, {spec.describe()}, batch {plan.batch_size or cw.batch} per rank{knobs}, "
+             f"fake mode, loop {cw.workload.loop}", "",
              f"Peak per rank: {format_bytes(m.device_peak_bytes)} (worst rank {worst.rank}, during "
              f"{worst.device_peak_phase or worst.peak_phase}); with the unseen lines "
              f"{format_bytes(m.device_peak_bytes + m.unseen_low_bytes)} .. {format_bytes(m.device_peak_bytes + m.unseen_high_bytes)}"]

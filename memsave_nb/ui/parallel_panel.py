@@ -1,4 +1,4 @@
-"""The "GPUs" panel: per-rank memory of the current plan under FSDP2 or DDP on 1 to 1024 GPUs.
+"""The "GPUs" panel: per-rank memory of the current plan under FSDP2 (with tensor parallel) or DDP on 1 to 1024 GPUs.
 
 It builds a ``ParallelSpec`` from its controls and asks ``memsave_nb.parallel.measure_parallel``
 (fake mode, PyTorch's own ``fully_shard`` / ``DistributedDataParallel``) for the per-rank table; it holds no measurement logic.
@@ -8,8 +8,8 @@ The result is a picture (``ui/parallel_view.py``): a stacked bar per distinct ra
 unseen lines hatched above it, the target GPU's usable line and a verdict (the target is the
 "Fit a GPU" tab's, read through ``target_fn``), and a table with units per value.
 
-DOM hooks: ``.memsave-gpus`` (number), ``.memsave-sharding`` (dropdown), ``.memsave-bf16``
-(checkbox), ``.memsave-offload`` (checkbox: FSDP2 CPU offload), ``.memsave-parallel-size`` (button), ``.memsave-parallel-peak`` (worst rank),
+DOM hooks: ``.memsave-gpus`` (number), ``.memsave-sharding`` (dropdown), ``.memsave-tp`` (tensor
+parallel degree), ``.memsave-sp`` (checkbox: sequence parallel), ``.memsave-bf16`` (checkbox), ``.memsave-offload`` (checkbox: FSDP2 CPU offload), ``.memsave-parallel-size`` (button), ``.memsave-parallel-peak`` (worst rank),
 ``.memsave-parallel-verdict`` (fits / does not fit), ``.memsave-parallel-figure`` (the bars),
 ``.memsave-parallel-table`` (the table), ``.memsave-parallel-error``.
 """
@@ -37,11 +37,17 @@ SHARDINGS = (
     ("DDP, gradients as bucket views", "ddp-view"),
 )
 MAX_GPUS = 1024
+TP_DEGREES = (1, 2, 4, 8)  # within a node of 8
 
 
-def spec_for(gpus: int, sharding: str, bf16: bool, offload: bool = False) -> ParallelSpec:
-    """The ``ParallelSpec`` the controls describe (HSDP needs an even number of GPUs)."""
+def spec_for(gpus: int, sharding: str, bf16: bool, offload: bool = False, tp: int = 1,
+             sequence_parallel: bool = False) -> ParallelSpec:
+    """The ``ParallelSpec`` the controls describe (HSDP needs an even number of GPUs; TP combines with FSDP2)."""
     kw: dict[str, Any] = {"world_size": gpus}
+    if tp > 1 or sequence_parallel:
+        if sharding in ("ddp", "ddp-view"):
+            raise ParallelError("tensor parallel combines with FSDP2 (as torchtitan does): pick an FSDP2 sharding")
+        kw.update(tensor_parallel=tp, sequence_parallel=sequence_parallel)
     if offload:
         if sharding in ("ddp", "ddp-view"):
             raise ParallelError("CPU offload is FSDP2's CPUOffloadPolicy: pick an FSDP2 sharding")
@@ -71,6 +77,12 @@ class ParallelPanel(W.VBox):
         self.gpus.add_class("memsave-gpus")
         self.sharding = W.Dropdown(options=SHARDINGS, value="fsdp", description="sharding", layout=W.Layout(width="380px"))
         self.sharding.add_class("memsave-sharding")
+        self.tp = W.Dropdown(options=[(f"TP {d}" if d > 1 else "no TP", d) for d in TP_DEGREES], value=1,
+                             description="tensor parallel", layout=W.Layout(width="220px"),
+                             style={"description_width": "initial"})
+        self.tp.add_class("memsave-tp")
+        self.sp = W.Checkbox(value=False, description="sequence parallel", indent=False)
+        self.sp.add_class("memsave-sp")
         self.bf16 = W.Checkbox(value=False, description="bf16 params, fp32 reduce", indent=False)
         self.bf16.add_class("memsave-bf16")
         self.offload = W.Checkbox(value=False, description="CPU offload (params, grads, optimizer on host)", indent=False)
@@ -92,17 +104,18 @@ class ParallelPanel(W.VBox):
         self._generation = 0
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
-        note = W.HTML("<small>Per-rank memory in fake mode with PyTorch's own <code>fully_shard</code> or DDP "
+        note = W.HTML("<small>Per-rank memory in fake mode with PyTorch's own <code>fully_shard</code> "
+                      "(and <code>parallelize_module</code> for tensor parallel) or DDP "
                       "on a fake process group; the plan's freezing and checkpointing apply.</small>")
-        super().__init__([note, W.HBox([self.gpus, self.sharding, self.bf16, self.offload, self.size_button],
+        super().__init__([note, W.HBox([self.gpus, self.sharding, self.tp, self.sp, self.bf16, self.offload, self.size_button],
                                        layout=W.Layout(flex_flow="row wrap")), self.peak, self.verdict, self.error,
                                        self.figure_box, self.table])
-        for w in (self.gpus, self.sharding, self.bf16, self.offload):
+        for w in (self.gpus, self.sharding, self.tp, self.sp, self.bf16, self.offload):
             w.observe(lambda _ch: self._changed(), "value")
         self.size_button.on_click(lambda _b: self.refresh(background=True))
 
     def spec(self) -> ParallelSpec:
-        return spec_for(self.gpus.value, self.sharding.value, self.bf16.value, self.offload.value)
+        return spec_for(self.gpus.value, self.sharding.value, self.bf16.value, self.offload.value, self.tp.value, self.sp.value)
 
     def _changed(self) -> None:
         if self.live:

@@ -26,3 +26,29 @@ def test_report_parallel_mistakes_are_one_line(capsys):
     assert main(["report", "--model", "mlp", "--world-size", "2", "--fsdp", "--ddp"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "not allowed with" in err
+
+
+def test_report_tp_prints_the_2d_layout_and_the_numbers_of_measure_parallel(capsys):
+    """``--tp 2 --world-size 4``: the per-rank answer for TP 2 x FSDP2 2 on the zoo GPT, equal to
+    measure_parallel with the same spec (the table is the same object's text)."""
+    assert main(["report", "--model", "gpt", "--batch", "2", "--world-size", "4", "--tp", "2", "--target-gb", "1"]) == 0
+    out = capsys.readouterr().out
+    expected = measure_parallel(zoo.make("gpt", 2), ParallelSpec(world_size=4, tensor_parallel=2))
+    head = out.splitlines()[0]
+    assert "TP 2 x FSDP2 2 (4 ranks, mesh 2x2)" in head
+    assert expected.table() in out
+    assert "fits" in out.splitlines()[3]
+    assert not dist.is_initialized()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--tp", "2"], "--world-size"),
+    (["--world-size", "4", "--sequence-parallel"], "--tp 2"),
+    (["--world-size", "4", "--tp", "2", "--ddp"], "drop --ddp"),
+    (["--world-size", "4", "--replicate", "2", "--ddp"], "drop --ddp"),
+    (["--world-size", "4", "--tp", "3"], "tensor_parallel must be a positive divisor"),
+])
+def test_report_tp_mistakes_are_one_line(capsys, argv, message):
+    assert main(["report", "--model", "mlp", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err, err

@@ -53,3 +53,31 @@ def test_explorer_has_a_gpus_tab_sizing_its_current_plan():
     ex.gpus.wait(120)
     expected = measure_parallel(wl, ParallelSpec(world_size=4), Plan(frozen=("blocks.0",)))
     assert ex.gpus.result.worst.end_split == expected.worst.end_split
+
+
+def test_tensor_parallel_control_sizes_the_2d_layout():
+    """The TP dropdown: TP 2 x FSDP2 2 on the zoo GPT, the numbers measure_parallel gives for that spec."""
+    from memsave_nb import zoo
+
+    wl = zoo.make("gpt", 2)
+    panel = ParallelPanel(wl, plan_fn=lambda: Plan(), live=False)
+    panel.gpus.value = 4
+    panel.tp.value = 2
+    panel.refresh()
+    expected = measure_parallel(wl, ParallelSpec(world_size=4, tensor_parallel=2), Plan())
+    assert panel.error.value == "", panel.error.value
+    assert panel.result.spec.tensor_parallel == 2
+    assert panel.result.worst.peak_split == expected.worst.peak_split
+    assert "TP 2 x FSDP2 2" in panel.peak.value
+
+
+def test_tensor_parallel_controls_build_the_spec_and_refuse_ddp():
+    assert spec_for(8, "fsdp", False, tp=2, sequence_parallel=True) == ParallelSpec(
+        world_size=8, tensor_parallel=2, sequence_parallel=True)
+    assert spec_for(16, "hsdp", False, tp=4) == ParallelSpec(world_size=16, replicate=2, tensor_parallel=4)
+    with pytest.raises(Exception, match="FSDP2 sharding"):
+        spec_for(8, "ddp", False, tp=2)
+    panel = ParallelPanel(blocks_workload(), plan_fn=lambda: Plan(), live=False)
+    panel.sp.value = True  # sequence parallel without TP: one line in the panel, no old numbers
+    panel.refresh()
+    assert "need tensor_parallel &gt; 1" in panel.error.value and panel.result is None
