@@ -170,67 +170,85 @@ def recv_buffers(stages) -> list[torch.Tensor]:
     return out
 
 
-def rank_step(workload: Workload, spec: ParallelSpec, all_stages: Sequence[nn.Module], rank: int, batch: Any, *,
-              loss_fn: Callable | None = None, target: torch.Tensor | None = None, fake: bool = True,
-              steady: bool = True) -> RankMeasurement:
-    """Build this rank's stage(s) and schedule on the current default group and measure one step
-    (``steady``: after a whole first step, as training's step 2 on)."""
-    from torch.distributed.pipelining import PipelineStage
+class StageRank:
+    """One pipeline rank, built: its ``PipelineStage``(s), torch's schedule and the optimizer over
+    its stages' parameters. ``step()`` runs one training step (the schedule, then the optimizer)."""
 
-    start = time.perf_counter()
-    args = _as_args(batch)
-    meta = stage_metadata(all_stages, _microbatch(args, spec))
-    n_stages = len(all_stages)
-    mine = rank_stage_indices(spec, rank)
-    device = torch.device(workload.device)
-    stages = [PipelineStage(all_stages[i], i, n_stages, device, input_args=meta[i][0], output_args=meta[i][1])
-              for i in mine]
-    if target is None:  # the schedule splits a target beside the inputs; none given: an empty one
-        target = torch.empty(args[0].shape[0], 0)
-    loss = loss_fn or (lambda output, _target: workload.compute_loss(output))
-    cls = _schedule_class(spec.schedule)
-    schedule = cls(stages if cls.__name__ == "ScheduleInterleaved1F1B" else stages[0], spec.microbatches, loss_fn=loss)
-    if fake:
-        _static_vote(schedule)
-    root = nn.ModuleList(all_stages[i] for i in mine)
-    params = list(root.parameters())
-    rank_workload = workload.replace(model=root)
-    optimizer = rank_workload.make_optimizer() if any(p.requires_grad for p in params) else None
-    keep = not output_dropped(workload.loop, "backward")
+    def __init__(self, workload: Workload, spec: ParallelSpec, all_stages: Sequence[nn.Module], rank: int, batch: Any, *,
+                 loss_fn: Callable | None = None, target: torch.Tensor | None = None, fake: bool = True):
+        from torch.distributed.pipelining import PipelineStage
 
-    first, last = any(s.is_first for s in stages), any(s.is_last for s in stages)
+        self.rank, self.fake = rank, fake
+        self.args = _as_args(batch)
+        meta = stage_metadata(all_stages, _microbatch(self.args, spec))
+        mine = rank_stage_indices(spec, rank)
+        device = torch.device(workload.device)
+        self.stages = [PipelineStage(all_stages[i], i, len(all_stages), device, input_args=meta[i][0],
+                                     output_args=meta[i][1]) for i in mine]
+        # the schedule splits a target beside the inputs; none given: an empty one
+        self.target = target if target is not None else torch.empty(self.args[0].shape[0], 0)
+        loss = loss_fn or (lambda output, _target: workload.compute_loss(output))
+        cls = _schedule_class(spec.schedule)
+        self.schedule = cls(self.stages if cls.__name__ == "ScheduleInterleaved1F1B" else self.stages[0],
+                            spec.microbatches, loss_fn=loss)
+        if fake:
+            _static_vote(self.schedule)
+        self.root = nn.ModuleList(all_stages[i] for i in mine)
+        self.params = list(self.root.parameters())
+        trains = any(p.requires_grad for p in self.params)
+        self.optimizer = workload.replace(model=self.root).make_optimizer() if trains else None
+        self.keep_outputs = not output_dropped(workload.loop, "backward")
+        self.first = any(s.is_first for s in self.stages)
+        self.last = any(s.is_last for s in self.stages)
 
-    def step(tracker: ShardTracker | None = None, marks: dict | None = None) -> None:
-        with _phases(stages, tracker, marks), sends_hold_their_tensors() if fake else contextlib.nullcontext():
-            schedule.step(*(args if first else ()), target=target if last else None, return_outputs=keep)
-        if optimizer is not None:
+    def step(self, tracker: ShardTracker | None = None, marks: dict | None = None) -> None:
+        held = sends_hold_their_tensors() if self.fake else contextlib.nullcontext()
+        with _phases(self.stages, tracker, marks), held:
+            self.schedule.step(*(self.args if self.first else ()), target=self.target if self.last else None,
+                               return_outputs=self.keep_outputs)
+        if self.optimizer is not None:
             if tracker is not None:
                 tracker.phase = "optimizer"
-            optimizer.step()
+            self.optimizer.step()
         if tracker is not None:
             tracker.phase = "done"
 
-    if steady:  # a whole first step: optimizer state, the stages' receive buffers
-        step()
-        for p in params:
-            p.grad = None
-    tracker = ShardTracker(root)
-    tracker.register_tensors(params, "sharded_parameters")
-    tracker.register_tensors((b for b in root.buffers() if b is not None), "buffers")
-    tracker.register_tensors(recv_buffers(stages), "communication")
-    if optimizer is not None:
-        tracker.register_tensors((t for s in optimizer.state.values() for t in iter_tensors(s)), "optimizer_state")
-    tracker.register_tensors(args, INPUT)
-    tracker.register_tensors((target,), INPUT)
-    marks: dict = {"live": set()}
-    with tracker:
-        step(tracker, marks)
-        grads = {tracker.record_of(p.grad) for p in params if p.grad is not None}
-        opt = set()
-        if optimizer is not None:
-            opt = {tracker.record_of(t) for s in optimizer.state.values() for t in iter_tensors(s)}
-    kinds = categorise(tracker, grads - {None}, opt - {None}, set(), marks)
-    return summarise(tracker, kinds, marks, rank=rank, ranks=(rank,), seconds=time.perf_counter() - start)
+    def optimizer_state(self) -> list[torch.Tensor]:
+        return [t for s in self.optimizer.state.values() for t in iter_tensors(s)] if self.optimizer is not None else []
+
+    def alive_between_steps(self) -> list[torch.Tensor]:
+        """What lives from one step to the next: parameters, buffers, optimizer state, the stages'
+        receive buffers, the batch and the target (gradients are dropped between steps)."""
+        return [*self.params, *(b for b in self.root.buffers() if b is not None), *self.optimizer_state(),
+                *recv_buffers(self.stages), *self.args, self.target]
+
+    def measure(self, steady: bool = True) -> RankMeasurement:
+        """One tracked step (``steady``: after a whole first step, as training's step 2 on)."""
+        start = time.perf_counter()
+        if steady:  # a whole first step: optimizer state, the stages' receive buffers
+            self.step()
+            for p in self.params:
+                p.grad = None
+        tracker = ShardTracker(self.root)
+        tracker.register_tensors(self.params, "sharded_parameters")
+        tracker.register_tensors((b for b in self.root.buffers() if b is not None), "buffers")
+        tracker.register_tensors(recv_buffers(self.stages), "communication")
+        tracker.register_tensors(self.optimizer_state(), "optimizer_state")
+        tracker.register_tensors((*self.args, self.target), INPUT)
+        marks: dict = {"live": set()}
+        with tracker:
+            self.step(tracker, marks)
+            grads = {tracker.record_of(p.grad) for p in self.params if p.grad is not None}
+            opt = {tracker.record_of(t) for t in self.optimizer_state()}
+        kinds = categorise(tracker, grads - {None}, opt - {None}, set(), marks)
+        return summarise(tracker, kinds, marks, rank=self.rank, ranks=(self.rank,), seconds=time.perf_counter() - start)
+
+
+def rank_step(workload: Workload, spec: ParallelSpec, all_stages: Sequence[nn.Module], rank: int, batch: Any, *,
+              loss_fn: Callable | None = None, target: torch.Tensor | None = None, fake: bool = True,
+              steady: bool = True) -> RankMeasurement:
+    """Build this rank's stage(s) and schedule on the current default group and measure one step."""
+    return StageRank(workload, spec, all_stages, rank, batch, loss_fn=loss_fn, target=target, fake=fake).measure(steady)
 
 
 @contextlib.contextmanager

@@ -108,3 +108,45 @@ def test_models_that_do_not_split_and_batches_that_do_not_divide_are_refused():
         measure_pipeline(wl.replace(model=nn.ModuleDict({"a": wl.model})), spec("1f1b"))
     assert all(torch.equal(before[k], v) for k, v in wl.model.state_dict().items())
     assert not dist.is_initialized()
+
+
+def _allocator_rank(rank: int, schedule: str, store: str, out: str) -> None:
+    """One real gloo rank: the tracked step, then a third step under the allocator's own record."""
+    import json
+    import os
+
+    from memsave_nb.parallel.pipeline import StageRank, _split
+
+    from measure.allocator_oracle import allocator_peak  # tests/ is on sys.path (rootdir-relative packages)
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    try:
+        wl, sp = mlp(), spec(schedule)
+        sr = StageRank(wl, sp, _split(wl.model, sp, None), rank, wl.make_batch(), fake=False)
+        tracked = sr.measure().peak_bytes
+        for p in sr.params:
+            p.grad = None
+        oracle = allocator_peak(sr.step, sr.alive_between_steps()).peak_bytes
+        with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+            json.dump({"tracked": tracked, "allocator": oracle}, f)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="gloo backend not built")
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "interleaved_1f1b"])
+def test_real_stage_ranks_peak_is_the_allocators(schedule):
+    """The tracker on real pipeline ranks against the CPU allocator's record of the same step
+    (``tests/measure/allocator_oracle.py``): no blind spot shared with the tracker."""
+    import json
+    import os
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.start_processes(_allocator_rank, args=(schedule, os.path.join(tmp, "store"), tmp), nprocs=2, start_method="fork")
+        rows = [json.load(open(os.path.join(tmp, f"rank{r}.json"))) for r in range(2)]
+    assert all(r["tracked"] == r["allocator"] for r in rows), rows
