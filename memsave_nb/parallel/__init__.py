@@ -8,7 +8,8 @@ lines no dispatch-level counter sees (communication library buffers, CUDA contex
 
 from .cross_check import CrossCheckRow, cross_check
 from .measure import measure_parallel, measure_rank
-from .pipeline import measure_pipeline, split_stages
+from .pipeline import measure_pipeline
+from .stages import split_stages
 from .result import CATEGORIES, ParallelMeasurement, RankMeasurement, Unseen, unseen_lines
 from ..parallel_spec import ParallelError, ParallelSpec
 

@@ -29,6 +29,7 @@ from ..measure.tracker import INPUT
 from ..parallel_spec import ParallelError, ParallelSpec
 from ..workload import Workload, iter_tensors, output_dropped
 from ..checkpointing import show
+from .stages import split_stages, stage_inputs
 from .result import ParallelMeasurement, RankMeasurement, unseen_lines
 from .step import categorise, summarise
 from .tracker import ShardTracker
@@ -40,33 +41,6 @@ INTERLEAVED_STAGES_PER_RANK = 2
 
 def stages_per_rank(spec: ParallelSpec) -> int:
     return INTERLEAVED_STAGES_PER_RANK if spec.schedule == "interleaved_1f1b" else 1
-
-
-def split_stages(model: nn.Module, n: int) -> list[nn.Module]:
-    """``n`` contiguous stages of an ``nn.Sequential``, its children split as evenly as counts allow
-    (the first stages take one more). Other models need their own split (``stages=``)."""
-    if not isinstance(model, nn.Sequential):
-        raise ParallelError(
-            f"pipeline stages: {type(model).__name__} is not an nn.Sequential; pass stages=fn(model, n) -> n stage modules"
-        )
-    children = list(model)
-    if len(children) < n:
-        raise ParallelError(f"pipeline stages: {len(children)} layers cannot make {n} stages")
-    q, r = divmod(len(children), n)
-    out, start = [], 0
-    for i in range(n):
-        end = start + q + (1 if i < r else 0)
-        out.append(nn.Sequential(*children[start:end]))
-        start = end
-    return out
-
-
-def _as_args(batch: Any) -> tuple:
-    if isinstance(batch, torch.Tensor):
-        return (batch,)
-    if isinstance(batch, (tuple, list)) and all(isinstance(t, torch.Tensor) for t in batch):
-        return tuple(batch)
-    raise ParallelError("pipeline stages take a tensor or a tuple of tensors as the batch (split into micro-batches on dim 0)")
 
 
 def _microbatch(args: tuple, spec: ParallelSpec) -> tuple:
@@ -179,7 +153,7 @@ class StageRank:
         from torch.distributed.pipelining import PipelineStage
 
         self.rank, self.fake = rank, fake
-        self.args = _as_args(batch)
+        self.args, target, loss = stage_inputs(workload.model, batch, loss_fn, target, workload.compute_loss)
         meta = stage_metadata(all_stages, _microbatch(self.args, spec))
         mine = rank_stage_indices(spec, rank)
         device = torch.device(workload.device)
@@ -187,7 +161,6 @@ class StageRank:
                                      output_args=meta[i][1]) for i in mine]
         # the schedule splits a target beside the inputs; none given: an empty one
         self.target = target if target is not None else torch.empty(self.args[0].shape[0], 0)
-        loss = loss_fn or (lambda output, _target: workload.compute_loss(output))
         cls = _schedule_class(spec.schedule)
         self.schedule = cls(self.stages if cls.__name__ == "ScheduleInterleaved1F1B" else self.stages[0],
                             spec.microbatches, loss_fn=loss)
@@ -288,10 +261,11 @@ def measure_pipeline(workload: Workload, spec: ParallelSpec, plan: Any = None, *
     """Each pipeline rank's peak and split under ``spec.schedule`` with ``spec.microbatches``.
 
     The model is split into ``pipeline_parallel`` stages (interleaved: two per rank) by
-    ``stages(model, n)`` or, for an ``nn.Sequential``, evenly (``split_stages``). The batch (a
-    tensor or tuple) is split on dim 0 into micro-batches; the last stage's loss is
-    ``loss_fn(output, target_chunk)`` or, by default, the workload's loss on each micro-batch's
-    output (which must not hold whole-batch targets: pass ``loss_fn`` and ``target`` then).
+    ``stages(model, n)`` or, for an ``nn.Sequential`` or a GPT-shaped decoder, evenly
+    (``stages.split_stages``). The batch (a tensor or tuple; the zoo GPT's dict) is split on dim 0
+    into micro-batches; the last stage's loss is ``loss_fn(output, target_chunk)`` or, by default,
+    the workload's loss on each micro-batch's output (which must not hold whole-batch targets: pass
+    ``loss_fn`` and ``target`` then); the zoo GPT's is its own cross-entropy.
     ``ranks[i]`` of the result is pipeline rank ``i`` (stage ``i``; interleaved: ``i`` and ``i + pp``).
     """
     from torch._subclasses.fake_tensor import FakeTensorMode

@@ -64,13 +64,22 @@ def test_in_flight_activations_are_the_schedule_count_of_one_microbatch(schedule
     assert schedule == "gpipe" or m.ranks[0].saved_bytes < gpipe_more  # 1F1B keeps fewer in flight
 
 
+def tiny_gpt() -> Workload:
+    """The zoo GPT, four blocks (two per stage; interleaved: one per stage), its dict batch and loss."""
+    from memsave_nb import zoo
+
+    return zoo.gpt(zoo.GPTConfig(vocab_size=256, block_size=32, n_layer=4, n_head=2, n_embd=64, dropout=0.0),
+                   batch_size=MICRO)
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="gloo backend not built")
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "interleaved_1f1b"])
-def test_real_two_stage_gloo_run_measures_what_fake_mode_predicts(schedule):
+@pytest.mark.parametrize("make", [mlp, tiny_gpt], ids=["mlp", "gpt"])
+def test_real_two_stage_gloo_run_measures_what_fake_mode_predicts(schedule, make):
     """Two real gloo processes, torch's stock schedule (the warm-up vote exchanged for real), the
     per-rank tracker on real tensors: every rank equal to the fake-mode prediction to the byte."""
-    rows = cross_check(mlp, spec(schedule))
+    rows = cross_check(make, spec(schedule))
     assert [r.rank for r in rows] == [0, 1]
     for r in rows:
         assert r.measured_bytes == r.predicted_bytes, markdown_table(rows)
@@ -104,7 +113,7 @@ def test_models_that_do_not_split_and_batches_that_do_not_divide_are_refused():
     before = {k: v.clone() for k, v in wl.model.state_dict().items()}
     with pytest.raises(ParallelError, match="microbatches 3 must divide the batch size 512"):
         measure_pipeline(wl, ParallelSpec(world_size=2, pipeline_parallel=2, microbatches=3))
-    with pytest.raises(ParallelError, match="is not an nn.Sequential; pass stages="):
+    with pytest.raises(ParallelError, match="is neither an nn.Sequential nor GPT-shaped; pass stages="):
         measure_pipeline(wl.replace(model=nn.ModuleDict({"a": wl.model})), spec("1f1b"))
     assert all(torch.equal(before[k], v) for k, v in wl.model.state_dict().items())
     assert not dist.is_initialized()
