@@ -55,8 +55,9 @@ class ParallelSpec:
     - ``sequence_parallel``: norms and the residual stream sharded over the sequence (TP > 1).
     - ``tp_plan``: ``(module-name pattern, style)`` pairs (``fnmatch`` patterns, styles in
       ``TP_STYLES``); empty means the default plan for decoders (``parallel/tp.py``).
-    - ``pipeline_parallel``: pipeline stages (ranks the model's layers are split over); for now
-      the whole world (``world_size == pipeline_parallel``, ``parallel/pipeline.py``).
+    - ``pipeline_parallel``: pipeline stages (ranks the model's layers are split over); the mesh
+      is ``(pp, world_size // pp)`` and FSDP2 shards each stage over the second dimension
+      (``parallel/pipeline.py``); not with TP, HSDP, CPU offload or DDP yet.
     - ``schedule``: ``"gpipe"``, ``"1f1b"`` or ``"interleaved_1f1b"`` (two stages per rank).
     - ``microbatches``: micro-batches the batch is split into per step (pipeline only).
     """
@@ -148,17 +149,18 @@ class ParallelSpec:
             if n != 1 or self.schedule != "1f1b":
                 raise ParallelError("schedule and microbatches need pipeline_parallel > 1")
             return
-        if pp != self.world_size:
-            raise ParallelError(f"pipeline_parallel {pp} with data or tensor parallel is not measured yet: "
-                                f"world_size must equal pipeline_parallel")
+        if self.tensor_parallel > 1:
+            raise ParallelError("pipeline_parallel with tensor_parallel is not measured yet")
         if self.schedule == "interleaved_1f1b" and n % max(1, n // pp):
             raise ParallelError(f"interleaved_1f1b needs microbatches a multiple of max(1, microbatches // {pp}) "
                                 f"(torch's rounds), got {n}")
         if self.cpu_offload or self.replicate > 1 or self.strategy != "fsdp":
-            raise ParallelError("pipeline_parallel is measured alone: drop cpu_offload, replicate and strategy 'ddp'")
+            raise ParallelError("pipeline_parallel is measured alone or with FSDP2: drop cpu_offload, replicate and strategy 'ddp'")
 
     @property
     def mesh_shape(self) -> tuple[int, ...]:
+        if self.pipeline_parallel > 1:
+            return (self.pipeline_parallel, self.world_size // self.pipeline_parallel)
         tp = (self.tensor_parallel,) if self.tensor_parallel > 1 else ()
         if self.replicate > 1:
             return (self.replicate, self.world_size // self.replicate // self.tensor_parallel, *tp)
@@ -166,12 +168,14 @@ class ParallelSpec:
 
     @property
     def mesh_dim_names(self) -> tuple[str, ...]:
+        if self.pipeline_parallel > 1:
+            return ("pp", "shard")
         return (("replicate",) if self.replicate > 1 else ()) + ("shard",) + (("tp",) if self.tensor_parallel > 1 else ())
 
     @property
     def shard_size(self) -> int:
         """Ranks one parameter is sharded over (FSDP), 1 for DDP."""
-        return self.world_size // self.replicate // self.tensor_parallel if self.strategy == "fsdp" else 1
+        return self.world_size // self.replicate // self.tensor_parallel // self.pipeline_parallel if self.strategy == "fsdp" else 1
 
     @property
     def data_parallel(self) -> int:
@@ -187,7 +191,8 @@ class ParallelSpec:
     def describe(self) -> str:
         if self.pipeline_parallel > 1:
             name = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved_1f1b": "interleaved 1F1B"}[self.schedule]
-            return f"PP {self.pipeline_parallel} ({name}, {self.microbatches} micro-batches)"
+            dp = self.data_parallel
+            return f"PP {self.pipeline_parallel}" + (f" x FSDP2 {dp}" if dp > 1 else "") + f" ({name}, {self.microbatches} micro-batches)"
         if self.strategy == "ddp":
             view = ", gradients as bucket views" if self.gradient_as_bucket_view else ""
             return f"DDP x{self.world_size} (buckets {self.bucket_cap_mb:g} MB{view})"

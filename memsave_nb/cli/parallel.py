@@ -28,8 +28,8 @@ def add_arguments(rep: argparse.ArgumentParser, positive_int) -> None:
     rep.add_argument("--replicate", type=positive_int, default=None, metavar="R",
                      help="with --world-size: HSDP, R replica groups of N/R sharded ranks")
     rep.add_argument("--pp", type=positive_int, default=None, metavar="P",
-                     help="with --world-size P: pipeline stages under torch.distributed.pipelining (nn.Sequential "
-                          "models, split evenly); one row per stage")
+                     help="with --world-size: P pipeline stages under torch.distributed.pipelining (nn.Sequential "
+                          "and GPT-shaped models, split evenly), FSDP2 over the other N/P ranks; one row per stage")
     rep.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved_1f1b"), default=None,
                      help="with --pp: the pipeline schedule (default 1f1b; interleaved: two stages per rank)")
     rep.add_argument("--microbatches", type=positive_int, default=None, metavar="M",
@@ -68,8 +68,9 @@ def check_parallel_args(args: argparse.Namespace) -> None:
         raise MemsaveError("--tp and --replicate combine with FSDP2; drop --ddp")
     if (args.schedule is not None or args.microbatches is not None) and args.pp is None:
         raise MemsaveError("--schedule and --microbatches need --pp P")
-    if args.pp is not None and (args.ddp or args.fsdp or args.cpu_offload or args.tp or args.replicate):
-        raise MemsaveError("--pp is measured alone: drop --fsdp, --ddp, --cpu-offload, --tp and --replicate")
+    if args.pp is not None and (args.ddp or args.cpu_offload or args.tp or args.replicate):
+        raise MemsaveError("--pp is measured alone or with FSDP2 (--world-size a multiple of --pp): "
+                           "drop --ddp, --cpu-offload, --tp and --replicate")
 
 
 def parallel_spec(args: argparse.Namespace):

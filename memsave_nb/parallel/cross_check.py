@@ -79,7 +79,8 @@ def _rank_main(rank: int, factory: WorkloadFactory, spec_dict: dict, store_path:
             if spec.pipeline_parallel > 1:
                 from .pipeline import _split, rank_step
 
-                result = rank_step(wl, spec, _split(wl.model, spec, stages), rank, wl.make_batch(), fake=False)
+                mesh = init_device_mesh("cpu", spec.mesh_shape, mesh_dim_names=spec.mesh_dim_names)
+                result = rank_step(wl, spec, _split(wl.model, spec, stages), rank, wl.make_batch(), fake=False, mesh=mesh)
             else:
                 mesh = init_device_mesh("cpu", spec.mesh_shape, mesh_dim_names=spec.mesh_dim_names)
                 called = apply_parallel(wl.model, spec, mesh)
@@ -140,7 +141,7 @@ def cross_check(make_workload: WorkloadFactory, spec: ParallelSpec, plan: Any = 
     if spec.pipeline_parallel > 1:
         from .pipeline import measure_pipeline
 
-        predicted = {r.rank: r for r in measure_pipeline(workload, spec, plan, stages=stages).ranks}
+        predicted = {r: m for m in measure_pipeline(workload, spec, plan, stages=stages).ranks for r in m.ranks}
     rows = []
     for m in measured:
         p = predicted[m.rank] if spec.pipeline_parallel > 1 else measure_rank(workload, spec, plan, rank=m.rank)

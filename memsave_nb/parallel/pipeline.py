@@ -18,6 +18,7 @@ instead of exchanged. ``rank_step`` is shared with the real gloo ranks, which ru
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from typing import Any, Callable, Sequence
 
@@ -31,7 +32,8 @@ from ..workload import Workload, iter_tensors, output_dropped
 from ..checkpointing import show
 from .stages import split_stages, stage_inputs
 from .result import ParallelMeasurement, RankMeasurement, unseen_lines
-from .step import categorise, summarise
+from .apply import apply_parallel, unsharded_tensors
+from .step import _local, categorise, summarise
 from .tracker import ShardTracker
 
 StageSplit = Callable[[nn.Module, int], Sequence[nn.Module]]
@@ -149,16 +151,23 @@ class StageRank:
     its stages' parameters. ``step()`` runs one training step (the schedule, then the optimizer)."""
 
     def __init__(self, workload: Workload, spec: ParallelSpec, all_stages: Sequence[nn.Module], rank: int, batch: Any, *,
-                 loss_fn: Callable | None = None, target: torch.Tensor | None = None, fake: bool = True):
+                 loss_fn: Callable | None = None, target: torch.Tensor | None = None, fake: bool = True,
+                 mesh: Any = None):
         from torch.distributed.pipelining import PipelineStage
 
         self.rank, self.fake = rank, fake
+        dp = spec.data_parallel
         self.args, target, loss = stage_inputs(workload.model, batch, loss_fn, target, workload.compute_loss)
-        meta = stage_metadata(all_stages, _microbatch(self.args, spec))
-        mine = rank_stage_indices(spec, rank)
+        meta = stage_metadata(all_stages, _microbatch(self.args, spec))  # before sharding: plain modules
+        mine = rank_stage_indices(spec, rank // dp)
+        group = None
+        if dp > 1:  # FSDP2 shards each of this rank's stages over the mesh's second dimension
+            group = mesh["pp"].get_group()
+            for i in mine:
+                apply_parallel(all_stages[i], stage_fsdp_spec(spec), mesh["shard"], fake=fake)
         device = torch.device(workload.device)
         self.stages = [PipelineStage(all_stages[i], i, len(all_stages), device, input_args=meta[i][0],
-                                     output_args=meta[i][1]) for i in mine]
+                                     output_args=meta[i][1], group=group) for i in mine]
         # the schedule splits a target beside the inputs; none given: an empty one
         self.target = target if target is not None else torch.empty(self.args[0].shape[0], 0)
         cls = _schedule_class(spec.schedule)
@@ -193,6 +202,7 @@ class StageRank:
         """What lives from one step to the next: parameters, buffers, optimizer state, the stages'
         receive buffers, the batch and the target (gradients are dropped between steps)."""
         return [*self.params, *(b for b in self.root.buffers() if b is not None), *self.optimizer_state(),
+                *unsharded_tensors(self.root),
                 *recv_buffers(self.stages), *self.args, self.target]
 
     def measure(self, steady: bool = True) -> RankMeasurement:
@@ -205,23 +215,32 @@ class StageRank:
         tracker = ShardTracker(self.root)
         tracker.register_tensors(self.params, "sharded_parameters")
         tracker.register_tensors((b for b in self.root.buffers() if b is not None), "buffers")
+        tracker.register_tensors(unsharded_tensors(self.root), "unsharded_parameters")
         tracker.register_tensors(recv_buffers(self.stages), "communication")
         tracker.register_tensors(self.optimizer_state(), "optimizer_state")
         tracker.register_tensors((*self.args, self.target), INPUT)
         marks: dict = {"live": set()}
         with tracker:
             self.step(tracker, marks)
-            grads = {tracker.record_of(p.grad) for p in self.params if p.grad is not None}
-            opt = {tracker.record_of(t) for t in self.optimizer_state()}
-        kinds = categorise(tracker, grads - {None}, opt - {None}, set(), marks)
+            grads = {tracker.record_of(_local(p.grad)) for p in self.params if p.grad is not None}
+            opt = {tracker.record_of(_local(t)) for t in self.optimizer_state()}
+            unsharded = {tracker.record_of(t) for t in unsharded_tensors(self.root)}
+        kinds = categorise(tracker, grads - {None}, opt - {None}, unsharded - {None}, marks)
         return summarise(tracker, kinds, marks, rank=self.rank, ranks=(self.rank,), seconds=time.perf_counter() - start)
 
 
 def rank_step(workload: Workload, spec: ParallelSpec, all_stages: Sequence[nn.Module], rank: int, batch: Any, *,
               loss_fn: Callable | None = None, target: torch.Tensor | None = None, fake: bool = True,
-              steady: bool = True) -> RankMeasurement:
+              steady: bool = True, mesh: Any = None) -> RankMeasurement:
     """Build this rank's stage(s) and schedule on the current default group and measure one step."""
-    return StageRank(workload, spec, all_stages, rank, batch, loss_fn=loss_fn, target=target, fake=fake).measure(steady)
+    return StageRank(workload, spec, all_stages, rank, batch, loss_fn=loss_fn, target=target, fake=fake,
+                     mesh=mesh).measure(steady)
+
+
+def stage_fsdp_spec(spec: ParallelSpec) -> ParallelSpec:
+    """FSDP2 within one stage: the data-parallel ranks of the pipeline rank, the spec's FSDP options."""
+    return ParallelSpec(world_size=spec.data_parallel, reshard_after_forward=spec.reshard_after_forward,
+                        param_dtype=spec.param_dtype, reduce_dtype=spec.reduce_dtype)
 
 
 @contextlib.contextmanager
@@ -279,8 +298,10 @@ def measure_pipeline(workload: Workload, spec: ParallelSpec, plan: Any = None, *
     if plan is not None and getattr(plan, "compile_budget", None) is not None:
         raise ParallelError("a compile budget cannot be sized per rank in fake mode (fake tensors do not compile)")
     results = []
-    for rank in range(spec.pipeline_parallel):
-        with _PROCESS_GROUP_LOCK, fake_process_group(spec, rank):
+    dp = spec.data_parallel
+    for pp_rank in range(spec.pipeline_parallel):
+        rank = pp_rank * dp  # the stage's first data-parallel rank stands for its group
+        with _PROCESS_GROUP_LOCK, fake_process_group(spec, rank) as mesh:
             fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
             twin = fake_twin(workload.model, fake_mode)
             twin_workload = workload.replace(model=twin)
@@ -290,8 +311,9 @@ def measure_pipeline(workload: Workload, spec: ParallelSpec, plan: Any = None, *
                 batch = _fake_batch(wl, fake_mode)
                 tgt = fake_mode.from_tensor(target) if target is not None else None
                 try:
-                    results.append(rank_step(wl, spec, all_stages, rank, batch, loss_fn=loss_fn, target=tgt,
-                                             fake=True, steady=steady))
+                    r = rank_step(wl, spec, all_stages, rank, batch, loss_fn=loss_fn, target=tgt, fake=True,
+                                  steady=steady, mesh=mesh)
+                    results.append(dataclasses.replace(r, ranks=tuple(range(rank, rank + dp))))
                 except (MemsaveError, KeyboardInterrupt):
                     raise
                 except Exception as exc:  # noqa: BLE001 - one line, the cause kept

@@ -217,7 +217,9 @@ class ParallelMeasurement:
         for r in self.ranks:
             label = _ranks_label(r.ranks)
             if pp > 1:  # pipeline rank r holds stage r (interleaved: every pp-th stage from r)
-                label = f"{r.rank} (stage {','.join(str(s) for s in range(r.rank, len(self.ranks) * _stages(self.spec), pp))})"
+                first = r.rank // self.spec.data_parallel
+                stages = ",".join(str(s) for s in range(first, pp * _stages(self.spec), pp))
+                label = f"{_ranks_label(r.ranks)} (stage {stages})"
             host = f"{fmt(r.host_peak_bytes or 0)}  " if offload else ""
             lines.append(f"{label:<14} {fmt(r.device_bytes)}  {host}" + "  ".join(f"{fmt(split(r).get(c, 0)):>14}" for c in cols))
         where = " on the device" if offload else ""

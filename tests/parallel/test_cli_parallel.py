@@ -69,7 +69,7 @@ def test_report_pp_prints_one_row_per_stage_from_measure_pipeline(capsys):
     assert expected.table() in out and "0 (stage 0)" in out and "1 (stage 1)" in out
     assert not dist.is_initialized()
     for argv, message in [(["--world-size", "2", "--microbatches", "4"], "--schedule and --microbatches need --pp P"),
-                          (["--world-size", "2", "--pp", "2", "--ddp"], "--pp is measured alone"),
+                          (["--world-size", "2", "--pp", "2", "--ddp"], "--pp is measured alone or with FSDP2"),
                           (["--world-size", "2", "--pp", "2", "--microbatches", "5"], "microbatches 5 must divide the batch size 16")]:
         assert main(["report", "--model", "mlp", "--batch", "16", *argv]) == 2
         err = capsys.readouterr().err

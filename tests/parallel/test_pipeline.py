@@ -88,12 +88,33 @@ def test_real_two_stage_gloo_run_measures_what_fake_mode_predicts(schedule, make
     assert not dist.is_initialized()
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="gloo backend not built")
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_pp2_x_fsdp2_on_four_real_ranks_measures_what_fake_mode_predicts(schedule):
+    """PP 2 x FSDP2 2 (mesh (pp 2, shard 2); each stage's blocks and the stage fully_shard'ed over
+    its two data-parallel ranks): four real gloo processes equal the prediction to the byte, split
+    included; the stage's first data-parallel rank stands for both (``ranks``)."""
+    sp = ParallelSpec(world_size=4, pipeline_parallel=2, schedule=schedule, microbatches=MICRO)
+    predicted = measure_pipeline(tiny_gpt(), sp)
+    assert [m.ranks for m in predicted.ranks] == [(0, 1), (2, 3)]
+    assert all(m.peak_split["sharded_parameters"] > 0 and m.end_split["unsharded_parameters"] >= 0 for m in predicted.ranks)
+    rows = cross_check(tiny_gpt, sp)
+    for r in rows:
+        assert r.measured_bytes == r.predicted_bytes, markdown_table(rows)
+        assert r.measured_split == r.predicted_split
+    pure = measure_pipeline(tiny_gpt(), spec(schedule))
+    for m, p in zip(predicted.ranks, pure.ranks):  # sharding halves each stage's parameters
+        assert 2 * m.end_split["sharded_parameters"] == p.end_split["sharded_parameters"]
+
+
 @pytest.mark.parametrize(("kw", "message"), [
     (dict(world_size=4, pipeline_parallel=3), "pipeline_parallel must be a positive divisor of world_size 4"),
     (dict(world_size=2, pipeline_parallel=2, schedule="zb"), "schedule must be one of"),
     (dict(world_size=2, pipeline_parallel=2, microbatches=0), "microbatches must be an integer in"),
     (dict(world_size=2, microbatches=4), "schedule and microbatches need pipeline_parallel > 1"),
-    (dict(world_size=4, pipeline_parallel=2, microbatches=4), "with data or tensor parallel is not measured yet"),
+    (dict(world_size=4, pipeline_parallel=2, tensor_parallel=2), "pipeline_parallel with tensor_parallel is not measured yet"),
+    (dict(world_size=4, pipeline_parallel=2, strategy="ddp"), "pipeline_parallel is measured alone or with FSDP2"),
     (dict(world_size=4, pipeline_parallel=4, schedule="interleaved_1f1b", microbatches=9), "interleaved_1f1b needs"),
 ])
 def test_bad_pipeline_choices_are_one_line_errors(kw, message):
@@ -106,6 +127,9 @@ def test_spec_round_trips_and_describes_the_schedule():
     s = ParallelSpec(world_size=4, pipeline_parallel=4, schedule="interleaved_1f1b", microbatches=8)
     assert ParallelSpec.from_dict(s.to_dict()) == s
     assert s.describe() == "PP 4 (interleaved 1F1B, 8 micro-batches)"
+    two_d = ParallelSpec(world_size=8, pipeline_parallel=2, microbatches=4)
+    assert two_d.describe() == "PP 2 x FSDP2 4 (1F1B, 4 micro-batches)"
+    assert (two_d.mesh_shape, two_d.mesh_dim_names, two_d.shard_size) == ((2, 4), ("pp", "shard"), 4)
 
 
 def test_models_that_do_not_split_and_batches_that_do_not_divide_are_refused():
