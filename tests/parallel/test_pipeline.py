@@ -29,17 +29,18 @@ def spec(schedule: str, pp: int = 2) -> ParallelSpec:
     return ParallelSpec(world_size=pp, pipeline_parallel=pp, schedule=schedule, microbatches=MICRO)
 
 
-def one_microbatch_activations(stage: int) -> int:
+def one_microbatch_activations(stage: int, n_stages: int = 2) -> int:
     """What one micro-batch keeps at ``stage`` (the engine, fake mode, one forward and backward):
     saved for backward plus the stage's output (kept for the stage's backward and the send)."""
     wl = mlp()
-    stages = split_stages(wl.model, 2)
-    x = wl.batch[:ROWS]
-    if stage == 0:
-        m = measure(Workload(stages[0], x, loss=lambda o: o.sum()), mode="fake")
+    stages = split_stages(wl.model, n_stages)
+    h = wl.batch[:ROWS]
+    for earlier in stages[:stage]:
+        h = earlier(h).detach()
+    if stage < n_stages - 1:
+        m = measure(Workload(stages[stage], h, loss=lambda o: o.sum(), input_requires_grad=stage > 0), mode="fake")
         return m.saved_bytes + m.output_bytes - 4  # the 4-byte loss is the engine's, not the stage's
-    h = stages[0](x).detach()
-    m = measure(Workload(stages[1], h, loss=lambda o: o.square().mean(), input_requires_grad=True), mode="fake")
+    m = measure(Workload(stages[stage], h, loss=lambda o: o.square().mean(), input_requires_grad=True), mode="fake")
     return m.saved_bytes  # the received input is the stage's receive buffer, counted apart
 
 
@@ -70,6 +71,21 @@ def tiny_gpt() -> Workload:
 
     return zoo.gpt(zoo.GPTConfig(vocab_size=256, block_size=32, n_layer=4, n_head=2, n_embd=64, dropout=0.0),
                    batch_size=MICRO)
+
+
+def test_interleaved_in_flight_is_torchs_warmup_count():
+    """Interleaved 1F1B, two stages per rank (one block each): rank r runs
+    ``min((v - 1) * mpr + 2 * (pp - 1 - r), n * v)`` warm-up forwards (``_get_warmup_ops``; ``mpr`` =
+    n / max(1, n // pp)) and one more before its first backward, each one micro-batch of one block."""
+    m = measure_pipeline(mlp(), spec("interleaved_1f1b"))
+    pp, v, n = 2, 2, MICRO
+    mpr = n // max(1, n // pp)
+    per_block = one_microbatch_activations(0, 4)
+    assert one_microbatch_activations(2, 4) == per_block  # every block-stage keeps the same per micro-batch
+    for r, rank in enumerate(m.ranks):
+        in_flight = min((v - 1) * mpr + 2 * (pp - 1 - r), n * v) + 1
+        losses = rank.saved_bytes - in_flight * per_block  # the last stage (rank 1) keeps each micro-batch's loss
+        assert losses == (4 if r == 1 else 0), (r, rank.saved_bytes, in_flight)
 
 
 @pytest.mark.slow
