@@ -24,6 +24,9 @@ STRATEGIES = ("fsdp", "ddp")
 # input once (both for sequence parallel).
 TP_STYLES = ("colwise", "rowwise", "embedding", "head", "norm", "gather_input")
 DTYPES = ("float32", "bfloat16", "float16")
+# torch.distributed.pipelining schedules (ScheduleGPipe, Schedule1F1B, ScheduleInterleaved1F1B)
+SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
+MAX_MICROBATCHES = 1024
 MAX_WORLD_SIZE = 1 << 16
 
 
@@ -52,6 +55,11 @@ class ParallelSpec:
     - ``sequence_parallel``: norms and the residual stream sharded over the sequence (TP > 1).
     - ``tp_plan``: ``(module-name pattern, style)`` pairs (``fnmatch`` patterns, styles in
       ``TP_STYLES``); empty means the default plan for decoders (``parallel/tp.py``).
+    - ``pipeline_parallel``: pipeline stages (ranks the model's layers are split over); the mesh
+      is ``(pp, world_size // pp)`` and FSDP2 shards each stage over the second dimension
+      (``parallel/pipeline.py``); not with TP, HSDP, CPU offload or DDP yet.
+    - ``schedule``: ``"gpipe"``, ``"1f1b"`` or ``"interleaved_1f1b"`` (two stages per rank).
+    - ``microbatches``: micro-batches the batch is split into per step (pipeline only).
     """
 
     world_size: int = 8
@@ -67,6 +75,9 @@ class ParallelSpec:
     tensor_parallel: int = 1
     sequence_parallel: bool = False
     tp_plan: tuple[tuple[str, str], ...] = ()
+    pipeline_parallel: int = 1
+    schedule: str = "1f1b"
+    microbatches: int = 1
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -96,6 +107,7 @@ class ParallelSpec:
             if not isinstance(getattr(self, f), bool):
                 raise ParallelError(f"{f} must be True or False, got {show(getattr(self, f))}")
         self._check_tensor_parallel()
+        self._check_pipeline()
         b = self.bucket_cap_mb
         if isinstance(b, bool) or not isinstance(b, (int, float)) or not 0 < b < float("inf"):
             raise ParallelError(f"bucket_cap_mb must be a positive number, got {show(b)}")
@@ -125,8 +137,30 @@ class ParallelSpec:
         if tp > 1 and self.cpu_offload:
             raise ParallelError("cpu_offload with tensor_parallel is not measured yet")
 
+    def _check_pipeline(self) -> None:
+        pp, n = self.pipeline_parallel, self.microbatches
+        if isinstance(pp, bool) or not isinstance(pp, int) or pp < 1 or self.world_size % pp:
+            raise ParallelError(f"pipeline_parallel must be a positive divisor of world_size {self.world_size}, got {show(pp)}")
+        if self.schedule not in SCHEDULES:
+            raise ParallelError(f"schedule must be one of {SCHEDULES}, got {show(self.schedule)}")
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_MICROBATCHES:
+            raise ParallelError(f"microbatches must be an integer in [1, {MAX_MICROBATCHES}], got {show(n)}")
+        if pp == 1:
+            if n != 1 or self.schedule != "1f1b":
+                raise ParallelError("schedule and microbatches need pipeline_parallel > 1")
+            return
+        if self.tensor_parallel > 1:
+            raise ParallelError("pipeline_parallel with tensor_parallel is not measured yet")
+        if self.schedule == "interleaved_1f1b" and n % max(1, n // pp):
+            raise ParallelError(f"interleaved_1f1b needs microbatches a multiple of max(1, microbatches // {pp}) "
+                                f"(torch's rounds), got {n}")
+        if self.cpu_offload or self.replicate > 1 or self.strategy != "fsdp":
+            raise ParallelError("pipeline_parallel is measured alone or with FSDP2: drop cpu_offload, replicate and strategy 'ddp'")
+
     @property
     def mesh_shape(self) -> tuple[int, ...]:
+        if self.pipeline_parallel > 1:
+            return (self.pipeline_parallel, self.world_size // self.pipeline_parallel)
         tp = (self.tensor_parallel,) if self.tensor_parallel > 1 else ()
         if self.replicate > 1:
             return (self.replicate, self.world_size // self.replicate // self.tensor_parallel, *tp)
@@ -134,25 +168,31 @@ class ParallelSpec:
 
     @property
     def mesh_dim_names(self) -> tuple[str, ...]:
+        if self.pipeline_parallel > 1:
+            return ("pp", "shard")
         return (("replicate",) if self.replicate > 1 else ()) + ("shard",) + (("tp",) if self.tensor_parallel > 1 else ())
 
     @property
     def shard_size(self) -> int:
         """Ranks one parameter is sharded over (FSDP), 1 for DDP."""
-        return self.world_size // self.replicate // self.tensor_parallel if self.strategy == "fsdp" else 1
+        return self.world_size // self.replicate // self.tensor_parallel // self.pipeline_parallel if self.strategy == "fsdp" else 1
 
     @property
     def data_parallel(self) -> int:
         """Ranks the batch is split over (FSDP2 / HSDP / DDP); 1 under tensor parallel alone."""
-        return self.world_size // self.tensor_parallel
+        return self.world_size // self.tensor_parallel // self.pipeline_parallel
 
     @property
     def communicators(self) -> int:
         """Process groups (NCCL communicators) the strategy uses per rank."""
         dp = 2 if self.replicate > 1 else 1 if self.data_parallel > 1 else 0
-        return dp + (1 if self.tensor_parallel > 1 else 0)
+        return dp + (1 if self.tensor_parallel > 1 else 0) + (1 if self.pipeline_parallel > 1 else 0)
 
     def describe(self) -> str:
+        if self.pipeline_parallel > 1:
+            name = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved_1f1b": "interleaved 1F1B"}[self.schedule]
+            dp = self.data_parallel
+            return f"PP {self.pipeline_parallel}" + (f" x FSDP2 {dp}" if dp > 1 else "") + f" ({name}, {self.microbatches} micro-batches)"
         if self.strategy == "ddp":
             view = ", gradients as bucket views" if self.gradient_as_bucket_view else ""
             return f"DDP x{self.world_size} (buckets {self.bucket_cap_mb:g} MB{view})"

@@ -239,7 +239,11 @@ def _mlp(batch_size: int, seed: int, device: str) -> Workload:
         model = mlp().to(device)
         x = torch.randn(batch_size, 784, device=device)
         y = torch.randint(0, 10, (batch_size,), device=device)
-    return Workload(model, x, loss=lambda out: F.cross_entropy(out, y), device=device, name="mlp")
+    def loss(out: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(out, y)
+
+    loss.targets = y  # type: ignore[attr-defined] # the labels, for a loss per micro-batch (report --pp)
+    return Workload(model, x, loss=loss, device=device, name="mlp")
 
 
 def _gpt_7b(batch_size: int, seed: int, device: str) -> Workload:

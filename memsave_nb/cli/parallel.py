@@ -27,11 +27,19 @@ def add_arguments(rep: argparse.ArgumentParser, positive_int) -> None:
                      help="with --tp: norms and the residual stream sharded over the sequence (torchtitan's layouts)")
     rep.add_argument("--replicate", type=positive_int, default=None, metavar="R",
                      help="with --world-size: HSDP, R replica groups of N/R sharded ranks")
+    rep.add_argument("--pp", type=positive_int, default=None, metavar="P",
+                     help="with --world-size: P pipeline stages under torch.distributed.pipelining (nn.Sequential "
+                          "and GPT-shaped models, split evenly), FSDP2 over the other N/P ranks; one row per stage")
+    rep.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved_1f1b"), default=None,
+                     help="with --pp: the pipeline schedule (default 1f1b; interleaved: two stages per rank)")
+    rep.add_argument("--microbatches", type=positive_int, default=None, metavar="M",
+                     help="with --pp: micro-batches per step (default 4; must divide the batch)")
 
 
 def wants_parallel(args: argparse.Namespace) -> bool:
     return (args.world_size is not None or args.fsdp or args.ddp or args.gradient_as_bucket_view or args.cpu_offload
-            or args.tp is not None or args.sequence_parallel or args.replicate is not None)
+            or args.tp is not None or args.sequence_parallel or args.replicate is not None
+            or args.pp is not None or args.schedule is not None or args.microbatches is not None)
 
 
 # single-device flags the per-rank report does not take
@@ -43,8 +51,8 @@ def check_parallel_args(args: argparse.Namespace) -> None:
     if not wants_parallel(args):
         return
     if args.world_size is None:
-        raise MemsaveError("--fsdp, --ddp, --gradient-as-bucket-view, --cpu-offload, --tp, --sequence-parallel and "
-                           "--replicate need --world-size N")
+        raise MemsaveError("--fsdp, --ddp, --gradient-as-bucket-view, --cpu-offload, --tp, --sequence-parallel, "
+                           "--replicate, --pp, --schedule and --microbatches need --world-size N")
     for flag, key in _SINGLE_ONLY:
         if getattr(args, key):
             raise MemsaveError(f"{flag} applies to single-device reports; drop it with --world-size")
@@ -58,6 +66,11 @@ def check_parallel_args(args: argparse.Namespace) -> None:
         raise MemsaveError("--sequence-parallel needs --tp 2 or more")
     if args.ddp and ((args.tp or 1) > 1 or (args.replicate or 1) > 1):
         raise MemsaveError("--tp and --replicate combine with FSDP2; drop --ddp")
+    if (args.schedule is not None or args.microbatches is not None) and args.pp is None:
+        raise MemsaveError("--schedule and --microbatches need --pp P")
+    if args.pp is not None and (args.ddp or args.cpu_offload or args.tp or args.replicate):
+        raise MemsaveError("--pp is measured alone or with FSDP2 (--world-size a multiple of --pp): "
+                           "drop --ddp, --cpu-offload, --tp and --replicate")
 
 
 def parallel_spec(args: argparse.Namespace):
@@ -66,7 +79,14 @@ def parallel_spec(args: argparse.Namespace):
     return ParallelSpec(world_size=args.world_size, strategy="ddp" if args.ddp else "fsdp",
                         gradient_as_bucket_view=args.gradient_as_bucket_view, cpu_offload=args.cpu_offload,
                         tensor_parallel=args.tp or 1, sequence_parallel=args.sequence_parallel,
-                        replicate=args.replicate or 1)
+                        replicate=args.replicate or 1, pipeline_parallel=args.pp or 1,
+                        **(dict(schedule=args.schedule or "1f1b", microbatches=args.microbatches or 4) if args.pp else {}))
+
+
+def _cross_entropy(output, target):
+    import torch.nn.functional as F
+
+    return F.cross_entropy(output, target)
 
 
 def report_parallel(args: argparse.Namespace, cw, plan, spec=None, notes=()) -> int:
@@ -79,7 +99,16 @@ def report_parallel(args: argparse.Namespace, cw, plan, spec=None, notes=()) -> 
         spec = parallel_spec(args)
     with warnings.catch_warnings():  # FSDP2's advice on in-place ops on a view output: about the user's loop, not this sizing
         warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
-        m = measure_parallel(cw.workload, spec, plan)
+        if spec.pipeline_parallel > 1:
+            import torch
+
+            from ..parallel.pipeline import measure_pipeline
+
+            targets = getattr(cw.workload.loss, "targets", None)  # the zoo MLP's labels: cross-entropy per micro-batch
+            per_micro = dict(loss_fn=_cross_entropy, target=targets) if isinstance(targets, torch.Tensor) else {}
+            m = measure_pipeline(cw.workload, spec, plan, **per_micro)
+        else:
+            m = measure_parallel(cw.workload, spec, plan)
     worst = m.worst
     knobs = f", {plan.describe()}" if not plan.is_empty else ""
     lines = [f"memsave_nb per-rank report: {cw.name}, {spec.describe()}, batch {plan.batch_size or cw.batch} per rank{knobs}, "

@@ -11,6 +11,11 @@ from memsave_nb.parallel_spec import ParallelSpec
 
 def parallel_code(spec: ParallelSpec, model_var: str = "model") -> tuple[list[str], list[str]]:
     """``(imports, body)`` lines applying ``spec`` to ``model_var``."""
+    if spec.pipeline_parallel > 1:  # the stages, the schedule and its step are not written yet
+        from memsave_nb.errors import PlanError
+
+        raise PlanError(f"to_code does not write pipeline stages yet ({spec.describe()}); "
+                        f"see docs/parallel.md, 'Pipeline stages', for the calls measured")
     m = model_var
     imports = ["import torch", "from torch.distributed.device_mesh import init_device_mesh"]
     body = ["", f"# {spec.describe()}: launch with torchrun --nproc-per-node {spec.world_size} (or across nodes)",

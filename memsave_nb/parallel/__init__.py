@@ -6,11 +6,14 @@ buffers, gradients, optimizer state, activations, inputs and temporaries, the wo
 lines no dispatch-level counter sees (communication library buffers, CUDA context, fragmentation).
 """
 
+from .cross_check import CrossCheckRow, cross_check
 from .measure import measure_parallel, measure_rank
+from .pipeline import measure_pipeline
+from .stages import split_stages
 from .result import CATEGORIES, ParallelMeasurement, RankMeasurement, Unseen, unseen_lines
 from ..parallel_spec import ParallelError, ParallelSpec
 
 __all__ = [
-    "CATEGORIES", "ParallelError", "ParallelMeasurement", "ParallelSpec", "RankMeasurement", "Unseen",
-    "measure_parallel", "measure_rank", "unseen_lines",
+    "cross_check", "CATEGORIES", "CrossCheckRow", "ParallelError", "ParallelMeasurement", "ParallelSpec", "RankMeasurement", "Unseen",
+    "measure_parallel", "measure_pipeline", "measure_rank", "split_stages", "unseen_lines",
 ]

@@ -210,11 +210,16 @@ class ParallelMeasurement:
         else:
             def split(r: RankMeasurement) -> dict[str, int]:
                 return r.peak_split
-            first = "rank(s)        peak          "
+            first = "rank(s)        peak          " if self.spec.pipeline_parallel == 1 else "rank (stage)   peak          "
         cols = [c for c in CATEGORIES if any(split(r).get(c) for r in self.ranks)]
         lines = [head, first + "  ".join(f"{c:>14.14}" for c in cols)]
+        pp = self.spec.pipeline_parallel
         for r in self.ranks:
             label = _ranks_label(r.ranks)
+            if pp > 1:  # pipeline rank r holds stage r (interleaved: every pp-th stage from r)
+                first = r.rank // self.spec.data_parallel
+                stages = ",".join(str(s) for s in range(first, pp * _stages(self.spec), pp))
+                label = f"{_ranks_label(r.ranks)} (stage {stages})"
             host = f"{fmt(r.host_peak_bytes or 0)}  " if offload else ""
             lines.append(f"{label:<14} {fmt(r.device_bytes)}  {host}" + "  ".join(f"{fmt(split(r).get(c, 0)):>14}" for c in cols))
         where = " on the device" if offload else ""
@@ -226,6 +231,10 @@ class ParallelMeasurement:
         if offload:
             lines.append(f"host memory per rank (worst): {fmt(self.host_peak_bytes).strip()}")
         return "\n".join(lines)
+
+
+def _stages(spec: ParallelSpec) -> int:
+    return 2 if spec.schedule == "interleaved_1f1b" else 1
 
 
 def _ranks_label(ranks: tuple[int, ...]) -> str:

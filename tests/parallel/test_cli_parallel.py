@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 import torch.distributed as dist
 
 from memsave_nb import zoo
@@ -52,3 +53,24 @@ def test_report_tp_mistakes_are_one_line(capsys, argv, message):
     assert main(["report", "--model", "mlp", *argv]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err, err
+
+
+def test_report_pp_prints_one_row_per_stage_from_measure_pipeline(capsys):
+    """``--pp 2 --world-size 2``: per-stage rows of torch's 1F1B schedule on the zoo MLP, equal to
+    measure_pipeline with the same spec; pipeline mistakes are one line."""
+    from memsave_nb.parallel import measure_pipeline
+
+    assert main(["report", "--model", "mlp", "--batch", "16", "--pp", "2", "--world-size", "2", "--schedule", "gpipe"]) == 0
+    out = capsys.readouterr().out
+    wl = zoo.make("mlp", 16)
+    expected = measure_pipeline(wl, ParallelSpec(world_size=2, pipeline_parallel=2, schedule="gpipe", microbatches=4),
+                                loss_fn=torch.nn.functional.cross_entropy, target=wl.loss.targets)
+    assert "PP 2 (GPipe, 4 micro-batches)" in out.splitlines()[0]
+    assert expected.table() in out and "0 (stage 0)" in out and "1 (stage 1)" in out
+    assert not dist.is_initialized()
+    for argv, message in [(["--world-size", "2", "--microbatches", "4"], "--schedule and --microbatches need --pp P"),
+                          (["--world-size", "2", "--pp", "2", "--ddp"], "--pp is measured alone or with FSDP2"),
+                          (["--world-size", "2", "--pp", "2", "--microbatches", "5"], "microbatches 5 must divide the batch size 16")]:
+        assert main(["report", "--model", "mlp", "--batch", "16", *argv]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and message in err, err
