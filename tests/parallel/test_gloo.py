@@ -38,11 +38,20 @@ def test_gloo_ranks_measure_what_fake_mode_predicts():
 @pytest.mark.slow
 @pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="gloo backend not built")
 def test_gloo_classic_ddp_ranks_measure_what_fake_mode_predicts():
-    """Classic DDP on real gloo (its default all-reduce, init_sync) against fake mode, byte for byte."""
-    rows = cross_check("tiny-gpt", ParallelSpec(world_size=2, strategy="ddp"))
-    for r in rows:
-        assert r.staging_bytes == 0  # DDP all-reduces its buckets in place
-        assert r.measured_bytes == r.predicted_bytes, markdown_table(rows)
-        assert r.measured_split == r.predicted_split
-        assert r.predicted_split["communication"] > 0  # the gradient buckets
-    assert not dist.is_initialized()
+    """Classic DDP on real gloo (its default all-reduce, init_sync) against fake mode, byte for byte.
+
+    gloo's worker thread frees a Work's buffers at a time that depends on scheduling (see above):
+    under load a rank can read high, never low; one of up to three attempts must be exact."""
+    tables = []
+    for _attempt in range(3):
+        rows = cross_check("tiny-gpt", ParallelSpec(world_size=2, strategy="ddp"))
+        tables.append(markdown_table(rows))
+        for r in rows:
+            assert r.staging_bytes == 0  # DDP all-reduces its buckets in place
+            assert r.measured_bytes >= r.predicted_bytes, tables[-1]
+            assert r.predicted_split["communication"] > 0  # the gradient buckets
+        assert not dist.is_initialized()
+        if all(r.measured_bytes == r.predicted_bytes and r.measured_split == r.predicted_split for r in rows):
+            break
+    else:
+        pytest.fail("no attempt was byte-exact:\n" + "\n".join(tables))
