@@ -22,8 +22,11 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from .workspace import WORKSPACE_OPS, run_op
+
 # Pre-existing storages get these kinds; the rest are decided after the step.
 PARAMETER, INPUT = "parameters", "inputs"
+TEMPORARIES = "temporaries"
 _LISTS = (list, tuple)
 # The op name the CPU generator states checkpoint stashes are recorded under (not a torch op:
 # ``torch.get_rng_state`` copies below the dispatcher), see ``_rng_states_seen``.
@@ -73,7 +76,10 @@ class _DispatchWatcher(TorchDispatchMode):
         return False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **kwargs) if kwargs else func(*args)
+        if func in WORKSPACE_OPS:
+            out = self.tracker._run_with_workspace(func, args, kwargs)
+        else:
+            out = func(*args, **kwargs) if kwargs else func(*args)
         self.tracker._observe(func, args, kwargs, out)
         return out
 
@@ -148,6 +154,7 @@ class MemoryTracker:
         self._mode: _DispatchWatcher | None = None
         self._closed = False
         self._rng_seen: contextlib.AbstractContextManager | None = None
+        self._workspace_bytes = 0  # of the op being observed (measure/workspace.py), booked after its outputs
 
     # -- storages ---------------------------------------------------------------------------
     def _key(self, storage: torch.UntypedStorage) -> int:
@@ -226,11 +233,30 @@ class MemoryTracker:
             for t in tree_flatten(out)[0]:
                 if isinstance(t, torch.Tensor):
                     self._see_output(t, module, op, phase)
+        if self._workspace_bytes:
+            self._book_workspace(module, op, phase)
         if self._flop_fns is not None:
             fn = self._flop_fns.get(func._overloadpacket)
             if fn is not None:
                 n = fn(*args, **(kwargs or {}), out_val=out)
                 self.flop_counts[op] = self.flop_counts.get(op, 0) + n
+
+    def _run_with_workspace(self, func: Any, args: tuple, kwargs: dict | None) -> Any:
+        """Run an op that allocates below the dispatcher (a CPU convolution); its workspace bytes
+        are booked by the ``_observe`` that follows (``measure/workspace.py``)."""
+        if self.ignore or self._closed:
+            return func(*args, **(kwargs or {}))
+        out, self._workspace_bytes = run_op(func, args, kwargs)
+        return out
+
+    def _book_workspace(self, module: str, op: str, phase: str) -> None:
+        """A temporary born and freed at the op, after its outputs: the op's peak as the allocator's."""
+        nbytes, self._workspace_bytes = self._workspace_bytes, 0
+        idx = len(self.records)
+        self.records.append(StorageRecord(nbytes, module, op, phase, len(self.events), kind=TEMPORARIES))
+        self._event(idx, nbytes)
+        self.records[idx].died = len(self.events)
+        self._event(idx, -nbytes)
 
     def _see_input(self, t: torch.Tensor, module: str, op: str) -> None:
         try:
