@@ -48,9 +48,15 @@ WORKSPACE_OPS = frozenset({torch.ops.aten.convolution.default, torch.ops.aten.co
 # Arguments whose dimension 0 is the batch, per op: scaled together when a fake-mode probe shrinks.
 _BATCHED_ARGS = {torch.ops.aten.convolution.default: (0,), torch.ops.aten.convolution_backward.default: (0, 1)}
 PROBE_BYTES = 256 * 2**20  # a fake-mode probe's real tensors stay under this (smaller batch above it)
+MIN_PROBE_BATCH = 16
 
 _measured: dict[tuple, int] = {}  # signature -> workspace bytes, for the life of the process
 _counting = [True]
+
+
+def counting() -> bool:
+    """Whether kernel workspaces are counted now (see ``uncounted``)."""
+    return _counting[-1]
 
 
 @contextlib.contextmanager
@@ -91,9 +97,9 @@ def _signature(func: Any, args: tuple, kwargs: dict) -> tuple:
     return (func, key(args), tuple(sorted((k, key(v)) for k, v in kwargs.items())), torch.get_num_threads())
 
 
-def _allocation_peak(run: Callable[[], Any]) -> int | None:
-    """Run ``run`` under the autograd profiler's allocation records: highest running sum minus the
-    bytes still held at the end (the outputs, kept alive until the records are read). None when a
+def _allocation_peak(run: Callable[[], Any]) -> tuple[int, int] | None:
+    """Run ``run`` under the autograd profiler's allocation records: (highest running sum, bytes
+    still held at the end: the outputs, kept alive until the records are read). None when a
     profiler is already running or this torch has no legacy profiler."""
     enable = getattr(torch.autograd, "_enable_profiler_legacy", None)
     disable = getattr(torch.autograd, "_disable_profiler_legacy", None)
@@ -113,7 +119,7 @@ def _allocation_peak(run: Callable[[], Any]) -> int | None:
                 live += r.cpu_memory_usage()
                 peak = max(peak, live)
     del out
-    return max(0, peak - live)
+    return peak, live
 
 
 def _real_twin(t: torch.Tensor, batch: int | None) -> torch.Tensor:
@@ -125,17 +131,21 @@ def _real_twin(t: torch.Tensor, batch: int | None) -> torch.Tensor:
     return torch.empty_strided(size, t.stride(), dtype=t.dtype, device="cpu").zero_()
 
 
-def _fake_probe(func: Any, args: tuple, kwargs: dict) -> int | None:
-    """The op once on real zero tensors shaped as the fake ones, out of every mode; scaled up from
-    a smaller batch when the tensors would pass ``PROBE_BYTES`` (an upper bound then)."""
+def _fake_probe(func: Any, args: tuple, kwargs: dict, out: Any) -> int | None:
+    """The op once on real zero tensors shaped as the fake ones, out of every mode. When they would
+    pass ``PROBE_BYTES`` it runs at a smaller batch m of n: every phase of the op holds bytes
+    a + b x batch (a, b >= 0), so (n / m) x its peak bounds the full op's peak from above, less the
+    full op's outputs (``out``, the fake run's)."""
     from torch.utils._python_dispatch import _disable_current_modes
 
     batched = _BATCHED_ARGS[func]
     full = sum(t.untyped_storage().nbytes() for t in _tensors(args))
     batch = args[batched[0]].shape[0] if args[batched[0]].dim() else 1
     small = batch
-    if full > PROBE_BYTES and batch > 1:
-        small = max(1, batch * PROBE_BYTES // full)
+    if full > PROBE_BYTES and batch > MIN_PROBE_BATCH:
+        # not under 16: ATen picks the kernel by batch too (oneDNN only from 2; a 1x1 from 16
+        # when single-threaded), and a probe must run the kernel the step runs
+        small = max(MIN_PROBE_BATCH, batch * PROBE_BYTES // full)
 
     def twin(i: int, a: Any) -> Any:
         if isinstance(a, torch.Tensor):
@@ -144,10 +154,14 @@ def _fake_probe(func: Any, args: tuple, kwargs: dict) -> int | None:
 
     with _disable_current_modes(), torch.no_grad():
         real_args = tuple(twin(i, a) for i, a in enumerate(args))
-        nbytes = _allocation_peak(lambda: func(*real_args, **kwargs))
-    if nbytes is None or small == batch:
-        return nbytes
-    return -(-nbytes * batch // small)  # ceil(bytes x batch / small batch)
+        measured = _allocation_peak(lambda: func(*real_args, **kwargs))
+    if measured is None:
+        return None
+    peak, held = measured
+    if small == batch:
+        return max(0, peak - held)
+    outputs = sum(t.untyped_storage().nbytes() for t in _tensors(out if isinstance(out, (list, tuple)) else (out,)))
+    return max(0, -(-peak * batch // small) - outputs)  # ceil(peak x n / m) less the outputs
 
 
 def run_op(func: Any, args: tuple, kwargs: dict | None) -> tuple[Any, int]:
@@ -165,11 +179,12 @@ def run_op(func: Any, args: tuple, kwargs: dict | None) -> tuple[Any, int]:
         return func(*args, **kwargs), known
     if any(_is_fake(t) for t in tensors):
         out = func(*args, **kwargs)
-        nbytes = _fake_probe(func, args, kwargs)
+        nbytes = _fake_probe(func, args, kwargs, out)
     else:
         box: list[Any] = []
-        nbytes = _allocation_peak(lambda: box.append(func(*args, **kwargs)) or box[0])
+        measured = _allocation_peak(lambda: box.append(func(*args, **kwargs)) or box[0])
         out = box[0] if box else func(*args, **kwargs)
+        nbytes = None if measured is None else max(0, measured[0] - measured[1])
     if nbytes is None:
         return out, 0
     _measured[sig] = nbytes
