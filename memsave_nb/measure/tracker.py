@@ -8,6 +8,10 @@ the tracker never keeps memory alive. Storages are keyed by object identity, nev
 Why dispatch and not ``saved_tensors_hooks``: in torch 2.13 the tensors selective checkpointing
 keeps never pass through those hooks, and checkpoint installs hooks of its own. Watching live
 storages counts AC, SAC, views, in-place ops and reused modules the same way.
+
+What a kernel allocates below the dispatcher is invisible to any mode; for the CPU convolutions,
+whose oneDNN workspaces are large, ``workspace.py`` measures it per signature and the tracker books
+it as a temporary at the op (``_run_with_workspace``, ``_book_workspace``).
 """
 
 from __future__ import annotations

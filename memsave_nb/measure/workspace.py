@@ -107,7 +107,10 @@ def _allocation_peak(run: Callable[[], Any]) -> tuple[int, int] | None:
         return None
     config = torch.autograd.ProfilerConfig(torch.autograd.ProfilerState.CPU, False, True, False, False, False,
                                            torch._C._profiler._ExperimentalConfig())
-    enable(config)
+    try:
+        enable(config)
+    except RuntimeError:  # another thread's profiler holds it
+        return None
     try:
         out = run()
     finally:
