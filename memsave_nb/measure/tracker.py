@@ -159,6 +159,7 @@ class MemoryTracker:
         self._closed = False
         self._rng_seen: contextlib.AbstractContextManager | None = None
         self._workspace_bytes = 0  # of the op being observed (measure/workspace.py), booked after its outputs
+        self.workspace_statuses: set[str] = set()  # how the step's workspaces were had (workspace.run_op)
 
     # -- storages ---------------------------------------------------------------------------
     def _key(self, storage: torch.UntypedStorage) -> int:
@@ -250,7 +251,9 @@ class MemoryTracker:
         are booked by the ``_observe`` that follows (``measure/workspace.py``)."""
         if self.ignore or self._closed:
             return func(*args, **(kwargs or {}))
-        out, self._workspace_bytes = run_op(func, args, kwargs)
+        out, self._workspace_bytes, status = run_op(func, args, kwargs)
+        if status is not None:
+            self.workspace_statuses.add(status)
         return out
 
     def _book_workspace(self, module: str, op: str, phase: str) -> None:

@@ -50,7 +50,8 @@ _BATCHED_ARGS = {torch.ops.aten.convolution.default: (0,), torch.ops.aten.convol
 PROBE_BYTES = 256 * 2**20  # a fake-mode probe's real tensors stay under this (smaller batch above it)
 MIN_PROBE_BATCH = 16
 
-_measured: dict[tuple, int] = {}  # signature -> workspace bytes, for the life of the process
+_measured: dict[tuple, tuple[int, bool]] = {}  # signature -> (workspace bytes, scaled bound), process-wide
+EXACT, BOUND, UNMEASURED = "exact", "bound", "unmeasured"
 _counting = [True]
 
 
@@ -134,7 +135,7 @@ def _real_twin(t: torch.Tensor, batch: int | None) -> torch.Tensor:
     return torch.empty_strided(size, t.stride(), dtype=t.dtype, device="cpu").zero_()
 
 
-def _fake_probe(func: Any, args: tuple, kwargs: dict, out: Any) -> int | None:
+def _fake_probe(func: Any, args: tuple, kwargs: dict, out: Any) -> tuple[int, bool] | None:
     """The op once on real zero tensors shaped as the fake ones, out of every mode. When they would
     pass ``PROBE_BYTES`` it runs at a smaller batch m of n: every phase of the op holds bytes
     a + b x batch (a, b >= 0), so (n / m) x its peak bounds the full op's peak from above, less the
@@ -162,33 +163,51 @@ def _fake_probe(func: Any, args: tuple, kwargs: dict, out: Any) -> int | None:
         return None
     peak, held = measured
     if small == batch:
-        return max(0, peak - held)
+        return max(0, peak - held), False
     outputs = sum(t.untyped_storage().nbytes() for t in _tensors(out if isinstance(out, (list, tuple)) else (out,)))
-    return max(0, -(-peak * batch // small) - outputs)  # ceil(peak x n / m) less the outputs
+    return max(0, -(-peak * batch // small) - outputs), True  # ceil(peak x n / m) less the outputs
 
 
-def run_op(func: Any, args: tuple, kwargs: dict | None) -> tuple[Any, int]:
-    """Run one op for the tracker: its outputs and the workspace bytes it allocated beyond them
-    below the dispatcher (0 for ops without one, CUDA tensors, or when it cannot be measured)."""
+def run_op(func: Any, args: tuple, kwargs: dict | None) -> tuple[Any, int, str | None]:
+    """Run one op for the tracker: its outputs, the workspace bytes it allocated beyond them below
+    the dispatcher, and how they were had (``EXACT``, ``BOUND``, ``UNMEASURED``; None for an op
+    without one, CUDA tensors, or while ``uncounted``)."""
     kwargs = kwargs or {}
     if func not in WORKSPACE_OPS or not _counting[-1]:
-        return func(*args, **kwargs), 0
+        return func(*args, **kwargs), 0, None
     tensors = _tensors(args)
     if not tensors or any(t.device.type != "cpu" for t in tensors):
-        return func(*args, **kwargs), 0
+        return func(*args, **kwargs), 0, None
     sig = _signature(func, args, kwargs)
     known = _measured.get(sig)
     if known is not None:
-        return func(*args, **kwargs), known
+        return func(*args, **kwargs), known[0], BOUND if known[1] else EXACT
     if any(_is_fake(t) for t in tensors):
         out = func(*args, **kwargs)
-        nbytes = _fake_probe(func, args, kwargs, out)
+        found = _fake_probe(func, args, kwargs, out)
     else:
         box: list[Any] = []
         measured = _allocation_peak(lambda: box.append(func(*args, **kwargs)) or box[0])
         out = box[0] if box else func(*args, **kwargs)
-        nbytes = None if measured is None else max(0, measured[0] - measured[1])
-    if nbytes is None:
-        return out, 0
-    _measured[sig] = nbytes
-    return out, nbytes
+        found = None if measured is None else (max(0, measured[0] - measured[1]), False)
+    if found is None:
+        return out, 0, UNMEASURED
+    _measured[sig] = found
+    return out, found[0], BOUND if found[1] else EXACT
+
+
+def workspace_notes(statuses: set[str]) -> tuple[str, ...]:
+    """The measurement's notes on the CPU convolutions' workspaces the step ran (``run_op``'s
+    statuses): where the figure is a bound or misses some, and that a GPU's are not these."""
+    if not statuses:
+        return ()
+    notes = ["CPU convolution workspaces (oneDNN's reorders and scratch) are counted as temporaries, as this "
+             "CPU allocates them; a CUDA GPU runs cuDNN, whose workspaces depend on the algorithm it picks and "
+             "are not counted: measure on the GPU (cuda_peak_bytes) to see them"]
+    if BOUND in statuses:
+        notes.append("some convolution workspaces were sized from a smaller batch and scaled up (fake mode, "
+                     "probe over 256 MiB): an upper bound, not exact")
+    if UNMEASURED in statuses:
+        notes.append("some convolution workspaces were not counted: a profiler was already running, and a "
+                     "second cannot start to measure them")
+    return tuple(notes)

@@ -206,3 +206,28 @@ def test_raw_events_equal_the_profilers_timeline():
     # the timeline also counts the pre-existing tensors the step reads (parameters, batch)
     before = sum(params.values()) + sum(t.untyped_storage().nbytes() for t in iter_tensors(batch))
     assert timeline_peak(prof) == before + rise
+
+
+def test_the_measurement_notes_say_how_workspaces_were_counted(monkeypatch):
+    """A step with CPU convolutions says its workspaces are the CPU's (a GPU's cuDNN ones are not
+    counted); a scaled fake probe says it is a bound; a step measured inside a running profiler
+    says what it missed, and counts nothing it could not measure."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from memsave_nb.measure import workspace
+
+    assert not [n for n in measure(_gpt_tiny(), repeats=0).notes if "workspace" in n]
+    wl = _one_conv(CONV_GRID["3x3_s2"], batch=32)
+    notes = measure(wl, repeats=0).notes
+    assert len([n for n in notes if "workspace" in n]) == 1 and "cuDNN" in notes[-1]
+    workspace._measured.clear()
+    monkeypatch.setattr(workspace, "PROBE_BYTES", 1)
+    try:
+        assert any("upper bound" in n for n in measure(wl, "fake", repeats=0).notes)
+    finally:
+        workspace._measured.clear()
+    with workspace.uncounted():
+        plain = measure(wl, repeats=0).peak_bytes
+    with profile(activities=[ProfilerActivity.CPU]):
+        inside = measure(wl, repeats=0)
+    assert inside.peak_bytes == plain and any("profiler was already running" in n for n in inside.notes)
