@@ -95,7 +95,10 @@ def _signature(func: Any, args: tuple, kwargs: dict) -> tuple:
             return tuple(key(b) for b in a)
         return a
 
-    return (func, key(args), tuple(sorted((k, key(v)) for k, v in kwargs.items())), torch.get_num_threads())
+    # the kernel ATen picks also follows the thread count and the oneDNN switches
+    backend = (torch.get_num_threads(), torch._C._get_mkldnn_enabled(), torch._C._get_mkldnn_deterministic()
+               if hasattr(torch._C, "_get_mkldnn_deterministic") else None)
+    return (func, key(args), tuple(sorted((k, key(v)) for k, v in kwargs.items())), backend)
 
 
 def _allocation_peak(run: Callable[[], Any]) -> tuple[int, int] | None:

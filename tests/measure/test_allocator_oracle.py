@@ -174,6 +174,17 @@ def test_convolution_workspaces_are_the_allocators(spec):
     assert fake == real
 
 
+def test_oneDNN_switched_off_runs_another_kernel_measured_as_well():
+    """With oneDNN off ATen runs its own im2col kernels: other workspaces, measured afresh (the
+    switch is part of the signature), still the allocator's."""
+    wl = _one_conv(CONV_GRID["3x3_s2_input_grad"])
+    on = measure(wl, repeats=0).peak_bytes
+    with torch.backends.mkldnn.flags(enabled=False):
+        oracle = engine_loop_peak(wl).peak_bytes
+        off = measure(wl, repeats=0).peak_bytes
+    assert off != on and 0 <= oracle - off <= WRAPPED_NUMBER_SLACK
+
+
 @pytest.mark.parametrize("name", ["1x1_s1", "channels_last", "stem_3_channels_7x7_s2", "float64_im2col"])
 def test_a_fake_probe_over_the_cap_bounds_from_a_smaller_batch(monkeypatch, name):
     """Above ``PROBE_BYTES`` fake mode probes batch 16 of 64 and scales it up: never under."""
