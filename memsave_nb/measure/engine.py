@@ -25,6 +25,7 @@ from .fake_model import _fake_model, _has_fake_tensors
 from .result import Measurement
 from .step import _packer, _run, _unpack  # noqa: F401 - re-exported
 from .summary import _summarise
+from .workspace import workspace_notes
 
 MODES = ("real", "fake")
 
@@ -104,6 +105,8 @@ def measure(
                    output_parts=parts)
     if mode == "fake" and optimizer_kind is not None:
         m = dataclasses.replace(m, notes=m.notes + (foreach_note(optimizer_kind),))
+    if tracker.workspace_statuses:
+        m = dataclasses.replace(m, notes=m.notes + workspace_notes(tracker.workspace_statuses))
     return m
 
 

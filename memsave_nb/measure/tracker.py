@@ -8,6 +8,10 @@ the tracker never keeps memory alive. Storages are keyed by object identity, nev
 Why dispatch and not ``saved_tensors_hooks``: in torch 2.13 the tensors selective checkpointing
 keeps never pass through those hooks, and checkpoint installs hooks of its own. Watching live
 storages counts AC, SAC, views, in-place ops and reused modules the same way.
+
+What a kernel allocates below the dispatcher is invisible to any mode; for the CPU convolutions,
+whose oneDNN workspaces are large, ``workspace.py`` measures it per signature and the tracker books
+it as a temporary at the op (``_run_with_workspace``, ``_book_workspace``).
 """
 
 from __future__ import annotations
@@ -22,12 +26,16 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from .workspace import run_op
+
 # Pre-existing storages get these kinds; the rest are decided after the step.
 PARAMETER, INPUT = "parameters", "inputs"
+TEMPORARIES = "temporaries"
 _LISTS = (list, tuple)
 # The op name the CPU generator states checkpoint stashes are recorded under (not a torch op:
 # ``torch.get_rng_state`` copies below the dispatcher), see ``_rng_states_seen``.
 RNG_STATE_OP = "get_rng_state"
+_CONV, _CONV_BACKWARD = torch.ops.aten.convolution.default, torch.ops.aten.convolution_backward.default  # workspace.py
 _METADATA_OPS = frozenset({torch.ops.prim.device.default, torch.ops.prim.layout.default})
 
 
@@ -73,7 +81,10 @@ class _DispatchWatcher(TorchDispatchMode):
         return False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **kwargs) if kwargs else func(*args)
+        if func is _CONV or func is _CONV_BACKWARD:  # identity: OpOverload's hash is Python, 0.3 us an op
+            out = self.tracker._run_with_workspace(func, args, kwargs)
+        else:
+            out = func(*args, **kwargs) if kwargs else func(*args)
         self.tracker._observe(func, args, kwargs, out)
         return out
 
@@ -148,6 +159,8 @@ class MemoryTracker:
         self._mode: _DispatchWatcher | None = None
         self._closed = False
         self._rng_seen: contextlib.AbstractContextManager | None = None
+        self._workspace_bytes = 0  # of the op being observed (measure/workspace.py), booked after its outputs
+        self.workspace_statuses: set[str] = set()  # how the step's workspaces were had (workspace.run_op)
 
     # -- storages ---------------------------------------------------------------------------
     def _key(self, storage: torch.UntypedStorage) -> int:
@@ -226,11 +239,32 @@ class MemoryTracker:
             for t in tree_flatten(out)[0]:
                 if isinstance(t, torch.Tensor):
                     self._see_output(t, module, op, phase)
+        if self._workspace_bytes:
+            self._book_workspace(module, op, phase)
         if self._flop_fns is not None:
             fn = self._flop_fns.get(func._overloadpacket)
             if fn is not None:
                 n = fn(*args, **(kwargs or {}), out_val=out)
                 self.flop_counts[op] = self.flop_counts.get(op, 0) + n
+
+    def _run_with_workspace(self, func: Any, args: tuple, kwargs: dict | None) -> Any:
+        """Run an op that allocates below the dispatcher (a CPU convolution); its workspace bytes
+        are booked by the ``_observe`` that follows (``measure/workspace.py``)."""
+        if self.ignore or self._closed:
+            return func(*args, **(kwargs or {}))
+        out, self._workspace_bytes, status = run_op(func, args, kwargs)
+        if status is not None:
+            self.workspace_statuses.add(status)
+        return out
+
+    def _book_workspace(self, module: str, op: str, phase: str) -> None:
+        """A temporary born and freed at the op, after its outputs: the op's peak as the allocator's."""
+        nbytes, self._workspace_bytes = self._workspace_bytes, 0
+        idx = len(self.records)
+        self.records.append(StorageRecord(nbytes, module, op, phase, len(self.events), kind=TEMPORARIES))
+        self._event(idx, nbytes)
+        self.records[idx].died = len(self.events)
+        self._event(idx, -nbytes)
 
     def _see_input(self, t: torch.Tensor, module: str, op: str) -> None:
         try:

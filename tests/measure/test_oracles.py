@@ -21,6 +21,9 @@ from .cases import CASES, CASE_IDS
 from .conftest import measured
 from .oracles import memtracker_count, profiler_count, rng_state_bytes
 
+# dispatch-level oracles: the engine leaves kernel workspaces out for them (conftest.without_workspaces)
+pytestmark = pytest.mark.usefixtures("without_workspaces")
+
 # Largest gap the wrapped numbers explain: an 8-byte double and a 4-byte float alive at once.
 WRAPPED_NUMBER_SLACK = 16
 

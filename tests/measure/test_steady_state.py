@@ -17,6 +17,9 @@ from memsave_nb.model_state import ModelSnapshot
 from .cases import CASES
 from .oracles import memtracker_count
 
+# dispatch-level oracles: the engine leaves kernel workspaces out for them (conftest.without_workspaces)
+pytestmark = pytest.mark.usefixtures("without_workspaces")
+
 CASE = {c.name: c for c in CASES}
 
 

@@ -9,9 +9,9 @@ What was measured (HF Trainer 5.25, tiny Llama, batch 2 x 16, vocab 64):
   checks that the written arguments make the Trainer run the plan.
 - Our engine's loop keeps the output (the logits) alive through backward, so without
   checkpointing its peak is the Trainer's + the logits (``B*T*V*4`` bytes) + the loss.
-- With checkpointed layers our tracker reports less than the profiler sees for the same loop
-  (5,040 bytes on full fine-tuning, 20,272 with LoRA): a blind spot of the engine in recomputed
-  regions, kept as a strict xfail so it is noticed when fixed.
+- With checkpointed layers our tracker once reported less than the profiler saw for the same loop
+  (5,040 bytes on full fine-tuning, 20,272 with LoRA): checkpoint's stashed CPU generator states,
+  made below the dispatcher; counted now, the checkpointed steps agree within 64 bytes.
 """
 
 from __future__ import annotations
@@ -174,12 +174,18 @@ def test_our_peak_is_the_trainers_and_the_kept_output_loop_adds_the_logits(case)
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="engine blind spot: checkpointed steps measure 5-20 KB under the profiler")
+@pytest.mark.parametrize("loop", ["loss_only", "keep_output_backward"])
 @pytest.mark.parametrize("case", ["checkpoint_all_accumulate_2", "lora_checkpoint_all"])
-def test_our_peak_with_checkpointing_is_the_profilers(case):
+def test_our_peak_with_checkpointing_is_the_profilers(case, loop):
+    """Checkpointed steps to within 64 bytes of the profiler's timeline for the same loop (the
+    0-dim wrapped numbers C++ makes from Python scalars, e.g. LoRA's scaling, and the batch this
+    loop makes inside its step). The 5-20 KB gap once seen here was checkpoint's stashed CPU
+    generator states (5,056 B per region and per recomputation), counted since; the test compared
+    the loss_only loop with a loop that keeps the logits (8,192 B) after the default loop changed."""
     plan, lora = CASES[case]
-    model = _model(lora)
-    assert _plan_peak(plan, model) == pytest.approx(plain_loop_peak(plan, _model(lora), keep_output=True), rel=1e-3)
+    ours = _plan_peak(plan, _model(lora), loop=loop)
+    theirs = plain_loop_peak(plan, _model(lora), keep_output=loop != "loss_only")
+    assert abs(ours - theirs) <= 64, f"measure() {ours:,} B, profiler {theirs:,} B"
 
 
 @pytest.mark.slow
