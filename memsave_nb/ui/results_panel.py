@@ -125,7 +125,9 @@ class ResultsPanel(W.VBox):
         self.history_plot = figures.history([baseline_entry], 0)
         self.history_plot.source.selected.on_change("indices", self._tapped)
         super().__init__([
-            W.HBox([self.table, bokeh_widget(self.history_plot.figure)], layout=W.Layout(align_items="flex-start")),
+            # side by side when there is room; in a narrow notebook the plot goes under the table
+            W.HBox([self.table, bokeh_widget(self.history_plot.figure)],
+                   layout=W.Layout(align_items="flex-start", flex_flow="row wrap")),
             bokeh_widget(self.peak_plot.figure),
             W.HBox([W.HTML("<small>timeline:</small>"), self.zoom], layout=W.Layout(align_items="center",
                                                                                   flex_flow="row wrap")),
