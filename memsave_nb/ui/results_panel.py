@@ -113,7 +113,7 @@ class ResultsPanel(W.VBox):
         self._timeline_m = baseline
         self.zoom = W.ToggleButtons(options=[("whole step", ""), ("forward", "forward"), ("backward", "backward"),
                                              ("optimizer", "optimizer")], value="",
-                                    style={"button_width": "90px"}, tooltips=["the whole step", "zoom on forward",
+                                    style={"button_width": "110px"}, tooltips=["the whole step", "zoom on forward",
                                                                               "zoom on backward", "zoom on the optimizer step"])
         self.zoom.add_class("memsave-timeline-zoom")
         self.zoom.observe(lambda _ch: self._zoom(), "value")

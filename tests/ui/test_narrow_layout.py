@@ -83,3 +83,14 @@ def test_fit_width_keeps_the_built_width_as_the_maximum():
     assert fig.sizing_mode == "stretch_width" and (fig.min_width, fig.max_width) == (MIN_FIGURE_WIDTH, 760)
     small = figure(width=240, height=200)
     assert fit_width(small) == (240, 240)  # never stretched past what it was built for
+
+
+def test_legends_of_the_categories_take_two_rows_and_the_zoom_buttons_keep_their_words(cnn):
+    # one horizontal row of seven entries is ~640 px: cut at the right edge of a narrowed figure
+    for plot in (cnn.results.peak_plot, cnn.results.timeline_plot):
+        (legend,) = plot.figure.below[-1:]
+        assert legend.nrows == 2 and legend.orientation == "horizontal"
+        assert len(legend.items) == 7  # the categories
+    # the peak split's labels ("11.9 MiB (backward)") have room right of the longest bar
+    assert cnn.results.peak_plot.figure.x_range.range_padding >= 0.8
+    assert cnn.results.zoom.style.button_width == "110px"  # "whole step" was cut at 90 px
