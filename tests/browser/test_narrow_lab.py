@@ -1,12 +1,14 @@
-"""The explorer in a 700 px JupyterLab notebook (issue 28, item 9), checked through the DOM:
+"""The explorer at 700 px, in a JupyterLab notebook (file browser collapsed) and in Voila
+(issue 28, item 9), checked through the DOM:
 
 - the per-layer table scrolls sideways inside its own box (scrollWidth > clientWidth) while the
-  name column stays put (``position: sticky``; its left edge does not move when the table is
-  scrolled to its right end, where the type column comes into view);
+  name column stays put (``position: sticky``): scrolled until the type column sits right of the
+  names, and scrolled to its end, the names' left edge has not moved;
 - no tab title is cut (each label's scrollWidth <= its clientWidth);
 - every drawn figure canvas lies inside the output area's width (figures follow the container).
 
-Screenshots under artifacts/: narrow-700px-layers-scrolled.png and one per tab with figures.
+Screenshots under artifacts/: narrow-700px-<lab|voila>-layers-scrolled.png and one per tab with
+figures.
 """
 
 from __future__ import annotations
@@ -80,7 +82,12 @@ def test_explorer_at_700px_scrolls_its_table_keeps_tab_titles_and_fits_its_figur
     lh.wait_for_text(explorer.locator(".memsave-status").first, re.compile(r"^\s*idle"), timeout=120)
     area = explorer.evaluate("ex => ex.closest('.jp-OutputArea-output').getBoundingClientRect().width")
     assert area < WIDTH - 60, f"the output area is {area} px wide: not a 700 px notebook"
+    _narrow_checks(page, explorer, "lab")
 
+
+def _narrow_checks(page, explorer, where: str) -> None:
+    """Tab titles whole, the layer table scrolling under a sticky name column, figures inside
+    the output area; screenshots named after ``where`` (lab, voila)."""
     # tab titles: none cut
     labels = explorer.evaluate(TAB_LABELS)
     print("tab labels (scrollWidth, clientWidth):", [(t["title"], t["sw"], t["cw"]) for t in labels])
@@ -111,7 +118,7 @@ def test_explorer_at_700px_scrolls_its_table_keeps_tab_titles_and_fits_its_figur
     tb = type_cell.bounding_box()
     assert after["x"] + after["width"] - 1 <= tb["x"] and tb["x"] + tb["width"] <= table_box["x"] + table_box["width"] + 1, \
         f"scrolled, the type column is not in view right of the names: {tb}, names {after}, table {table_box}"
-    lh.screenshot(page, ARTIFACTS / "narrow-700px-layers-scrolled.png")
+    lh.screenshot(page, ARTIFACTS / f"narrow-700px-{where}-layers-scrolled.png")
     table.evaluate("e => { e.scrollLeft = e.scrollWidth; }")  # to the end: the names still stay
     time.sleep(0.3)
     assert abs(name.bounding_box()["x"] - before["x"]) < 2
@@ -125,4 +132,15 @@ def test_explorer_at_700px_scrolls_its_table_keeps_tab_titles_and_fits_its_figur
         print(f"{title}: {len(got['canvases'])} canvases within [{left:.0f}, {right:.0f}]")
         assert not outside, f"{title}: canvases beyond the output area [{left}, {right}]: {outside}"
         explorer.locator(".memsave-bokeh:visible").first.scroll_into_view_if_needed()
-        lh.screenshot(page, ARTIFACTS / f"narrow-700px-{title.lower().replace(' ', '-')}.png")
+        lh.screenshot(page, ARTIFACTS / f"narrow-700px-{where}-{title.lower().replace(' ', '-')}.png")
+
+
+def test_explorer_at_700px_in_voila(voila_factory, tmp_path, page):
+    page.set_viewport_size({"width": WIDTH, "height": 1000})
+    nb = lh.write_notebook(tmp_path / "app" / "narrow.ipynb", CELLS)
+    server = voila_factory(nb)
+    page.goto(server.url(), wait_until="domcontentloaded", timeout=90_000)
+    explorer = page.locator(".memsave-explorer").first
+    explorer.wait_for(state="visible", timeout=180_000)
+    lh.wait_for_text(explorer.locator(".memsave-status").first, re.compile(r"^\s*idle"), timeout=120)
+    _narrow_checks(page, explorer, "voila")
