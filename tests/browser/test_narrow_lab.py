@@ -6,6 +6,7 @@
   names, and scrolled to its end, the names' left edge has not moved;
 - no tab title is cut (each label's scrollWidth <= its clientWidth);
 - every drawn figure canvas lies inside the output area's width (figures follow the container).
+- in Lab's dark theme the sticky name column is dark too (it covers the scrolled numbers).
 
 Screenshots under artifacts/: narrow-700px-<lab|voila>-layers-scrolled.png and one per tab with
 figures.
@@ -83,6 +84,20 @@ def test_explorer_at_700px_scrolls_its_table_keeps_tab_titles_and_fits_its_figur
     area = explorer.evaluate("ex => ex.closest('.jp-OutputArea-output').getBoundingClientRect().width")
     assert area < WIDTH - 60, f"the output area is {area} px wide: not a 700 px notebook"
     _narrow_checks(page, explorer, "lab")
+
+    # dark theme: the sticky name column takes the page's (dark) background, not white
+    page.evaluate("() => window.jupyterapp.commands.execute('apputils:change-theme', {theme: 'JupyterLab Dark'})")
+    page.wait_for_function("() => document.body.dataset.jpThemeLight === 'false'", timeout=60_000)
+    time.sleep(1.0)
+    _tab(explorer, "Layers")
+    table = explorer.locator(".memsave-layer-table").first
+    table.evaluate("e => { e.scrollLeft = 300; }")
+    name = explorer.locator(".memsave-row-stem .memsave-name-cell").first
+    color = name.evaluate("e => getComputedStyle(e).backgroundColor")
+    rgb = [float(x) for x in re.findall(r"[\d.]+", color)[:3]]
+    assert len(rgb) == 3 and sum(rgb) < 3 * 100, f"the name column is not dark in the dark theme: {color}"
+    name.scroll_into_view_if_needed()
+    lh.screenshot(page, ARTIFACTS / "narrow-700px-lab-dark-layers-scrolled.png")
 
 
 def _narrow_checks(page, explorer, where: str) -> None:
