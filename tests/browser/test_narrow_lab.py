@@ -5,7 +5,7 @@
   name column stays put (``position: sticky``): scrolled until the type column sits right of the
   names, and scrolled to its end, the names' left edge has not moved;
 - no tab title is cut (each label's scrollWidth <= its clientWidth);
-- every drawn figure canvas lies inside the output area's width (figures follow the container).
+- every drawn figure canvas lies inside the output area's width (figures follow the container);
 - in Lab's dark theme the sticky name column is dark too (it covers the scrolled numbers).
 
 Screenshots under artifacts/: narrow-700px-<lab|voila>-layers-scrolled.png and one per tab with
