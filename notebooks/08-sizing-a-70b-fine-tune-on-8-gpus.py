@@ -46,27 +46,36 @@ workload = Workload(model, batch, optimizer=lambda params: torch.optim.AdamW(par
 print(f"{n_params / 1e9:.1f} B parameters, {2 * n_params / GiB:.0f} GiB in bf16")
 
 # %% [markdown]
-# ## FSDP2 on 8 GPUs, no activation checkpointing
+# ## One GPU, no sharding, no checkpointing
 #
-# Every decoder layer is one `fully_shard` unit (the repeated blocks), the root is another. The
-# step measured is the second one: AdamW's state exists from the first step on.
+# First the step as one GPU would run it, in fake mode (`Session(workload, "fake")`: fake tensors,
+# so no memory and no compute). Its baseline is the step with no memory choices; the explorer at
+# the end reuses it.
 
 # %%
-fsdp8 = measure_parallel(workload, ParallelSpec(world_size=8))
-print(fsdp8.table())
+from memsave_nb import Session
+
+session = Session(workload, "fake", repeats=0)
+one = session.baseline  # one unsharded training step (steady state: AdamW's state exists)
+for name, n in one.peak_split.as_dict().items():
+    if n >= GiB:
+        print(f"{name:>16}: {n / GiB:6.1f} GiB")
+print(f"peak {one.peak_bytes / GiB:.0f} GiB during {one.peak_phase}; "
+      f"saved activations {one.saved_bytes / GiB:.0f} GiB at the end of forward")
 
 # %% [markdown]
-# Per rank, the sharded parameters, gradient shards and AdamW state are 1/8 of the model's
-# (16 + 16 + 32 GiB at the end of the step). The gathered parameters are one layer's plus the
-# root's embedding and head, and the all-gather / reduce-scatter buffers are as FSDP2 allocates
-# them. But the **saved activations** of 80 layers at sequence 4096 are about 130 GiB per rank:
-# no number of GPUs fixes that, since every rank runs its own sequence.
+# Weights, gradients, AdamW's two moments and the optimizer's temporaries: FSDP2 shards all of
+# them over the ranks. It does not shard the **saved activations** (about 120 GiB here, the 80
+# layers at sequence 4096): every rank runs its own sequence, so each keeps all of them, whatever
+# the number of GPUs. Checkpointing is not optional for this model.
 
 # %% [markdown]
-# ## With every decoder layer checkpointed
+# ## FSDP2 on 8 GPUs, every decoder layer checkpointed
 #
-# The same plan a single-GPU user would write: a full checkpoint region on each
-# `model.layers.i`. The plan goes onto the fake twin before `fully_shard`, as in a training script.
+# Every decoder layer is one `fully_shard` unit (the repeated blocks), the root is another. The
+# plan is the one a single-GPU user would write: a full checkpoint region on each
+# `model.layers.i`. It goes onto the fake twin before `fully_shard`, as in a training script. The
+# step measured is the second one: AdamW's state exists from the first step on.
 
 # %%
 ac = Plan(regions={f"model.layers.{i}": "full" for i in range(cfg.num_hidden_layers)})
@@ -74,8 +83,11 @@ fsdp8_ac = measure_parallel(workload, ParallelSpec(world_size=8), ac)
 print(fsdp8_ac.table())
 
 # %% [markdown]
-# Checkpointing takes the saved activations from about 130 GiB to under 1 GiB per rank. Now the
-# peak moves to the **optimizer step**, at about 80 GiB: over the card's 74.5 GiB. torch's default AdamW on a GPU
+# Per rank, the sharded parameters, gradient shards and AdamW state are 1/8 of the model's
+# (16 + 16 + 32 GiB at the end of the step). The gathered parameters are one layer's plus the
+# root's embedding and head, and the all-gather / reduce-scatter buffers are as FSDP2 allocates
+# them. Checkpointing takes the saved activations from about 120 GiB to under 1 GiB per rank. The
+# peak is in the **optimizer step**, at about 80 GiB: over the card's 74.5 GiB. torch's default AdamW on a GPU
 # is its *foreach* step, which works on all of a rank's parameters at once and makes temporaries the
 # size of the whole shard (here 16 GiB). The single-tensor loop (`foreach=False`, slower) updates
 # one parameter at a time:
@@ -96,8 +108,12 @@ print(f"foreach AdamW: {fsdp8_ac.peak_bytes / GiB:.1f} GiB during {fsdp8_ac.wors
 fsdp16_ac = measure_parallel(workload, ParallelSpec(world_size=16), ac)
 print(fsdp16_ac.table())
 print()
-# the same choices as code for the training script (launched with torchrun)
-print(ac.replace(regions={"model.layers.0": "full"}, parallel=ParallelSpec(world_size=16)).to_code().split("# FSDP2")[1][:700])
+# the sharding as code for the training script (launched with torchrun): the plan's FSDP2 lines;
+# the full export (ac16.to_code()) also defines suggest_regions(model), which lists the 80 layers
+ac16 = ac.replace(parallel=ParallelSpec(world_size=16))
+code = ac16.to_code()
+fsdp = code[code.index("# FSDP2"):code.index("# build the optimizer")]
+print(fsdp[:fsdp.index("def suggest_regions")] + fsdp[fsdp.index("shard_units = "):])
 
 # %% [markdown]
 # ## Your turn
@@ -123,35 +139,38 @@ display(HTML("<details><summary><b>Show the answer</b></summary><pre style='whit
 # ## What this notebook claims
 
 # %%
-end = fsdp8.worst.end_split
+end = fsdp8_ac.worst.end_split
 # bf16 shards: exactly 1/8 of the model per rank (every dim 0 divides by 8); AdamW: two bf16 moments
 # per shard plus one 4-byte step counter per parameter tensor
 assert end["sharded_parameters"] == 2 * n_params // 8
 n_tensors = len(list(model.parameters()))
 assert end["optimizer_state"] == 2 * 2 * n_params // 8 + 4 * n_tensors
-# without checkpointing a rank does not fit 80 GB whatever the sharding (activations alone exceed it)
-assert fsdp8.peak_bytes > 80e9 and fsdp8.worst.peak_split["activations"] > 80e9
+# without checkpointing one sequence's saved activations alone exceed 80 GB; sharding does not
+# touch them (every rank keeps its own), so no number of GPUs fits the step
+assert one.saved_bytes > 80e9 and one.end_of_forward.activations > 80e9
 # with it, 8 GPUs are over 80 GB in the GPU's default (foreach) AdamW step; with the single-tensor
 # loop they are under 80 GB but above the 80% line; 16 GPUs are under it, unseen lines included
 assert fsdp8_ac.worst.peak_phase == "optimizer" and fsdp8_ac.peak_bytes > 80e9, fsdp8_ac.peak_bytes / 1e9
 assert 0.8 * 80e9 < fsdp8_ac_loop.peak_bytes < 80e9, fsdp8_ac_loop.peak_bytes / 1e9
 assert fsdp16_ac.peak_bytes + fsdp16_ac.unseen_high_bytes < 0.8 * 80e9, fsdp16_ac.peak_bytes / 1e9
-assert fsdp8_ac.worst.saved_bytes < fsdp8.worst.saved_bytes / 10
+assert fsdp8_ac.worst.saved_bytes < one.saved_bytes / 10
 print("all claims hold")
 
 # %% [markdown]
 # ## Your turn: the explorer
 #
-# The same workload in the explorer, in fake mode (`explore(workload, mode="fake")`), open on its
-# **GPUs** tab with the checkpointing plan above: it sizes that plan per rank on 8 GPUs in the
-# background (a minute or so here), and again when you change the number of GPUs, the sharding,
-# bf16 parameters or CPU offload. The header's numbers are one unsharded GPU's, judged against an
-# 80 GB card; they wait for *run* (live reruns are off: each costs a 70B fake step).
+# The same workload in the explorer, in fake mode, opened on the session above
+# (`explore(session)`: the one-GPU step is not measured again; on a workload of your own,
+# `explore(workload, mode="fake")` does both). It opens on its **GPUs** tab with the checkpointing
+# plan above and sizes that plan per rank on 8 GPUs in the background (a minute or so here), and
+# again when you change the number of GPUs, the sharding, bf16 parameters or CPU offload. The
+# header's numbers are the one-GPU step's, judged against an 80 GB card; a plan you edit waits for
+# *run* (live reruns are off: each costs a 70B fake step).
 
 # %%
 from memsave_nb.ui.explorer import explore
 
-explorer = explore(workload, mode="fake", repeats=0, live=False, tab="GPUs")
+explorer = explore(session, live=False, tab="GPUs")
 explorer.tuner.set_target(80)  # the verdicts against the notebook's 80 GB cards
 explorer.set_plan(ac)
 explorer.gpus.refresh(background=True)

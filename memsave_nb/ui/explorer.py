@@ -46,11 +46,12 @@ from .editor import PlanEditor
 from .explorer_runs import ExplorerRuns
 from .explorer_text import _delta_text, loss_note_html, output_kind, title_html  # noqa: F401 - public here too
 from .format import format_bytes, format_time_spread, time_change
-from .layer_table import LayerTable
+from .layer_table import LayerTable, tied_by_module
 from .plots import bokehjs_loader
 from .results_panel import ResultsPanel
 from .runner import Runner
 from .sac_panel import SacPanel
+from .styles import explorer_style
 
 __all__ = ["Explorer", "explore", "last_explorer"]
 
@@ -182,8 +183,6 @@ class Explorer(ExplorerRuns, W.VBox):
         self.reset_button.add_class("memsave-reset")
 
         # -- panels ------------------------------------------------------------------------------
-        from .layer_table import tied_by_module
-
         self.table = LayerTable(self.editor, max_open_rows=max_open_rows, on_select=self._on_select,
                                 tied=tied_by_module(self.model))
         self._unsavable: list | None = None
@@ -218,7 +217,7 @@ class Explorer(ExplorerRuns, W.VBox):
         for i, t in enumerate(TAB_TITLES):
             self.tabs.set_title(i, t)
 
-        super().__init__([bokehjs_loader(), self.title, self.summary, self.advice, self.loss_note, self.status_bar,
+        super().__init__([bokehjs_loader(), explorer_style(), self.title, self.summary, self.advice, self.loss_note, self.status_bar,
                           self.error_box, self.tabs])
         self.add_class("memsave-explorer")
 

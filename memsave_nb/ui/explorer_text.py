@@ -27,8 +27,11 @@ def loss_note_html(workload: Any, mode: str) -> str:
     kind = output_kind(workload, fake=mode == "fake")
     if kind == "loss":
         return "<small>loss: the model's own <code>loss</code> output</small>"
-    if kind == "tensor" or kind is None:
+    if kind == "tensor":
         return "<small>loss: the sum of the model's output (pass <code>loss=...</code> for your own)</small>"
+    if kind is None:  # the forward could not be run apart from the step: say the rule, not a guess
+        return ("<small>loss: the model's own <code>loss</code> output when it returns one, else the sum of its "
+                "output (pass <code>loss=...</code> for your own)</small>")
     return (f"<small>loss: the model returns a {html.escape(kind)} without a <code>loss</code>; the step uses the sum "
             "of every floating-point tensor in it. Pass <code>loss=...</code> to use your own.</small>")
 
@@ -39,19 +42,16 @@ def output_kind(workload: Any, *, fake: bool = False) -> str | None:
     too large for this machine is asked too); None when it cannot be told."""
     import torch
 
-    try:
-        if fake:
-            out = _fake_forward(workload)
-        else:
-            buffers = [(b, b.detach().clone()) for b in workload.model.buffers()]
-            try:
-                with torch.no_grad():
-                    out = workload.forward(workload.make_batch())
-            finally:
-                with torch.no_grad():
-                    for b, saved in buffers:
-                        b.copy_(saved)
-    except Exception:  # noqa: BLE001 - a note only; the measured step reports real errors
+    out = None
+    # without gradients first (cheap); a model that needs autograd in its forward (a gradient
+    # penalty, a physics-informed loss) fails there and is asked again with gradients on
+    for grad in (False, True):
+        try:
+            out = _fake_forward(workload, grad) if fake else _real_forward(workload, grad)
+            break
+        except Exception:  # noqa: BLE001 - a note only; the measured step reports real errors
+            continue
+    if out is None:
         return None
     if isinstance(out, torch.Tensor):
         return "tensor"
@@ -63,7 +63,21 @@ def output_kind(workload: Any, *, fake: bool = False) -> str | None:
     return type(out).__name__
 
 
-def _fake_forward(workload: Any) -> Any:
+def _real_forward(workload: Any, grad: bool) -> Any:
+    """One forward on the model itself; its buffers (running statistics) are put back."""
+    import torch
+
+    buffers = [(b, b.detach().clone()) for b in workload.model.buffers()]
+    try:
+        with torch.set_grad_enabled(grad):
+            return workload.forward(workload.make_batch())
+    finally:
+        with torch.no_grad():
+            for b, saved in buffers:
+                b.copy_(saved)
+
+
+def _fake_forward(workload: Any, grad: bool = False) -> Any:
     """One forward on fake twins of the parameters and buffers (the model's own are untouched)."""
     import torch
 
@@ -71,7 +85,7 @@ def _fake_forward(workload: Any) -> Any:
     from memsave_nb.measure.fake_model import _fake_model
 
     with model_lock(workload.model), _fake_model(workload.model, str(workload.device)) as fake_mode, fake_mode:
-        with torch.no_grad():
+        with torch.set_grad_enabled(grad):
             return workload.forward(workload.make_batch())
 
 

@@ -55,6 +55,7 @@ from .plot_base import (  # noqa: F401 - the colours and Plot are public here to
     Plot,
     _bytes_axis,
     category_color,
+    legend_below,
 )
 
 
@@ -349,9 +350,7 @@ def timeline(measurement: Measurement, max_points: int = MAX_TIMELINE_POINTS, *,
     _bytes_axis(fig.yaxis[0])
     fig.xaxis.axis_label = "allocation / free events"
     fig.yaxis.axis_label = "live bytes"
-    fig.legend.orientation = "horizontal"
-    fig.legend.label_text_font_size = "8pt"
-    fig.add_layout(fig.legend[0], "below")  # below the plot: never over the areas
+    legend_below(fig, rows=2)
 
     def after(plot: Plot, new: dict[str, Data]) -> None:
         top = max(new["peak"]["y"] + new["main"]["total"] + [1]) * 1.15
@@ -406,7 +405,7 @@ def peak_split(measurement: Measurement, baseline: Measurement | None = None, *,
     datas = data_fn(measurement, baseline)
     source = ColumnDataSource(datas["main"], name="peak_split")
     rows = list(reversed(datas["main"]["row"]))
-    fig = figure(y_range=FactorRange(factors=rows), x_range=DataRange1d(start=0, range_padding=0.45),
+    fig = figure(y_range=FactorRange(factors=rows), x_range=DataRange1d(start=0, range_padding=0.8),
                  width=width, height=_split_height(len(rows)), title=title, tools="save,reset",
                  toolbar_location="above", name="peak_split_figure")
     renderers = fig.hbar_stack(list(CATEGORIES), y="row", height=0.6, source=source,
@@ -418,10 +417,7 @@ def peak_split(measurement: Measurement, baseline: Measurement | None = None, *,
     fig.add_layout(LabelSet(x="total", y="row", text="total_label", source=source, x_offset=4, y_offset=-6,
                             text_font_size="9pt"))
     _bytes_axis(fig.xaxis[0])
-    fig.legend.orientation = "horizontal"
-    fig.legend.location = "top_left"
-    fig.legend.label_text_font_size = "8pt"
-    fig.add_layout(fig.legend[0], "below")
+    legend_below(fig, rows=2)
     fig.ygrid.grid_line_color = None
 
     def after(plot: Plot, new: dict[str, Data]) -> None:

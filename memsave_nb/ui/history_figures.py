@@ -11,7 +11,7 @@ from bokeh.plotting import figure
 
 from ..measure.result import Measurement
 from .format import format_bytes, format_seconds
-from .plot_base import BAR_COLOR, CATEGORY_COLORS, Data, Plot, _bytes_axis, _measurement
+from .plot_base import BAR_COLOR, CATEGORY_COLORS, Data, Plot, _bytes_axis, _measurement, legend_below
 
 # -- history of plans tried ------------------------------------------------------------------
 def plan_label(plan: Any) -> str:
@@ -175,9 +175,7 @@ def budget_sweep(points: Iterable[Any], *, width: int = 520, height: int = 360,
     ]))
     _bytes_axis(fig.yaxis[0])
     fig.yaxis.axis_label = "bytes"
-    fig.legend.orientation = "horizontal"
-    fig.legend.label_text_font_size = "8pt"
-    fig.add_layout(fig.legend[0], "below")  # below the plot: never over the points
+    legend_below(fig)
     _sweep_axis(fig, datas["main"])
 
     def after(plot: Plot, new: dict[str, Data]) -> None:

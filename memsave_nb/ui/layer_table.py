@@ -36,12 +36,17 @@ BAR_PX = 70
 # read-only cells: the numbers first (saved activations, change), then the controls, then details
 _SAVED_COLUMNS = (("saved activations", BAR_PX + 140), ("vs baseline", 84))
 _CONTROLS = (("freeze", 52), ("memsave", 72), ("checkpoint", 150))
-_DETAIL_COLUMNS = (("type", 110), ("output", 120), ("params: trainable / frozen", 170), ("tied to", 200))
+_DETAIL_COLUMNS = (("type", 110), ("output", 120), ("params: trainable / frozen", 200), ("tied to", 200))
 SAVED_WIDTH = sum(w for _, w in _SAVED_COLUMNS)
 DETAIL_WIDTH = sum(w for _, w in _DETAIL_COLUMNS)
 _SLACK = 8  # the HTML widget's own padding
+NAME_CELL_WIDTH = 26 + NAME_WIDTH + 8  # expand arrow and name button, each with its 2 px margins
 
-#: table styles, shown once per explorer (ipywidgets has no trait for a button's text alignment)
+#: table styles, shown once per explorer (ipywidgets has no trait for a button's text alignment).
+#: The table is the one sideways scroller: rows, the header and the rows' box are as wide as their
+#: content and do not scroll themselves (ipywidgets boxes default to ``overflow: auto``, which made
+#: every row its own hidden scroller at 700 px), and the name cell sticks to the left edge with the
+#: page's background so the numbers scroll under it.
 TABLE_CSS = """<style>
 .memsave-row-name.jupyter-button, .memsave-row-name.widget-button {
   text-align: left; overflow: hidden; text-overflow: ellipsis; white-space: nowrap; }
@@ -49,6 +54,13 @@ TABLE_CSS = """<style>
 .memsave-row.memsave-selected { background: rgba(31,119,180,0.15); }
 .memsave-expand.jupyter-button, .memsave-expand.widget-button { background: transparent; }
 .memsave-table-header { border-bottom: 1px solid rgba(128,128,128,0.5); }
+.memsave-layer-table { overflow-x: auto; overflow-y: hidden; }
+.memsave-layer-table .memsave-rows, .memsave-layer-table .memsave-row,
+.memsave-layer-table .memsave-table-header { min-width: max-content; overflow: visible; }
+.memsave-layer-table .memsave-name-cell { position: sticky; left: 0; z-index: 2; overflow: hidden;
+  background: var(--jp-layout-color1, #fff); }
+.memsave-layer-table .memsave-selected .memsave-name-cell {
+  background: linear-gradient(rgba(31,119,180,0.15), rgba(31,119,180,0.15)), var(--jp-layout-color1, #fff); }
 .memsave-spinner { display: inline-block; width: 10px; height: 10px; margin-right: 4px;
   border: 2px solid #c6dbef; border-top-color: #1f77b4; border-radius: 50%;
   animation: memsave-spin 0.8s linear infinite; vertical-align: middle; }
@@ -174,8 +186,12 @@ class LayerRow:
         if not has_children and not tree.params[name]:
             self.region.disabled = True
             self.region.layout.visibility = "hidden"
+        # expand arrow and name in one cell that sticks to the left when the table scrolls sideways
+        self.name_cell = W.HBox([self.expand, self.select], layout=W.Layout(width=f"{NAME_CELL_WIDTH}px",
+                                                                            flex="0 0 auto", align_items="center"))
+        self.name_cell.add_class("memsave-name-cell")
         self.box = W.HBox(
-            [self.expand, self.select, self.freeze, self.memsave, self.region, self.info, self.details],
+            [self.name_cell, self.freeze, self.memsave, self.region, self.info, self.details],
             layout=W.Layout(align_items="center", min_height=ROW_HEIGHT),
         )
         self.box.add_class("memsave-row")
@@ -210,8 +226,11 @@ class LayerTable(W.VBox):
             return W.HTML(_nowrap([_cell(f"<b>{h}</b>", w) for h, w in columns]),
                           layout=W.Layout(width=f"{width + _SLACK}px", flex="0 0 auto"))
 
+        name_head = W.HBox([head("module", NAME_CELL_WIDTH - 4)],
+                           layout=W.Layout(width=f"{NAME_CELL_WIDTH}px", flex="0 0 auto", align_items="center"))
+        name_head.add_class("memsave-name-cell")
         self.header = W.HBox(
-            [head("module", 26 + NAME_WIDTH + 4)]
+            [name_head]
             + [head(h, w) for h, w in _CONTROLS]
             + [heads(_SAVED_COLUMNS, SAVED_WIDTH)]
             + [heads(_DETAIL_COLUMNS, DETAIL_WIDTH)],
@@ -224,7 +243,7 @@ class LayerTable(W.VBox):
         self.collapse_all = W.Button(description="collapse", layout=W.Layout(width="110px"))
         self.expand_all.on_click(lambda _b: self.set_expanded([n for n in editor.tree.names if editor.tree.children[n]]))
         self.collapse_all.on_click(lambda _b: self.set_expanded([ROOT]))
-        super().__init__([W.HTML(TABLE_CSS), self.header, self.rows_box], layout=W.Layout(overflow="auto hidden"))
+        super().__init__([W.HTML(TABLE_CSS), self.header, self.rows_box], layout=W.Layout(overflow="auto hidden", max_width="100%"))
         self.add_class("memsave-layer-table")
         self.set_expanded(self._default_expanded(max_open_rows))
 

@@ -65,6 +65,17 @@ class Plot:
         return iter((self.figure, self.source))
 
 
+def legend_below(fig: Any, rows: int = 1) -> None:
+    """Put the legend under the plot (never over the data) in small type; ``rows=2`` for the seven
+    categories, so a figure narrowed to a 700 px notebook keeps every entry in view."""
+    legend = fig.legend[0]
+    legend.orientation = "horizontal"
+    legend.label_text_font_size = "8pt"
+    if rows > 1:
+        legend.nrows = rows
+    fig.add_layout(legend, "below")
+
+
 def _bytes_axis(axis: Any) -> None:
     axis.formatter = CustomJSTickFormatter(code=BYTES_TICK_JS)
 

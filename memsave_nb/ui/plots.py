@@ -93,17 +93,35 @@ def load_bokehjs(force: bool = False) -> bool:
     return True
 
 
+#: the narrowest a figure gets: below this its axis labels and legend no longer read
+MIN_FIGURE_WIDTH = 300
+
+
+def fit_width(fig: Any, min_width: int = MIN_FIGURE_WIDTH) -> tuple[int, int]:
+    """Let ``fig`` follow its container's width, between ``min_width`` and the width it was built
+    with (a 760 px figure in a 700 px notebook was clipped); returns (min, max) in px."""
+    widest = int(fig.width or fig.min_width or min_width)
+    if "sizing_mode" in fig.properties():
+        fig.sizing_mode = "stretch_width"
+        fig.min_width, fig.max_width = min(min_width, widest), widest
+    return min(min_width, widest), widest
+
+
 class BokehFigure(W.Box):
     """A Bokeh figure as a widget: the BokehJS loader, then :class:`jupyter_bokeh.BokehModel`.
 
-    ``.model`` is the BokehModel; the figure's sources stay live (update ``source.data``)."""
+    The figure stretches with the output area (see :func:`fit_width`), the box keeping the same
+    bounds so a row of widgets gives it the room left. ``.model`` is the BokehModel; the figure's
+    sources stay live (update ``source.data``)."""
 
     def __init__(self, fig: Any):
         from jupyter_bokeh import BokehModel
 
+        narrowest, widest = fit_width(fig)
         self.model = BokehModel(fig)
         self.model.add_class("memsave-bokeh-figure")
-        super().__init__([bokehjs_loader(), self.model], layout=W.Layout(display="block"))
+        super().__init__([bokehjs_loader(), self.model], layout=W.Layout(
+            display="block", width="100%", min_width=f"{narrowest}px", max_width=f"{widest}px", flex="1 1 auto"))
         self.add_class("memsave-bokeh")
 
 

@@ -113,7 +113,7 @@ class ResultsPanel(W.VBox):
         self._timeline_m = baseline
         self.zoom = W.ToggleButtons(options=[("whole step", ""), ("forward", "forward"), ("backward", "backward"),
                                              ("optimizer", "optimizer")], value="",
-                                    style={"button_width": "90px"}, tooltips=["the whole step", "zoom on forward",
+                                    style={"button_width": "110px"}, tooltips=["the whole step", "zoom on forward",
                                                                               "zoom on backward", "zoom on the optimizer step"])
         self.zoom.add_class("memsave-timeline-zoom")
         self.zoom.observe(lambda _ch: self._zoom(), "value")
@@ -125,7 +125,9 @@ class ResultsPanel(W.VBox):
         self.history_plot = figures.history([baseline_entry], 0)
         self.history_plot.source.selected.on_change("indices", self._tapped)
         super().__init__([
-            W.HBox([self.table, bokeh_widget(self.history_plot.figure)], layout=W.Layout(align_items="flex-start")),
+            # side by side when there is room; in a narrow notebook the plot goes under the table
+            W.HBox([self.table, bokeh_widget(self.history_plot.figure)],
+                   layout=W.Layout(align_items="flex-start", flex_flow="row wrap")),
             bokeh_widget(self.peak_plot.figure),
             W.HBox([W.HTML("<small>timeline:</small>"), self.zoom], layout=W.Layout(align_items="center",
                                                                                   flex_flow="row wrap")),

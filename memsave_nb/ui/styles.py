@@ -1,0 +1,27 @@
+"""Page styles the explorer brings with it (one hidden ``<style>`` widget per explorer).
+
+ipywidgets gives each tab of a ``Tab`` a share of the row (``flex: 0 1 144px``): seven tabs in a
+700 px notebook got 84 px each and "Compile budget", "SAC per op" and "Plan as code" were cut
+to "Compile bu…". Here the tabs keep the width of their titles and the tab bar wraps onto a
+second line instead. The layer table's own rules (sticky name column, sideways scrolling) live
+with it in ``layer_table.TABLE_CSS``.
+"""
+
+from __future__ import annotations
+
+import ipywidgets as W
+
+_TAB = ".memsave-explorer .jupyter-widgets.jupyter-widget-tab > .lm-TabBar"
+
+EXPLORER_CSS = f"""<style>
+{_TAB} .lm-TabBar-content {{ flex-wrap: wrap; }}
+{_TAB} .lm-TabBar-tab {{ flex: 0 0 auto; min-width: 0; }}
+{_TAB} .lm-TabBar-tabLabel {{ overflow: visible; }}
+</style>"""
+
+
+def explorer_style() -> W.HTML:
+    """A hidden widget carrying :data:`EXPLORER_CSS` (a ``<style>`` applies wherever it sits)."""
+    w = W.HTML(EXPLORER_CSS, layout=W.Layout(display="none"))
+    w.add_class("memsave-explorer-style")
+    return w
