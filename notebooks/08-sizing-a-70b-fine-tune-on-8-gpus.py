@@ -116,6 +116,36 @@ fsdp = code[code.index("# FSDP2"):code.index("# build the optimizer")]
 print(fsdp[:fsdp.index("def suggest_regions")] + fsdp[fsdp.index("shard_units = "):])
 
 # %% [markdown]
+# ## Tensor parallel inside the node: TP 2 x FSDP2 4
+#
+# torchtitan's users split each layer's matrices over a pair of GPUs (**tensor parallel**: q/k/v
+# and the MLP's up and gate projections column-wise, o and down row-wise) and shard the rest with
+# FSDP2 over the other dimension of a `(4, 2)` device mesh. memsave_nb runs PyTorch's own
+# `parallelize_module` and `fully_shard` on that mesh, over the fake process group, with the same
+# checkpointing plan:
+
+# %%
+tp2 = measure_parallel(workload, ParallelSpec(world_size=8, tensor_parallel=2), ac)
+print(tp2.table())
+for name, m in (("FSDP2 x 8", fsdp8_ac), ("TP 2 x FSDP2 4", tp2)):
+    s = m.worst.end_split
+    print(f"{name:<15} sharded params {s['sharded_parameters'] / GiB:5.2f} GiB   optimizer state "
+          f"{s['optimizer_state'] / GiB:5.2f} GiB   peak {m.peak_bytes / GiB:5.1f} GiB during {m.worst.peak_phase}")
+
+# %% [markdown]
+# Each rank holds 1/8 of every matrix either way: TP splits it in two, FSDP2 splits each half in
+# four. So the state per rank (parameters, gradients, AdamW's moments) and the optimizer step's
+# peak are those of FSDP2 x 8: **tensor parallel does not shrink the state further**. What it
+# changes is elsewhere: the TP pair runs *one* sequence together (the global batch halves at the
+# same per-rank batch), each rank keeps half of the attention heads' and the MLP's activations,
+# and FSDP2's all-gathers move half as many bytes. The layout as code (`to_code`): the 2-D mesh,
+# the `parallelize_module` plan, then `fully_shard` over the mesh's `shard` dimension:
+
+# %%
+code = ac.replace(regions={"model.layers.0": "full"}, parallel=ParallelSpec(world_size=8, tensor_parallel=2)).to_code()
+print("\n".join(line for line in code.splitlines() if "mesh" in line or "parallelize_module" in line))
+
+# %% [markdown]
 # ## Your turn
 #
 # **Question.** On 8 GPUs with checkpointing, which line of the per-rank peak is the largest, and
@@ -154,6 +184,13 @@ assert fsdp8_ac.worst.peak_phase == "optimizer" and fsdp8_ac.peak_bytes > 80e9, 
 assert 0.8 * 80e9 < fsdp8_ac_loop.peak_bytes < 80e9, fsdp8_ac_loop.peak_bytes / 1e9
 assert fsdp16_ac.peak_bytes + fsdp16_ac.unseen_high_bytes < 0.8 * 80e9, fsdp16_ac.peak_bytes / 1e9
 assert fsdp8_ac.worst.saved_bytes < one.saved_bytes / 10
+# TP 2 x FSDP2 4 holds the same eighth of every matrix as FSDP2 x 8 (padding apart), so the same
+# state per rank and the same optimizer-step peak; half of each layer is gathered per all-gather
+tp_end = tp2.worst.end_split
+assert abs(tp_end["sharded_parameters"] - end["sharded_parameters"]) < 0.005 * end["sharded_parameters"]
+assert abs(tp_end["optimizer_state"] - end["optimizer_state"]) < 0.005 * end["optimizer_state"]
+assert tp2.worst.peak_phase == "optimizer" and abs(tp2.peak_bytes - fsdp8_ac.peak_bytes) < 0.02 * fsdp8_ac.peak_bytes
+assert "init_device_mesh" in code and "parallelize_module(model, mesh['tp']" in code
 print("all claims hold")
 
 # %% [markdown]
@@ -163,7 +200,8 @@ print("all claims hold")
 # (`explore(session)`: the one-GPU step is not measured again; on a workload of your own,
 # `explore(workload, mode="fake")` does both). It opens on its **GPUs** tab with the checkpointing
 # plan above and sizes that plan per rank on 8 GPUs in the background (a minute or so here), and
-# again when you change the number of GPUs, the sharding, bf16 parameters or CPU offload. The
+# again when you change the number of GPUs, the sharding, tensor parallel, bf16 parameters or CPU
+# offload. The
 # header's numbers are the one-GPU step's, judged against an 80 GB card; a plan you edit waits for
 # *run* (live reruns are off: each costs a 70B fake step).
 
