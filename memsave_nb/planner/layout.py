@@ -41,6 +41,7 @@ from memsave_nb.planner.links import Fabric, fabric_for, ring_all_gather, ring_a
 from memsave_nb.planner.pareto import pareto_front
 from memsave_nb.planner.roofline import Device, device_named
 from memsave_nb.target import Target
+from memsave_nb.units import format_bytes
 
 if TYPE_CHECKING:  # pragma: no cover
     from memsave_nb.parallel.result import ParallelMeasurement
@@ -50,7 +51,6 @@ __all__ = ["LayoutCandidate", "LayoutResult", "plan_layout", "TP_DEGREES"]
 
 TP_DEGREES = (1, 2, 4, 8)
 REGION_KINDS = (None, "full", "save_matmuls")
-_SCALED = ("activations", "inputs", "temporaries")  # the batch-dependent categories
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,7 @@ class LayoutResult:
     target: Target
     global_batch: int
     candidates: list[LayoutCandidate]  # fastest first
-    front: list[LayoutCandidate]  # lowest peak first
+    front: list[LayoutCandidate]  # the Pareto front of those that fit (estimated peak vs time), lowest peak first
     chosen: LayoutCandidate | None
     remeasured: "ParallelMeasurement | None"
     pruned: list[str]  # layouts dropped by the lower bound, in words
@@ -102,8 +102,6 @@ class LayoutResult:
         return [c for c in self.candidates if c.fits]
 
     def front_table(self) -> str:
-        from memsave_nb.units import format_bytes
-
         rows = [("est. peak/GPU", "est. step", "fits", "layout")]
         for c in self.front:
             rows.append((format_bytes(c.est_peak_bytes), _seconds(c.step_seconds), "yes" if c.fits else "no", c.label))
@@ -111,8 +109,6 @@ class LayoutResult:
         return "\n".join("  " + "  ".join(r[i].rjust(widths[i]) for i in range(3)) + "  " + r[3] for r in rows)
 
     def summary(self) -> str:
-        from memsave_nb.units import format_bytes
-
         lines = [f"layout planner: {self.gpus} x {self.device.name}, target {self.target.label} "
                  f"(under {format_bytes(self.target.usable_bytes)}), global batch {self.global_batch}; "
                  f"{len(self.candidates)} candidates, {len(self.fitting)} fit; {self.measurements} per-rank measurements; "
@@ -295,9 +291,20 @@ class _Search:
         state = (total + trainable * _optimizer_state_factor(self.workload, precision)) / ways
         return state + max(trainable / ways, self.saved_per_block(kind, precision) / spec.tensor_parallel)
 
-    def estimate_peak(self, spec: ParallelSpec, kind: str | None, precision: str | None, mb: int, k: int) -> float:
-        split = self.rank_split(spec, kind, precision)
-        peak = split["peak"] + (mb - 1) * sum(split.get(c, 0.0) for c in _SCALED)
+    def estimate_peak(self, spec: ParallelSpec, kind: str | None, precision: str | None, mb: int, k: int,
+                      mbs: Sequence[int] = (1,)) -> float:
+        """Measured at the smallest and the largest micro-batch of the layout, a straight line between:
+        a peak is the largest of sums that grow linearly with the batch, so the line is exact at both
+        ends and above the peak in between (on the safe side). Accumulation adds the gradients held
+        across micro-batches."""
+        low, high = mbs[0], mbs[-1]
+        a = self.rank_split(spec, kind, precision, low)
+        if high == low:
+            peak, split = a["peak"], a
+        else:
+            b = self.rank_split(spec, kind, precision, high)
+            peak = a["peak"] + (mb - low) * (b["peak"] - a["peak"]) / (high - low)
+            split = a if mb == low else b
         if k > 1 and not spec.cpu_offload:  # gradients held across micro-batches
             _, trainable = self.param_bytes()
             ways = spec.shard_size * spec.tensor_parallel if spec.strategy == "fsdp" else 1
@@ -342,16 +349,19 @@ class _Search:
         tp = spec.tensor_parallel
         ways = spec.shard_size * tp if spec.strategy == "fsdp" else 1
         step = (cost.get("forward", 0.0) + cost.get("backward", 0.0) + cost.get("recompute", 0.0)) / tp
-        optimizer = 0.0 if spec.cpu_offload else cost.get("optimizer", 0.0) / ways
+        optimizer = cost.get("optimizer", 0.0) / ways
+        if spec.cpu_offload:  # the step runs on the host: memory-bound, at the host's bandwidth
+            optimizer *= self.device.bytes_per_second / self.fabric.host_memory_bytes_per_second
         compute = k * step + optimizer
         comm = self.comm(spec, kind, mb, k)
         dp = sum(s for name, s in comm if name.startswith(_DATA_PARALLEL))
         critical = sum(s for name, s in comm if not name.startswith(_DATA_PARALLEL))
         return compute, tuple(comm), compute + critical + (max(0.0, dp - compute) if self.overlap else dp)
 
-    def candidate(self, spec: ParallelSpec, kind: str | None, precision: str | None, mb: int, k: int) -> LayoutCandidate:
+    def candidate(self, spec: ParallelSpec, kind: str | None, precision: str | None, mb: int, k: int,
+                  mbs: Sequence[int] = (1,)) -> LayoutCandidate:
         compute, comm, seconds = self.timing(spec, kind, precision, mb, k)
-        peak = self.estimate_peak(spec, kind, precision, mb, k)
+        peak = self.estimate_peak(spec, kind, precision, mb, k, mbs)
         plan = self._plan(self.blocks.names, kind, precision, mb, k, spec)
         return LayoutCandidate(spec, kind, precision, mb, k, plan, int(peak), compute, comm, seconds, self.target.fits(peak))
 
@@ -427,7 +437,7 @@ def plan_layout(
                 groups.append((spec, kind, precision, mbs, per_rank))
     candidates, pruned = _search_groups(search, groups)
     ranked = sorted(candidates, key=lambda c: (c.step_seconds, c.est_peak_bytes))
-    front = pareto_front(ranked, key=lambda c: (c.est_peak_bytes, c.step_seconds))
+    front = pareto_front([c for c in ranked if c.fits], key=lambda c: (c.est_peak_bytes, c.step_seconds))
     chosen = _choose(search, ranked, check)
     remeasured, remeasure_seconds = None, 0.0
     if chosen is not None and remeasure:
@@ -475,11 +485,11 @@ def _search_groups(search: _Search, groups: list) -> tuple[list[LayoutCandidate]
                 continue
         bound = search.lower_bound(spec, kind, precision)
         if not search.target.fits(bound):
-            pruned.append(f"{words}: at least {bound / 2**30:.1f} GiB per GPU")
+            pruned.append(f"{words}: at least {format_bytes(bound)} per GPU")
             dead.add((spec, precision))
             continue
         try:
-            new = [search.candidate(spec, kind, precision, mb, per_rank // mb) for mb in mbs]
+            new = [search.candidate(spec, kind, precision, mb, per_rank // mb, mbs) for mb in mbs]
         except Exception as exc:  # noqa: BLE001 - a layout the model cannot take: a note, not the end
             search.notes.append(f"{words}: skipped ({' '.join(str(exc).split())[:160]})")
             dead.add((spec, precision))
@@ -500,7 +510,7 @@ def _choose(search: _Search, ranked: list[LayoutCandidate], check: int) -> Layou
         peak = search.rank_split(c.spec, c.regions, c.precision, c.micro_batch, k)["peak"]
         if search.target.fits(peak):
             return dataclasses.replace(c, checked_peak_bytes=int(peak))
-        search.notes.append(f"{c.label}: estimated to fit, measured {peak / 2**30:.1f} GiB at its micro-batch; next")
+        search.notes.append(f"{c.label}: estimated to fit, measured {format_bytes(peak)} at its micro-batch; next")
     return None
 
 
