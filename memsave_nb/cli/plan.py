@@ -135,9 +135,10 @@ def run_plan(args: argparse.Namespace) -> int:
 
 def _run_layout(args: argparse.Namespace, target) -> int:
     """``plan --gpus N``: the layout planner; the chosen layout and the front first, then the code."""
-    from ..planner.layout import plan_layout
+    from ..planner.layout import check_layout_args, plan_layout
     from .workload import build
 
+    check_layout_args(args.gpus, args.gpu, args.tp)
     if args.mode == "real":
         raise MemsaveError("plan --gpus sizes ranks in fake mode only; drop --mode real")
     for flag, bad in (("--micro-batches", args.micro_batches != (1,)), ("--last-blocks", bool(args.last_blocks))):

@@ -47,7 +47,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from memsave_nb.parallel.result import ParallelMeasurement
     from memsave_nb.workload import Workload
 
-__all__ = ["LayoutCandidate", "LayoutResult", "plan_layout", "TP_DEGREES"]
+__all__ = ["LayoutCandidate", "LayoutResult", "check_layout_args", "plan_layout", "TP_DEGREES"]
 
 TP_DEGREES = (1, 2, 4, 8)
 REGION_KINDS = (None, "full", "save_matmuls")
@@ -153,6 +153,15 @@ def _check(gpus: Any, tensor_parallel: Any, fabric: Fabric, explicit_tp: bool) -
             continue
         out.append(tp)
     return out
+
+
+def check_layout_args(gpus: Any, gpu: Any, tensor_parallel: Any = None) -> list[int]:
+    """The GPU count, kind and TP degrees, checked in one line each before anything is built; the
+    TP degrees to search (the defaults that do not divide ``gpus`` within a node are left out)."""
+    if not isinstance(gpu, str) or gpu not in _gpu_names():
+        raise PlanError(f"gpu {show(gpu)}: choose one of {', '.join(_gpu_names())}")
+    explicit = tensor_parallel is not None
+    return _check(gpus, TP_DEGREES if not explicit else tensor_parallel, fabric_for(gpu), explicit)
 
 
 def _layouts(gpus: int, fabric: Fabric, tps: Sequence[int]) -> list[ParallelSpec]:
@@ -393,10 +402,8 @@ def plan_layout(
     checked by a shallow measurement before giving up. The workload's freezing (LoRA included) is
     kept as given."""
     start = time.process_time()
-    if not isinstance(gpu, str) or gpu not in _gpu_names():
-        raise PlanError(f"gpu {show(gpu)}: choose one of {', '.join(_gpu_names())}")
+    tps = check_layout_args(gpus, gpu, tensor_parallel)
     device, fabric = device_named(gpu), fabric_for(gpu)
-    tps = _check(gpus, TP_DEGREES if tensor_parallel is None else tensor_parallel, fabric, tensor_parallel is not None)
     target = target if target is not None else Target(device.memory_gb, name=f"{device.name} ({device.memory_gb:g} GB)")
     if not isinstance(target, Target):
         raise PlanError(f"target must be a Target (e.g. Target(80)), got {show(target)}")

@@ -154,3 +154,30 @@ def test_llama_70b_on_16_h100s_under_60_s_cpu():
     assert r.search_cpu_seconds < 60
     assert abs(r.remeasured.device_peak_bytes - r.chosen.checked_peak_bytes) <= 2**20  # the extrapolation held
     assert r.front and r.chosen.label in r.front_table()
+
+
+@pytest.mark.slow
+def test_cli_plan_gpus_prints_the_chosen_layout_and_the_front_first(capsys):
+    from memsave_nb.cli import main
+
+    rc = main(["plan", "--model", "gpt", "--batch", "1", "--gpus", "4", "--gpu", "H100", "--tp", "1,2",
+               "--target-gb", "0.008", "--headroom", "1"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert out.index("chosen:") < out.index("Pareto front") < out.index("The chosen layout measured per rank") < out.index("as code")
+    assert "re-measured per rank at full depth" in out and "fits" in out
+    assert "init_device_mesh" in out  # the layout as code
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--gpus", "6", "--tp", "4"], "tensor_parallel 4: 6 GPUs are not divisible by it"),
+    (["--gpus", "8", "--gpu", "V100"], "invalid choice: 'V100'"),
+    (["--tp", "2"], "--tp needs --gpus N"),
+    (["--gpus", "8", "--micro-batches", "1,2"], "drop --micro-batches"),
+])
+def test_cli_plan_gpus_bad_input_is_one_line(capsys, argv, message):
+    from memsave_nb.cli import main
+
+    assert main(["plan", "--model", "gpt", "--target-gb", "80", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
