@@ -102,6 +102,8 @@ class LayoutResult:
         return [c for c in self.candidates if c.fits]
 
     def front_table(self) -> str:
+        if not self.front:
+            return "  (no layout fits)"
         rows = [("est. peak/GPU", "est. step", "fits", "layout")]
         for c in self.front:
             rows.append((format_bytes(c.est_peak_bytes), _seconds(c.step_seconds), "yes" if c.fits else "no", c.label))
@@ -424,7 +426,10 @@ def plan_layout(
     search = _Search(workload, gpus, device, fabric, target, blocks, global_batch, max_micro_batches, overlap)
     search.notes.append("communication: bytes from parameter and activation sizes with the ring collectives' "
                         "standard factors (the per-rank fake run does not record collective traffic)")
-    if not blocks.shallow:
+    if not blocks.names:
+        region_kinds = (None,)
+        search.notes.append("no repeated blocks: no checkpointing searched")
+    elif not blocks.shallow:
         search.notes.append("measured at full depth (no single list of more than 4 repeated blocks to extrapolate from)")
 
     groups: list[tuple[ParallelSpec, str | None, str | None, list[int], int]] = []  # spec, kind, precision, mbs, per rank
