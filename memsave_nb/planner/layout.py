@@ -266,7 +266,8 @@ class _Search:
                 self.measurements += 1
                 w = m.worst
                 split = w.device_peak_split if w.device_peak_split is not None else w.peak_split
-                return {"peak": float(m.device_peak_bytes), **{c: float(v) for c, v in split.items()}}
+                counted = {f"coll:{op}:{n}": float(b) for op, n, _, b in getattr(w, "collectives", ())}
+                return {"peak": float(m.device_peak_bytes), **{c: float(v) for c, v in split.items()}, **counted}
 
             self._rank[key] = extrapolate(self.workload.model, self.blocks, run)
         return self._rank[key]
@@ -322,8 +323,20 @@ class _Search:
             peak += max(0.0, trainable / ways - split.get("gradients", 0.0))
         return peak
 
+    def counted_payloads(self, spec: ParallelSpec, kind: str | None, precision: str | None, mb: int,
+                         mbs: Sequence[int]) -> dict[str, float]:
+        """The collectives' payloads at micro-batch ``mb``: measured at the smallest and largest micro-batch
+        (TP's grow with it, FSDP2's do not), a straight line between."""
+        a = self.rank_split(spec, kind, precision, mbs[0])
+        b = self.rank_split(spec, kind, precision, mbs[-1]) if mbs[-1] != mbs[0] else a
+        t = 0.0 if mbs[-1] == mbs[0] else (mb - mbs[0]) / (mbs[-1] - mbs[0])
+        keys = [key for key in {**a, **b} if key.startswith("coll:")]
+        return {key: a.get(key, 0.0) + t * (b.get(key, 0.0) - a.get(key, 0.0)) for key in keys}
+
     def comm(self, spec: ParallelSpec, kind: str | None, mb: int, k: int) -> list[tuple[str, float]]:
-        """Seconds per collective family per step (ring factors over the stated links)."""
+        """Seconds per collective family per step from the standard sizes (parameters, a block's
+        activation) and the ring factors, over the stated links: before a layout is measured (to
+        decide whether to measure it) and where its run recorded no collectives."""
         total, trainable = self.param_bytes()
         tp, node = spec.tensor_parallel, self.fabric.gpus_per_node
         out: list[tuple[str, float]] = []
@@ -344,18 +357,46 @@ class _Search:
         if tp > 1:
             hidden, vocab = self.hidden_and_vocab()
             act = mb * self.seq_len() * hidden * self._act_bytes()
-            per_block = 4 + (2 if kind == "full" else 0)  # 2 all-reduces forward, 2 backward, 2 more recomputed
-            nbytes = self.blocks.depth * per_block * ring_all_reduce(act, tp)
-            nbytes += 2 * ring_all_gather(mb * self.seq_len() * vocab * self._act_bytes(), tp)  # the head's logits
-            out.append(("TP all-reduce (NVLink)" if tp <= node else "TP all-reduce", k * nbytes / self.fabric.intra_bytes_per_second))
+            # per block 2 all-reduces forward, 2 backward, 2 more when recomputed; the embedding's
+            # output (forward) and the head's input gradient (backward); the logits gathered once
+            per_block = 4 + (2 if kind == "full" else 0)
+            nbytes = (self.blocks.depth * per_block + 2) * ring_all_reduce(act, tp)
+            nbytes += ring_all_gather(mb * self.seq_len() * vocab * self._act_bytes(), tp)
+            out.append(("TP collectives", k * nbytes / self.fabric.intra_bytes_per_second))
+        return out
+
+    def counted_comm(self, spec: ParallelSpec, counted: dict[str, float], k: int) -> list[tuple[str, float]]:
+        """Seconds per collective family per step from the payloads the per-rank fake run recorded
+        (``RankMeasurement.collectives``: op, group size, bytes), ring factors over the links; the
+        CPU offload's copies (no collective) from the shard sizes."""
+        node, tp = self.fabric.gpus_per_node, spec.tensor_parallel
+        families: dict[str, float] = {}
+        for key, payload in counted.items():
+            _, op, size = key.split(":")
+            n = int(size)
+            if op.startswith("_c10d_functional."):  # DTensor under TP: within a node
+                name, bw = "TP collectives", self.fabric.intra_bytes_per_second
+            elif "allreduce" in op:  # DDP's buckets, HSDP's gradient shards across replicas
+                name = "DDP all-reduce" if spec.strategy == "ddp" else "HSDP all-reduce"
+                bw = self.fabric.bandwidth(spec.world_size > node)
+            else:  # FSDP2's all-gather and reduce-scatter over the shard dimension
+                name, bw = "FSDP2 all-gather/reduce-scatter", self.fabric.bandwidth(n * tp > node)
+            sent = ring_all_reduce(payload, n) if "all_reduce" in op or "allreduce" in op else ring_all_gather(payload, n)
+            families[name] = families.get(name, 0.0) + k * sent / bw
+        out = list(families.items())
+        if spec.cpu_offload:
+            total, trainable = self.param_bytes()
+            out.append(("CPU offload copies", k * (total + trainable) / spec.shard_size / self.fabric.host_bytes_per_second))
         return out
 
     def _act_bytes(self) -> int:
         p = next(self.workload.model.parameters(), None)
         return p.element_size() if p is not None else 4
 
-    def timing(self, spec: ParallelSpec, kind: str | None, precision: str | None, mb: int, k: int):
-        """(compute seconds, communication per family, step seconds) of one candidate."""
+    def timing(self, spec: ParallelSpec, kind: str | None, precision: str | None, mb: int, k: int,
+               comm: list[tuple[str, float]] | None = None):
+        """(compute seconds, communication per family, step seconds) of one candidate; ``comm``
+        defaults to the standard sizes (``comm``)."""
         cost = self.cost(kind, precision, mb)
         tp = spec.tensor_parallel
         ways = spec.shard_size * tp if spec.strategy == "fsdp" else 1
@@ -364,20 +405,22 @@ class _Search:
         if spec.cpu_offload:  # the step runs on the host: memory-bound, at the host's bandwidth
             optimizer *= self.device.bytes_per_second / self.fabric.host_memory_bytes_per_second
         compute = k * step + optimizer
-        comm = self.comm(spec, kind, mb, k)
+        comm = self.comm(spec, kind, mb, k) if comm is None else comm
         dp = sum(s for name, s in comm if name.startswith(_DATA_PARALLEL))
         critical = sum(s for name, s in comm if not name.startswith(_DATA_PARALLEL))
         return compute, tuple(comm), compute + critical + (max(0.0, dp - compute) if self.overlap else dp)
 
     def candidate(self, spec: ParallelSpec, kind: str | None, precision: str | None, mb: int, k: int,
                   mbs: Sequence[int] = (1,)) -> LayoutCandidate:
-        compute, comm, seconds = self.timing(spec, kind, precision, mb, k)
         peak = self.estimate_peak(spec, kind, precision, mb, k, mbs)
+        counted = self.counted_payloads(spec, kind, precision, mb, mbs)
+        compute, comm, seconds = self.timing(spec, kind, precision, mb, k,
+                                             self.counted_comm(spec, counted, k) if counted else None)
         plan = self._plan(self.blocks.names, kind, precision, mb, k, spec)
         return LayoutCandidate(spec, kind, precision, mb, k, plan, int(peak), compute, comm, seconds, self.target.fits(peak))
 
 
-_DATA_PARALLEL = ("DDP", "FSDP2", "HSDP")
+_DATA_PARALLEL = ("DDP", "FSDP2", "HSDP")  # collectives that overlap compute
 
 
 def plan_layout(
@@ -424,8 +467,9 @@ def plan_layout(
         raise PlanError(f"global_batch must be a whole number >= 1, got {show(global_batch)}")
     blocks = blocks_of(workload.model)
     search = _Search(workload, gpus, device, fabric, target, blocks, global_batch, max_micro_batches, overlap)
-    search.notes.append("communication: bytes from parameter and activation sizes with the ring collectives' "
-                        "standard factors (the per-rank fake run does not record collective traffic)")
+    search.notes.append("communication: the payloads of the collectives each per-rank fake run recorded, times the "
+                        "ring factors, over the stated links; before a layout is measured (to decide whether to) and "
+                        "for CPU offload's copies, the standard sizes")
     if not blocks.names:
         region_kinds = (None,)
         search.notes.append("no repeated blocks: no checkpointing searched")
