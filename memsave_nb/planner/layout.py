@@ -17,8 +17,9 @@ How it searches, cheapest first:
    the batch-dependent part (activations, inputs, temporaries); accumulation adds the gradients
    held across micro-batches.
 4. Time per candidate: the roofline per op (``cost.step_cost``, a fake pass at the micro-batch,
-   extrapolated the same way) divided over TP ranks, plus the recomputation, plus communication
-   (``links.py``: the collectives' standard bytes over the stated link bandwidths). Data-parallel
+   extrapolated the same way) divided over TP ranks, plus the recomputation, plus communication:
+   the payloads of the collectives the per-rank fake run recorded, times the ring factors, over the
+   stated link bandwidths (``links.py``; the standard sizes before a layout is measured). Data-parallel
    collectives overlap compute (FSDP2 prefetches, DDP buckets): only what exceeds the compute is
    added; TP's and the offload's transfers are on the critical path and always added.
 5. The Pareto front (estimated peak vs time). The fastest candidates that fit are checked in

@@ -9,8 +9,8 @@ intra-node link; nodes are joined by one network port per GPU (the DGX/HGX refer
 Bytes per rank are the ring algorithm's standard factors (NCCL's docs, "Performance"; Thakur et al.,
 "Optimization of Collective Communication Operations in MPICH", 2005): an all-gather or a
 reduce-scatter of ``S`` bytes over ``n`` ranks sends ``(n - 1) / n * S`` per rank, an all-reduce
-twice that. The per-rank fake run does not record collective traffic today, so the sizes come from
-the model's parameter bytes and the block's activation shape (said so in the planner's notes).
+twice that. The payloads come from the per-rank fake run (``RankMeasurement.collectives``); before a
+layout is measured, from the model's parameter bytes and a block's activation shape.
 """
 
 from __future__ import annotations
