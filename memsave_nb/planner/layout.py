@@ -212,11 +212,15 @@ class _Search:
     _saved: dict = field(default_factory=dict)
 
     # -- sizes, no step run --------------------------------------------------------------------
-    def param_bytes(self) -> tuple[int, int]:
+    def param_bytes(self, precision: str | None = None) -> tuple[int, int]:
+        """Parameter bytes, all and trainable; under the bf16 precisions floating ones at 2 bytes."""
         params = list(self.workload.model.parameters())
-        total = sum(p.numel() * p.element_size() for p in params)
-        trainable = sum(p.numel() * p.element_size() for p in params if p.requires_grad)
-        return total, trainable
+
+        def size(p) -> int:
+            low = precision in ("bf16", "bf16_master") and p.is_floating_point()
+            return p.numel() * (min(2, p.element_size()) if low else p.element_size())
+
+        return sum(map(size, params)), sum(size(p) for p in params if p.requires_grad)
 
     def hidden_and_vocab(self) -> tuple[int, int]:
         """The block's width (the first linear's input) and the head's outputs (the last linear's)."""
@@ -297,7 +301,7 @@ class _Search:
         """No step run: parameters and optimizer state live through the step, saved activations at
         the end of forward, gradients at the end of backward (at least the blocks' single-device
         saved bytes split over TP ranks; an unknown optimizer counts 0)."""
-        total, trainable = self.param_bytes()
+        total, trainable = self.param_bytes(precision)
         ways = spec.shard_size * spec.tensor_parallel if spec.strategy == "fsdp" else 1
         if spec.cpu_offload:
             total = trainable = 0
@@ -319,7 +323,7 @@ class _Search:
             peak = a["peak"] + (mb - low) * (b["peak"] - a["peak"]) / (high - low)
             split = a if mb == low else b
         if k > 1 and not spec.cpu_offload:  # gradients held across micro-batches
-            _, trainable = self.param_bytes()
+            _, trainable = self.param_bytes(precision)
             ways = spec.shard_size * spec.tensor_parallel if spec.strategy == "fsdp" else 1
             peak += max(0.0, trainable / ways - split.get("gradients", 0.0))
         return peak
