@@ -50,7 +50,8 @@ def add_parser(sub, positive_int) -> None:
     p.add_argument("--headroom", type=_fraction, default=None, metavar="FRACTION",
                    help="usable share of the target (default 0.8: the 80%% rule)")
     p.add_argument("--gpu", default="H100", choices=sorted(GPUS) + ["host"],
-                   help="whose FLOP/s and bandwidth estimate the step time (default: H100)")
+                   help="whose FLOP/s and bandwidth estimate the step time (default: H100); with --gpus, the GPUs' kind "
+                        "(its links between GPUs too)")
     p.add_argument("--mode", choices=("real", "fake"), default=None,
                    help="fake (default): shapes and bytes only; real: run the steps on this machine")
     p.add_argument("--precisions", type=_csv_precisions, default=("fp32",), metavar="P,P",
