@@ -68,7 +68,7 @@ def test_candidates_are_ranked_by_estimated_time_and_the_fastest_that_fits_is_ch
     assert r.chosen is not None
     assert not any("estimated to fit" in n for n in r.notes)  # the first that fits passed its own check
     assert r.chosen.step_seconds == min(c.step_seconds for c in r.candidates if c.fits)
-    assert ModelSnapshot.capture(wl.model) is not None and before.differences(wl.model) == []
+    assert before.differences(wl.model) == []  # the user's model as it was
 
 
 def test_every_front_member_fits_and_none_is_dominated(searched):
@@ -91,7 +91,9 @@ def test_chosen_layout_remeasured_per_rank_stays_under_the_target(searched):
     m = measure_parallel(wl, c.plan.parallel, c.plan.replace(accumulation_steps=k if k > 1 else None))
     assert m.device_peak_bytes == r.remeasured.device_peak_bytes <= TARGET.usable_bytes
     code = r.to_code()
-    assert "fully_shard" in code and f"accumulation_steps = {c.accumulation}" in code or c.accumulation == 1
+    assert "fully_shard" in code and "init_device_mesh" in code and f"batch_size = {c.micro_batch}" in code
+    if c.accumulation > 1:
+        assert f"accumulation_steps = {c.accumulation}" in code
 
 
 def test_a_layout_that_cannot_fit_is_never_chosen(searched):
