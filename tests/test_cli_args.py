@@ -79,6 +79,17 @@ PLAN = [
     (["--target-gb", "24", "--model", "gpt-7b", "--mode", "real"], "only runs with --mode fake"),
     (["--target-gb", "24", "--model", "qwen2.5-0.5b", "--mode", "real"], "--mode fake only"),
     (["--target-gb", "24", "--nonsense"], "unrecognized arguments"),
+    (["--target-gb", "80", "--gpus", "0"], "--gpus"),
+    (["--target-gb", "80", "--gpus", "99999999999999999999"], "--gpus"),
+    (["--target-gb", "80", "--gpus", "6", "--tp", "4"], "tensor_parallel 4: 6 GPUs are not divisible by it"),
+    (["--target-gb", "80", "--gpus", "16", "--tp", "16"], "spans more than a node of 8"),
+    (["--target-gb", "80", "--gpus", "8", "--tp", "x"], "--tp"),
+    (["--target-gb", "80", "--gpus", "8", "--global-batch", "0"], "--global-batch"),
+    (["--target-gb", "80", "--tp", "2"], "--tp needs --gpus N"),
+    (["--target-gb", "80", "--global-batch", "8"], "--global-batch needs --gpus N"),
+    (["--target-gb", "80", "--gpus", "8", "--mode", "real"], "fake mode only"),
+    (["--target-gb", "80", "--gpus", "8", "--micro-batches", "1,2"], "drop --micro-batches"),
+    (["--target-gb", "80", "--gpus", "8", "--last-blocks", "2"], "drop --last-blocks"),
 ]
 
 CASES = [(["report", "--model", "mlp", *a], m) if "--model" not in a else (["report", *a], m) for a, m in REPORT]

@@ -50,7 +50,8 @@ def add_parser(sub, positive_int) -> None:
     p.add_argument("--headroom", type=_fraction, default=None, metavar="FRACTION",
                    help="usable share of the target (default 0.8: the 80%% rule)")
     p.add_argument("--gpu", default="H100", choices=sorted(GPUS) + ["host"],
-                   help="whose FLOP/s and bandwidth estimate the step time (default: H100)")
+                   help="whose FLOP/s and bandwidth estimate the step time (default: H100); with --gpus, the GPUs' kind "
+                        "(its links between GPUs too)")
     p.add_argument("--mode", choices=("real", "fake"), default=None,
                    help="fake (default): shapes and bytes only; real: run the steps on this machine")
     p.add_argument("--precisions", type=_csv_precisions, default=("fp32",), metavar="P,P",
@@ -59,6 +60,13 @@ def add_parser(sub, positive_int) -> None:
                    help="gradient-accumulation splits to try, e.g. 1,2,4 (default: 1)")
     p.add_argument("--last-blocks", type=_csv_ints, default=(), metavar="N,N",
                    help="also try training only the last N blocks (default: full fine-tuning only)")
+    p.add_argument("--gpus", type=positive_int, default=None, metavar="N",
+                   help="search how to spread the step over N GPUs of kind --gpu (DDP, FSDP2, HSDP, CPU offload, "
+                        "tensor parallel x FSDP2); --target-gb is each GPU's memory")
+    p.add_argument("--tp", type=_csv_ints, default=None, metavar="T,T",
+                   help="with --gpus: tensor-parallel degrees to try (default 1,2,4,8 where they divide N within a node)")
+    p.add_argument("--global-batch", type=positive_int, default=None, metavar="N",
+                   help="with --gpus: sequences per optimizer step over all GPUs (default: the batch x N)")
     p.add_argument("--save", default=None, metavar="PLAN.json", help="write the chosen plan here")
     p.add_argument("--export", choices=sorted(TRAINERS), default=None,
                    help="print the chosen plan as this trainer's config (hf: TrainingArguments, trl: SFTConfig, axolotl, accelerate)")
@@ -84,6 +92,11 @@ def run_plan(args: argparse.Namespace) -> int:
         if path:
             check_writable(path, flag)
     target = Target(args.target_gb) if args.headroom is None else Target(args.target_gb, headroom=args.headroom)
+    if args.gpus is not None:
+        return _run_layout(args, target)
+    for flag, value in (("--tp", args.tp), ("--global-batch", args.global_batch)):
+        if value is not None:
+            raise MemsaveError(f"{flag} needs --gpus N")
     if args.mode is None:
         args.mode = "fake"
     cw = build(args)
@@ -117,6 +130,39 @@ def run_plan(args: argparse.Namespace) -> int:
         out += ["", "Nothing searched fits. Each knob on its own from the baseline (fake-mode probes):",
                 *(f"  {line}" for line in hint_lines(hints, target))]
         out += [f"No plan fits: nothing written to {p}" for p in (args.save, args.export_to) if p]
+    sys.stdout.write("\n".join(out) + "\n")
+    return 0 if result.chosen is not None else 1
+
+
+def _run_layout(args: argparse.Namespace, target) -> int:
+    """``plan --gpus N``: the layout planner; the chosen layout and the front first, then the code."""
+    from ..planner.layout import check_layout_args, plan_layout
+    from .workload import build
+
+    check_layout_args(args.gpus, args.gpu, args.tp)
+    if args.mode == "real":
+        raise MemsaveError("plan --gpus sizes ranks in fake mode only; drop --mode real")
+    for flag, bad in (("--micro-batches", args.micro_batches != (1,)), ("--last-blocks", bool(args.last_blocks))):
+        if bad:
+            raise MemsaveError(f"plan --gpus takes micro-batches from --global-batch and keeps the model's freezing; drop {flag}")
+    args.mode = "fake"
+    workload = build(args).workload
+    precisions = tuple(None if p == "fp32" else p for p in args.precisions)
+    result = plan_layout(workload, args.gpus, args.gpu, target, global_batch=args.global_batch,
+                         tensor_parallel=args.tp, precisions=precisions)
+    out = [result.summary(), "", "Pareto front of the layouts that fit (lowest peak first):", result.front_table()]
+    if result.remeasured is not None:
+        out += ["", "The chosen layout measured per rank:", result.remeasured.table()]
+    if result.chosen is not None:
+        out += ["", "The chosen layout as code:", "", result.chosen.plan.to_code(loop=workload.loop)]
+        if args.save:
+            with open(args.save, "w", encoding="utf-8") as f:
+                f.write(result.chosen.plan.to_json(indent=2))
+            out.append(f"Wrote {args.save}")
+        if args.export:
+            out += _export(result.chosen.plan, args.export, workload.model, args.export_to)
+    else:
+        out += [f"No layout fits: nothing written to {p}" for p in (args.save, args.export_to) if p]
     sys.stdout.write("\n".join(out) + "\n")
     return 0 if result.chosen is not None else 1
 

@@ -121,6 +121,10 @@ class RankMeasurement:
     # the optimizer ran torch's single-tensor step on CPU shards; a GPU's default (foreach) step
     # makes temporaries up to about this rank's trainable shard bytes (0: not the case)
     foreach_temp_bytes: int = 0
+    # the collectives the tracked step ran: (op, group size, calls, payload bytes), e.g.
+    # ("c10d._allgather_base_", 8, 81, ...); DDP's all-reduce runs in a comm hook on the fake
+    # backend and is not among them
+    collectives: tuple[tuple[str, int, int, int], ...] = ()
 
     @property
     def device_bytes(self) -> int:
@@ -137,6 +141,7 @@ class RankMeasurement:
             "device_peak_split": None if self.device_peak_split is None else dict(self.device_peak_split),
             "host_peak_bytes": self.host_peak_bytes, "offload_h2d_bytes": self.offload_h2d_bytes,
             "offload_d2h_bytes": self.offload_d2h_bytes, "foreach_temp_bytes": self.foreach_temp_bytes,
+            "collectives": [list(c) for c in self.collectives],
         }
 
 

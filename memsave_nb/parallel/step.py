@@ -129,6 +129,8 @@ def tracked_step(workload: Workload, model: nn.Module, batch: Any, *, rank: int,
     kinds = categorise(tracker, grads - {None}, opt - {None}, unsharded - {None}, marks)
     staging = backend_staging(tracker, kinds)
     result = summarise(tracker, kinds, marks, rank=rank, ranks=ranks, seconds=time.perf_counter() - start, host=host)
+    result = dataclasses.replace(result, collectives=tuple(
+        (op, size, calls, nbytes) for (op, size), (calls, nbytes) in sorted(tracker.collectives.items())))
     if host:
         h2d, d2h = copy_bounds(workload.model)
         result = dataclasses.replace(result, offload_h2d_bytes=h2d, offload_d2h_bytes=d2h)

@@ -29,6 +29,35 @@ import torch
 from ..measure.tracker import MemoryTracker, _DispatchWatcher, _rng_states_seen
 
 _FSDP_COLLECTIVES = ("foreach_all_gather", "foreach_reduce")
+# c10d's ops (FSDP2's all-gather and reduce-scatter, DDP's and HSDP's all-reduce) and the functional
+# collectives (DTensor's redistributions under tensor parallel)
+_COLLECTIVE_NAMESPACES = ("c10d", "_c10d_functional")
+
+
+def _group_size(args) -> int:
+    """The size of the process group a collective's arguments name (a ProcessGroup or a group name)."""
+    for a in args:
+        if isinstance(a, torch.ScriptObject):  # c10d's ops take the group boxed
+            try:
+                from torch.distributed import ProcessGroup
+
+                return int(ProcessGroup.unbox(a).size())
+            except Exception:  # noqa: BLE001 - another boxed object
+                continue
+        size = getattr(a, "size", None)
+        if size is not None and not isinstance(a, torch.Tensor) and callable(size):
+            try:
+                return int(size())
+            except Exception:  # noqa: BLE001 - not a group after all
+                continue
+        if isinstance(a, str):
+            try:
+                from torch.distributed.distributed_c10d import _resolve_process_group
+
+                return int(_resolve_process_group(a).size())
+            except Exception:  # noqa: BLE001 - a reduce op's name, not a group
+                continue
+    return 1
 
 
 def _dtensor_type():
@@ -80,6 +109,28 @@ class ShardTracker(MemoryTracker):
         self._in_collective = 0
         self._in_propagation = 0
         self._stack = contextlib.ExitStack()
+        # (op, group size) -> (calls, payload bytes) of the collectives the tracked step ran
+        self.collectives: dict[tuple[str, int], tuple[int, int]] = {}
+
+    # -- collectives (what the layout planner times) ---------------------------------------------
+    def _observe(self, func, args, kwargs, out) -> None:
+        super()._observe(func, args, kwargs, out)
+        if not self.ignore and getattr(func, "namespace", "") in _COLLECTIVE_NAMESPACES:
+            self._note_collective(func, args, kwargs, out)
+
+    def _note_collective(self, func, args, kwargs, out) -> None:
+        """One collective call: its payload (an all-gather's output, a reduce-scatter's input, an
+        all-reduce's tensors: the larger of its largest argument and all it returns) and its group's size."""
+        from torch.utils._pytree import tree_flatten
+
+        def sizes(tree) -> list[int]:
+            return [t.numel() * t.element_size() for t in tree_flatten(tree)[0] if isinstance(t, torch.Tensor)]
+
+        payload = max(max(sizes((args, kwargs or {})), default=0), sum(sizes(out)))
+        size = _group_size([*args, *(kwargs or {}).values()])
+        key = (str(func.overloadpacket), size)
+        calls, total = self.collectives.get(key, (0, 0))
+        self.collectives[key] = (calls + 1, total + payload)
 
     # -- storages -------------------------------------------------------------------------------
     def _add(self, storage, record) -> None:

@@ -5,6 +5,12 @@ a table with units chosen per value.
 
 Bokeh names: figure ``gpus_figure``, stacks ``gpus_bar_<category>``, ``gpus_unseen`` (hatched),
 ``gpus_usable_line``.
+
+The layout planner's answer (``planner.plan_layout``) has its picture here too: every candidate as
+estimated peak per GPU against estimated step time, the front and the chosen layout
+(``layout_figure``, ``layout_fit``, ``layout_nofit``, ``layout_front``, ``layout_chosen``,
+``layout_usable_line``), and the front as a table (``.memsave-layout-front``, the chosen row
+``.memsave-layout-chosen``).
 """
 
 from __future__ import annotations
@@ -143,3 +149,56 @@ def table_html(result: Any) -> str:
             f"<thead><tr>{th}</tr></thead><tbody>{''.join(rows)}</tbody></table></div>"
             f"<small>Lines no counter sees, per GPU of the worst rank (hover for the source):</small>"
             f"<ul style='margin:2px 0;font-size:12px'>{unseen}</ul>")
+
+
+def _layout_points(candidates: list) -> dict[str, list]:
+    return {
+        "peak": [c.est_peak_bytes for c in candidates], "seconds": [c.step_seconds for c in candidates],
+        "label": [c.label for c in candidates], "peak_label": [format_bytes(c.est_peak_bytes) for c in candidates],
+        "time_label": [f"{c.step_seconds:.3g} s" for c in candidates],
+    }
+
+
+def layout_figure(result: Any, *, width: int = 640, height: int = 320) -> Any:
+    """Every candidate layout: estimated peak per GPU (x) against estimated step time (y); those that
+    fit, those that do not, the Pareto front of those that fit, the chosen one, the usable line."""
+    fig = figure(width=width, height=height, toolbar_location=None, name="layout_figure",
+                 title=f"Layouts over {result.gpus} x {result.device.name}: estimated peak per GPU vs step time")
+    renderers = []
+    for name, color, group in (("layout_fit", FITS_COLOR, [c for c in result.candidates if c.fits]),
+                               ("layout_nofit", MISS_COLOR, [c for c in result.candidates if not c.fits])):
+        source = ColumnDataSource(_layout_points(group))
+        renderers.append(fig.scatter("peak", "seconds", source=source, size=7, color=color, alpha=0.6, name=name,
+                                     legend_label="fits" if name == "layout_fit" else "does not fit"))
+    front = ColumnDataSource(_layout_points(result.front))
+    fig.line("peak", "seconds", source=front, color="#333333", line_width=2, name="layout_front", legend_label="front")
+    if result.chosen is not None:
+        chosen = ColumnDataSource(_layout_points([result.chosen]))
+        renderers.append(fig.scatter("peak", "seconds", source=chosen, size=14, marker="star", color="#ff7f0e",
+                                     name="layout_chosen", legend_label="chosen"))
+    fig.add_layout(Span(location=result.target.usable_bytes, dimension="height", line_color="#333333",
+                        line_dash="dashed", line_width=2, name="layout_usable_line"))
+    fig.add_tools(HoverTool(renderers=renderers, tooltips=[("layout", "@label"), ("peak", "@peak_label"),
+                                                           ("step", "@time_label")]))
+    _bytes_axis(fig.xaxis[0])
+    fig.xaxis.axis_label = "estimated peak per GPU"
+    fig.yaxis.axis_label = "estimated step time (s)"
+    fig.legend[0].label_text_font_size = "9px"
+    return fig
+
+
+def layout_front_html(result: Any) -> str:
+    """The front of the layouts that fit, lowest peak first; the chosen row marked."""
+    if not result.front:
+        return "<div class='memsave-layout-front'><i>no layout fits</i></div>"
+    cell = "padding:2px 8px;white-space:nowrap;"
+    rows = []
+    for c in result.front:
+        chosen = result.chosen is not None and c.label == result.chosen.label
+        mark = " class='memsave-layout-chosen' style='font-weight:bold'" if chosen else ""
+        rows.append(f"<tr{mark}><td style='{cell}text-align:right'>{format_bytes(c.est_peak_bytes)}</td>"
+                    f"<td style='{cell}text-align:right'>{c.step_seconds:.3g} s</td>"
+                    f"<td style='{cell}'>{html.escape(c.label)}{' (chosen)' if chosen else ''}</td></tr>")
+    head = "".join(f"<th style='{cell}'>{h}</th>" for h in ("est. peak per GPU", "est. step", "layout"))
+    return (f"<table class='memsave-layout-front' style='border-collapse:collapse;font-size:12px'>"
+            f"<thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>")

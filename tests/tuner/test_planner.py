@@ -32,7 +32,7 @@ def test_roofline_compute_and_memory_bound():
     assert d.op_seconds(1000, 10, low_precision=True) == 10.0  # compute-bound at 100 FLOP/s
     assert d.op_seconds(1000, 10, low_precision=False) == 100.0
     assert d.op_seconds(10, 100000, low_precision=True) == 100.0  # memory-bound at 1000 B/s
-    assert set(GPUS) == {"H100", "H200", "A100", "L4", "RTX 4090"} and all(g.source for g in GPUS.values())
+    assert set(GPUS) == {"H100", "H200", "A100", "A100-40", "L4", "RTX 4090"} and all(g.source for g in GPUS.values())
 
 
 def test_step_cost_flops_equal_torch_flop_counter():
