@@ -26,6 +26,7 @@ from memsave_nb.parallel import ParallelError, ParallelSpec, measure_parallel
 from memsave_nb.target import Target
 
 from .format import format_bytes
+from .layout_panel import LayoutFinder
 from .parallel_view import rank_figure, table_html, verdict_html
 from .plots import bokeh_widget
 
@@ -104,12 +105,16 @@ class ParallelPanel(W.VBox):
         self._generation = 0
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self.layouts = LayoutFinder(workload, lambda: self.gpus.value, target_fn)
+        layouts_title = W.HTML("<b>Which layout for these GPUs?</b> <small>The layout planner sizes each layout per rank "
+                               "(on the model cut to 3 and 4 blocks, extrapolated) and ranks what fits by estimated step "
+                               "time; the chosen one is re-measured at full depth.</small>")
         note = W.HTML("<small>Per-rank memory in fake mode with PyTorch's own <code>fully_shard</code> "
                       "(and <code>parallelize_module</code> for tensor parallel) or DDP "
                       "on a fake process group; the plan's freezing and checkpointing apply.</small>")
         super().__init__([note, W.HBox([self.gpus, self.sharding, self.tp, self.sp, self.bf16, self.offload, self.size_button],
                                        layout=W.Layout(flex_flow="row wrap")), self.peak, self.verdict, self.error,
-                                       self.figure_box, self.table])
+                                       self.figure_box, self.table, layouts_title, self.layouts])
         for w in (self.gpus, self.sharding, self.tp, self.sp, self.bf16, self.offload):
             w.observe(lambda _ch: self._changed(), "value")
         self.size_button.on_click(lambda _b: self.refresh(background=True))

@@ -1,0 +1,98 @@
+"""The GPUs tab's "find a layout" row: the layout planner (``planner.plan_layout``) over the tab's
+GPU count and a GPU kind, under the Fit-a-GPU target, on a worker thread.
+
+It shows the planner's picture (``parallel_view.layout_figure``: every candidate, the front, the
+chosen one, the usable line), the front as a table, the chosen layout in words with its per-rank
+re-measurement, and its code. It holds no search logic; a newer search supersedes an older one.
+The workload is searched as loaded (its own freezing or LoRA); the checkpointing, precision and
+micro-batches are the planner's own choices, not the explorer's plan.
+
+DOM hooks: ``.memsave-layout-gpu`` (GPU kind), ``.memsave-layout-find`` (button),
+``.memsave-layout-status``, ``.memsave-layout-figure``, ``.memsave-layout-front`` (table, from
+``layout_front_html``), ``.memsave-layout-code``.
+"""
+
+from __future__ import annotations
+
+import html
+import threading
+from typing import Any, Callable
+
+import ipywidgets as W
+
+from memsave_nb.planner import plan_layout
+from memsave_nb.planner.roofline import GPUS
+from memsave_nb.target import Target
+
+from .parallel_view import layout_figure, layout_front_html
+from .plots import bokeh_widget
+
+
+class LayoutFinder(W.VBox):
+    def __init__(self, workload: Any, gpus_fn: Callable[[], int], target_fn: Callable[[], Target | None] = lambda: None):
+        self.workload = workload
+        self._gpus_fn = gpus_fn
+        self._target_fn = target_fn
+        self.gpu = W.Dropdown(options=list(GPUS), value="H100", description="GPU kind", layout=W.Layout(width="200px"),
+                              style={"description_width": "initial"})
+        self.gpu.add_class("memsave-layout-gpu")
+        self.find_button = W.Button(description="find a layout", icon="search", button_style="info",
+                                    tooltip="search DDP, FSDP2, HSDP, TP x FSDP2, checkpointing and micro-batches; "
+                                            "rank what fits by estimated step time")
+        self.find_button.add_class("memsave-layout-find")
+        self.status = W.HTML()
+        self.status.add_class("memsave-layout-status")
+        self.figure_box = W.Box([], layout=W.Layout(width="100%"))
+        self.figure_box.add_class("memsave-layout-figure")
+        self.front = W.HTML(layout=W.Layout(width="100%", min_width="0", overflow_x="auto"))
+        self.code = W.Textarea(layout=W.Layout(width="100%", height="160px", display="none"))
+        self.code.add_class("memsave-layout-code")
+        self.result = None
+        self._generation = 0
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self.find_button.on_click(lambda _b: self.find(background=True))
+        super().__init__([W.HBox([self.gpu, self.find_button], layout=W.Layout(flex_flow="row wrap")),
+                          self.status, self.figure_box, self.front, self.code])
+
+    def wait(self, timeout: float | None = None) -> None:
+        t = self._thread
+        if t is not None:
+            t.join(timeout)
+
+    def find(self, *, background: bool = False) -> None:
+        """Search layouts for the tab's GPU count and this GPU kind (on a worker thread with ``background``)."""
+        with self._lock:
+            self._generation += 1
+            generation = self._generation
+        gpus, kind = self._gpus_fn(), self.gpu.value
+        self.status.value = f"<i>searching layouts over {gpus} x {html.escape(kind)}...</i>"
+        if background:
+            self._thread = threading.Thread(target=self._job, args=(generation, gpus, kind), daemon=True)
+            self._thread.start()
+        else:
+            self._job(generation, gpus, kind)
+
+    def _job(self, generation: int, gpus: int, kind: str) -> None:
+        try:
+            result = plan_layout(self.workload, gpus, kind, self._target_fn())
+        except Exception as exc:  # noqa: BLE001 - shown in the panel, never printed
+            if generation == self._generation:
+                self.result = None
+                self.status.value = f"<span style='color:#b00'>{html.escape(' '.join(str(exc).split()))}</span>"
+                self.figure_box.children = []
+                self.front.value = ""
+                self.code.value, self.code.layout.display = "", "none"
+            return
+        if generation != self._generation:  # a newer search superseded this one
+            return
+        self.result = result
+        lines = result.summary().splitlines()
+        self.status.value = "<br>".join(("<b>" + html.escape(line) + "</b>") if line.startswith("chosen") else html.escape(line)
+                                        for line in lines[:3])
+        self.figure_box.children = [bokeh_widget(layout_figure(result))]
+        self.front.value = layout_front_html(result)
+        if result.chosen is not None:
+            self.code.value, self.code.layout.display = result.to_code(), None
+        else:
+            self.code.value, self.code.layout.display = "", "none"

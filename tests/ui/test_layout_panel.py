@@ -1,0 +1,62 @@
+"""The GPUs tab's "find a layout" row: the layout planner's answer for the tab's GPU count, a GPU
+kind and the Fit-a-GPU target, shown as a picture, the front table and the chosen layout's code."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("ipywidgets")
+
+import torch
+
+from memsave_nb import Plan
+from memsave_nb.model_state import ModelSnapshot
+from memsave_nb.planner import plan_layout
+from memsave_nb.target import Target
+from memsave_nb.ui.parallel_panel import ParallelPanel
+from memsave_nb.workload import Workload
+from memsave_nb.zoo import GPT, GPTConfig
+
+TARGET = Target(2 * 2**20 / 2**30, headroom=1.0)  # 2 MiB per GPU: some layouts fit, the fastest do not
+
+
+def _gpt() -> Workload:
+    cfg = GPTConfig(vocab_size=256, block_size=32, n_layer=2, n_head=4, n_embd=64, dropout=0.0)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = GPT(cfg)
+        idx = torch.randint(0, cfg.vocab_size, (4, cfg.block_size))
+    return Workload(model, {"idx": idx, "targets": idx}, name="gpt")
+
+
+def test_find_a_layout_shows_the_planners_answer_for_the_tabs_gpus_and_target():
+    wl = _gpt()
+    before = ModelSnapshot.capture(wl.model)
+    panel = ParallelPanel(wl, plan_fn=lambda: Plan(), live=False, target_fn=lambda: TARGET)
+    panel.gpus.value = 4
+    finder = panel.layouts
+    finder.gpu.value = "A100"
+    finder.find()
+    expected = plan_layout(wl, 4, "A100", TARGET)
+    got = finder.result
+    assert got is not None and got.chosen is not None, finder.status.value
+    assert got.gpus == 4 and got.device.name == expected.device.name and got.target == TARGET
+    assert got.chosen.label == expected.chosen.label and got.chosen.fits
+    assert [c.label for c in got.front] == [c.label for c in expected.front]
+    assert "chosen" in finder.status.value and "memsave-layout-chosen" in finder.front.value
+    assert "fully_shard" in finder.code.value and finder.code.layout.display is None
+    assert len(finder.figure_box.children) == 1
+    assert before.differences(wl.model) == []  # the search leaves the model as it was
+
+
+def test_a_search_that_cannot_run_is_one_line_and_clears_the_old_answer():
+    panel = ParallelPanel(_gpt(), plan_fn=lambda: Plan(), live=False, target_fn=lambda: TARGET)
+    finder = panel.layouts
+    panel.gpus.value = 4
+    finder.find()
+    assert finder.result is not None
+    finder._gpus_fn = lambda: 0  # no GPUs at all: refused before anything is built
+    finder.find()
+    assert finder.result is None and "#b00" in finder.status.value
+    assert finder.status.value.count("<br>") == 0
+    assert finder.figure_box.children == () and finder.front.value == "" and finder.code.value == ""
