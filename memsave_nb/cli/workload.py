@@ -65,7 +65,13 @@ def _demo(args: argparse.Namespace, device: str) -> CliWorkload:
 
 
 def _hub(args: argparse.Namespace) -> CliWorkload:
-    from ..hub import HubError, catalogue, from_pretrained
+    from ..hub import HubError, catalogue
+    from ..hub import from_pretrained as _from_pretrained
+    from ..hub.lora import without_bitsandbytes
+
+    def from_pretrained(name, **kwargs):
+        with without_bitsandbytes():  # this process never hands peft a bitsandbytes layer: 1-2 s saved
+            return _from_pretrained(name, **kwargs)
 
     kwargs = dict(task=args.task, batch_size=args.batch or 1, seq_len=getattr(args, "seq_len", None),
                   lora=args.lora, quantize=args.quantize)
