@@ -119,7 +119,7 @@ def test_report_llama_8b_lora_max_batch_answers_first_in_a_fresh_process():
     """Issue 26's command as a user runs it: a fresh process, whose imports (peft, bitsandbytes,
     transformers) print what they print. The answer leads stdout and nothing else is printed: no
     bitsandbytes kernel warning, no transformers FutureWarning. Its time is a bench row
-    (``bench/bench_hub.py``, the CLI row), not asserted here."""
+    (``bench/bench_engine.py``, its third table), not asserted here."""
     import subprocess
     import sys
 
