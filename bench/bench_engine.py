@@ -212,6 +212,12 @@ def bench_cli(repeats: int) -> dict:
             "stderr_empty": all(not r["stderr"] for r in runs), "load_average": _load()}
 
 
+def _has(*modules: str) -> bool:
+    import importlib.util
+
+    return all(importlib.util.find_spec(m) is not None for m in modules)
+
+
 def _load() -> float | None:
     try:
         return round(__import__("os").getloadavg()[0], 1)
@@ -285,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
         "threads": args.threads,
         "cnn": bench_cnn(args.repeats),
         "gpt_7b": bench_7b(args.big_repeats, args.threads) if not args.skip_7b else {"repeats": 0, "rows": []},
-        "cli": bench_cli(args.cli_repeats) if not args.skip_cli else None,
+        "cli": bench_cli(args.cli_repeats) if not args.skip_cli and _has("transformers", "peft") else None,
     }
     result["table_markdown"] = table(result)
     args.out.parent.mkdir(parents=True, exist_ok=True)
