@@ -83,9 +83,11 @@ def run_plan(
     repeats: int = 3,
     cancel_event: threading.Event | None = None,
     measure_fn: Callable[..., Measurement] | None = None,
+    first_step_peak: bool = False,
 ) -> Measurement:
     """Apply ``plan`` to ``workload``, measure one step, undo. Compiled plans are measured from
-    the profiler's memory events (:func:`memsave_nb.measure.compiled.measure_compiled`)."""
+    the profiler's memory events (:func:`memsave_nb.measure.compiled.measure_compiled`).
+    ``first_step_peak=True``: also the first training step's peak (``measure``'s, one step more)."""
     if mode not in MODES:
         raise WorkloadError(f"unknown mode {mode!r}; choose 'real' or 'fake'")
     _check(cancel_event)
@@ -97,7 +99,8 @@ def run_plan(
         handles = _cancel_hooks(applied.model, cancel_event)
         try:
             fn = measure_fn or measure
-            return fn(applied, mode=mode, repeats=repeats, cancel_event=cancel_event)
+            extra = {"first_step_peak": True} if first_step_peak else {}
+            return fn(applied, mode=mode, repeats=repeats, cancel_event=cancel_event, **extra)
         finally:
             for h in handles:
                 h.remove()
@@ -154,6 +157,7 @@ class Session:
         self.workload = workload
         self.mode = mode
         self.repeats = repeats
+        self.first_step_peak = False  # True: runs also measure the first training step's peak (one step more)
         self._lock = threading.RLock()
         self._baseline: Entry | None = None
         if baseline is not None:
@@ -196,7 +200,8 @@ class Session:
             _check(cancel_event)
             base = self.baseline
             start = time.perf_counter()
-            m = run_plan(self.workload, plan, mode=self.mode, repeats=self.repeats, cancel_event=cancel_event)
+            m = run_plan(self.workload, plan, mode=self.mode, repeats=self.repeats, cancel_event=cancel_event,
+                         first_step_peak=self.first_step_peak)
             entry = Entry(plan, m, Delta.between(m, base), time.perf_counter() - start)
             self._history.append(entry)
             return entry

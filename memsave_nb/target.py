@@ -236,9 +236,12 @@ def _bisect(
 
 
 def max_batch(workload: "Workload", plan: "Plan", target: Target, *, mode: str = "fake", upper: int = 1 << 16,
-              cancel_event: threading.Event | None = None) -> SearchResult:
+              cancel_event: threading.Event | None = None,
+              measured: "dict[int, Measurement] | None" = None) -> SearchResult:
     """The largest batch size that fits ``target`` under ``plan`` (bisection over measurements).
-    ``cancel_event`` stops it between and inside probes (``Cancelled``)."""
+    ``cancel_event`` stops it between and inside probes (``Cancelled``). ``measured``: batch size
+    -> a steady-state measurement of ``plan`` at that batch in ``mode`` the caller already holds
+    (the report's own): taken as that probe instead of measuring it again."""
     from memsave_nb.knobs import batch_size_of
 
     check_search_args(plan, target, mode, upper)
@@ -247,6 +250,8 @@ def max_batch(workload: "Workload", plan: "Plan", target: Target, *, mode: str =
     notes: dict[str, None] = {}
 
     def probe(b: int) -> int | None:
+        if measured and b in measured:
+            return _peak_and_notes(measured[b], notes)
         return _probe_peak(workload, plan.replace(batch_size=b), mode, cancel_event, notes)
 
     result = _bisect("batch_size", probe, target.fits, current, upper, f"stopped at the search's upper bound {upper}")
@@ -291,6 +296,10 @@ def _probe_peak(workload: "Workload", plan: "Plan", mode: str, cancel_event: thr
         raise
     except MemsaveError:
         return None
+    return _peak_and_notes(m, notes)
+
+
+def _peak_and_notes(m: "Measurement", notes: dict[str, None]) -> int:
     for note in m.notes:
         if any(key in note for key in _BOUNDARY_NOTES):
             notes[note] = None

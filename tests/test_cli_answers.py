@@ -5,7 +5,6 @@ checked here by calling the engine directly."""
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
@@ -116,16 +115,25 @@ def test_plan_exports_the_chosen_plan_as_a_trainer_config(capsys, tmp_path, tiny
 
 
 @pytest.mark.slow
-def test_report_llama_8b_lora_max_batch_runs_and_answers_first(capsys):
-    """Issue 26's command. Its goal is under 10 s; this loaded 2-core machine takes far longer, so
-    the time is printed (``-s``), not asserted."""
-    start = time.perf_counter()
-    out = _run(capsys, ["report", "--model", "llama-3.1-8b", "--lora", "r=16", "--target-gb", "24", "--max-batch"])
-    print(f"report --model llama-3.1-8b --lora r=16 --target-gb 24 --max-batch: {time.perf_counter() - start:.1f} s")
-    lines = out.splitlines()
-    assert lines[2].startswith("Peak memory: ")
-    assert lines[3].startswith("Target 24 GB: ")
-    assert lines[4].startswith("Max batch that fits: ")
+def test_report_llama_8b_lora_max_batch_answers_first_in_a_fresh_process():
+    """Issue 26's command as a user runs it: a fresh process, whose imports (peft, bitsandbytes,
+    transformers) print what they print. The answer leads stdout and nothing else is printed: no
+    bitsandbytes kernel warning, no transformers FutureWarning. Its time is a bench row
+    (``bench/bench_engine.py``, its third table), not asserted here."""
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "memsave_nb.cli", "report", "--model", "llama-3.1-8b", "--lora", "r=16",
+           "--target-gb", "24", "--max-batch"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+    lines = done.stdout.splitlines()
+    assert lines[0] == "memsave_nb report: llama-3.1-8b, batch 1, fake mode on cpu, loop loss_only"
+    assert lines[1] == ""
+    assert lines[2].startswith("Peak memory: ") and "during backward" in lines[2]
+    assert lines[3].startswith("Target 24 GB: does not fit")
+    assert lines[4].startswith("Max batch that fits: 0 (peak ")
 
 
 def test_step_times_show_median_and_spread_and_say_noisy(capsys):

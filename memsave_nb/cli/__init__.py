@@ -63,6 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         parser = build_parser()
         args = parser.parse_args(argv)
+        args.one_shot = argv is None  # the console script's own process (not a caller's): see workload.build
         if args.command is None:
             parser.print_help(sys.stderr)
             return EXIT_USAGE

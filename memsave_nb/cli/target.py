@@ -25,6 +25,17 @@ def verdict_line(target: Target, peak_bytes: int, who: str = "") -> str:
     return f"Target {target.label}{who}: {target.verdict(peak_bytes)}"
 
 
+def _same_probe(workload: "Workload", plan: "Plan", measurement: "Measurement") -> "dict[int, Measurement] | None":
+    """The report's own measurement as the max-batch search's probe at its batch, where it is that
+    probe: a fake-mode steady state of a hub model, whose batch factory builds any size directly
+    (a demo batch resized to its own size may be a copy: another input storage). Saves one step."""
+    from ..hub.load import SyntheticBatch
+
+    if not isinstance(workload.batch, SyntheticBatch) or measurement.mode != "fake" or not measurement.steady_state:
+        return None
+    return {plan.batch_size or workload.batch.batch_size: measurement}
+
+
 def cli_target_lines(workload: "Workload", plan: "Plan", measurement: "Measurement", args: Any) -> tuple[tuple[str, ...], str]:
     """``(answer lines, explanation)``: the verdict and max batch / sequence, then the headroom line."""
     from memsave_nb.units import format_bytes
@@ -32,7 +43,7 @@ def cli_target_lines(workload: "Workload", plan: "Plan", measurement: "Measureme
     target = cli_target(args)
     answer = [verdict_line(target, measurement.peak_bytes)]
     if args.max_batch:
-        r = max_batch(workload, plan, target)
+        r = max_batch(workload, plan, target, measured=_same_probe(workload, plan, measurement))
         answer.append(f"Max batch that fits: {r.value} (peak {format_bytes(r.peak_bytes or 0)}; {r.count} fake-mode probes)"
                       + (f"; {r.limit}" if r.limit else ""))
         answer += [f"  note: {n}" for n in r.notes]  # caveats on where the boundary lies, beside it

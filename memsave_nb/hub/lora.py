@@ -7,6 +7,10 @@ the base exactly as it does in a training script.
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import sys
+import warnings
 from typing import Any
 
 from torch import nn
@@ -43,9 +47,50 @@ def parse_lora(text: str) -> dict[str, Any]:
     return out
 
 
+@contextlib.contextmanager
+def _quiet_peft():
+    """peft imports bitsandbytes (at import and when it wraps a model), and bitsandbytes logs a
+    warning on import on CPUs with AVX512-BF16 (its optional ``kernels`` download fails offline);
+    peft reads transformers' deprecated ``is_gradient_checkpointing`` (a FutureWarning). Both are
+    noise above our answer: bitsandbytes' loggers are raised to ERROR and that one warning is
+    ignored, for the call only."""
+    log = logging.getLogger("bitsandbytes")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*deprecated", category=FutureWarning)
+            yield
+    finally:
+        log.setLevel(level)
+
+
+@contextlib.contextmanager
+def without_bitsandbytes():
+    """Inside, ``import bitsandbytes`` fails, so peft wraps a model without importing it: 1-2 s
+    saved (bitsandbytes imports torch's compiler). For a one-shot process that never hands peft a
+    bitsandbytes layer (the command line; our QLoRA is a stand-in, :mod:`.quant`): peft then keeps
+    "no bitsandbytes" for the rest of the process. A later ``import bitsandbytes`` (the 8-bit
+    optimizer) still works. Does nothing when bitsandbytes is already imported."""
+    blocked = "bitsandbytes" not in sys.modules
+    if blocked:
+        sys.modules["bitsandbytes"] = None  # type: ignore[assignment]  # the documented way to make an import fail
+    try:
+        yield
+    finally:
+        if blocked and "bitsandbytes" in sys.modules and sys.modules["bitsandbytes"] is None:
+            del sys.modules["bitsandbytes"]
+
+
+def _peft():
+    with _quiet_peft():
+        import peft
+    return peft
+
+
 def lora_config(spec: Any, task: str | None = None):
     """A peft ``LoraConfig`` from a ``LoraConfig``, a short dict or a string (see :func:`parse_lora`)."""
-    from peft import LoraConfig
+    LoraConfig = _peft().LoraConfig
 
     if isinstance(spec, LoraConfig):
         return spec
@@ -67,13 +112,14 @@ def lora_config(spec: Any, task: str | None = None):
 
 def apply_lora(model: nn.Module, config) -> nn.Module:
     """``get_peft_model``; a model type peft has no default targets for uses ``all-linear``."""
-    from peft import get_peft_model
+    get_peft_model = _peft().get_peft_model
     from peft.utils import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as DEFAULT_TARGETS
 
     model_type = getattr(getattr(model, "config", None), "model_type", None)
     if config.target_modules is None and model_type not in DEFAULT_TARGETS:
         config.target_modules = "all-linear"
     try:
-        return get_peft_model(model, config)
+        with _quiet_peft():
+            return get_peft_model(model, config)
     except ValueError as exc:
         raise HubError(f"peft cannot wrap this model with {config.target_modules!r}: {str(exc).splitlines()[0]}") from exc

@@ -84,23 +84,39 @@ class _OnesTracker(TorchDispatchMode):
     """Notes the tensors a fake step fills with ones (``torch.ones``, ``new_ones``, ``ones_like``) and
     what keeps them all ones (dtype casts, views, slices): an encoder-decoder model (BART) makes its
     decoder's ``attention_mask`` this way when the batch has none, and a real step's value check
-    then finds no padding."""
+    then finds no padding.
+
+    It sits on every op of a fake step, so it does little per op: which op it is comes from a
+    dictionary by overload (names formatted once), and it runs without dynamo's wrapper."""
 
     def __init__(self, facts: _Facts):
         super().__init__()
         self.facts = facts
+        self._kind: dict[Any, int] = {}  # op -> 0 (other), 1 (makes ones), 2 (keeps ones)
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return False  # eager fake steps only (as the tracker's own mode): no torch._dynamo.disable wrapper per op
+
+    def _kind_of(self, func: Any) -> int:
+        name = f"{func._opname}.{func._overloadname}"
+        kind = self._kind[func] = 1 if name in _ONES_OPS else 2 if name in _KEEPS_ONES else 0
+        return kind
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: D105
-        if self.facts.ones and func._schema.is_mutable:
+        facts = self.facts
+        if facts.ones and func._schema.is_mutable:
             # written in place (a mask padded by hand): no tensor on that storage is known to be ones
             written = {_storage_key(a) for a in args if isinstance(a, torch.Tensor)}
-            self.facts.ones = {k: r for k, r in self.facts.ones.items() if r() is None or _storage_key(r()) not in written}
-        out = func(*args, **(kwargs or {}))
-        name = f"{func._opname}.{func._overloadname}"
-        if isinstance(out, torch.Tensor) and out.dim() == 2 and (
-            name in _ONES_OPS or (name in _KEEPS_ONES and args and self.facts.all_ones(args[0]))
+            facts.ones = {k: r for k, r in facts.ones.items() if r() is None or _storage_key(r()) not in written}
+        out = func(*args, **kwargs) if kwargs else func(*args)
+        kind = self._kind.get(func)
+        if kind is None:
+            kind = self._kind_of(func)
+        if kind and isinstance(out, torch.Tensor) and out.dim() == 2 and (
+            kind == 1 or (args and facts.all_ones(args[0]))
         ):
-            self.facts.note_ones(out)
+            facts.note_ones(out)
         return out
 
 

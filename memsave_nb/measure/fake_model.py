@@ -4,6 +4,7 @@ for fake or meta tensors. Used by the step runner and the planner's fake estimat
 from __future__ import annotations
 
 import contextlib
+import weakref
 from typing import Any, Iterator
 
 import torch
@@ -34,6 +35,43 @@ def _params_and_buffers(model: nn.Module) -> Iterator[torch.Tensor]:
     yield from (b for b in model.buffers() if b is not None)
 
 
+class _Twins:
+    """One model's fake twins, kept between its fake runs (a weak key of the model): the explorer's
+    clicks, the planner's and max batch's probes each swapped in a fresh set before, one
+    ``FakeTensorMode`` and ``from_tensor`` per parameter per run. A twin is reused while its real
+    tensor is the same object with the same shape, strides, dtype and device (a twin holds nothing
+    else: fake tensors have no values); anything else gets a new one. The model's lock
+    (``measure.engine.model_lock``) is held around every use."""
+
+    def __init__(self) -> None:
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        self.mode = FakeTensorMode(allow_non_fake_inputs=True)  # loss closures may hold real targets
+        self._by_id: dict[int, tuple[weakref.ref, tuple, torch.Tensor]] = {}
+
+    def twin(self, t: torch.Tensor, device: torch.device) -> torch.Tensor:
+        sig = (tuple(t.shape), t.stride(), t.storage_offset(), t.dtype, t.device, device)
+        hit = self._by_id.get(id(t))
+        if hit is not None and hit[0]() is t and hit[1] == sig:
+            return hit[2]
+        fake = _fake_twin(self.mode, t.detach(), device)
+        self._by_id[id(t)] = (weakref.ref(t), sig, fake)
+        return fake
+
+    def forget_dead(self) -> None:
+        self._by_id = {k: v for k, v in self._by_id.items() if v[0]() is not None}
+
+
+_TWINS: "weakref.WeakKeyDictionary[nn.Module, _Twins]" = weakref.WeakKeyDictionary()
+
+
+def _twins_of(model: nn.Module) -> _Twins:
+    twins = _TWINS.get(model)
+    if twins is None:
+        twins = _TWINS[model] = _Twins()
+    return twins
+
+
 @contextlib.contextmanager
 def _fake_model(model: nn.Module, device: str = "cpu") -> Iterator[Any]:
     """Swap parameters and buffers for fake twins (same shapes, dtypes, devices); swap back on exit.
@@ -41,14 +79,14 @@ def _fake_model(model: nn.Module, device: str = "cpu") -> Iterator[Any]:
     A model built under ``FakeTensorMode`` already has fake tensors: its own mode is reused.
     Tensors on the meta device (``with torch.device("meta")``, ``init_empty_weights``) get twins
     on the workload's device, as if the model had been built there under ``FakeTensorMode``.
+    The twins (and their mode) are kept for the model's next fake run (:class:`_Twins`); each run
+    wraps them in new ``nn.Parameter`` objects, so no gradient or flag outlives a run.
     """
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
     existing = next((t.fake_mode for t in list(model.parameters()) + list(model.buffers()) if _is_fake(t)), None)
     if existing is not None:
         yield existing
         return
-    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)  # loss closures may hold real targets
+    twins = _twins_of(model)
     target = torch.device(device)
     swapped: list[tuple[nn.Module, str, str, Any]] = []
     fakes: dict[int, Any] = {}
@@ -58,17 +96,18 @@ def _fake_model(model: nn.Module, device: str = "cpu") -> Iterator[Any]:
                 if p is None:
                     continue
                 if id(p) not in fakes:
-                    fakes[id(p)] = nn.Parameter(_fake_twin(fake_mode, p.detach(), target), requires_grad=p.requires_grad)
+                    fakes[id(p)] = nn.Parameter(twins.twin(p, target), requires_grad=p.requires_grad)
                 swapped.append((mod, "_parameters", name, p))
                 mod._parameters[name] = fakes[id(p)]
             for name, b in list(mod._buffers.items()):
                 if b is None:
                     continue
                 if id(b) not in fakes:
-                    fakes[id(b)] = _fake_twin(fake_mode, b.detach(), target)
+                    fakes[id(b)] = twins.twin(b, target)
                 swapped.append((mod, "_buffers", name, b))
                 mod._buffers[name] = fakes[id(b)]
-        yield fake_mode
+        twins.forget_dead()
+        yield twins.mode
     finally:
         for mod, where, name, original in reversed(swapped):
             getattr(mod, where)[name] = original

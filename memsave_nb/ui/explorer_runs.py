@@ -20,6 +20,14 @@ class ExplorerRuns:
     explorer)."""
 
     # -- runs ----------------------------------------------------------------------------------
+    def show_first_step_peak(self, on: bool = True) -> None:
+        """A switch: also measure training's first step (its peak shown as "step 1" beside the
+        steady-state peak, and in the results table) at the cost of one more step per run; off
+        again, runs track one step. The plan on display is run again either way."""
+        if self.session.first_step_peak != bool(on):
+            self.session.first_step_peak = bool(on)
+            self.rerun()
+
     def _next_generation(self) -> int:
         with self._ui_lock:
             self._generation += 1

@@ -1,0 +1,41 @@
+"""Fake runs of one model reuse its fake parameters (built once, not per run) and still follow
+every change a plan makes to the real ones: a cast, a freeze, a swapped parameter."""
+
+from __future__ import annotations
+
+import torch
+
+from memsave_nb import Plan, measure, zoo
+from memsave_nb.measure.fake_model import _fake_model
+
+
+def _twins(model):
+    with _fake_model(model) as _mode:
+        return {n: p for n, p in model.named_parameters()}
+
+
+def test_twins_are_reused_between_runs_and_rebuilt_when_the_real_tensor_changes():
+    wl = zoo.make("mlp", 4)
+    first, second = _twins(wl.model), _twins(wl.model)
+    name = next(iter(first))
+    # new Parameter objects each run (no grad or flag outlives a run), on the same fake storage
+    assert first[name] is not second[name]
+    assert first[name].untyped_storage()._cdata == second[name].untyped_storage()._cdata
+    real = dict(wl.model.named_parameters())[name]
+    with torch.no_grad():
+        real.data = real.data.to(torch.float64)
+    third = _twins(wl.model)
+    assert third[name].dtype == torch.float64
+    assert all(p.device.type == "cpu" for p in wl.model.parameters())  # the real ones are back
+
+
+def test_fake_runs_after_other_plans_equal_a_fresh_model():
+    plans = [Plan(), Plan(precision="bf16"), Plan(frozen=("*",), trainable=("head.*",)), Plan()]
+    used = zoo.make("gpt", 2)
+    for plan in plans:
+        with plan.apply(used) as w:
+            again = measure(w, mode="fake", repeats=0)
+        with plan.apply(zoo.make("gpt", 2)) as w:
+            fresh = measure(w, mode="fake", repeats=0)
+        assert (again.peak_bytes, again.peak_split, again.saved_bytes) == \
+            (fresh.peak_bytes, fresh.peak_split, fresh.saved_bytes), plan.describe()
