@@ -79,7 +79,7 @@ def test_a_hub_id_offline_falls_back_to_the_catalogue(capsys, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     out = _run(capsys, ["report", "--model", "HuggingFaceTB/SmolLM2-135M", "--lora", "r=8", "--seq-len", "16",
                         "--world-size", "2", "--ddp", "--target-gb", "24"])
-    assert out.startswith("memsave_nb per-rank report: HuggingFaceTB/SmolLM2-135M, batch 1 per rank")
+    assert out.startswith("memsave_nb per-rank report: HuggingFaceTB/SmolLM2-135M, DDP x2 (buckets 25 MB), batch 1 per rank")
     assert "Target 24 GB per rank: fits" in out.splitlines()[3]
 
 
