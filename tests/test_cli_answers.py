@@ -194,3 +194,28 @@ def test_max_seq_of_a_hub_model(capsys, tiny):
     out = _run(capsys, ["report", "--model", tiny, "--seq-len", "32", "--target-gb", "0.02", "--max-seq"])
     line = out.splitlines()[4]
     assert line.startswith("Max sequence length that fits: ") and int(line.split(": ")[1].split()[0]) > 32
+
+
+def test_report_loss_chunked_is_the_chunked_loss_knob(capsys, tiny):
+    """``--loss chunked --loss-chunk 8``: the peak printed is measure() under Plan(loss='chunked', loss_chunk=8),
+    lower than the full loss's on the same model (its logits are never built whole)."""
+    import memsave_nb
+    from memsave_nb import Plan
+    from memsave_nb.target import measure_peak
+    from memsave_nb.units import format_bytes
+
+    argv = ["report", "--model", tiny, "--seq-len", "64", "--batch", "4"]
+    chunked_out = _run(capsys, [*argv, "--loss", "chunked", "--loss-chunk", "8"])
+    full_out = _run(capsys, argv)
+    wl = memsave_nb.from_pretrained(tiny, seq_len=64, batch_size=4)
+    chunked = measure_peak(wl, Plan(loss="chunked", loss_chunk=8), mode="fake").peak_bytes
+    full = measure_peak(wl, Plan(), mode="fake").peak_bytes
+    assert chunked < full
+    assert "chunked loss (8 tokens)" in chunked_out.splitlines()[0]
+    assert f"Peak memory: {format_bytes(chunked)}" in chunked_out and f"Peak memory: {format_bytes(full)}" in full_out
+
+
+def test_report_loss_chunk_without_chunked_is_one_line(capsys):
+    assert cli.main(["report", "--model", "gpt", "--loss-chunk", "4"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--loss-chunk needs --loss chunked" in err

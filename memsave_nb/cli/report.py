@@ -43,6 +43,11 @@ def _add_tuner_arguments(rep: argparse.ArgumentParser) -> None:
     rep.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default=None, help="optimizer knob (default: AdamW)")
     rep.add_argument("--accumulate", type=_accumulate, default=None, metavar="K", help="K micro-batches per optimizer step")
     rep.add_argument("--keep-grads", action="store_true", help="zero_grad(set_to_none=False): gradients stay allocated")
+    rep.add_argument("--loss", choices=("full", "chunked"), default=None,
+                     help="causal LMs: 'chunked' runs cross-entropy through the LM head a chunk of tokens at a time "
+                          "(TRL's default, Liger's fused loss): the whole batch's logits are never built")
+    rep.add_argument("--loss-chunk", type=_positive_int, default=None, metavar="TOKENS",
+                     help="with --loss chunked: tokens per chunk (default 1024)")
     rep.add_argument("--target-gb", type=_gb, default=None, metavar="GB",
                      help=f"the GPU's memory in GB (presets {', '.join(f'{g:g}' for g in PRESETS_GB)}): says fits / does not fit")
     rep.add_argument("--headroom", type=_fraction, default=None, metavar="FRACTION",
@@ -54,7 +59,8 @@ def _add_tuner_arguments(rep: argparse.ArgumentParser) -> None:
 
 
 KNOB_FLAGS = (("--seq-len", "seq_len"), ("--precision", "precision"), ("--optimizer", "optimizer"),
-              ("--accumulate", "accumulate"), ("--keep-grads", "keep_grads"))
+              ("--accumulate", "accumulate"), ("--keep-grads", "keep_grads"), ("--loss", "loss"),
+              ("--loss-chunk", "loss_chunk"))
 
 
 def check_report_args(args: argparse.Namespace) -> None:
@@ -66,6 +72,8 @@ def check_report_args(args: argparse.Namespace) -> None:
         raise MemsaveError("--max-batch and --max-seq need --target-gb")
     if args.headroom is not None and args.target_gb is None:
         raise MemsaveError("--headroom needs --target-gb")
+    if args.loss_chunk is not None and args.loss != "chunked":
+        raise MemsaveError("--loss-chunk needs --loss chunked")
     check_model_flags(args)
     check_parallel_args(args)
     if args.out is not None and os.path.isdir(args.out):
@@ -100,6 +108,8 @@ def knob_plan(args: argparse.Namespace, *, hub: bool = False):
         optimizer=args.optimizer,
         accumulation_steps=args.accumulate,
         set_to_none=False if args.keep_grads else None,
+        loss=args.loss,
+        loss_chunk=args.loss_chunk,
     )
 
 
