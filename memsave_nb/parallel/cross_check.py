@@ -13,6 +13,7 @@ for that rank (``measure_rank`` / ``measure_pipeline``). The command line front 
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import tempfile
@@ -54,6 +55,9 @@ class CrossCheckRow:
 
 def _rank_main(rank: int, factory: WorkloadFactory, spec_dict: dict, store_path: str, out_dir: str,
                plan_json: str | None, stages: Any) -> None:
+    from .process_group import settle_forked_rank
+
+    settle_forked_rank()  # inherited garbage may hold an earlier run's gloo group: never collect it here
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch
     import torch.distributed as dist
@@ -101,6 +105,7 @@ def measure_gloo(factory: WorkloadFactory, spec: ParallelSpec, *, plan: Any = No
     with tempfile.TemporaryDirectory() as tmp:
         args = (factory, spec.to_dict(), os.path.join(tmp, "store"), tmp,
                 plan.to_json() if plan is not None else None, stages)
+        gc.collect()  # the ranks inherit no garbage the parent can still collect safely (see settle_forked_rank)
         ctx = mp.start_processes(_rank_main, args=args, nprocs=spec.world_size, join=False, start_method=start_method)
         deadline = time.monotonic() + timeout_s
         while not ctx.join(timeout=1):

@@ -10,6 +10,7 @@ refused, since a process holds only one).
 from __future__ import annotations
 
 import contextlib
+import gc
 from typing import Iterator
 
 import torch.distributed as dist
@@ -37,3 +38,14 @@ def fake_process_group(spec: ParallelSpec, rank: int) -> Iterator[object]:
         yield mesh
     finally:
         dist.destroy_process_group()
+
+
+def settle_forked_rank() -> None:
+    """Call first in a rank process forked from a process that ran earlier steps (tests, notebooks).
+
+    The fork copies the parent's uncollected garbage, which can hold a ``ProcessGroupGloo`` of an
+    earlier run: collecting it in the child joins its worker threads, which a fork does not copy,
+    and the rank hangs forever (seen in the full test suite: a ``gc.collect()`` before a step hung).
+    ``gc.freeze()`` moves everything inherited out of the collector's reach: it stays as it was in
+    the parent (no memory is added; the rank measures its own step's storages only)."""
+    gc.freeze()

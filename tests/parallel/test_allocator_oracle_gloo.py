@@ -59,6 +59,9 @@ def encoder() -> Workload:
 
 
 def _rank(rank: int, world_size: int, kind: str, store: str, out: str) -> None:
+    from memsave_nb.parallel.process_group import settle_forked_rank
+
+    settle_forked_rank()  # the fork's inherited garbage is never collected in this rank (it can hang)
     from torch.distributed.device_mesh import init_device_mesh
 
     from memsave_nb.parallel.apply import apply_parallel

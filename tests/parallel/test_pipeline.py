@@ -168,6 +168,9 @@ def test_models_that_do_not_split_and_batches_that_do_not_divide_are_refused():
 
 def _allocator_rank(rank: int, schedule: str, store: str, out: str) -> None:
     """One real gloo rank: the tracked step, then a third step under the allocator's own record."""
+    from memsave_nb.parallel.process_group import settle_forked_rank
+
+    settle_forked_rank()  # the fork's inherited garbage is never collected in this rank (it can hang)
     import json
     import os
 

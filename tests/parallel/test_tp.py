@@ -301,6 +301,9 @@ def test_tp_on_real_tensors_equals_the_profiler_timeline(model):
 
 def _gloo_rank(rank: int, spec_dict: dict, model: str, store: str, out_dir: str) -> None:
     """One real gloo rank: the same layout as fake mode on real tensors, memsave_nb's tracked step."""
+    from memsave_nb.parallel.process_group import settle_forked_rank
+
+    settle_forked_rank()  # the fork's inherited garbage is never collected in this rank (it can hang)
     import os
 
     import torch.distributed as dist
