@@ -39,3 +39,33 @@ def test_fake_runs_after_other_plans_equal_a_fresh_model():
             fresh = measure(w, mode="fake", repeats=0)
         assert (again.peak_bytes, again.peak_split, again.saved_bytes) == \
             (fresh.peak_bytes, fresh.peak_split, fresh.saved_bytes), plan.describe()
+
+
+def test_the_kept_fake_mode_forgets_dead_tensors_between_runs():
+    """One FakeTensorMode serves a model's whole session; what its converter remembers of each
+    run's constants (the optimizer's step counters) must not pile up run after run (it grew by 8
+    entries per MLP run, and Session.clear could not give that back)."""
+    import gc
+
+    from memsave_nb import zoo
+    from memsave_nb.measure.fake_model import _TWINS
+    from memsave_nb.plan import Plan
+    from memsave_nb.session import Session
+
+    wl = zoo.make("mlp")
+    session = Session(wl, mode="fake", repeats=0)
+
+    def remembered() -> int:
+        session.run(Plan())
+        gc.collect()
+        return len(_TWINS[wl.model].mode.fake_tensor_converter.constant_storage_mapping)
+
+    first = [remembered() for _ in range(3)]
+    later = [remembered() for _ in range(10)]
+    assert max(later) <= max(first), (first, later)
+    gc_objects = len(gc.get_objects())
+    for _ in range(20):
+        session.run(Plan())
+    session.clear()
+    gc.collect()
+    assert len(gc.get_objects()) - gc_objects < 200  # the twenty runs left (almost) nothing behind
