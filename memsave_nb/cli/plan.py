@@ -116,13 +116,7 @@ def run_plan(args: argparse.Namespace) -> int:
     for r in rows:
         out.append("  " + "  ".join(r[i].rjust(widths[i]) for i in range(3)) + "  " + r[3])
     if result.chosen is not None:
-        out += ["", "The chosen plan as code:", "", result.chosen.plan.to_code(loop=workload.loop)]
-        if args.save:
-            with open(args.save, "w", encoding="utf-8") as f:
-                f.write(result.chosen.plan.to_json(indent=2))
-            out.append(f"Wrote {args.save}")
-        if args.export:
-            out += _export(result.chosen.plan, args.export, workload.model, args.export_to)
+        out += _chosen_lines(args, result.chosen.plan, workload, "plan")
     else:
         from ..planner.what_fits import hint_lines, what_would_fit
 
@@ -154,17 +148,23 @@ def _run_layout(args: argparse.Namespace, target) -> int:
     if result.remeasured is not None:
         out += ["", "The chosen layout measured per rank:", result.remeasured.table()]
     if result.chosen is not None:
-        out += ["", "The chosen layout as code:", "", result.chosen.plan.to_code(loop=workload.loop)]
-        if args.save:
-            with open(args.save, "w", encoding="utf-8") as f:
-                f.write(result.chosen.plan.to_json(indent=2))
-            out.append(f"Wrote {args.save}")
-        if args.export:
-            out += _export(result.chosen.plan, args.export, workload.model, args.export_to)
+        out += _chosen_lines(args, result.chosen.plan, workload, "layout")
     else:
         out += [f"No layout fits: nothing written to {p}" for p in (args.save, args.export_to) if p]
     sys.stdout.write("\n".join(out) + "\n")
     return 0 if result.chosen is not None else 1
+
+
+def _chosen_lines(args: argparse.Namespace, plan, workload, what: str) -> list[str]:
+    """The chosen plan (or layout) as code, and written where --save / --export ask."""
+    out = ["", f"The chosen {what} as code:", "", plan.to_code(loop=workload.loop)]
+    if args.save:
+        with open(args.save, "w", encoding="utf-8") as f:
+            f.write(plan.to_json(indent=2))
+        out.append(f"Wrote {args.save}")
+    if args.export:
+        out += _export(plan, args.export, workload.model, args.export_to)
+    return out
 
 
 def _export(plan, trainer: str, model, path: str | None) -> list[str]:
