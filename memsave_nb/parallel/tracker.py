@@ -68,6 +68,14 @@ def _dtensor_type():
     return DTensor
 
 
+def _async_collective_type():
+    try:
+        from torch.distributed._functional_collectives import AsyncCollectiveTensor
+    except ImportError:  # pragma: no cover
+        return None
+    return AsyncCollectiveTensor
+
+
 def _active_fake_mode():
     """The fake mode now in force (one C call per op; ``torch._guards.active_fake_mode`` walks the
     whole mode stack in Python)."""
@@ -88,6 +96,7 @@ class _ShardWatcher(_DispatchWatcher):
     def __init__(self, tracker: "ShardTracker"):
         super().__init__(tracker)
         self.dtensor = _dtensor_type()
+        self.async_collective = _async_collective_type()
         self.entry_fake_mode = _active_fake_mode()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -96,8 +105,25 @@ class _ShardWatcher(_DispatchWatcher):
             return NotImplemented  # let DTensor desugar into local-shard ops, seen next
         out = func(*args, **kwargs) if kwargs else func(*args)
         if not self.tracker._in_propagation and _active_fake_mode() is self.entry_fake_mode:  # not DTensor's sharding propagation
-            self.tracker._observe(func, args, kwargs, out)
+            act = self.async_collective
+            if act is not None and (act in types or type(out) is act):
+                self.tracker._observe(func, *_collective_results_unwrapped(act, args, kwargs, out))
+            else:
+                self.tracker._observe(func, args, kwargs, out)
         return out
+
+
+def _collective_results_unwrapped(act: type, args, kwargs, out) -> tuple:
+    """Each ``AsyncCollectiveTensor`` replaced by the tensor it wraps.
+
+    On real tensors a functional collective's result comes back through
+    ``_c10d_functional._wrap_tensor_autograd`` as an ``AsyncCollectiveTensor``: a wrapper subclass
+    whose own storage holds no data (``data_ptr()`` 0), its bytes being the wrapped tensor's, which
+    the collective made (and the tracker counted) already. Counting the wrapper (and each view of
+    it) would count the collective's output two or three times; fake mode makes no wrapper."""
+    from torch.utils._pytree import tree_map_only
+
+    return tree_map_only(act, lambda t: t.elem, (args, kwargs, out))
 
 
 class ShardTracker(MemoryTracker):
