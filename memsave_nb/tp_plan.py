@@ -47,9 +47,10 @@ def default_tp_plan(model, sequence_parallel=False):
             plan.append((name, "norm"))
     if sequence_parallel:  # as torchtitan: attention and MLP gather the sequence once, at their input
         modules = dict(model.named_modules())
-        parents = [n.rpartition(".")[0] for n, style in plan if style == "colwise"]
-        plan += [(p, "gather_hidden_states" if _takes_hidden_states(modules[p]) else "gather_input")
-                 for p in dict.fromkeys(parents) if p]
+        parents = [p for p in dict.fromkeys(n.rpartition(".")[0] for n, style in plan if style == "colwise") if p]
+        # a norm inside a gathered module (Qwen3's q_norm / k_norm on each head) sees the whole sequence
+        plan = [(n, style) for n, style in plan if style != "norm" or not any(n.startswith(p + ".") for p in parents)]
+        plan += [(p, "gather_hidden_states" if _takes_hidden_states(modules[p]) else "gather_input") for p in parents]
     return plan
 
 

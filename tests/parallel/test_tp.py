@@ -534,3 +534,25 @@ def test_tp_over_every_rank_with_a_foreach_optimizer_says_why_it_fails():
     with pytest.raises(ParallelError, match="sequence_parallel on, shard with FSDP2") as info:
         measure_parallel(wl, ParallelSpec(world_size=2, tensor_parallel=2))
     assert "\n" not in str(info.value)
+
+
+def test_the_sequence_parallel_plan_of_hugging_face_decoders():
+    """The default plan under sequence parallel on Hugging Face decoders from config: attention is
+    gathered through its ``hidden_states`` keyword (its decoder layer passes it so), the MLP
+    positionally; the layer norms run on sequence shards, but not Qwen3's q_norm / k_norm inside
+    attention (they see the gathered sequence, per head: sharding them failed on mixed tensors)."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from memsave_nb.tp_plan import default_tp_plan
+
+    cfg = Qwen3Config(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=16, vocab_size=256)
+    with torch.device("meta"):
+        model = Qwen3ForCausalLM(cfg)
+    plan = dict(default_tp_plan(model, sequence_parallel=True))
+    layer = "model.layers.0."
+    assert plan[layer + "self_attn"] == "gather_hidden_states" and plan[layer + "mlp"] == "gather_input"
+    assert plan[layer + "input_layernorm"] == plan[layer + "post_attention_layernorm"] == plan["model.norm"] == "norm"
+    assert layer + "self_attn.q_norm" not in plan and layer + "self_attn.k_norm" not in plan
+    assert plan["model.embed_tokens"] == "embedding" and plan["lm_head"] == "head"
+    assert "model.layers.0.self_attn" not in dict(default_tp_plan(model, sequence_parallel=False))
