@@ -22,7 +22,7 @@ STRATEGIES = ("fsdp", "ddp")
 # colwise / rowwise Linear (or Embedding), the input embedding (rowwise, token ids replicated),
 # the output head (colwise, logits gathered), a norm and a module that gathers its sequence-sharded
 # input once (both for sequence parallel).
-TP_STYLES = ("colwise", "rowwise", "embedding", "head", "norm", "gather_input")
+TP_STYLES = ("colwise", "rowwise", "embedding", "head", "norm", "gather_input", "gather_hidden_states")
 DTYPES = ("float32", "bfloat16", "float16")
 # torch.distributed.pipelining schedules (ScheduleGPipe, Schedule1F1B, ScheduleInterleaved1F1B)
 SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")

@@ -46,9 +46,21 @@ def default_tp_plan(model, sequence_parallel=False):
         elif sequence_parallel and (isinstance(mod, (nn.LayerNorm, nn.RMSNorm)) or type(mod).__name__.endswith("RMSNorm")):
             plan.append((name, "norm"))
     if sequence_parallel:  # as torchtitan: attention and MLP gather the sequence once, at their input
-        parents = [n.rpartition(".")[0] for n, style in plan if style == "colwise"]
-        plan += [(p, "gather_input") for p in dict.fromkeys(parents) if p]
+        modules = dict(model.named_modules())
+        parents = [p for p in dict.fromkeys(n.rpartition(".")[0] for n, style in plan if style == "colwise") if p]
+        # a norm inside a gathered module (Qwen3's q_norm / k_norm on each head) sees the whole sequence
+        plan = [(n, style) for n, style in plan if style != "norm" or not any(n.startswith(p + ".") for p in parents)]
+        plan += [(p, "gather_hidden_states" if _takes_hidden_states(modules[p]) else "gather_input") for p in parents]
     return plan
+
+
+def _takes_hidden_states(module):
+    """Hugging Face attention is called with ``hidden_states=`` as a keyword (its decoder layers
+    call ``self_attn(hidden_states=..., position_embeddings=..., ...)``); other modules positionally."""
+    import inspect
+
+    params = list(inspect.signature(module.forward).parameters)
+    return bool(params) and params[0] == "hidden_states" and "position_embeddings" in params
 
 
 def matched_tp_plan(model, rules):
@@ -72,7 +84,7 @@ def tp_styles(plan: list[tuple[str, str]], sequence_parallel: bool) -> dict[str,
     from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel
 
     seq = Shard(1) if sequence_parallel else Replicate()
-    gathered = {name for name, style in plan if style == "gather_input"}
+    gathered = {name for name, style in plan if style in ("gather_input", "gather_hidden_states")}
 
     def colwise(name):
         whole = not sequence_parallel or name.rpartition(".")[0] in gathered
@@ -80,11 +92,15 @@ def tp_styles(plan: list[tuple[str, str]], sequence_parallel: bool) -> dict[str,
 
     make = {
         "colwise": colwise,
-        "rowwise": lambda name: RowwiseParallel(output_layouts=seq),
-        "embedding": lambda name: RowwiseParallel(input_layouts=Replicate(), output_layouts=seq),
+        "rowwise": lambda name: RowwiseParallel(output_layouts=seq, use_local_output=not sequence_parallel),
+        "embedding": lambda name: RowwiseParallel(input_layouts=Replicate(), output_layouts=seq,
+                                                  use_local_output=not sequence_parallel),
         "head": lambda name: ColwiseParallel(input_layouts=seq, output_layouts=Replicate()),
         "norm": lambda name: SequenceParallel(),
         "gather_input": lambda name: PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),),
                                                         use_local_output=True),
+        "gather_hidden_states": lambda name: PrepareModuleInput(
+            input_kwarg_layouts={"hidden_states": seq}, desired_input_kwarg_layouts={"hidden_states": Replicate()},
+            use_local_output=True),
     }
     return {name: make[style](name) for name, style in plan}

@@ -89,6 +89,7 @@ def tensor_parallel_code(spec: ParallelSpec, model_var: str = "model") -> tuple[
         for const in ("COLWISE", "ROWWISE", "EMBEDDINGS", "HEADS"):
             body.append(f"{const} = {sorted(getattr(tp, const))!r}")
         body += ["", "", *_source(tp.default_tp_plan, "def default_tp_plan(model, sequence_parallel=False):"), "", ""]
+        body += [*_source(tp._takes_hidden_states, "def _takes_hidden_states(module):"), "", ""]
         plan = f"default_tp_plan({m}, {spec.sequence_parallel!r})"
     body += [*_source(tp.tp_styles, "def tp_styles(plan, sequence_parallel):"), "", ""]
     body += [f"tp_plan = {plan}  # (module name, style): Megatron-style column / row splits",

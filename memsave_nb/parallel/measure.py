@@ -135,8 +135,8 @@ def measure_rank(workload: Workload, spec: ParallelSpec, plan: Any = None, *, ra
 
 
 def _sequence_parallel_error(exc: BaseException) -> ParallelError:
-    """A forward that cannot run on sequence shards (position embeddings or masks sized from the
-    local sequence length, attention called with keyword inputs), in one line."""
+    """A forward that cannot run on sequence shards (a plain tensor, such as learned position
+    embeddings, mixed into the sequence-sharded residual stream), in one line."""
     from ..checkpointing import show
 
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

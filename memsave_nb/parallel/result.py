@@ -12,7 +12,7 @@ CATEGORIES = (
     "sharded_parameters",  # this rank's own parameter storage (its FSDP shards; DDP: the whole copy)
     "unsharded_parameters",  # FSDP2: parameters while all-gathered
     "buffers",  # module buffers (not sharded by FSDP2)
-    "communication",  # all-gather and reduce-scatter buffers
+    "communication",  # collective buffers: FSDP2's all-gather / reduce-scatter, TP's redistributions
     "gradients",  # gradients kept for the optimizer (gradient shards under FSDP2)
     "optimizer_state",
     "activations",  # saved for backward (and outputs kept to the end of forward)

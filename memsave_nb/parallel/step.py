@@ -173,6 +173,8 @@ def categorise(tracker: ShardTracker, grads: set, opt: set, unsharded: set, mark
             kinds.append("unsharded_parameters")
         elif i in tracker.comm_records:
             kinds.append("communication")
+        elif i in tracker.redistribute_records and not rec.late and not (rec.phase == "forward" and i in live_at_fwd_end):
+            kinds.append("communication")  # TP's collective buffers; one kept for backward is an activation
         elif rec.late:
             kinds.append(INPUT if rec.died is None else "temporaries")
         elif rec.phase == "forward" and i in live_at_fwd_end:

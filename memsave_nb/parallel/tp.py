@@ -37,7 +37,7 @@ def resolve_tp_plan(model: nn.Module, spec: ParallelSpec) -> list[tuple[str, str
     modules = dict(model.named_modules())
     for name, style in plan:
         mod = modules[name]
-        if style in ("norm", "gather_input"):
+        if style in ("norm", "gather_input", "gather_hidden_states"):
             continue
         if not isinstance(mod, (nn.Linear, nn.Embedding)):
             raise ParallelError(f"tp_plan: {name!r} is a {type(mod).__name__}; style {style!r} splits a Linear or Embedding")
@@ -47,7 +47,7 @@ def resolve_tp_plan(model: nn.Module, spec: ParallelSpec) -> list[tuple[str, str
 
 def _sharded_dims(mod: nn.Module, style: str) -> dict[str, int | None]:
     """Parameter name -> the dim TP splits (None: replicated), as PyTorch's styles shard them."""
-    if style in ("norm", "gather_input"):
+    if style in ("norm", "gather_input", "gather_hidden_states"):
         return {n: None for n, _ in mod.named_parameters(recurse=False)}
     # torch shards an Embedding's weight on dim 1 column-wise and dim 0 row-wise; a Linear's on
     # dim 0 column-wise (its bias too) and dim 1 row-wise (its bias replicated)

@@ -68,6 +68,14 @@ def _dtensor_type():
     return DTensor
 
 
+def _async_collective_type():
+    try:
+        from torch.distributed._functional_collectives import AsyncCollectiveTensor
+    except ImportError:  # pragma: no cover
+        return None
+    return AsyncCollectiveTensor
+
+
 def _active_fake_mode():
     """The fake mode now in force (one C call per op; ``torch._guards.active_fake_mode`` walks the
     whole mode stack in Python)."""
@@ -88,6 +96,7 @@ class _ShardWatcher(_DispatchWatcher):
     def __init__(self, tracker: "ShardTracker"):
         super().__init__(tracker)
         self.dtensor = _dtensor_type()
+        self.async_collective = _async_collective_type()
         self.entry_fake_mode = _active_fake_mode()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -96,8 +105,25 @@ class _ShardWatcher(_DispatchWatcher):
             return NotImplemented  # let DTensor desugar into local-shard ops, seen next
         out = func(*args, **kwargs) if kwargs else func(*args)
         if not self.tracker._in_propagation and _active_fake_mode() is self.entry_fake_mode:  # not DTensor's sharding propagation
-            self.tracker._observe(func, args, kwargs, out)
+            act = self.async_collective
+            if act is not None and (act in types or type(out) is act):
+                self.tracker._observe(func, *_collective_results_unwrapped(act, args, kwargs, out))
+            else:
+                self.tracker._observe(func, args, kwargs, out)
         return out
+
+
+def _collective_results_unwrapped(act: type, args, kwargs, out) -> tuple:
+    """Each ``AsyncCollectiveTensor`` replaced by the tensor it wraps.
+
+    On real tensors a functional collective's result comes back through
+    ``_c10d_functional._wrap_tensor_autograd`` as an ``AsyncCollectiveTensor``: a wrapper subclass
+    whose own storage holds no data (``data_ptr()`` 0), its bytes being the wrapped tensor's, which
+    the collective made (and the tracker counted) already. Counting the wrapper (and each view of
+    it) would count the collective's output two or three times; fake mode makes no wrapper."""
+    from torch.utils._pytree import tree_map_only
+
+    return tree_map_only(act, lambda t: t.elem, (args, kwargs, out))
 
 
 class ShardTracker(MemoryTracker):
@@ -106,7 +132,11 @@ class ShardTracker(MemoryTracker):
     def __init__(self, model=None, *, count_flops: bool = False):
         super().__init__(model, count_flops=count_flops)
         self.comm_records: set[int] = set()
+        # storages born inside a DTensor redistribution (TP's all-reduces, all-gathers, reduce-scatters
+        # of activations and their gradients): communication unless kept for backward
+        self.redistribute_records: set[int] = set()
         self._in_collective = 0
+        self._in_redistribute = 0
         self._in_propagation = 0
         self._stack = contextlib.ExitStack()
         # (op, group size) -> (calls, payload bytes) of the collectives the tracked step ran
@@ -135,8 +165,11 @@ class ShardTracker(MemoryTracker):
     # -- storages -------------------------------------------------------------------------------
     def _add(self, storage, record) -> None:
         super()._add(storage, record)
-        if self._in_collective and record.kind is None:
-            self.comm_records.add(len(self.records) - 1)
+        if record.kind is None:
+            if self._in_collective:
+                self.comm_records.add(len(self.records) - 1)
+            elif self._in_redistribute:
+                self.redistribute_records.add(len(self.records) - 1)
 
     def register_tensors(self, tensors, kind: str) -> None:
         """Like ``register_existing`` but DTensors register their local shard."""
@@ -169,6 +202,7 @@ class ShardTracker(MemoryTracker):
         stack = self._stack
         stack.enter_context(_patched_resize(self))
         stack.enter_context(_marked_collectives(self))
+        stack.enter_context(_marked_redistributions(self))
         stack.enter_context(_ignored_propagation(self))
         stack.enter_context(_rng_states_seen(self))
         try:
@@ -204,6 +238,19 @@ def _patched_resize(tracker: ShardTracker) -> Iterator[None]:
         torch.UntypedStorage.resize_ = original  # type: ignore[method-assign]
 
 
+def _counted(tracker: ShardTracker, depth: str, fn):
+    """``fn`` with the tracker's ``depth`` counter raised while it runs (what it allocates is marked)."""
+    @functools.wraps(fn)
+    def inner(*args, **kwargs):
+        setattr(tracker, depth, getattr(tracker, depth) + 1)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            setattr(tracker, depth, getattr(tracker, depth) - 1)
+
+    return inner
+
+
 @contextlib.contextmanager
 def _marked_collectives(tracker: ShardTracker) -> Iterator[None]:
     """Mark what FSDP2's grouped all-gather and reduce-scatter allocate as communication buffers.
@@ -218,25 +265,48 @@ def _marked_collectives(tracker: ShardTracker) -> Iterator[None]:
         yield
         return
     originals = {n: getattr(pg_mod, n) for n in _FSDP_COLLECTIVES if hasattr(pg_mod, n)}
-
-    def wrap(fn):
-        @functools.wraps(fn)
-        def inner(*args, **kwargs):
-            tracker._in_collective += 1
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                tracker._in_collective -= 1
-
-        return inner
-
     for n, fn in originals.items():
-        setattr(pg_mod, n, wrap(fn))
+        setattr(pg_mod, n, _counted(tracker, "_in_collective", fn))
     try:
         yield
     finally:
         for n, fn in originals.items():
             setattr(pg_mod, n, fn)
+
+
+# DTensor's redistribution of a local tensor, as the modules that call it hold it (imported by name)
+_REDISTRIBUTE_HOLDERS = ("torch.distributed.tensor._redistribute", "torch.distributed.tensor._dispatch",
+                         "torch.distributed.tensor._api")
+
+
+@contextlib.contextmanager
+def _marked_redistributions(tracker: ShardTracker) -> Iterator[None]:
+    """Mark what DTensor's ``redistribute_local_tensor`` allocates (the functional collectives' outputs
+    and the copies that lay a sharded dim out for them) as TP's communication buffers.
+
+    Every redistribution goes through that one function: ``DTensor.redistribute`` and its backward,
+    an op whose inputs need another placement (``_dispatch``), ``from_local``'s backward (``_api``).
+    A torch without it: nothing is marked (the buffers count as temporaries), nothing fails.
+    """
+    import importlib
+
+    patched = []
+    for name in _REDISTRIBUTE_HOLDERS:
+        try:
+            mod = importlib.import_module(name)
+        except ImportError:  # pragma: no cover
+            continue
+        fn = getattr(mod, "redistribute_local_tensor", None)
+        if fn is not None:
+            patched.append((mod, fn))
+
+    for mod, fn in patched:
+        mod.redistribute_local_tensor = _counted(tracker, "_in_redistribute", fn)
+    try:
+        yield
+    finally:
+        for mod, fn in patched:
+            mod.redistribute_local_tensor = fn
 
 
 @contextlib.contextmanager

@@ -74,3 +74,21 @@ def test_report_pp_prints_one_row_per_stage_from_measure_pipeline(capsys):
         assert main(["report", "--model", "mlp", "--batch", "16", *argv]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and message in err, err
+
+
+@pytest.mark.slow
+def test_report_tp_sequence_parallel_on_a_hub_model_by_name(capsys):
+    """``report --model llama-3.2-1b --tp 2 --sequence-parallel``: the catalogue's Llama 3.2 1B
+    (built on meta from its config) sized per rank with sequence parallel, the numbers of
+    measure_parallel on the same workload. Refused before (the Llama's forward did not run on
+    sequence shards)."""
+    from memsave_nb.hub import from_pretrained
+
+    argv = ["report", "--model", "llama-3.2-1b", "--seq-len", "64", "--world-size", "2", "--tp", "2", "--sequence-parallel"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "TP 2 (2 ranks, mesh 1x2, sequence parallel)" in out.splitlines()[0]
+    spec = ParallelSpec(world_size=2, tensor_parallel=2, sequence_parallel=True)
+    expected = measure_parallel(from_pretrained("llama-3.2-1b", batch_size=1, seq_len=64), spec)
+    assert expected.table() in out
+    assert not dist.is_initialized()
