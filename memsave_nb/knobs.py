@@ -468,6 +468,15 @@ class MasterWeightsOptimizer(torch.optim.Optimizer):
             self.state[p]["master"] = master
         self._inner = inner(self._masters)
 
+    @property
+    def makes_state_on_zero_grads(self) -> bool:
+        """Its step on zero gradients makes the inner optimizer's state as a first step would (the
+        masters exist from construction) when the engine trusts the inner one to: a steady-state
+        measurement then needs no whole first step."""
+        from memsave_nb.measure.optimizer_state import makes_state_without_a_step
+
+        return makes_state_without_a_step(self._inner)
+
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:  # noqa: D102
         params = [p for group in self.param_groups for p in group["params"]]

@@ -76,5 +76,8 @@ def _step_without_hooks(optimizer: torch.optim.Optimizer) -> None:
 
 
 def makes_state_without_a_step(optimizer: Any) -> bool:
-    """True for an optimizer whose first-step state ``make_state_on_zero_grads`` reproduces."""
-    return optimizer is None or type(optimizer) in ZERO_GRAD_STEP
+    """True for an optimizer whose first-step state ``make_state_on_zero_grads`` reproduces: one of
+    ``ZERO_GRAD_STEP``, or a wrapper that says so of itself (``makes_state_on_zero_grads`` True: the
+    knobs' fp32 master weights over one of those)."""
+    return (optimizer is None or type(optimizer) in ZERO_GRAD_STEP
+            or getattr(optimizer, "makes_state_on_zero_grads", False) is True)
