@@ -14,7 +14,6 @@ own fake-tensor work, which no change of ours can go below.
 
     python bench/bench_explorer.py              # both cases, 7 clicks each
     python bench/bench_explorer.py --clicks 3   # quicker
-    python bench/bench_explorer.py --repeats 3  # the real-mode click with three timed steps (was the default)
     python bench/bench_explorer.py --quick --out /tmp/explorer.json   # smoke test: 1 click, 1 repeat
     python bench/bench_explorer.py --threads 1  # torch intra-op threads (default: torch's own)
     python bench/bench_explorer.py --cuda-check # on a CUDA machine: allocator vs tracker peaks, 3 plans
@@ -51,7 +50,13 @@ def _cases(names: list[str]) -> list[dict]:
         "cnn-real": dict(
             name="cnn-real", goal_s=0.2, mode="real",
             make=lambda: zoo.make("cnn"),
-            describe="ResNet-style CNN demo, batch 32, 3x32x32, real mode (1 tracked + explore()'s timed steps)",
+            describe="ResNet-style CNN demo, batch 32, 3x32x32, real mode (1 tracked + explore()'s 3 timed steps)",
+            toggles=["stem", "layers.0", "layers.1", "layers.2", "layers.0.0", "layers.1.0", "layers.2.0"],
+        ),
+        "cnn-real-1step": dict(
+            name="cnn-real-1step", goal_s=0.2, mode="real", repeats=1,
+            make=lambda: zoo.make("cnn"),
+            describe="the same with one timed step (explore(..., repeats=1); time changes then read 'too few runs to judge')",
             toggles=["stem", "layers.0", "layers.1", "layers.2", "layers.0.0", "layers.1.0", "layers.2.0"],
         ),
         "gpt2-small-fake": dict(
@@ -65,6 +70,7 @@ def _cases(names: list[str]) -> list[dict]:
 
 
 def run_case(case: dict, clicks: int, repeats: int) -> dict:
+    repeats = case.get("repeats", repeats)
     workload = case["make"]()
     t0 = time.perf_counter()
     explorer = Explorer(Session(workload, case["mode"], repeats=repeats))
@@ -192,7 +198,7 @@ def cuda_check(out: Path, device: str = "cuda") -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cases", nargs="+", default=["cnn-real", "gpt2-small-fake"])
+    parser.add_argument("--cases", nargs="+", default=["cnn-real", "cnn-real-1step", "gpt2-small-fake"])
     parser.add_argument("--clicks", type=int, default=7)
     parser.add_argument("--repeats", type=int, default=EXPLORE_REPEATS,
                         help=f"timed steps per real-mode run (Session repeats; default: explore()'s, {EXPLORE_REPEATS})")

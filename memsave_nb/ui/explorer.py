@@ -555,7 +555,7 @@ def explore(
     *,
     live: bool = True,
     debounce_s: float = 0.3,
-    repeats: int = 1,
+    repeats: int = 3,
     tab: str | None = None,
     **hub_kwargs: Any,
 ) -> Explorer:
@@ -565,7 +565,7 @@ def explore(
     ``mode="fake"`` measures with fake tensors (sizes without memory or compute, for models too
     large to run here); ``device="cuda"`` runs on the GPU and also shows the allocator's peak.
     ``tab`` opens that tab first (``"Fit a GPU"``, ``"GPUs"``; default: ``"Layers"``).
-    ``repeats``: steps timed per real-mode run, after the tracked one (1: quick clicks; 3: steadier times)."""
+    ``repeats``: steps timed per real-mode run (3 let a time change be judged against noise; 1 clicks faster)."""
     if hub_kwargs and not isinstance(model_or_workload, str):
         raise WorkloadError(f"{', '.join(sorted(hub_kwargs))}: only with a model given by name")
     if isinstance(model_or_workload, Session):
