@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import inspect
 import json
 import platform
 import statistics
@@ -36,9 +37,10 @@ import torch
 
 from memsave_nb import zoo
 from memsave_nb.session import Session
-from memsave_nb.ui.explorer import Explorer
+from memsave_nb.ui.explorer import Explorer, explore
 from memsave_nb.zoo import GPTConfig
 
+EXPLORE_REPEATS = inspect.signature(explore).parameters["repeats"].default  # what a click times in real mode
 RESULTS = Path(__file__).resolve().parent / "results" / "explorer.json"
 GPT2_SMALL = GPTConfig(vocab_size=50257, block_size=1024, n_layer=12, n_head=12, n_embd=768)
 
@@ -48,7 +50,13 @@ def _cases(names: list[str]) -> list[dict]:
         "cnn-real": dict(
             name="cnn-real", goal_s=0.2, mode="real",
             make=lambda: zoo.make("cnn"),
-            describe="ResNet-style CNN demo, batch 32, 3x32x32, real mode (1 tracked + 3 timed steps)",
+            describe="ResNet-style CNN demo, batch 32, 3x32x32, real mode (1 tracked + explore()'s 3 timed steps)",
+            toggles=["stem", "layers.0", "layers.1", "layers.2", "layers.0.0", "layers.1.0", "layers.2.0"],
+        ),
+        "cnn-real-1step": dict(
+            name="cnn-real-1step", goal_s=0.2, mode="real", repeats=1,
+            make=lambda: zoo.make("cnn"),
+            describe="the same with one timed step (explore(..., repeats=1); time changes then read 'too few runs to judge')",
             toggles=["stem", "layers.0", "layers.1", "layers.2", "layers.0.0", "layers.1.0", "layers.2.0"],
         ),
         "gpt2-small-fake": dict(
@@ -62,6 +70,7 @@ def _cases(names: list[str]) -> list[dict]:
 
 
 def run_case(case: dict, clicks: int, repeats: int) -> dict:
+    repeats = case.get("repeats", repeats)
     workload = case["make"]()
     t0 = time.perf_counter()
     explorer = Explorer(Session(workload, case["mode"], repeats=repeats))
@@ -112,6 +121,7 @@ def run_case(case: dict, clicks: int, repeats: int) -> dict:
         "describe": case["describe"],
         "mode": case["mode"],
         "clicks": len(rows),
+        "timed_steps": repeats if case["mode"] == "real" else 0,
         "goal_s": case["goal_s"],
         "median_s": median,
         "max_s": max(clicks_s),
@@ -188,9 +198,10 @@ def cuda_check(out: Path, device: str = "cuda") -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cases", nargs="+", default=["cnn-real", "gpt2-small-fake"])
+    parser.add_argument("--cases", nargs="+", default=["cnn-real", "cnn-real-1step", "gpt2-small-fake"])
     parser.add_argument("--clicks", type=int, default=7)
-    parser.add_argument("--repeats", type=int, default=3, help="timed steps per real-mode run (Session repeats)")
+    parser.add_argument("--repeats", type=int, default=EXPLORE_REPEATS,
+                        help=f"timed steps per real-mode run (Session repeats; default: explore()'s, {EXPLORE_REPEATS})")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     parser.add_argument("--quick", action="store_true", help="smoke test: one click per case, one timed step")
     parser.add_argument("--out", type=Path, default=RESULTS)

@@ -468,6 +468,34 @@ class MasterWeightsOptimizer(torch.optim.Optimizer):
             self.state[p]["master"] = master
         self._inner = inner(self._masters)
 
+    @property
+    def makes_state_on_zero_grads(self) -> bool:
+        """Its step on zero gradients makes the inner optimizer's state as a first step would (the
+        masters exist from construction) when the engine trusts the inner one to: a steady-state
+        measurement then needs no whole first step."""
+        from memsave_nb.measure.optimizer_state import makes_state_without_a_step
+
+        return makes_state_without_a_step(self._inner)
+
+    @torch.no_grad()
+    def init_state_on_zero_grads(self) -> bool:
+        """The state a first step makes, without its update, when the inner optimizer can make its
+        own that way (Adam/AdamW: ``init_optimizer_state``); False (nothing made) otherwise."""
+        from memsave_nb.measure.optimizer_state import init_optimizer_state
+
+        params = [p for group in self.param_groups for p in group["params"]]
+        for p, master in zip(params, self._masters):
+            master.grad = None if p.grad is None else torch.zeros_like(master)
+        try:
+            made = init_optimizer_state(self._inner)
+        finally:
+            for master in self._masters:
+                master.grad = None
+        if made:
+            for p, master in zip(params, self._masters):
+                self.state[p].update(self._inner.state.get(master, {}))
+        return made
+
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:  # noqa: D102
         params = [p for group in self.param_groups for p in group["params"]]

@@ -35,8 +35,12 @@ def init_optimizer_state(optimizer: torch.optim.Optimizer) -> bool:
     ``max_exp_avg_sq`` with amsgrad) for every parameter with a gradient, then updates in place;
     the update allocates nothing that outlives it, so the state is the first step's, byte for byte
     (``step`` holds 0 instead of 1). On DTensor parameters the update is the warm-up's largest cost.
-    False (nothing done) for any other optimizer or a torch whose ``_init_group`` differs.
+    False (nothing done) for any other optimizer or a torch whose ``_init_group`` differs. A wrapper
+    with ``init_state_on_zero_grads()`` makes its own (True when it could).
     """
+    own = getattr(optimizer, "init_state_on_zero_grads", None)  # a wrapper's own (the knobs' fp32 masters)
+    if callable(own):
+        return bool(own())
     if type(optimizer) not in (torch.optim.Adam, torch.optim.AdamW):
         return False
     init = getattr(type(optimizer), "_init_group", None)
@@ -76,5 +80,8 @@ def _step_without_hooks(optimizer: torch.optim.Optimizer) -> None:
 
 
 def makes_state_without_a_step(optimizer: Any) -> bool:
-    """True for an optimizer whose first-step state ``make_state_on_zero_grads`` reproduces."""
-    return optimizer is None or type(optimizer) in ZERO_GRAD_STEP
+    """True for an optimizer whose first-step state ``make_state_on_zero_grads`` reproduces: one of
+    ``ZERO_GRAD_STEP``, or a wrapper that says so of itself (``makes_state_on_zero_grads`` True: the
+    knobs' fp32 master weights over one of those)."""
+    return (optimizer is None or type(optimizer) in ZERO_GRAD_STEP
+            or getattr(optimizer, "makes_state_on_zero_grads", False) is True)

@@ -26,11 +26,7 @@ from torch import nn
 
 from ..workload import iter_tensors
 from .apply import fsdp_params
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    to_local = getattr(t, "to_local", None)
-    return to_local() if callable(to_local) else t
+from .tracker import local_shard
 
 
 def offloaded_params(model: nn.Module) -> list[Any]:
@@ -51,9 +47,9 @@ def host_records(tracker: Any, model: nn.Module, optimizer: torch.optim.Optimize
         tensors.append(fp._sharded_param_data)
         param = fp.sharded_param
         if param.grad is not None:
-            tensors.append(_local(param.grad))
+            tensors.append(local_shard(param.grad))
         if optimizer is not None:
-            tensors.extend(_local(t) for t in iter_tensors(optimizer.state.get(param, {})))
+            tensors.extend(local_shard(t) for t in iter_tensors(optimizer.state.get(param, {})))
     out = {tracker.record_of(t) for t in tensors}
     # the optimizer steps on the host shards: what its step allocates is host memory too
     out |= {i for i, rec in enumerate(tracker.records) if rec.phase == "optimizer"}

@@ -24,12 +24,9 @@ from .apply import unsharded_tensors
 from .host import copy_bounds, host_records
 from .ddp import rebuild_buckets, reducer_storages
 from .result import CATEGORIES, RankMeasurement
-from .tracker import ShardTracker
+from .tracker import ShardTracker, local_shard
 
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    to_local = getattr(t, "to_local", None)
-    return to_local() if callable(to_local) else t
+_local = local_shard  # the name pipeline.py imports
 
 
 def _run(workload: Workload, model: nn.Module, batch: Any, optimizer, tracker: ShardTracker | None, marks: dict) -> None:
@@ -119,11 +116,11 @@ def tracked_step(workload: Workload, model: nn.Module, batch: Any, *, rank: int,
     marks: dict = {}
     with tracker:
         _run(workload, model, batch, optimizer, tracker, marks)
-        grads = {tracker.record_of(_local(p.grad)) for p in params if p.grad is not None}
-        grads |= {tracker.record_of(_local(t.grad)) for t in iter_tensors(batch) if t.grad is not None}
+        grads = {tracker.record_of(local_shard(p.grad)) for p in params if p.grad is not None}
+        grads |= {tracker.record_of(local_shard(t.grad)) for t in iter_tensors(batch) if t.grad is not None}
         opt = set()
         if optimizer is not None:
-            opt = {tracker.record_of(_local(t)) for s in optimizer.state.values() for t in iter_tensors(s)}
+            opt = {tracker.record_of(local_shard(t)) for s in optimizer.state.values() for t in iter_tensors(s)}
         unsharded = {tracker.record_of(t) for t in unsharded_tensors(workload.model)}
         host = host_records(tracker, workload.model, optimizer)  # FSDP2 CPU offload: what lives on the host
     kinds = categorise(tracker, grads - {None}, opt - {None}, unsharded - {None}, marks)
@@ -137,7 +134,7 @@ def tracked_step(workload: Workload, model: nn.Module, batch: Any, *, rank: int,
     elif optimizer is not None and single_tensor_default(optimizer):
         # under CPU offload the step runs on the host, single-tensor, as measured; on a GPU it would not
         result = dataclasses.replace(result, foreach_temp_bytes=sum(
-            _local(p).numel() * _local(p).element_size() for g in optimizer.param_groups for p in g["params"]))
+            local_shard(p).numel() * local_shard(p).element_size() for g in optimizer.param_groups for p in g["params"]))
     if not staging:
         return result
     # A real backend's own staging copies: counted in ``peak_bytes``; the peak without them is kept

@@ -190,7 +190,7 @@ class Explorer(ExplorerRuns, W.VBox):
         self.budget = BudgetPanel(self.editor, on_sweep=self.sweep,
                                   disabled_reason=("fake tensors do not compile: open the explorer in real mode "
                                                    "to try a compile budget") if session.mode == "fake" else "")
-        self.results = ResultsPanel(base_entry, on_pick=self._on_pick)
+        self.results = ResultsPanel(base_entry, on_pick=self._on_pick, first_step=(session.first_step_peak, self.show_first_step_peak))
         self.code = W.HTML()
         self.code.add_class("memsave-plan-code")
         self.code_text = ""
@@ -565,7 +565,7 @@ def explore(
     ``mode="fake"`` measures with fake tensors (sizes without memory or compute, for models too
     large to run here); ``device="cuda"`` runs on the GPU and also shows the allocator's peak.
     ``tab`` opens that tab first (``"Fit a GPU"``, ``"GPUs"``; default: ``"Layers"``).
-    """
+    ``repeats``: steps timed per real-mode run (3 let a time change be judged against noise; 1 clicks faster)."""
     if hub_kwargs and not isinstance(model_or_workload, str):
         raise WorkloadError(f"{', '.join(sorted(hub_kwargs))}: only with a model given by name")
     if isinstance(model_or_workload, Session):

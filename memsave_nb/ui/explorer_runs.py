@@ -26,6 +26,7 @@ class ExplorerRuns:
         again, runs track one step. The plan on display is run again either way."""
         if self.session.first_step_peak != bool(on):
             self.session.first_step_peak = bool(on)
+            self.results.first_step.value = bool(on)  # the Results tab's switch follows (its call is then a no-op)
             self.rerun()
 
     def _next_generation(self) -> int:

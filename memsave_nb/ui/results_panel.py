@@ -98,7 +98,10 @@ def results_html(m: Measurement, base: Measurement, target: Target | None = None
 
 
 class ResultsPanel(W.VBox):
-    def __init__(self, baseline_entry: Any, on_pick: Callable[[int], None] | None = None):
+    def __init__(self, baseline_entry: Any, on_pick: Callable[[int], None] | None = None,
+                 first_step: tuple[bool, Callable[[bool], None]] | None = None):
+        """``first_step``: the first-step switch's value and what it calls (the explorer's
+        ``show_first_step_peak``); None: no switch."""
         # Figures start with the data they first show: BokehModel renders its document as it was
         # when the widget was made, and a change sent before the front end has a view is lost.
         baseline = baseline_entry.measurement
@@ -124,7 +127,15 @@ class ResultsPanel(W.VBox):
         self.layers_plot = figures.layer_bars(baseline, baseline)
         self.history_plot = figures.history([baseline_entry], 0)
         self.history_plot.source.selected.on_change("indices", self._tapped)
+        # training's first step measured too (its peak beside the steady state's): one more step per run
+        self.first_step = W.Checkbox(value=bool(first_step and first_step[0]), indent=False,
+                                     description="also measure training's first step (one more step per run)",
+                                     layout=W.Layout(width="auto", display="" if first_step else "none"))
+        self.first_step.add_class("memsave-first-step-switch")
+        if first_step is not None:
+            self.first_step.observe(lambda ch, switch=first_step[1]: switch(bool(ch["new"])), "value")
         super().__init__([
+            self.first_step,
             # side by side when there is room; in a narrow notebook the plot goes under the table
             W.HBox([self.table, bokeh_widget(self.history_plot.figure)],
                    layout=W.Layout(align_items="flex-start", flex_flow="row wrap")),

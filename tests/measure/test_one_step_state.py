@@ -120,3 +120,35 @@ def test_step_hooks_see_only_real_gradients():
     finally:
         handle.remove()
     assert seen == [True]
+
+
+@pytest.mark.parametrize("mode", ["real", "fake"])
+@pytest.mark.parametrize("inner", ["adamw", "sgd_momentum"])
+def test_fp32_master_weights_make_their_state_without_a_first_step(inner, mode):
+    # the knobs' bf16 + fp32 master weights over an optimizer the engine trusts: its step on zero
+    # gradients makes the masters' inner state as a first step would (the planner's bf16_master
+    # probes paid a whole first step each)
+    from memsave_nb.plan import Plan
+
+    wl = CASE["zoo_mlp"].build().replace(accumulation_steps=2, set_to_none=False)
+    with Plan(precision="bf16_master", optimizer=inner).apply(wl) as applied:
+        calls = _forwards(applied.model)
+        fast = measure(applied, mode, repeats=0)
+        one_step = len(calls)
+        slow = measure(applied, mode, repeats=0, first_step_peak=True)
+    assert _numbers(fast) == _numbers(slow)
+    assert one_step == 2 and fast.first_step_peak_bytes is None
+    assert len(calls) - one_step == 4
+
+
+def test_fp32_master_weights_over_an_unknown_optimizer_get_a_whole_first_step():
+    from memsave_nb.knobs import MasterWeightsOptimizer
+
+    class Mine(torch.optim.SGD):
+        pass
+
+    wl = CASE["linear_relu"].build()
+    wl = wl.replace(optimizer=lambda ps: MasterWeightsOptimizer(ps, lambda ms: Mine(ms, lr=0.1, momentum=0.9)))
+    calls = _forwards(wl.model)
+    m = measure(wl, repeats=0)
+    assert len(calls) == 2 and m.first_step_peak_bytes is not None

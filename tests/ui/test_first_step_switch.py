@@ -35,3 +35,28 @@ def test_first_step_peak_on_request():
     assert explorer.wait(120) and explorer.state == "done", explorer.error
     assert explorer.measurement.first_step_peak_bytes is None
     assert explorer.first_step.layout.display == "none"
+
+
+def test_the_results_tab_has_the_first_step_switch():
+    # the switch is a checkbox in the Results tab: ticking it runs the plan on display again with
+    # the first step too, unticking it goes back to one tracked step; the Python call moves the box
+    wl = zoo.make("mlp", 4)
+    explorer = Explorer(Session(wl, "fake", repeats=0))
+    box = explorer.results.first_step
+    assert box in explorer.results.children and box.value is False
+    assert explorer.tabs.children[list(explorer.tabs.children).index(explorer.results)] is explorer.results
+
+    box.value = True
+    assert explorer.session.first_step_peak is True
+    assert explorer.wait(120) and explorer.state == "done", explorer.error
+    expected = measure(wl, "fake", repeats=0, first_step_peak=True)
+    assert explorer.measurement.first_step_peak_bytes == expected.first_step_peak_bytes is not None
+
+    box.value = False
+    assert explorer.wait(120) and explorer.state == "done", explorer.error
+    assert explorer.session.first_step_peak is False and explorer.measurement.first_step_peak_bytes is None
+
+    explorer.show_first_step_peak(True)
+    assert box.value is True
+    assert explorer.wait(120) and explorer.state == "done", explorer.error
+    assert explorer.measurement.first_step_peak_bytes == expected.first_step_peak_bytes
