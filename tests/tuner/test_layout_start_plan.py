@@ -18,6 +18,7 @@ from test_layout import MIB, _gpt
 TARGET = Target(2 * MIB / 2**30, headroom=1.0)
 
 
+@pytest.mark.slow
 def test_a_frozen_plan_is_extrapolated_over_its_blocks_and_remeasured_exactly():
     """Six blocks, every block's attention frozen (alike): measured at 3 and 4 blocks under the plan
     and extrapolated; the chosen layout's re-measurement at full depth (the plan applied) equals the
@@ -36,6 +37,7 @@ def test_a_frozen_plan_is_extrapolated_over_its_blocks_and_remeasured_exactly():
     assert before.differences(wl.model) == []
 
 
+@pytest.mark.slow
 def test_a_plan_that_treats_one_block_apart_is_measured_at_full_depth():
     wl = _gpt(6, batch=2)
     r = plan_layout(wl, 2, "H100", Target(64, headroom=1.0), tensor_parallel=(1,), region_kinds=(None,), remeasure=False,
