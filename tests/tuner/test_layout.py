@@ -169,8 +169,8 @@ def test_bad_input_is_one_line(kwargs, message):
 def test_llama_70b_on_16_h100s_under_60_s_cpu():
     """The issue's must-show: a Llama-3.1-70B-shaped model (fake, seq 4096) on 16 x H100 80 GB; the
     chosen layout re-measured per rank at full depth stays under the target; the search and that
-    re-measurement together take under 60 s of CPU time here (about 45 s; 62-83 s before TP took
-    the cheap warm-up)."""
+    re-measurement together take under 60 s of CPU time here (40-49 s; 63-68 s with TP's old
+    whole-first-step warm-up, bench_layout.py --baseline)."""
     from memsave_nb import from_pretrained
 
     wl = from_pretrained("llama-3.1-70b", batch_size=1, seq_len=4096)
