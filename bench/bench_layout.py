@@ -6,17 +6,25 @@ The search (``planner.layout.plan_layout``) and the full-depth per-rank re-measu
 layout are timed apart with ``time.process_time()`` (CPU seconds; wall time on a shared machine says
 little). Printed as the planner's summary and front; written to ``bench/results/layout.json``.
 
+``--baseline`` times, in the same run and interleaved with it, the search as it was before TP took the
+cheap warm-up (every TP measurement ran a whole untracked first step: ``_whole_first_step_under_tp``);
+``--repeats`` runs each several times and reports medians. The chosen layout and its per-rank
+re-measurement must be the same bytes in both.
+
     python bench/bench_layout.py                                   # 70B on 16 x H100
     python bench/bench_layout.py --gpus 8 --gpu A100 --target-gb 80
     python bench/bench_layout.py --quick --out /tmp/layout.json    # smoke test: a small GPT (4 blocks) on 4 GPUs
+    python bench/bench_layout.py --baseline --repeats 2           # beside the whole-first-step warm-up
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as _dt
 import json
 import platform
+import statistics
 import time
 from pathlib import Path
 
@@ -37,6 +45,32 @@ def _small_gpt():
     return Workload(model, {"idx": idx, "targets": idx}, name="small gpt (4 blocks)")
 
 
+@contextlib.contextmanager
+def _whole_first_step_under_tp():
+    """The warm-up before 2026-12-05: under tensor parallel, a whole untracked first step before the
+    tracked one (now the optimizer state is made on zero gradients, as for FSDP2 alone)."""
+    from memsave_nb.parallel import measure as measure_module
+
+    original = measure_module.measure_rank
+
+    def measure_rank(workload, spec, plan=None, *, steady=True, **kw):
+        full = spec.tensor_parallel > 1 and steady is True
+        return original(workload, spec, plan, steady="full" if full else steady, **kw)
+
+    measure_module.measure_rank = measure_rank
+    try:
+        yield
+    finally:
+        measure_module.measure_rank = original
+
+
+def _timed(workload, gpus, gpu, target, tps, baseline: bool):
+    from memsave_nb.planner.layout import plan_layout
+
+    with _whole_first_step_under_tp() if baseline else contextlib.nullcontext():
+        return plan_layout(workload, gpus, gpu, target, tensor_parallel=tps)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="llama-3.1-70b", help="a catalogue name (default llama-3.1-70b)")
@@ -45,10 +79,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gpu", default="H100")
     ap.add_argument("--target-gb", type=float, default=None, help="per-GPU memory (default: the GPU's)")
     ap.add_argument("--quick", action="store_true", help="a small GPT (4 blocks) on 4 GPUs, in seconds")
+    ap.add_argument("--baseline", action="store_true", help="also time the whole-first-step warm-up under TP, interleaved")
+    ap.add_argument("--repeats", type=int, default=1, help="runs of each (medians reported)")
     ap.add_argument("--out", default=str(RESULTS))
     args = ap.parse_args(argv)
 
-    from memsave_nb.planner.layout import plan_layout
     from memsave_nb.target import Target
 
     c0 = time.process_time()
@@ -61,8 +96,17 @@ def main(argv: list[str] | None = None) -> int:
         gpus, tps = args.gpus, None
         target = Target(args.target_gb) if args.target_gb else None
     built = time.process_time()
-    result = plan_layout(workload, gpus, args.gpu, target, tensor_parallel=tps)
+    runs: dict[str, list] = {"now": [], "baseline": []}
+    for _ in range(max(1, args.repeats)):
+        for kind in ("now", "baseline") if args.baseline else ("now",):
+            runs[kind].append(_timed(workload, gpus, args.gpu, target, tps, kind == "baseline"))
+    result = runs["now"][-1]
     chosen = result.chosen
+    timing = {kind: {"search_cpu_seconds": [r.search_cpu_seconds for r in rs],
+                     "remeasure_cpu_seconds": [r.remeasure_cpu_seconds for r in rs],
+                     "total_cpu_seconds": [r.cpu_seconds for r in rs]} for kind, rs in runs.items() if rs}
+    same = all(r.chosen is not None and chosen is not None and r.chosen.label == chosen.label
+               and r.remeasured.device_peak_bytes == result.remeasured.device_peak_bytes for r in runs["baseline"])
     row = {
         "model": workload.name, "gpus": gpus, "gpu": args.gpu, "target_gb": result.target.gb,
         "usable_bytes": result.target.usable_bytes, "global_batch": result.global_batch,
@@ -76,12 +120,19 @@ def main(argv: list[str] | None = None) -> int:
         },
         "remeasured_device_peak_bytes": None if result.remeasured is None else result.remeasured.device_peak_bytes,
         "front": [{"label": c.label, "est_peak_bytes": c.est_peak_bytes, "step_seconds": c.step_seconds} for c in result.front],
+        "timing": timing, "baseline_same_answer": same if args.baseline else None,
         "pruned": result.pruned, "notes": result.notes,
     }
     print(result.summary())
     print()
     print(result.front_table())
-    print(f"\nCPU seconds: search {result.search_cpu_seconds:.1f}, full-depth re-measurement {result.remeasure_cpu_seconds:.1f}")
+    print("\nCPU seconds (median of {} run{}):".format(len(runs["now"]), "s" * (len(runs["now"]) != 1)))
+    for kind, t in timing.items():
+        med = {k: statistics.median(v) for k, v in t.items()}
+        print(f"  {kind:8s}  search {med['search_cpu_seconds']:5.1f}  full-depth re-measurement "
+              f"{med['remeasure_cpu_seconds']:5.1f}  total {med['total_cpu_seconds']:5.1f}")
+    if args.baseline:
+        print(f"  same chosen layout and re-measured bytes: {'yes' if same else 'NO'}")
     doc = {"bench": "layout", "when": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
            "machine": platform.platform(), "python": platform.python_version(), "quick": args.quick, "result": row}
     out = Path(args.out)

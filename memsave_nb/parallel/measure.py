@@ -98,8 +98,9 @@ def measure_rank(workload: Workload, spec: ParallelSpec, plan: Any = None, *, ra
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     # Tensor parallel: FSDP2 x TP cannot be set up inside fake mode (the mesh's _concatenate runs
-    # nonzero), so the twin is built on meta, sharded outside fake mode and to_empty'd inside it;
-    # DTensor's first step over-counts (sharding propagation), so a whole first step runs untracked.
+    # nonzero), so the twin is built on meta, sharded outside fake mode and to_empty'd inside it.
+    # DTensor's cold-cache sharding propagation is ignored by the tracker, so the cheap warm-up
+    # (optimizer state on zero gradients) gives the bytes of a whole first step here too (tested).
     tp = spec.tensor_parallel > 1
     waits = contextlib.nullcontext()
     if tp:
@@ -125,7 +126,7 @@ def measure_rank(workload: Workload, spec: ParallelSpec, plan: Any = None, *, ra
                 try:
                     with optimizer_numbers():
                         return tracked_step(wl, called, batch, rank=rank, ranks=ranks or (rank,),
-                                            steady="full" if tp and steady is True else steady)
+                                            steady=steady)
                 except (MemsaveError, KeyboardInterrupt):
                     raise
                 except Exception as exc:  # noqa: BLE001 - one line, the cause kept

@@ -37,10 +37,11 @@ from typing import TYPE_CHECKING, Any, Sequence
 from memsave_nb.checkpointing import PlanError, show
 from memsave_nb.parallel_spec import ParallelSpec
 from memsave_nb.plan import Plan
-from memsave_nb.planner.depth import Blocks, at_depth, blocks_of, extrapolate
+from memsave_nb.planner.depth import Blocks, blocks_of, extrapolate
 from memsave_nb.planner.links import Fabric, fabric_for, ring_all_gather, ring_all_reduce
 from memsave_nb.planner.pareto import pareto_front
 from memsave_nb.planner.roofline import Device, device_named
+from memsave_nb.planner.start_plan import StartPlan, blocks_alike, start_from
 from memsave_nb.target import Target
 from memsave_nb.units import format_bytes
 
@@ -186,9 +187,10 @@ def _layouts(gpus: int, fabric: Fabric, tps: Sequence[int]) -> list[ParallelSpec
     return specs
 
 
-def _optimizer_state_factor(workload: "Workload", precision: str | None) -> float:
+def _optimizer_state_factor(workload: "Workload", precision: str | None, plan: Plan | None = None) -> float:
     """Optimizer state bytes per trainable parameter byte, where known (a lower bound: 0 if not)."""
-    name = workload.optimizer if isinstance(workload.optimizer, str) else ""
+    name = (plan.optimizer if plan is not None and plan.optimizer else workload.optimizer)
+    name = name if isinstance(name, str) else ""
     if precision == "bf16_master":
         return 0.0
     return {"adamw": 2.0, "adam": 2.0, "sgd_momentum": 1.0}.get(name.lower(), 0.0)
@@ -205,6 +207,7 @@ class _Search:
     global_batch: int
     max_micro_batches: int
     overlap: bool
+    start: StartPlan = field(default_factory=lambda: StartPlan(Plan(), REGION_KINDS, (None,), None, ""))
     notes: list[str] = field(default_factory=list)
     measurements: int = 0
     _rank: dict = field(default_factory=dict)
@@ -214,13 +217,16 @@ class _Search:
     # -- sizes, no step run --------------------------------------------------------------------
     def param_bytes(self, precision: str | None = None) -> tuple[int, int]:
         """Parameter bytes, all and trainable; under the bf16 precisions floating ones at 2 bytes."""
-        params = list(self.workload.model.parameters())
+        model, plan = self.workload.model, self.start.plan
+        named = list(model.named_parameters())
+        trains = set(plan.trainable_parameter_names(model)) if plan.frozen or plan.trainable else None
 
         def size(p) -> int:
             low = precision in ("bf16", "bf16_master") and p.is_floating_point()
             return p.numel() * (min(2, p.element_size()) if low else p.element_size())
 
-        return sum(map(size, params)), sum(size(p) for p in params if p.requires_grad)
+        return (sum(size(p) for _, p in named),
+                sum(size(p) for n, p in named if (n in trains if trains is not None else p.requires_grad)))
 
     def hidden_and_vocab(self) -> tuple[int, int]:
         """The block's width (the first linear's input) and the head's outputs (the last linear's)."""
@@ -236,15 +242,14 @@ class _Search:
         from memsave_nb.target import _raw_batch
 
         try:
-            return seq_len_of(_raw_batch(self.workload)) or 1
+            return self.start.plan.seq_len or seq_len_of(_raw_batch(self.workload)) or 1
         except Exception:  # noqa: BLE001 - a batch without tokens: one position
             return 1
 
     # -- measurements, cached ------------------------------------------------------------------
     def _plan(self, names: Sequence[str], kind: str | None, precision: str | None, mb: int, k: int = 1,
               spec: ParallelSpec | None = None) -> Plan:
-        return Plan(regions={n: kind for n in names} if kind else {}, precision=precision, batch_size=mb,
-                    accumulation_steps=k if k > 1 else None, parallel=spec)
+        return self.start.with_choices({n: kind for n in names} if kind else {}, precision, mb, k, spec)
 
     def saved_per_block(self, kind: str | None, precision: str | None) -> float:
         """Single-device saved activations of all blocks at micro-batch 1 (for the lower bound)."""
@@ -305,7 +310,7 @@ class _Search:
         ways = spec.shard_size * spec.tensor_parallel if spec.strategy == "fsdp" else 1
         if spec.cpu_offload:
             total = trainable = 0
-        state = (total + trainable * _optimizer_state_factor(self.workload, precision)) / ways
+        state = (total + trainable * _optimizer_state_factor(self.workload, precision, self.start.plan)) / ways
         return state + max(trainable / ways, self.saved_per_block(kind, precision) / spec.tensor_parallel)
 
     def estimate_peak(self, spec: ParallelSpec, kind: str | None, precision: str | None, mb: int, k: int,
@@ -442,6 +447,7 @@ def plan_layout(
     overlap: bool = True,
     remeasure: bool = True,
     check: int = 3,
+    plan: Plan | None = None,
 ) -> LayoutResult:
     """Search layouts of ``workload`` over ``gpus`` GPUs of kind ``gpu`` (a name in
     ``roofline.GPUS``) under ``target`` (default: the GPU's memory, 80% headroom); see the module
@@ -450,7 +456,8 @@ def plan_layout(
     the TP degrees (default 1, 2, 4, 8 where they divide ``gpus`` within a node; a given degree
     that does not is an error). ``check``: how many of the fastest fitting candidates may be
     checked by a shallow measurement before giving up. The workload's freezing (LoRA included) is
-    kept as given."""
+    kept as given, and so are ``plan``'s choices (``start_plan.py``: its freezing, layers, loss,
+    optimizer; its checkpointing and precision when set, else searched; its batch per GPU)."""
     start = time.process_time()
     tps = check_layout_args(gpus, gpu, tensor_parallel)
     device, fabric = device_named(gpu), fabric_for(gpu)
@@ -466,18 +473,29 @@ def plan_layout(
     from memsave_nb.knobs import batch_size_of
     from memsave_nb.target import _raw_batch
 
-    per_gpu = batch_size_of(_raw_batch(workload))
+    blocks = blocks_of(workload.model)
+    start_plan = start_from(plan, blocks, region_kinds, precisions)
+    region_kinds, precisions = start_plan.region_kinds, start_plan.precisions
+    if plan is not None:
+        plan.validate(workload.model)
+    per_gpu = start_plan.per_gpu_batch or batch_size_of(_raw_batch(workload))
     global_batch = per_gpu * gpus if global_batch is None else global_batch
     if isinstance(global_batch, bool) or not isinstance(global_batch, int) or global_batch < 1:
         raise PlanError(f"global_batch must be a whole number >= 1, got {show(global_batch)}")
-    blocks = blocks_of(workload.model)
-    search = _Search(workload, gpus, device, fabric, target, blocks, global_batch, max_micro_batches, overlap)
+    unlike = not blocks_alike(start_plan.plan, workload.model, blocks)
+    if unlike:  # the plan treats blocks differently: the shallow cuts do not stand for the model
+        blocks = Blocks("", blocks.depth, blocks.names)
+    search = _Search(workload, gpus, device, fabric, target, blocks, global_batch, max_micro_batches, overlap, start_plan)
+    if start_plan.words:
+        search.notes.append(f"starts from the plan: {start_plan.words}")
     search.notes.append("communication: the payloads of the collectives each per-rank fake run recorded, times the "
                         "ring factors, over the stated links; before a layout is measured (to decide whether to) and "
                         "for CPU offload's copies, the standard sizes")
     if not blocks.names:
         region_kinds = (None,)
         search.notes.append("no repeated blocks: no checkpointing searched")
+    elif unlike:
+        search.notes.append("measured at full depth (the plan treats some blocks differently from others)")
     elif not blocks.shallow:
         search.notes.append("measured at full depth (no single list of more than 4 repeated blocks to extrapolate from)")
 

@@ -4,8 +4,10 @@ GPU count and a GPU kind, under the Fit-a-GPU target, on a worker thread.
 It shows the planner's picture (``parallel_view.layout_figure``: every candidate, the front, the
 chosen one, the usable line), the front as a table, the chosen layout in words with its per-rank
 re-measurement, and its code. It holds no search logic; a newer search supersedes an older one.
-The workload is searched as loaded (its own freezing or LoRA); the checkpointing, precision and
-micro-batches are the planner's own choices, not the explorer's plan.
+The search starts from the explorer's current plan (``plan_fn``; ``planner/start_plan.py``): its
+freezing, memory-saving layers, loss, optimizer and batch are kept on every candidate, and so are
+its checkpointing and precision when it sets them (else the planner chooses them); the status line
+says what was kept. The layout and the micro-batches are the planner's own choices.
 
 DOM hooks: ``.memsave-layout-gpu`` (GPU kind), ``.memsave-layout-find`` (button),
 ``.memsave-layout-status``, ``.memsave-layout-figure``, ``.memsave-layout-front`` (table, from
@@ -29,8 +31,10 @@ from .plots import bokeh_widget
 
 
 class LayoutFinder(W.VBox):
-    def __init__(self, workload: Any, gpus_fn: Callable[[], int], target_fn: Callable[[], Target | None] = lambda: None):
+    def __init__(self, workload: Any, gpus_fn: Callable[[], int], target_fn: Callable[[], Target | None] = lambda: None,
+                 plan_fn: Callable[[], Any] = lambda: None):
         self.workload = workload
+        self._plan_fn = plan_fn
         self._gpus_fn = gpus_fn
         self._target_fn = target_fn
         self.gpu = W.Dropdown(options=list(GPUS), value="H100", description="GPU kind", layout=W.Layout(width="200px"),
@@ -65,17 +69,17 @@ class LayoutFinder(W.VBox):
         with self._lock:
             self._generation += 1
             generation = self._generation
-        gpus, kind = self._gpus_fn(), self.gpu.value
-        self.status.value = f"<i>searching layouts over {gpus} x {html.escape(kind)}...</i>"
+        gpus, kind, plan = self._gpus_fn(), self.gpu.value, self._plan_fn()
+        self.status.value = f"<i>searching layouts over {gpus} x {html.escape(kind)}{html.escape(_from_words(plan))}...</i>"
         if background:
-            self._thread = threading.Thread(target=self._job, args=(generation, gpus, kind), daemon=True)
+            self._thread = threading.Thread(target=self._job, args=(generation, gpus, kind, plan), daemon=True)
             self._thread.start()
         else:
-            self._job(generation, gpus, kind)
+            self._job(generation, gpus, kind, plan)
 
-    def _job(self, generation: int, gpus: int, kind: str) -> None:
+    def _job(self, generation: int, gpus: int, kind: str, plan: Any = None) -> None:
         try:
-            result = plan_layout(self.workload, gpus, kind, self._target_fn())
+            result = plan_layout(self.workload, gpus, kind, self._target_fn(), plan=plan)
         except Exception as exc:  # noqa: BLE001 - shown in the panel, never printed
             if generation == self._generation:
                 self.result = None
@@ -87,12 +91,20 @@ class LayoutFinder(W.VBox):
         if generation != self._generation:  # a newer search superseded this one
             return
         self.result = result
-        lines = result.summary().splitlines()
+        lines = result.summary().splitlines()[:3] + [f"starting from the explorer's plan{_from_words(plan) or ' (empty)'}"]
         self.status.value = "<br>".join(("<b>" + html.escape(line) + "</b>") if line.startswith("chosen") else html.escape(line)
-                                        for line in lines[:3])
+                                        for line in lines)
         self.figure_box.children = [bokeh_widget(layout_figure(result))]
         self.front.value = layout_front_html(result)
         if result.chosen is not None:
             self.code.value, self.code.layout.display = result.to_code(), None
         else:
             self.code.value, self.code.layout.display = "", "none"
+
+
+def _from_words(plan: Any) -> str:
+    """What the search keeps from the explorer's plan, as a clause (" (kept: ...)"; "" for none)."""
+    if plan is None:
+        return ""
+    words = plan.replace(parallel=None).describe() if hasattr(plan, "replace") else ""
+    return f" (kept: {words})" if words and words != "baseline (no changes)" else ""

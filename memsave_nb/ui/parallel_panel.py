@@ -105,10 +105,11 @@ class ParallelPanel(W.VBox):
         self._generation = 0
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
-        self.layouts = LayoutFinder(workload, lambda: self.gpus.value, target_fn)
-        layouts_title = W.HTML("<b>Which layout for these GPUs?</b> <small>The layout planner sizes each layout per rank "
-                               "(on the model cut to 3 and 4 blocks, extrapolated) and ranks what fits by estimated step "
-                               "time; the chosen one is re-measured at full depth.</small>")
+        self.layouts = LayoutFinder(workload, lambda: self.gpus.value, target_fn, plan_fn)
+        layouts_title = W.HTML("<b>Which layout for these GPUs?</b> <small>Starting from the current plan (its freezing, "
+                               "layers, loss, optimizer; its checkpointing and precision if set), the layout planner sizes "
+                               "each layout per rank (on the model cut to 3 and 4 blocks, extrapolated) and ranks what fits "
+                               "by estimated step time; the chosen one is re-measured at full depth.</small>")
         note = W.HTML("<small>Per-rank memory in fake mode with PyTorch's own <code>fully_shard</code> "
                       "(and <code>parallelize_module</code> for tensor parallel) or DDP "
                       "on a fake process group; the plan's freezing and checkpointing apply.</small>")

@@ -592,3 +592,33 @@ def test_tied_embedding_and_head_on_real_gloo_ranks(sequence_parallel):
             return
         misses.append(rows)
     raise AssertionError(f"no exact run in 3: {misses}")
+
+
+FAST_CASES = [("gpt", 2, 1, False, None), ("gpt", 4, 1, True, None), ("llama", 4, 1, True, 2), ("gpt", 8, 2, False, None),
+              ("no-position-gpt", 4, 1, False, "sp"), ("llama", 4, 1, True, "sp"), ("uneven-mlp", 8, 1, False, None)]
+
+
+@pytest.mark.parametrize("model,world_size,replicate,checkpoint,extra", FAST_CASES,
+                         ids=[f"{m}-ws{w}-r{r}" + ("-ac" if c else "") + (f"-{e}" if e else "") for m, w, r, c, e in FAST_CASES])
+def test_tp_steady_state_without_a_whole_first_step_is_byte_identical(model, world_size, replicate, checkpoint, extra):
+    """TP's default warm-up is the cheap one (optimizer state on zero gradients), not a whole
+    untracked first step (the layout planner's full-depth re-measurement of a 70B ran that first step
+    at half its CPU time): every rank, split and collective as after a whole first step, with
+    checkpointing, accumulation, HSDP x TP, sequence parallel and uneven FSDP2 shards of TP shards."""
+    from memsave_nb.planner.depth import blocks_of
+
+    kw = dict(world_size=world_size, tensor_parallel=2, replicate=replicate, sequence_parallel=extra == "sp")
+    if model == "uneven-mlp":  # 12 rows per TP rank... 6 over 4 shards: 2, 2, 2, 0
+        wl = Workload(nn.Sequential(nn.Linear(8, 12), nn.ReLU(), nn.Linear(12, 8)), torch.randn(4, 8), name="mlp")
+        kw["tp_plan"] = (("0", "colwise"), ("2", "rowwise"))
+    else:
+        wl = {"gpt": gpt, "llama": llama, "no-position-gpt": no_position_gpt}[model]()
+    blocks = blocks_of(wl.model).names
+    plan = Plan(regions={n: "full" for n in blocks} if checkpoint else {}, accumulation_steps=extra if isinstance(extra, int) else None)
+    spec = ParallelSpec(**kw)
+    full = measure_parallel(wl, spec, plan, steady="full")
+    fast = measure_parallel(wl, spec, plan)
+    assert len(full.ranks) == len(fast.ranks) >= 1
+    for a, b in zip(full.ranks, fast.ranks):
+        assert (a.ranks, a.peak_bytes, a.peak_split, a.end_split, a.saved_bytes, a.collectives) == \
+               (b.ranks, b.peak_bytes, b.peak_split, b.end_split, b.saved_bytes, b.collectives)

@@ -168,8 +168,9 @@ def test_bad_input_is_one_line(kwargs, message):
 @pytest.mark.slow
 def test_llama_70b_on_16_h100s_under_60_s_cpu():
     """The issue's must-show: a Llama-3.1-70B-shaped model (fake, seq 4096) on 16 x H100 80 GB; the
-    chosen layout re-measured per rank at full depth stays under the target; the search takes
-    under 60 s of CPU time here."""
+    chosen layout re-measured per rank at full depth stays under the target; the search and that
+    re-measurement together take under 60 s of CPU time here (40-49 s; 63-68 s with TP's old
+    whole-first-step warm-up, bench_layout.py --baseline)."""
     from memsave_nb import from_pretrained
 
     wl = from_pretrained("llama-3.1-70b", batch_size=1, seq_len=4096)
@@ -177,7 +178,7 @@ def test_llama_70b_on_16_h100s_under_60_s_cpu():
     r = plan_layout(wl, 16, "H100", target)
     assert r.chosen is not None and r.remeasured is not None
     assert target.fits(r.remeasured.device_peak_bytes)
-    assert r.search_cpu_seconds < 60
+    assert r.cpu_seconds < 60  # the search and the re-measurement together
     assert abs(r.remeasured.device_peak_bytes - r.chosen.checked_peak_bytes) <= 2**20  # the extrapolation held
     assert r.front and r.chosen.label in r.front_table()
 

@@ -60,3 +60,38 @@ def test_a_search_that_cannot_run_is_one_line_and_clears_the_old_answer():
     assert finder.result is None and "#b00" in finder.status.value
     assert finder.status.value.count("<br>") == 0
     assert finder.figure_box.children == () and finder.front.value == "" and finder.code.value == ""
+
+
+@pytest.mark.slow  # three searches, about 40 s CPU
+def test_find_a_layout_starts_from_the_explorers_plan():
+    """The explorer's plan (here: every block frozen) reaches the planner: its freezing is on every
+    candidate and in the code, the screen says it was kept, and the answer is the planner's for that
+    plan, not for the workload as loaded (fewer gradients and optimizer state: lower peaks, and a
+    layout the lower bound pruned with everything training is searched)."""
+    wl = _gpt()
+    frozen = Plan(frozen=("blocks",))
+    panel = ParallelPanel(wl, plan_fn=lambda: frozen, live=False, target_fn=lambda: TARGET)
+    panel.gpus.value = 4
+    finder = panel.layouts
+    finder.gpu.value = "A100"
+    finder.find()
+    got = finder.result
+    expected = plan_layout(wl, 4, "A100", TARGET, plan=frozen)
+    as_loaded = plan_layout(wl, 4, "A100", TARGET)
+    assert got is not None and got.chosen is not None, finder.status.value
+    assert got.chosen.plan.frozen == ("blocks",) and all(c.plan.frozen == ("blocks",) for c in got.candidates)
+    assert got.chosen.label == expected.chosen.label and [c.label for c in got.front] == [c.label for c in expected.front]
+    assert "requires_grad_(False)" in finder.code.value
+    assert "explorer&#x27;s plan (kept: freeze blocks)" in finder.status.value
+    assert min(c.est_peak_bytes for c in got.front) < min(c.est_peak_bytes for c in as_loaded.front)
+    assert any(p.startswith("DDP") for p in as_loaded.pruned) and not any(p.startswith("DDP") for p in got.pruned)
+    assert all(not c.plan.frozen for c in as_loaded.candidates)
+
+
+def test_a_plan_the_layout_search_cannot_start_from_is_one_line():
+    wl = _gpt()
+    some = Plan(regions={"blocks.0": "full"})  # one block of two checkpointed: blocks unlike
+    panel = ParallelPanel(wl, plan_fn=lambda: some, live=False, target_fn=lambda: TARGET)
+    panel.gpus.value = 4
+    panel.layouts.find()
+    assert panel.layouts.result is None and "every block is checkpointed alike" in panel.layouts.status.value
