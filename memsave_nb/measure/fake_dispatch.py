@@ -43,6 +43,7 @@ try:  # torch's private fake-tensor internals: without any of them, torch's path
     _META_HANDLERS = _ft._DISPATCH_META_HANDLERS
     _DIRECTLY = _ft._DISPATCH_HANDLE_DIRECTLY
     _LOG = _ft.log
+    _normalize = FakeTensor._normalize_fake_device
     from torch.fx.experimental.proxy_tensor import get_proxy_mode as _proxy_mode
 except (ImportError, AttributeError):  # pragma: no cover - another torch
     _ft = None
@@ -55,6 +56,12 @@ _FAKE_KEY = torch._C._TorchDispatchModeKey.FAKE
 _get_mode = torch._C._get_dispatch_mode
 _default_device = torch._C._get_default_device
 _DEBUG = logging.DEBUG
+_DisableTorchDispatch, _PreserveKeys = torch._C._DisableTorchDispatch, torch._C._PreserveDispatchKeyGuard
+_set_meta_in_tls, _empty_strided = torch._C._set_meta_in_tls_dispatch_include, torch.empty_strided
+_set_conj, _set_neg = torch._C._set_conj, torch._C._set_neg
+_OVERLOAD = torch._ops.OpOverload
+_make_subclass = torch.Tensor._make_subclass
+_throw_on_data_ptr, _warn_on_data_ptr = torch._C._set_throw_on_mutable_data_ptr, torch._C._set_warn_deprecated_on_mutable_data_ptr
 
 
 @functools.lru_cache(maxsize=None)
@@ -138,10 +145,67 @@ if _ft is not None:
                 if key is not None:
                     entry = FakeTensorMode.cache.get(key)
                     if type(entry) is _VALID:
-                        output = self._output_from_cache_entry(_STATE(None), entry, key, func, args)
+                        if entry.is_output_tuple:
+                            output = tuple(_output(self, info, func, args) for info in entry.output_infos)
+                        else:
+                            output = _output(self, entry.output_infos[0], func, args)
                         FakeTensorMode.cache_hits += 1
                         return output
             return FakeTensorMode.dispatch(self, func, types, args, kwargs or {})
+
+
+def _output(mode: Any, info: Any, func: Any, args: Any) -> Any:
+    """One output of a cache hit, as torch's ``_get_output_tensor_from_cache_entry`` makes it for a mode
+    without a shape environment (no symbolic sizes to resolve), with its kernel-invocation guard inlined."""
+    if info.inplace_idx is not None:
+        return args[info.inplace_idx]  # an in-place op returns its argument
+    meta = info.metadata
+    if meta is None:
+        return info.constant_value if info.view_idx is None else None
+    prev = mode.in_kernel_invocation
+    with _DisableTorchDispatch():
+        mode.in_kernel_invocation = True
+        with _PreserveKeys():
+            _set_meta_in_tls(True)
+            try:
+                empty = _empty_strided(meta.shape, meta.stride, dtype=meta.dtype, layout=meta.layout, device="meta",
+                                       requires_grad=meta.requires_grad)
+                if meta.is_conj:
+                    _set_conj(empty, True)
+                if meta.is_neg:
+                    _set_neg(empty, True)
+                if type(func) is _OVERLOAD and func.is_view:  # a view shares its input's storage
+                    storage = args[info.view_idx].untyped_storage()
+                    empty.set_(storage, meta.storage_offset, meta.shape, meta.stride)
+            finally:
+                mode.in_kernel_invocation = prev
+    return _new_fake(mode, empty, meta.device)
+
+
+@functools.lru_cache(maxsize=None)
+def _fake_tensor_fields() -> tuple[tuple[str, Any], ...]:
+    """The attributes ``FakeTensor.__new__`` gives a new fake tensor, as torch sets them: read off one
+    made by torch's own constructor (its mode and device are set per tensor)."""
+    with _DisableTorchDispatch():
+        reference = FakeTensor(FakeTensorMode(), torch.empty(0, device="meta"), torch.device("cpu"))
+    return tuple((k, v) for k, v in vars(reference).items() if k not in ("fake_mode", "_fake_device"))
+
+
+def _new_fake(mode: Any, empty: torch.Tensor, device: torch.device) -> Any:
+    """``FakeTensor(mode, empty, device)``, without its argument parsing and per-attribute descriptors."""
+    if _ft.FakeTensorConfig.debug or (device.type == "meta" and not mode.allow_meta):
+        return FakeTensor(mode, empty, device)  # torch's own (a debug trace, or its error)
+    device = _normalize(device)
+    t = _make_subclass(FakeTensor, empty, empty.requires_grad, dispatch_device=True, device_for_backend_keys=device)
+    if not mode._allow_unsafe_data_ptr_access:
+        _throw_on_data_ptr(t)
+    else:
+        _warn_on_data_ptr(t)
+    fields = t.__dict__
+    fields.update(_fake_tensor_fields())
+    fields["_fake_device"] = device
+    fields["fake_mode"] = mode
+    return t
 
 
 ENABLED = True  # False: every fake step takes torch's path (the tests compare both)

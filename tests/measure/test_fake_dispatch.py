@@ -72,3 +72,30 @@ def test_the_mode_is_quick_only_inside_the_run_and_hits_are_counted():
                 torch.relu(x)
         assert FakeTensorMode.cache_hits >= before + 2
     assert type(mode) is FakeTensorMode
+
+
+def test_a_quick_hit_makes_the_tensor_torch_makes(monkeypatch):
+    """Same class, metadata, flags, storage sharing (views) and attributes as torch's cache hit."""
+
+    def outputs():
+        mode = FakeTensorMode()
+        with fake_dispatch.quick_dispatch(mode), mode:
+            x = torch.empty(4, 6, requires_grad=True)
+            y = torch.empty(4, 6, dtype=torch.complex64)
+            made = []
+            for _ in range(2):  # the second round hits the cache
+                made = [x * 2, x.view(6, 4), x.t(), y.conj(), torch.ones(3, dtype=torch.bfloat16), x.detach().add_(1)]
+            return x, made
+
+    quick = outputs()
+    monkeypatch.setattr(fake_dispatch, "ENABLED", False)
+    slow = outputs()
+    for q, s in zip(quick[1], slow[1]):
+        assert type(q) is type(s)
+        assert (q.shape, q.stride(), q.storage_offset(), q.dtype, q.device, q.requires_grad, q.is_conj(), q.is_neg()) == \
+            (s.shape, s.stride(), s.storage_offset(), s.dtype, s.device, s.requires_grad, s.is_conj(), s.is_neg())
+        assert set(vars(q)) == set(vars(s))
+        assert {k: v for k, v in vars(q).items() if k != "fake_mode"} == {k: v for k, v in vars(s).items() if k != "fake_mode"}
+    for made, x in ((quick[1], quick[0]), (slow[1], slow[0])):
+        assert made[1].untyped_storage()._cdata == x.untyped_storage()._cdata  # a view shares its base's storage
+        assert made[0].untyped_storage()._cdata != x.untyped_storage()._cdata
