@@ -106,10 +106,12 @@ def _fake_model(model: nn.Module, device: str = "cpu") -> Iterator[Any]:
             yield existing
         return
     twins = _twins_of(model)
+    stack = contextlib.ExitStack()
     target = torch.device(device)
     swapped: list[tuple[nn.Module, str, str, Any]] = []
     fakes: dict[int, Any] = {}
     try:
+        stack.enter_context(quick_dispatch(twins.mode))  # wrapping a twin in a Parameter is an op (detach)
         for mod in model.modules():
             for name, p in list(mod._parameters.items()):
                 if p is None:
@@ -126,8 +128,8 @@ def _fake_model(model: nn.Module, device: str = "cpu") -> Iterator[Any]:
                 swapped.append((mod, "_buffers", name, b))
                 mod._buffers[name] = fakes[id(b)]
         twins.forget_dead()
-        with quick_dispatch(twins.mode):
-            yield twins.mode
+        yield twins.mode
     finally:
         for mod, where, name, original in reversed(swapped):
             getattr(mod, where)[name] = original
+        stack.close()
