@@ -99,3 +99,15 @@ def test_a_quick_hit_makes_the_tensor_torch_makes(monkeypatch):
     for made, x in ((quick[1], quick[0]), (slow[1], slow[0])):
         assert made[1].untyped_storage()._cdata == x.untyped_storage()._cdata  # a view shares its base's storage
         assert made[0].untyped_storage()._cdata != x.untyped_storage()._cdata
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama", "t5", "lora_llama"])
+def test_hugging_face_models_equal_torchs_path(name, monkeypatch):
+    """transformers' mask checks (fake_compat) and peft's wrappers on the quick path too."""
+    pytest.importorskip("transformers")
+    if name == "lora_llama":
+        pytest.importorskip("peft")
+    from . import hf_models
+
+    build = getattr(hf_models, name)
+    assert measure(build(), "fake", repeats=0) == _torch_path(build, monkeypatch)
