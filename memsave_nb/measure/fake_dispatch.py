@@ -8,10 +8,13 @@ with sparse checks); ``torch._dynamo.disable``'s wrapper and a call counter arou
 ``__torch_dispatch__``; a debug-log line formatted under ``no_dispatch()``.
 
 While a fake step runs, ``quick_dispatch(mode)`` swaps the mode's class for a subclass that answers
-cache hits from the same class-wide cache (``FakeTensorMode.cache``), with the output made by
-torch's own ``_output_from_cache_entry``, but keyed by a flat tuple of each tensor's metadata built
-in one pass. The key is at least as fine as torch's: dtype, shape, strides, device, storage offset
-and bytes, ``requires_grad``, conj/neg bits and inference flag (torch's other fields follow from
+cache hits from the same class-wide cache (``FakeTensorMode.cache``) and its entries, keyed by a
+flat tuple of each tensor's metadata built in one pass; a hit's output is made as torch's
+``_get_output_tensor_from_cache_entry`` makes it without a shape environment, its kernel guard
+inlined and the ``FakeTensor``'s attributes those torch's own constructor gives one
+(``_fake_tensor_fields``), set in one update instead of through five memo descriptors.
+
+The key is at least as fine as torch's: dtype, shape, strides, device, storage offset and bytes, ``requires_grad``, conj/neg bits and inference flag (torch's other fields follow from
 those for a strided tensor: memory format from shape and strides, quantization from dtype), the
 default dtype and device, inference mode and tracing, as torch's key has them; it starts with a
 marker of its own, so it never equals one of torch's keys. Anything else goes torch's way: misses
@@ -19,7 +22,8 @@ and bypasses (they are then stored under the quick key), arguments the quick key
 (another mode's or a constant fake tensor, a real tensor, symbolic sizes, any other Python type),
 a mode with a shape environment, cross-checking or debug logging, another ``FakeTensorMode``
 subclass, or a torch whose internals differ (``supported()``). The mode's class is put back on
-exit; ``tests/measure/test_fake_dispatch.py`` checks every record of a step equal to torch's path.
+exit. ``tests/measure/test_fake_dispatch.py`` checks whole measurements equal to torch's path
+(every case, optimizer knob and Hugging Face model), the key never coarser, the tensors alike.
 """
 
 from __future__ import annotations
@@ -39,7 +43,6 @@ try:  # torch's private fake-tensor internals: without any of them, torch's path
 
     _KEY = _ft._DispatchCacheKey
     _VALID = _ft._DispatchCacheValidEntry
-    _STATE = _ft._CacheKeyState
     _META_HANDLERS = _ft._DISPATCH_META_HANDLERS
     _DIRECTLY = _ft._DISPATCH_HANDLE_DIRECTLY
     _LOG = _ft.log
@@ -74,11 +77,17 @@ def supported() -> bool:
         out_params = tuple(inspect.signature(FakeTensorMode._output_from_cache_entry).parameters)
     except (AttributeError, TypeError, ValueError):  # pragma: no cover
         return False
+    mode = FakeTensorMode()
+    info_fields = set(getattr(_ft._DispatchCacheEntryOutputInfo, "__dataclass_fields__", ()))
     return (params == ("self", "state", "func", "args", "kwargs")
             and out_params == ("self", "state", "entry", "key", "func", "args")
             and isinstance(getattr(FakeTensorMode, "cache", None), dict)
             and callable(getattr(FakeTensorMode, "_cached_dispatch_impl", None))
-            and callable(getattr(FakeTensorMode, "dispatch", None)))
+            and callable(getattr(FakeTensorMode, "dispatch", None))
+            and all(hasattr(mode, a) for a in ("_allow_unsafe_data_ptr_access", "allow_meta", "in_kernel_invocation",
+                                               "cache_enabled", "cache_crosscheck_enabled", "shape_env"))
+            and {"inplace_idx", "metadata", "view_idx", "constant_value"} <= info_fields
+            and {"output_infos", "is_output_tuple"} <= set(getattr(_VALID, "__dataclass_fields__", ())))
 
 
 def _flatten(mode: Any, out: list, items: Any) -> bool:
