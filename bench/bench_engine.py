@@ -11,11 +11,14 @@
    loop, the peak of the second: its steady state), each in a fresh subprocess, alternating,
    reporting the call's wall and CPU time and the process's peak RSS (``VmHWM``, torch import included)
    beside its RSS just before the call (``VmRSS``, torch and the fake model loaded). The two
-   predicted peaks must be equal to the byte (the run fails otherwise).
+   predicted peaks must be equal to the byte (the run fails otherwise). In the same rounds: the
+   plain fake step with no tracker (the floor), on torch's own dispatch path and with
+   ``measure/fake_dispatch.py``'s quick cache hits, and with ``--before-root PATH`` the same
+   ``measure()`` from another checkout (the code before a change), which must predict the same peak.
 3. Issue 26's command, ``memsave-nb report --model llama-3.1-8b --lora r=16 --target-gb 24
    --max-batch``, as a whole fresh process (imports included): wall and CPU seconds.
 
-    python bench/bench_engine.py [--repeats 9] [--big-repeats 3] [--cli-repeats 3] [--threads 1]
+    python bench/bench_engine.py [--repeats 9] [--big-repeats 3] [--cli-repeats 3] [--threads 1] [--before-root ../main]
     python bench/bench_engine.py --quick --out /tmp/engine.json   # smoke test (the test suite's)
 
 Writes ``bench/results/engine.json`` and prints a Markdown table (pasted into README.md).
@@ -123,6 +126,24 @@ start, cpu_start = time.perf_counter(), time.process_time()
 if {which!r} == "memsave":
     m = measure(wl, "fake")  # the steady state: one tracked step
     peak = m.peak_bytes
+elif {which!r}.startswith("floor"):
+    # the same step under FakeTensorMode with no tracker: forward, loss, backward, the AdamW step
+    # (single-tensor, as measure() runs it in fake mode; its state made inside it); "floor_quick" with
+    # measure/fake_dispatch.py's quick cache hits, "floor_torch" on torch's own path
+    import contextlib
+    fake_mode = next(wl.model.parameters()).fake_mode
+    quick = contextlib.nullcontext()
+    if {which!r} == "floor_quick":
+        from memsave_nb.measure.fake_dispatch import quick_dispatch
+        quick = quick_dispatch(fake_mode)
+    with quick, fake_mode:
+        batch = wl.make_batch()
+        opt = torch.optim.AdamW(wl.model.parameters(), lr=1e-3, foreach=False)
+        loss = wl.compute_loss(wl.model(**batch))
+        loss.backward()
+        opt.step()
+        del loss, opt
+    peak = None
 else:
     # MemTracker's steady state is its second iteration of a training loop (reset_mod_stats() and a
     # fresh `with` before it), the loop measure() runs: the output dropped before backward (loss_only)
@@ -155,12 +176,27 @@ print(json.dumps({{"seconds": seconds, "cpu_seconds": cpu_seconds, "peak_rss_byt
 """
 
 
-def bench_7b(repeats: int, threads: int) -> dict:
-    """Ours and MemTracker alternating, each in a fresh process; both must predict the same peak."""
-    runs: dict[str, list[dict]] = {"memsave": [], "MemTracker": []}
+_TOOLS = {
+    "memsave": "memsave measure(mode='fake')",
+    "before": "memsave measure(mode='fake'), before ({label})",
+    "floor_quick": "plain fake step, no tracker, quick cache hits (floor now)",
+    "floor_torch": "plain fake step, no tracker, torch's own path (floor before)",
+    "MemTracker": "MemTracker + FakeTensorMode (2nd iteration)",
+}
+
+
+def bench_7b(repeats: int, threads: int, before_root: Path | None = None, floors: bool = True) -> dict:
+    """Ours and MemTracker alternating, each in a fresh process; both must predict the same peak.
+
+    ``before_root``: another checkout of memsave_nb (the code before a change) run the same way, in
+    the same rounds, for a before/after pair measured together. ``floors``: the plain fake step with
+    no tracker, on torch's own dispatch path and on the quick one (``measure/fake_dispatch.py``)."""
+    order = ["memsave"] + (["before"] if before_root else []) + (["floor_quick", "floor_torch"] if floors else []) + ["MemTracker"]
+    runs: dict[str, list[dict]] = {k: [] for k in order}
     for _ in range(repeats):
         for which in runs:
-            code = _CHILD.format(root=str(ROOT), which=which, threads=threads)
+            root = before_root if which == "before" else ROOT
+            code = _CHILD.format(root=str(root), which="memsave" if which == "before" else which, threads=threads)
             out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, check=False)
             if out.returncode != 0:
                 raise RuntimeError(f"{which} 7B run failed: {out.stderr.strip().splitlines()[-1:]}")
@@ -169,7 +205,8 @@ def bench_7b(repeats: int, threads: int) -> dict:
     for which, rs in runs.items():
         rows.append(
             {
-                "tool": "memsave measure(mode='fake')" if which == "memsave" else "MemTracker + FakeTensorMode (2nd iteration)",
+                "key": which,
+                "tool": _TOOLS[which].format(label=before_root.name if before_root else ""),
                 "seconds": statistics.median(r["seconds"] for r in rs),
                 "seconds_all": [r["seconds"] for r in rs],
                 "cpu_seconds": statistics.median(r["cpu_seconds"] for r in rs),
@@ -178,9 +215,11 @@ def bench_7b(repeats: int, threads: int) -> dict:
                 "predicted_peak_bytes": rs[0]["predicted_peak_bytes"],
             }
         )
-    ours, anchor = rows[0]["predicted_peak_bytes"], rows[1]["predicted_peak_bytes"]
+    ours, anchor = rows[0]["predicted_peak_bytes"], rows[-1]["predicted_peak_bytes"]
     if ours != anchor:
         raise RuntimeError(f"7B steady-state peaks differ: memsave {ours} B, MemTracker {anchor} B")
+    if before_root and rows[1]["predicted_peak_bytes"] != ours:
+        raise RuntimeError(f"7B steady-state peaks differ: memsave {ours} B, before {rows[1]['predicted_peak_bytes']} B")
     return {"workload": "gpt-7b (32 layers, d=4096, bf16, batch 1, seq 2048, AdamW), steady state", "repeats": repeats,
             "rows": rows}
 
@@ -249,13 +288,18 @@ def table(result: dict) -> str:
             "|---|---:|---:|---:|---:|---:|",
         ]
         for r in big["rows"]:
+            peak = f"{r['predicted_peak_bytes'] / 2**30:.2f}" if r["predicted_peak_bytes"] is not None else ""
             lines.append(
-                f"| {r['tool']} | {r['seconds']:.2f} | {r['cpu_seconds']:.2f} | {r['peak_rss_bytes'] / 1e6:.0f} | {r['rss_after_import_bytes'] / 1e6:.0f} | {r['predicted_peak_bytes'] / 2**30:.2f} |"
+                f"| {r['tool']} | {r['seconds']:.2f} | {r['cpu_seconds']:.2f} | {r['peak_rss_bytes'] / 1e6:.0f} | {r['rss_after_import_bytes'] / 1e6:.0f} | {peak} |"
             )
-        ours, anchor = big["rows"]
-        lines.append(f"\nBoth predict {ours['predicted_peak_bytes']:,} bytes. MemTracker / ours: "
+        ours, anchor = big["rows"][0], big["rows"][-1]
+        lines.append(f"\nmemsave and MemTracker predict {ours['predicted_peak_bytes']:,} bytes. MemTracker / ours: "
                      f"{anchor['seconds'] / ours['seconds']:.1f}x in wall time, {anchor['cpu_seconds'] / ours['cpu_seconds']:.1f}x in CPU "
                      "time. Each fresh process starts with torch's fake-tensor dispatch cache empty.")
+        before = next((r for r in big["rows"] if r.get("key") == "before"), None)
+        if before:
+            lines.append(f"Before / now: {before['cpu_seconds'] / ours['cpu_seconds']:.2f}x in CPU time "
+                         f"({before['cpu_seconds']:.2f} s -> {ours['cpu_seconds']:.2f} s), the same peak.")
     if cli:
         lines += [
             "",
@@ -277,6 +321,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1: steadier on shared cores)")
     parser.add_argument("--cli-repeats", type=int, default=3, help="fresh processes of the issue-26 command")
     parser.add_argument("--skip-7b", action="store_true")
+    parser.add_argument("--before-root", type=Path, default=None,
+                        help="another checkout (the code before a change): its 7B measure() runs in the same rounds")
+    parser.add_argument("--no-floors", action="store_true", help="leave out the 7B plain fake step (no tracker)")
     parser.add_argument("--skip-cli", action="store_true")
     parser.add_argument("--quick", action="store_true", help="smoke test: one CNN repeat, no 7B processes, one CLI process")
     parser.add_argument("--out", type=Path, default=RESULTS)
@@ -290,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": f"{platform.machine()}, {torch.get_num_threads()} torch thread(s), {__import__('os').cpu_count()} CPUs",
         "threads": args.threads,
         "cnn": bench_cnn(args.repeats),
-        "gpt_7b": bench_7b(args.big_repeats, args.threads) if not args.skip_7b else {"repeats": 0, "rows": []},
+        "gpt_7b": bench_7b(args.big_repeats, args.threads, args.before_root, not args.no_floors) if not args.skip_7b else {"repeats": 0, "rows": []},
         "cli": bench_cli(args.cli_repeats) if not args.skip_cli and _has("transformers", "peft") else None,
     }
     result["table_markdown"] = table(result)

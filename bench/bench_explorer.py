@@ -9,8 +9,9 @@ the median of the part spent in ``Session.run`` (the engine) and in updating the
 Goals (issue 29): under 0.2 s for the CNN demo in real mode on this CPU; under 0.3 s for a
 GPT-2-small-shaped model (12 layers, d=768, vocab 50257, sequence 1024) in fake mode. For the fake
 case the floor is printed too: each click's step (its optimizer making its state in the step)
-run under ``FakeTensorMode`` with no tracker at all, after the click (the median of those): torch's
-own fake-tensor work, which no change of ours can go below.
+run under ``FakeTensorMode`` with no tracker at all, after the click (the median of those): the
+fake-tensor work alone, with the engine's quick cache hits (``measure/fake_dispatch.py``) and on
+torch's own dispatch path (the floor before that module).
 
     python bench/bench_explorer.py              # both cases, 7 clicks each
     python bench/bench_explorer.py --clicks 3   # quicker
@@ -98,13 +99,16 @@ def run_case(case: dict, clicks: int, repeats: int) -> dict:
         entry = explorer.entry
         if explorer.state != "done":
             raise RuntimeError(f"{case['name']}: click {i} ended in {explorer.state}: {explorer.error}")
-        floor = _plain_fake_step_cpu_s(explorer.session.workload, entry.plan, 1) if case["mode"] == "fake" else None
+        fake = case["mode"] == "fake"
+        floor = _plain_fake_step_cpu_s(explorer.session.workload, entry.plan, 1) if fake else None
+        floor_torch = _plain_fake_step_cpu_s(explorer.session.workload, entry.plan, 1, quick=False) if fake else None
         rows.append({
             "module": name,
             "frozen": bool(box.value),
             "click_to_numbers_s": end - start,
             "click_cpu_s": cpu,
             "plain_fake_step_cpu_s": floor,
+            "plain_fake_step_torch_path_cpu_s": floor_torch,
             "session_run_s": entry.seconds,
             "saved_bytes": entry.measurement.saved_bytes,
             "label_before": before_label,
@@ -112,6 +116,7 @@ def run_case(case: dict, clicks: int, repeats: int) -> dict:
         })
     floors = [r["plain_fake_step_cpu_s"] for r in rows if r["plain_fake_step_cpu_s"] is not None]
     floor = statistics.median(floors) if floors else None
+    floors_torch = [r["plain_fake_step_torch_path_cpu_s"] for r in rows if r["plain_fake_step_torch_path_cpu_s"] is not None]
     clicks_s = [r["click_to_numbers_s"] for r in rows]
     runs_s = [r["session_run_s"] for r in rows]
     overhead = [c - r for c, r in zip(clicks_s, runs_s)]
@@ -129,6 +134,7 @@ def run_case(case: dict, clicks: int, repeats: int) -> dict:
         "median_click_cpu_s": statistics.median(r["click_cpu_s"] for r in rows),
         "median_ui_overhead_s": statistics.median(overhead),
         "plain_fake_step_cpu_s": floor,
+        "plain_fake_step_torch_path_cpu_s": statistics.median(floors_torch) if floors_torch else None,
         "explorer_build_s": build_s,
         "debounce_s": explorer.runner.debounce_s,
         "meets_goal": median < case["goal_s"],
@@ -136,9 +142,20 @@ def run_case(case: dict, clicks: int, repeats: int) -> dict:
     }
 
 
-def _plain_fake_step_cpu_s(workload, plan, n: int) -> float:
+def _plain_fake_step_cpu_s(workload, plan, n: int, quick: bool = True) -> float:
     """Median CPU seconds of the step ``plan`` makes, under FakeTensorMode with no tracker: forward,
-    loss, backward and the optimizer's first step (which makes its state), as torch runs them."""
+    loss, backward and the optimizer's first step (which makes its state), as torch runs them;
+    ``quick``: with the engine's quick cache hits (``measure/fake_dispatch.py``), else torch's own path."""
+    from memsave_nb.measure import fake_dispatch
+
+    enabled, fake_dispatch.ENABLED = fake_dispatch.ENABLED, quick
+    try:
+        return _median_plain_step(workload, plan, n)
+    finally:
+        fake_dispatch.ENABLED = enabled
+
+
+def _median_plain_step(workload, plan, n: int) -> float:
     from memsave_nb.measure.engine import model_lock
     from memsave_nb.measure.fake_model import _fake_model
 
@@ -216,18 +233,20 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     results = [run_case(c, args.clicks, args.repeats) for c in _cases(args.cases)]
 
-    print(f"{'case':<18} {'clicks':>6} {'median':>8} {'max':>8} {'engine':>8} {'ui':>7} {'CPU':>7} {'floor':>7} {'goal':>6}  ok")
+    print(f"{'case':<18} {'clicks':>6} {'median':>8} {'max':>8} {'engine':>8} {'ui':>7} {'CPU':>7} {'floor':>7} {'torch':>7} {'goal':>6}  ok")
     for r in results:
-        floor = f"{r['plain_fake_step_cpu_s']:>6.3f}s" if r["plain_fake_step_cpu_s"] is not None else f"{'-':>7}"
+        floor, floor_torch = (f"{r[k]:>6.3f}s" if r.get(k) is not None else f"{'-':>7}"
+                              for k in ("plain_fake_step_cpu_s", "plain_fake_step_torch_path_cpu_s"))
         print(
             f"{r['case']:<18} {r['clicks']:>6} {r['median_s']:>7.3f}s {r['max_s']:>7.3f}s "
-            f"{r['median_session_run_s']:>7.3f}s {r['median_ui_overhead_s']:>6.3f}s {r['median_click_cpu_s']:>6.3f}s {floor} "
+            f"{r['median_session_run_s']:>7.3f}s {r['median_ui_overhead_s']:>6.3f}s {r['median_click_cpu_s']:>6.3f}s {floor} {floor_torch} "
             f"{r['goal_s']:>5.1f}s  "
             f"{'yes' if r['meets_goal'] else 'NO'}"
         )
     print("median/max: click to new numbers on display (wall); engine: Session.run; ui: the rest (thread, widgets, Bokeh);\n"
           "CPU: the click's CPU seconds, all threads (steadier than wall on shared cores); floor: CPU seconds of the same\n"
-          "fake step with no tracker (torch's fake-tensor work alone)")
+          "fake step with no tracker (the fake-tensor work alone), with the engine's quick cache hits; torch: the same on\n"
+          "torch's own dispatch path (measure/fake_dispatch.py off)")
     try:
         import os
 

@@ -10,6 +10,8 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
+from .fake_dispatch import quick_dispatch
+
 def _fake_twin(fake_mode, t: torch.Tensor, device: torch.device) -> torch.Tensor:
     """A fake tensor for ``t``; a meta tensor presents as the workload's device (as if built there
     under ``FakeTensorMode``)."""
@@ -95,17 +97,21 @@ def _fake_model(model: nn.Module, device: str = "cpu") -> Iterator[Any]:
     Tensors on the meta device (``with torch.device("meta")``, ``init_empty_weights``) get twins
     on the workload's device, as if the model had been built there under ``FakeTensorMode``.
     The twins (and their mode) are kept for the model's next fake run (:class:`_Twins`); each run
-    wraps them in new ``nn.Parameter`` objects, so no gradient or flag outlives a run.
+    wraps them in new ``nn.Parameter`` objects, so no gradient or flag outlives a run. While the
+    block runs the mode answers its dispatch cache's hits the quick way (``fake_dispatch.py``).
     """
     existing = next((t.fake_mode for t in list(model.parameters()) + list(model.buffers()) if _is_fake(t)), None)
     if existing is not None:
-        yield existing
+        with quick_dispatch(existing):
+            yield existing
         return
     twins = _twins_of(model)
+    stack = contextlib.ExitStack()
     target = torch.device(device)
     swapped: list[tuple[nn.Module, str, str, Any]] = []
     fakes: dict[int, Any] = {}
     try:
+        stack.enter_context(quick_dispatch(twins.mode))  # wrapping a twin in a Parameter is an op (detach)
         for mod in model.modules():
             for name, p in list(mod._parameters.items()):
                 if p is None:
@@ -126,3 +132,4 @@ def _fake_model(model: nn.Module, device: str = "cpu") -> Iterator[Any]:
     finally:
         for mod, where, name, original in reversed(swapped):
             getattr(mod, where)[name] = original
+        stack.close()

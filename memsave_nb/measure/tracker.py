@@ -23,6 +23,7 @@ from typing import Any, Iterable
 
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
@@ -37,6 +38,7 @@ _LISTS = (list, tuple)
 RNG_STATE_OP = "get_rng_state"
 _CONV, _CONV_BACKWARD = torch.ops.aten.convolution.default, torch.ops.aten.convolution_backward.default  # workspace.py
 _METADATA_OPS = frozenset({torch.ops.prim.device.default, torch.ops.prim.layout.default})
+_DEVICE = torch.ops.prim.device.default
 
 
 class StorageRecord:
@@ -81,6 +83,11 @@ class _DispatchWatcher(TorchDispatchMode):
         return False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is _DEVICE:
+            # A fake tensor's device query (autograd asks about every op's tensors): no storage, not an
+            # op of the step. Answered as the fake mode below answers it, without a trip down to it.
+            t = args[0]
+            return t.device if type(t) is FakeTensor else func(*args)
         if func is _CONV or func is _CONV_BACKWARD:  # identity: OpOverload's hash is Python, 0.3 us an op
             out = self.tracker._run_with_workspace(func, args, kwargs)
         else:
