@@ -20,6 +20,7 @@ import torch
 
 from ..errors import MemsaveError
 from ..measure.fake_compat import optimizer_numbers
+from ..measure.fake_dispatch import quick_dispatch
 from ..workload import Workload, map_tensors
 from .apply import apply_parallel, rank_layouts
 from .process_group import fake_process_group
@@ -118,7 +119,7 @@ def measure_rank(workload: Workload, spec: ParallelSpec, plan: Any = None, *, ra
         with applied as wl, entries_restored(wl.model):
             with contextlib.nullcontext() if tp else fake_mode:
                 called = apply_parallel(wl.model, spec, mesh, fake=True)
-            with fake_mode, waits:
+            with quick_dispatch(fake_mode), fake_mode, waits:  # cache hits the quick way (fake_dispatch)
                 if tp:
                     wl.model.to_empty(device="cpu")
                 batch = _fake_batch(wl, fake_mode)
