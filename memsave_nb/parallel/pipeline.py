@@ -226,7 +226,10 @@ class StageRank:
             opt = {tracker.record_of(_local(t)) for t in self.optimizer_state()}
             unsharded = {tracker.record_of(t) for t in unsharded_tensors(self.root)}
         kinds = categorise(tracker, grads - {None}, opt - {None}, unsharded - {None}, marks)
-        return summarise(tracker, kinds, marks, rank=self.rank, ranks=(self.rank,), seconds=time.perf_counter() - start)
+        result = summarise(tracker, kinds, marks, rank=self.rank, ranks=(self.rank,), seconds=time.perf_counter() - start)
+        # the collectives and point-to-point sends the tracked step ran (what the layout planner times)
+        return dataclasses.replace(result, collectives=tuple(
+            (op, size, calls, nbytes) for (op, size), (calls, nbytes) in sorted(tracker.collectives.items())))
 
 
 def rank_step(workload: Workload, spec: ParallelSpec, all_stages: Sequence[nn.Module], rank: int, batch: Any, *,
@@ -276,7 +279,7 @@ def _phases(stages, tracker: ShardTracker | None, marks: dict | None):
 
 def measure_pipeline(workload: Workload, spec: ParallelSpec, plan: Any = None, *, stages: StageSplit | None = None,
                      loss_fn: Callable | None = None, target: torch.Tensor | None = None,
-                     steady: bool = True) -> ParallelMeasurement:
+                     steady: bool = True, ranks: Sequence[int] | None = None) -> ParallelMeasurement:
     """Each pipeline rank's peak and split under ``spec.schedule`` with ``spec.microbatches``.
 
     The model is split into ``pipeline_parallel`` stages (interleaved: two per rank) by
@@ -286,6 +289,8 @@ def measure_pipeline(workload: Workload, spec: ParallelSpec, plan: Any = None, *
     the workload's loss on each micro-batch's output (which must not hold whole-batch targets: pass
     ``loss_fn`` and ``target`` then); the zoo GPT's is its own cross-entropy.
     ``ranks[i]`` of the result is pipeline rank ``i`` (stage ``i``; interleaved: ``i`` and ``i + pp``).
+    ``ranks``: the pipeline ranks to measure (default all; the layout planner measures the first and
+    the last, see docs/planner.md).
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -299,7 +304,10 @@ def measure_pipeline(workload: Workload, spec: ParallelSpec, plan: Any = None, *
         raise ParallelError("a compile budget cannot be sized per rank in fake mode (fake tensors do not compile)")
     results = []
     dp = spec.data_parallel
-    for pp_rank in range(spec.pipeline_parallel):
+    wanted = range(spec.pipeline_parallel) if ranks is None else ranks
+    if any(isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < spec.pipeline_parallel for r in wanted):
+        raise ParallelError(f"ranks: pipeline ranks in [0, {spec.pipeline_parallel}), got {show(ranks)}")
+    for pp_rank in sorted(set(wanted)):
         rank = pp_rank * dp  # the stage's first data-parallel rank stands for its group
         with _PROCESS_GROUP_LOCK, fake_process_group(spec, rank) as mesh:
             fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
