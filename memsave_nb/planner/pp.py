@@ -6,7 +6,8 @@ over the ``world / p`` data-parallel ranks of each stage (the mesh ``(pp, shard)
 ``parallel.measure_pipeline``: torch's own ``PipelineStage`` and ``Schedule1F1B`` on the fake group.
 
 - Stage counts: ``p`` in {2, 4, 8} dividing the GPU count and the model's blocks (each stage the
-  same number of blocks), on a model ``split_stages`` can split (``nn.Sequential``, GPT-shaped).
+  same number of blocks), on a model ``split_stages`` can split (``nn.Sequential``, GPT-shaped,
+  a Hugging Face decoder).
 - Micro-batches: the most the per-rank batch allows (``max_micro_batches`` at most): 1F1B's bubble
   ``(p - 1) / m`` shrinks with ``m`` and its in-flight activations do not grow with it (stage ``i``
   holds ``min(m, p - i)`` micro-batches), so fewer micro-batches are never faster nor smaller.
@@ -44,9 +45,9 @@ SCHEDULE = "1f1b"
 
 
 def splittable(model: nn.Module) -> bool:
-    from memsave_nb.parallel.stages import is_gpt_shaped
+    from memsave_nb.parallel.stages import is_gpt_shaped, is_hf_decoder
 
-    return isinstance(model, nn.Sequential) or is_gpt_shaped(model)
+    return isinstance(model, nn.Sequential) or is_gpt_shaped(model) or is_hf_decoder(model)
 
 
 def pipeline_specs(gpus: int, model: nn.Module, blocks: Blocks, pps: Sequence[int]) -> tuple[list[ParallelSpec], list[str]]:
@@ -57,8 +58,8 @@ def pipeline_specs(gpus: int, model: nn.Module, blocks: Blocks, pps: Sequence[in
     if not wanted:
         return specs, notes
     if not splittable(model):
-        notes.append(f"pipeline stages not searched: {type(model).__name__} is neither an nn.Sequential nor GPT-shaped "
-                     "(measure_pipeline takes stages=fn(model, n) for it)")
+        notes.append(f"pipeline stages not searched: {type(model).__name__} is neither an nn.Sequential, GPT-shaped "
+                     "nor a Hugging Face decoder (measure_pipeline takes stages=fn(model, n) for it)")
         return specs, notes
     depth = len(model) if isinstance(model, nn.Sequential) else blocks.depth
     for p in wanted:
