@@ -44,6 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gpus", type=int, default=16)
     ap.add_argument("--gpu", default="H100")
     ap.add_argument("--target-gb", type=float, default=None, help="per-GPU memory (default: the GPU's)")
+    ap.add_argument("--tp", default=None, help="TP degrees to search, e.g. 1,2 (default: the planner's)")
+    ap.add_argument("--pp", default=None, help="pipeline stage counts to search, e.g. 2,4,8 (default: the planner's)")
     ap.add_argument("--quick", action="store_true", help="a small GPT (4 blocks) on 4 GPUs, in seconds")
     ap.add_argument("--out", default=str(RESULTS))
     args = ap.parse_args(argv)
@@ -58,10 +60,12 @@ def main(argv: list[str] | None = None) -> int:
         from memsave_nb import from_pretrained
 
         workload = from_pretrained(args.model, batch_size=1, seq_len=args.seq)
-        gpus, tps = args.gpus, None
+        gpus = args.gpus
+        tps = tuple(int(t) for t in args.tp.split(",")) if args.tp else None
         target = Target(args.target_gb) if args.target_gb else None
     built = time.process_time()
-    result = plan_layout(workload, gpus, args.gpu, target, tensor_parallel=tps)
+    pps = tuple(int(p) for p in args.pp.split(",")) if args.pp else None
+    result = plan_layout(workload, gpus, args.gpu, target, tensor_parallel=tps, pipeline_parallel=pps)
     chosen = result.chosen
     row = {
         "model": workload.name, "gpus": gpus, "gpu": args.gpu, "target_gb": result.target.gb,
@@ -76,6 +80,9 @@ def main(argv: list[str] | None = None) -> int:
         },
         "remeasured_device_peak_bytes": None if result.remeasured is None else result.remeasured.device_peak_bytes,
         "front": [{"label": c.label, "est_peak_bytes": c.est_peak_bytes, "step_seconds": c.step_seconds} for c in result.front],
+        "candidates_all": [{"label": c.label, "est_peak_bytes": c.est_peak_bytes, "step_seconds": c.step_seconds,
+                            "bubble_seconds": c.bubble_seconds, "comm_seconds": dict(c.comm_seconds), "fits": c.fits}
+                           for c in result.candidates],
         "pruned": result.pruned, "notes": result.notes,
     }
     print(result.summary())

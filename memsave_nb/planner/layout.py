@@ -484,9 +484,10 @@ def plan_layout(
 def _search_groups(search: _Search, groups: list) -> tuple[list[LayoutCandidate], list[str]]:
     """Measure each group (layout, checkpointing kind, precision) once, all micro-batches from it.
 
-    Each layout's most memory-saving kind is measured (the front's low end); a less saving kind only
-    when its fastest micro-batch could beat the fastest candidate found to fit (its time needs no
-    measurement), when its lower bound fits, and when the layout's previous kind fitted somewhere."""
+    Each layout's most memory-saving kind is measured (the front's low end); a less saving kind, and
+    any pipeline layout, only when its fastest micro-batch could beat the fastest candidate found to
+    fit (its time needs no measurement), when its lower bound fits, and when the layout's previous
+    kind fitted somewhere."""
     candidates: list[LayoutCandidate] = []
     pruned: list[str] = []
     first_of = {}
@@ -498,8 +499,10 @@ def _search_groups(search: _Search, groups: list) -> tuple[list[LayoutCandidate]
         spec, kind, precision, mbs, per_rank = g
         return min(search.timing(spec, kind, precision, mb, per_rank // mb)[2] for mb in mbs)
 
-    firsts = [g for g in groups if first_of[(g[0], g[2])] == g[1]]
-    rest = sorted((g for g in groups if first_of[(g[0], g[2])] != g[1]), key=optimistic)
+    # pipeline stages are measured only where they could beat what fits (their bubble and a
+    # measurement over every micro-batch make them the dearest to measure)
+    firsts = [g for g in groups if first_of[(g[0], g[2])] == g[1] and g[0].pipeline_parallel == 1]
+    rest = sorted((g for g in groups if g not in firsts), key=optimistic)
     skipped = 0
     for g in firsts + rest:
         spec, kind, precision, mbs, per_rank = g

@@ -52,8 +52,10 @@ def test_a_stage_cut_to_3_and_4_blocks_extrapolates_to_the_full_depth_measuremen
 def searched():
     wl = _gpt(4, batch=4)
     before = ModelSnapshot.capture(wl.model)
+    # stage counts only: beside the other layouts a pipeline is measured only where its estimated
+    # time could beat the fastest that fits (none of them here)
     result = plan_layout(wl, 4, "H100", Target(2 * MIB / 2**30, headroom=1.0), tensor_parallel=(1,),
-                         pipeline_parallel=(1, 2, 4), max_micro_batches=4, region_kinds=("full",))
+                         pipeline_parallel=(2, 4), max_micro_batches=4, region_kinds=("full",))
     return wl, before, result
 
 
