@@ -294,7 +294,7 @@ class _Search:
             # per block 2 all-reduces forward, 2 backward, 2 more when recomputed; the embedding's
             # output (forward) and the head's input gradient (backward); the logits gathered once
             per_block = 4 + (2 if kind == "full" else 0)
-            nbytes = (self.blocks.depth * per_block + 2) * ring_all_reduce(act, tp)
+            nbytes = (self.blocks.depth // pp * per_block + 2) * ring_all_reduce(act, tp)
             nbytes += ring_all_gather(mb * self.seq_len() * vocab * self._act_bytes(), tp)
             out.append(("TP collectives", k * nbytes / self.fabric.intra_bytes_per_second))
         if pp > 1:  # a micro-batch's hidden state, each way
@@ -437,7 +437,7 @@ def plan_layout(
         search.notes.append("measured at full depth (no single list of more than 4 repeated blocks to extrapolate from)")
 
     groups: list[tuple[ParallelSpec, str | None, str | None, list[int], int]] = []  # spec, kind, precision, mbs, per rank
-    pp_specs, pp_notes = pipeline_specs(gpus, workload.model, blocks, pps)
+    pp_specs, pp_notes = pipeline_specs(gpus, workload.model, blocks, pps, tps)
     search.notes += pp_notes
     for spec in (_layouts(gpus, fabric, tps) if 1 in pps else []) + pp_specs:
         dp = spec.data_parallel
@@ -502,9 +502,10 @@ def _search_groups(search: _Search, groups: list) -> tuple[list[LayoutCandidate]
     # pipeline stages are measured only where they could beat what fits (their bubble and a
     # measurement over every micro-batch make them the dearest to measure)
     firsts = [g for g in groups if first_of[(g[0], g[2])] == g[1] and g[0].pipeline_parallel == 1]
-    rest = sorted((g for g in groups if g not in firsts), key=optimistic)
+    rest = sorted((g for g in groups if g not in firsts and g[0].pipeline_parallel == 1), key=optimistic)
+    stages = [g for g in groups if g[0].pipeline_parallel > 1]  # each layout's most saving kind first
     skipped = 0
-    for g in firsts + rest:
+    for g in firsts + rest + stages:
         spec, kind, precision, mbs, per_rank = g
         words = f"{spec.describe()}, {kind or 'no'} checkpointing"
         if (spec, precision) in dead:

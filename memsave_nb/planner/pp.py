@@ -1,8 +1,9 @@
 """Pipeline stages in the layout planner: which stage counts are searched, how a stage is measured,
 and the schedule's bubble in the step time. See docs/planner.md, "Pipeline stages".
 
-A PP candidate is ``ParallelSpec(pipeline_parallel=p, schedule="1f1b", microbatches=m)`` with FSDP2
-over the ``world / p`` data-parallel ranks of each stage (the mesh ``(pp, shard)``), measured with
+A PP candidate is ``ParallelSpec(pipeline_parallel=p, tensor_parallel=t, schedule="1f1b",
+microbatches=m)``: TP ``t`` (the degrees searched) and FSDP2 over the rest of each stage's
+``world / p`` ranks (the mesh ``(pp, shard, tp)``), measured with
 ``parallel.measure_pipeline``: torch's own ``PipelineStage`` and ``Schedule1F1B`` on the fake group.
 
 - Stage counts: ``p`` in {2, 4, 8} dividing the GPU count and the model's blocks (each stage the
@@ -50,9 +51,10 @@ def splittable(model: nn.Module) -> bool:
     return isinstance(model, nn.Sequential) or is_gpt_shaped(model) or is_hf_decoder(model)
 
 
-def pipeline_specs(gpus: int, model: nn.Module, blocks: Blocks, pps: Sequence[int]) -> tuple[list[ParallelSpec], list[str]]:
-    """PP x FSDP2 specs (one micro-batch as placeholder: the candidate sets it) and, in words,
-    the stage counts left out and why."""
+def pipeline_specs(gpus: int, model: nn.Module, blocks: Blocks, pps: Sequence[int],
+                   tps: Sequence[int] = (1,)) -> tuple[list[ParallelSpec], list[str]]:
+    """PP (x TP) x FSDP2 specs (one micro-batch as placeholder: the candidate sets it) and, in
+    words, the stage counts left out and why. ``tps``: the TP degrees searched (within a node)."""
     specs, notes = [], []
     wanted = [p for p in pps if p > 1]
     if not wanted:
@@ -66,7 +68,8 @@ def pipeline_specs(gpus: int, model: nn.Module, blocks: Blocks, pps: Sequence[in
         if gpus % p or depth % p:
             notes.append(f"PP {p}: {gpus} GPUs and {depth} blocks do not both split {p} ways")
             continue
-        specs.append(ParallelSpec(world_size=gpus, pipeline_parallel=p, schedule=SCHEDULE))
+        specs += [ParallelSpec(world_size=gpus, pipeline_parallel=p, tensor_parallel=tp, schedule=SCHEDULE)
+                  for tp in tps if (gpus // p) % tp == 0]
     return specs, notes
 
 
