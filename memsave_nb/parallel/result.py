@@ -222,7 +222,7 @@ class ParallelMeasurement:
         for r in self.ranks:
             label = _ranks_label(r.ranks)
             if pp > 1:  # pipeline rank r holds stage r (interleaved: every pp-th stage from r)
-                first = r.rank // self.spec.data_parallel
+                first = r.rank // (self.spec.world_size // pp)  # ranks per pipeline rank: TP x data-parallel
                 stages = ",".join(str(s) for s in range(first, pp * _stages(self.spec), pp))
                 label = f"{_ranks_label(r.ranks)} (stage {stages})"
             host = f"{fmt(r.host_peak_bytes or 0)}  " if offload else ""

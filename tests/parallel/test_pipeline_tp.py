@@ -73,3 +73,13 @@ def test_pp2_x_tp2_on_four_real_gloo_ranks_measures_what_fake_mode_predicts():
         if exact == {0, 1, 2, 3}:
             break
     assert exact == {0, 1, 2, 3}
+
+
+def test_report_pp_with_tp_prints_each_stage_of_the_3d_mesh(capsys):
+    from memsave_nb.cli import main
+
+    assert main(["report", "--model", "gpt", "--pp", "2", "--tp", "2", "--world-size", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "PP 2 x TP 2 (1F1B, 4 micro-batches)" in out
+    assert "0-1 (stage 0)" in out and "2-3 (stage 1)" in out
+    assert not dist.is_initialized()
