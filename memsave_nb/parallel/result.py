@@ -125,6 +125,9 @@ class RankMeasurement:
     # ("c10d._allgather_base_", 8, 81, ...); DDP's all-reduce runs in a comm hook on the fake
     # backend and is not among them
     collectives: tuple[tuple[str, int, int, int], ...] = ()
+    # pipeline stages: the peak within each micro-batch's forward and backward and the optimizer step
+    # (label, bytes), what the layout planner extrapolates over depth one by one
+    segment_peaks: tuple[tuple[str, int], ...] = ()
 
     @property
     def device_bytes(self) -> int:

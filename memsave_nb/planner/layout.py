@@ -199,9 +199,13 @@ class _Search:
                 w = m.worst
                 split = w.device_peak_split if w.device_peak_split is not None else w.peak_split
                 counted = {f"coll:{op}:{n}": float(b) for op, n, _, b in getattr(w, "collectives", ())}
-                return {"peak": float(m.device_peak_bytes), **{c: float(v) for c, v in split.items()}, **counted}
+                # pipeline stages: every rank's peak per micro-batch phase, each extrapolated on its own
+                segments = {f"segment:{r.rank}:{label}": float(b) for r in m.ranks for label, b in r.segment_peaks}
+                return {"peak": float(m.device_peak_bytes), **{c: float(v) for c, v in split.items()}, **counted, **segments}
 
-            self._rank[key] = extrapolate(self.workload.model, self.blocks, run, stages=pp)
+            out = extrapolate(self.workload.model, self.blocks, run, stages=pp)
+            out["peak"] = max([out["peak"], *(v for k, v in out.items() if k.startswith("segment:"))])
+            self._rank[key] = out
         return self._rank[key]
 
     def cost(self, kind: str | None, precision: str | None, mb: int) -> dict[str, float]:

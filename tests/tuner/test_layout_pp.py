@@ -118,3 +118,13 @@ def test_bad_stage_counts_are_one_line():
     for bad in ("2", [0], [2.0], []):
         with pytest.raises(PlanError, match="pipeline_parallel must be a list of stage counts"):
             plan_layout(wl, 2, "H100", pipeline_parallel=bad)
+
+
+def test_the_largest_segment_peak_is_the_steps_peak():
+    """The planner extrapolates each micro-batch phase's peak on its own (which phase holds the step's
+    peak can change with depth); the largest of them, at the measured depth, is the step's peak."""
+    m = measure_pipeline(_gpt(4, batch=4), ParallelSpec(world_size=4, pipeline_parallel=2, microbatches=4))
+    for r in m.ranks:
+        labels = [label for label, _ in r.segment_peaks]
+        assert sum(label.startswith("forward") for label in labels) == 4 and "optimizer" in labels
+        assert max(b for _, b in r.segment_peaks) == r.peak_bytes
