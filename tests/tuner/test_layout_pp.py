@@ -128,3 +128,19 @@ def test_the_largest_segment_peak_is_the_steps_peak():
         labels = [label for label, _ in r.segment_peaks]
         assert sum(label.startswith("forward") for label in labels) == 4 and "optimizer" in labels
         assert max(b for _, b in r.segment_peaks) == r.peak_bytes
+
+
+def test_the_lower_bound_of_pipeline_x_fsdp2_holds_the_stage_unsharded():
+    """torch's PipelineStage keeps FSDP2's parameters and gradients unsharded across micro-batches:
+    the planner's lower bound counts them, and the measured peak is above it."""
+    from memsave_nb.planner.layout import _Search, fabric_for
+    from memsave_nb.planner.roofline import device_named
+
+    wl = _gpt(4, batch=4)
+    spec = ParallelSpec(world_size=4, pipeline_parallel=2, microbatches=4)
+    search = _Search(wl, 4, device_named("H100"), fabric_for("H100"), Target(80), blocks_of(wl.model), 16, 4, True)
+    bound = search.lower_bound(spec, None, None)
+    total = sum(p.numel() * 4 for p in wl.model.parameters())
+    assert bound >= 2 * total / 2  # parameters and gradients of a stage (half the model), unsharded
+    measured = measure_pipeline(wl.replace(batch={k: v.repeat(2, 1) for k, v in wl.batch.items()}), spec)
+    assert measured.device_peak_bytes >= bound
