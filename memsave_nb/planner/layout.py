@@ -237,12 +237,15 @@ class _Search:
         if spec.cpu_offload:
             total = trainable = 0
         state = (total + trainable * _optimizer_state_factor(self.workload, precision)) / ways
-        saved = self.saved_per_block(kind, precision) / spec.tensor_parallel / spec.pipeline_parallel
-        if spec.pipeline_parallel > 1 and spec.data_parallel > 1 and spec.microbatches > 1:
+        pp = spec.pipeline_parallel
+        saved = self.saved_per_block(kind, precision) / spec.tensor_parallel / pp
+        if pp > 1:  # 1F1B: the first stage holds min(m, p) micro-batches of its blocks when its first backward starts
+            saved *= self.global_batch // spec.data_parallel // spec.microbatches * min(spec.microbatches, pp)
+        if pp > 1 and spec.data_parallel > 1 and spec.microbatches > 1:
             # PipelineStage keeps FSDP2's parameters and gradients unsharded from the first backward
             # to the last micro-batch's (pipelining/stage.py: set_reshard_after_backward(False),
             # set_requires_gradient_sync(False)): the stage's whole TP shard of both
-            return state + (total + trainable) / (spec.pipeline_parallel * spec.tensor_parallel)
+            return state + max(saved, (total + trainable) / (pp * spec.tensor_parallel))
         return state + max(trainable / ways, saved)
 
     def estimate_peak(self, spec: ParallelSpec, kind: str | None, precision: str | None, mb: int, k: int,
