@@ -64,11 +64,11 @@ def _whole_first_step_under_tp():
         measure_module.measure_rank = original
 
 
-def _timed(workload, gpus, gpu, target, tps, baseline: bool):
+def _timed(workload, gpus, gpu, target, tps, baseline: bool, pps=None):
     from memsave_nb.planner.layout import plan_layout
 
     with _whole_first_step_under_tp() if baseline else contextlib.nullcontext():
-        return plan_layout(workload, gpus, gpu, target, tensor_parallel=tps)
+        return plan_layout(workload, gpus, gpu, target, tensor_parallel=tps, pipeline_parallel=pps)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -78,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gpus", type=int, default=16)
     ap.add_argument("--gpu", default="H100")
     ap.add_argument("--target-gb", type=float, default=None, help="per-GPU memory (default: the GPU's)")
+    ap.add_argument("--tp", default=None, help="TP degrees to search, e.g. 1,2 (default: the planner's)")
+    ap.add_argument("--pp", default=None, help="pipeline stage counts to search, e.g. 2,4,8 (default: the planner's)")
     ap.add_argument("--quick", action="store_true", help="a small GPT (4 blocks) on 4 GPUs, in seconds")
     ap.add_argument("--baseline", action="store_true", help="also time the whole-first-step warm-up under TP, interleaved")
     ap.add_argument("--repeats", type=int, default=1, help="runs of each (medians reported)")
@@ -93,13 +95,15 @@ def main(argv: list[str] | None = None) -> int:
         from memsave_nb import from_pretrained
 
         workload = from_pretrained(args.model, batch_size=1, seq_len=args.seq)
-        gpus, tps = args.gpus, None
+        gpus = args.gpus
+        tps = tuple(int(t) for t in args.tp.split(",")) if args.tp else None
         target = Target(args.target_gb) if args.target_gb else None
     built = time.process_time()
+    pps = tuple(int(p) for p in args.pp.split(",")) if args.pp else None
     runs: dict[str, list] = {"now": [], "baseline": []}
     for _ in range(max(1, args.repeats)):
         for kind in ("now", "baseline") if args.baseline else ("now",):
-            runs[kind].append(_timed(workload, gpus, args.gpu, target, tps, kind == "baseline"))
+            runs[kind].append(_timed(workload, gpus, args.gpu, target, tps, kind == "baseline", pps))
     result = runs["now"][-1]
     chosen = result.chosen
     timing = {kind: {"search_cpu_seconds": [r.search_cpu_seconds for r in rs],
@@ -121,6 +125,9 @@ def main(argv: list[str] | None = None) -> int:
         "remeasured_device_peak_bytes": None if result.remeasured is None else result.remeasured.device_peak_bytes,
         "front": [{"label": c.label, "est_peak_bytes": c.est_peak_bytes, "step_seconds": c.step_seconds} for c in result.front],
         "timing": timing, "baseline_same_answer": same if args.baseline else None,
+        "candidates_all": [{"label": c.label, "est_peak_bytes": c.est_peak_bytes, "step_seconds": c.step_seconds,
+                            "bubble_seconds": c.bubble_seconds, "comm_seconds": dict(c.comm_seconds), "fits": c.fits}
+                           for c in result.candidates],
         "pruned": result.pruned, "notes": result.notes,
     }
     print(result.summary())

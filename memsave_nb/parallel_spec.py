@@ -56,8 +56,8 @@ class ParallelSpec:
     - ``tp_plan``: ``(module-name pattern, style)`` pairs (``fnmatch`` patterns, styles in
       ``TP_STYLES``); empty means the default plan for decoders (``parallel/tp.py``).
     - ``pipeline_parallel``: pipeline stages (ranks the model's layers are split over); the mesh
-      is ``(pp, world_size // pp)`` and FSDP2 shards each stage over the second dimension
-      (``parallel/pipeline.py``); not with TP, HSDP, CPU offload or DDP yet.
+      is ``(pp, replicate?, shard, tp?)``: each stage gets TP on ``tp`` and FSDP2 (HSDP) over the
+      rest (``parallel/pipeline.py``); not with CPU offload or DDP.
     - ``schedule``: ``"gpipe"``, ``"1f1b"`` or ``"interleaved_1f1b"`` (two stages per rank).
     - ``microbatches``: micro-batches the batch is split into per step (pipeline only).
     """
@@ -149,28 +149,29 @@ class ParallelSpec:
             if n != 1 or self.schedule != "1f1b":
                 raise ParallelError("schedule and microbatches need pipeline_parallel > 1")
             return
-        if self.tensor_parallel > 1:
-            raise ParallelError("pipeline_parallel with tensor_parallel is not measured yet")
         if self.schedule == "interleaved_1f1b" and n % max(1, n // pp):
             raise ParallelError(f"interleaved_1f1b needs microbatches a multiple of max(1, microbatches // {pp}) "
                                 f"(torch's rounds), got {n}")
-        if self.cpu_offload or self.replicate > 1 or self.strategy != "fsdp":
-            raise ParallelError("pipeline_parallel is measured alone or with FSDP2: drop cpu_offload, replicate and strategy 'ddp'")
+        if self.cpu_offload or self.strategy != "fsdp":
+            raise ParallelError("pipeline_parallel is measured alone or with FSDP2, HSDP or TP: drop cpu_offload and strategy 'ddp'")
+        if (self.world_size // pp) % (self.replicate * self.tensor_parallel):
+            raise ParallelError(f"pipeline_parallel {pp} x replicate {self.replicate} x tensor_parallel {self.tensor_parallel} "
+                                f"must divide world_size {self.world_size}")
 
     @property
     def mesh_shape(self) -> tuple[int, ...]:
-        if self.pipeline_parallel > 1:
-            return (self.pipeline_parallel, self.world_size // self.pipeline_parallel)
         tp = (self.tensor_parallel,) if self.tensor_parallel > 1 else ()
+        if self.pipeline_parallel > 1:  # (pp, replicate?, shard, tp?), as torchtitan's mesh
+            rep = (self.replicate,) if self.replicate > 1 else ()
+            return (self.pipeline_parallel, *rep, self.world_size // self.pipeline_parallel // self.replicate // self.tensor_parallel, *tp)
         if self.replicate > 1:
             return (self.replicate, self.world_size // self.replicate // self.tensor_parallel, *tp)
         return (self.world_size // self.tensor_parallel, *tp)
 
     @property
     def mesh_dim_names(self) -> tuple[str, ...]:
-        if self.pipeline_parallel > 1:
-            return ("pp", "shard")
-        return (("replicate",) if self.replicate > 1 else ()) + ("shard",) + (("tp",) if self.tensor_parallel > 1 else ())
+        pp = ("pp",) if self.pipeline_parallel > 1 else ()
+        return pp + (("replicate",) if self.replicate > 1 else ()) + ("shard",) + (("tp",) if self.tensor_parallel > 1 else ())
 
     @property
     def shard_size(self) -> int:
@@ -191,8 +192,10 @@ class ParallelSpec:
     def describe(self) -> str:
         if self.pipeline_parallel > 1:
             name = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved_1f1b": "interleaved 1F1B"}[self.schedule]
-            dp = self.data_parallel
-            return f"PP {self.pipeline_parallel}" + (f" x FSDP2 {dp}" if dp > 1 else "") + f" ({name}, {self.microbatches} micro-batches)"
+            dp, tp = self.data_parallel, self.tensor_parallel
+            return (f"PP {self.pipeline_parallel}" + (f" x TP {tp}" if tp > 1 else "")
+                    + (f" x {'HSDP' if self.replicate > 1 else 'FSDP2'} {dp}" if dp > 1 else "")
+                    + f" ({name}, {self.microbatches} micro-batches)")
         if self.strategy == "ddp":
             view = ", gradients as bucket views" if self.gradient_as_bucket_view else ""
             return f"DDP x{self.world_size} (buckets {self.bucket_cap_mb:g} MB{view})"

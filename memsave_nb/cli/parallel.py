@@ -68,9 +68,9 @@ def check_parallel_args(args: argparse.Namespace) -> None:
         raise MemsaveError("--tp and --replicate combine with FSDP2; drop --ddp")
     if (args.schedule is not None or args.microbatches is not None) and args.pp is None:
         raise MemsaveError("--schedule and --microbatches need --pp P")
-    if args.pp is not None and (args.ddp or args.cpu_offload or args.tp or args.replicate):
-        raise MemsaveError("--pp is measured alone or with FSDP2 (--world-size a multiple of --pp): "
-                           "drop --ddp, --cpu-offload, --tp and --replicate")
+    if args.pp is not None and (args.ddp or args.cpu_offload):
+        raise MemsaveError("--pp is measured alone or with FSDP2, HSDP (--replicate) or TP (--tp): "
+                           "drop --ddp and --cpu-offload")
 
 
 def parallel_spec(args: argparse.Namespace):

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from ..errors import MemsaveError
+from ..measure.fake_dispatch import quick_dispatch
 from ..measure.tracker import INPUT
 from ..parallel_spec import ParallelError, ParallelSpec
 from ..workload import Workload, iter_tensors, output_dropped
@@ -152,19 +153,20 @@ class StageRank:
 
     def __init__(self, workload: Workload, spec: ParallelSpec, all_stages: Sequence[nn.Module], rank: int, batch: Any, *,
                  loss_fn: Callable | None = None, target: torch.Tensor | None = None, fake: bool = True,
-                 mesh: Any = None):
+                 mesh: Any = None, metadata: list | None = None, sharded: bool = False):
+        """``metadata``: each stage's (inputs, outputs) examples when already taken; ``sharded``: this
+        rank's stages already carry their TP / FSDP2 (set up outside fake mode, ``measure_pipeline``)."""
         from torch.distributed.pipelining import PipelineStage
 
         self.rank, self.fake = rank, fake
-        dp = spec.data_parallel
         self.args, target, loss = stage_inputs(workload.model, batch, loss_fn, target, workload.compute_loss)
-        meta = stage_metadata(all_stages, _microbatch(self.args, spec))  # before sharding: plain modules
-        mine = rank_stage_indices(spec, rank // dp)
+        meta = metadata if metadata is not None else stage_metadata(all_stages, _microbatch(self.args, spec))
+        mine = rank_stage_indices(spec, rank // (spec.world_size // spec.pipeline_parallel))
         group = None
-        if dp > 1:  # FSDP2 shards each of this rank's stages over the mesh's second dimension
+        if spec.world_size > spec.pipeline_parallel:  # TP, FSDP2 or HSDP within each of this rank's stages
             group = mesh["pp"].get_group()
-            for i in mine:
-                apply_parallel(all_stages[i], stage_fsdp_spec(spec), mesh["shard"], fake=fake)
+            if not sharded:
+                shard_stages([all_stages[i] for i in mine], spec, mesh, fake=fake)
         device = torch.device(workload.device)
         self.stages = [PipelineStage(all_stages[i], i, len(all_stages), device, input_args=meta[i][0],
                                      output_args=meta[i][1], group=group) for i in mine]
@@ -191,6 +193,8 @@ class StageRank:
         if self.optimizer is not None:
             if tracker is not None:
                 tracker.phase = "optimizer"
+                if marks is not None:
+                    marks.setdefault("segments", []).append((len(tracker.events), "optimizer"))
             self.optimizer.step()
         if tracker is not None:
             tracker.phase = "done"
@@ -226,21 +230,36 @@ class StageRank:
             opt = {tracker.record_of(_local(t)) for t in self.optimizer_state()}
             unsharded = {tracker.record_of(t) for t in unsharded_tensors(self.root)}
         kinds = categorise(tracker, grads - {None}, opt - {None}, unsharded - {None}, marks)
-        return summarise(tracker, kinds, marks, rank=self.rank, ranks=(self.rank,), seconds=time.perf_counter() - start)
+        result = summarise(tracker, kinds, marks, rank=self.rank, ranks=(self.rank,), seconds=time.perf_counter() - start)
+        # the collectives and point-to-point sends the tracked step ran (what the layout planner times)
+        return dataclasses.replace(result, collectives=tuple(
+            (op, size, calls, nbytes) for (op, size), (calls, nbytes) in sorted(tracker.collectives.items())),
+            segment_peaks=segment_peaks(tracker, marks.get("segments", [])))
 
 
 def rank_step(workload: Workload, spec: ParallelSpec, all_stages: Sequence[nn.Module], rank: int, batch: Any, *,
               loss_fn: Callable | None = None, target: torch.Tensor | None = None, fake: bool = True,
-              steady: bool = True, mesh: Any = None) -> RankMeasurement:
+              steady: bool = True, mesh: Any = None, metadata: list | None = None, sharded: bool = False) -> RankMeasurement:
     """Build this rank's stage(s) and schedule on the current default group and measure one step."""
     return StageRank(workload, spec, all_stages, rank, batch, loss_fn=loss_fn, target=target, fake=fake,
-                     mesh=mesh).measure(steady)
+                     mesh=mesh, metadata=metadata, sharded=sharded).measure(steady)
 
 
-def stage_fsdp_spec(spec: ParallelSpec) -> ParallelSpec:
-    """FSDP2 within one stage: the data-parallel ranks of the pipeline rank, the spec's FSDP options."""
-    return ParallelSpec(world_size=spec.data_parallel, reshard_after_forward=spec.reshard_after_forward,
+def stage_spec(spec: ParallelSpec) -> ParallelSpec:
+    """Within one stage: the pipeline rank's own ranks, TP and FSDP2 (HSDP) with the spec's options."""
+    return ParallelSpec(world_size=spec.world_size // spec.pipeline_parallel, replicate=spec.replicate,
+                        tensor_parallel=spec.tensor_parallel, sequence_parallel=spec.sequence_parallel,
+                        tp_plan=spec.tp_plan, reshard_after_forward=spec.reshard_after_forward,
                         param_dtype=spec.param_dtype, reduce_dtype=spec.reduce_dtype)
+
+
+def shard_stages(stages: Sequence[nn.Module], spec: ParallelSpec, mesh: Any, *, fake: bool) -> None:
+    """TP on the mesh's ``tp`` dimension, then FSDP2 (HSDP) over the rest, on each stage module, as
+    ``apply_parallel`` does for a whole model (torchtitan's order), on the stage's sub-mesh."""
+    inner = stage_spec(spec)
+    sub = mesh[inner.mesh_dim_names] if len(inner.mesh_dim_names) > 1 else mesh[inner.mesh_dim_names[0]]
+    for stage in stages:
+        apply_parallel(stage, inner, sub, fake=fake)
 
 
 @contextlib.contextmanager
@@ -251,14 +270,17 @@ def _phases(stages, tracker: ShardTracker | None, marks: dict | None):
         yield
         return
     saved = []
+    segments = marks.setdefault("segments", [])
     for stage in stages:
         fwd, bwd = stage.forward_one_chunk, stage.backward_one_chunk
 
-        def forward_one_chunk(*a, _f=fwd, **k):
+        def forward_one_chunk(*a, _f=fwd, _i=stage.stage_index, **k):
             tracker.phase = "forward"
+            segments.append((len(tracker.events), f"forward {_i}.{sum(s[1].startswith(f'forward {_i}.') for s in segments)}"))
             return _f(*a, **k)
 
-        def backward_one_chunk(*a, _b=bwd, **k):
+        def backward_one_chunk(*a, _b=bwd, _i=stage.stage_index, **k):
+            segments.append((len(tracker.events), f"backward {_i}.{sum(s[1].startswith(f'backward {_i}.') for s in segments)}"))
             if "forward_end" not in marks:  # the first backward: every in-flight micro-batch is alive
                 marks["forward_end"] = len(tracker.events)
             marks["live"] |= set(tracker.live_records())
@@ -276,7 +298,7 @@ def _phases(stages, tracker: ShardTracker | None, marks: dict | None):
 
 def measure_pipeline(workload: Workload, spec: ParallelSpec, plan: Any = None, *, stages: StageSplit | None = None,
                      loss_fn: Callable | None = None, target: torch.Tensor | None = None,
-                     steady: bool = True) -> ParallelMeasurement:
+                     steady: bool = True, ranks: Sequence[int] | None = None) -> ParallelMeasurement:
     """Each pipeline rank's peak and split under ``spec.schedule`` with ``spec.microbatches``.
 
     The model is split into ``pipeline_parallel`` stages (interleaved: two per rank) by
@@ -286,6 +308,8 @@ def measure_pipeline(workload: Workload, spec: ParallelSpec, plan: Any = None, *
     the workload's loss on each micro-batch's output (which must not hold whole-batch targets: pass
     ``loss_fn`` and ``target`` then); the zoo GPT's is its own cross-entropy.
     ``ranks[i]`` of the result is pipeline rank ``i`` (stage ``i``; interleaved: ``i`` and ``i + pp``).
+    ``ranks``: the pipeline ranks to measure (default all; the layout planner measures the first and
+    the last, see docs/planner.md).
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -298,26 +322,37 @@ def measure_pipeline(workload: Workload, spec: ParallelSpec, plan: Any = None, *
     if plan is not None and getattr(plan, "compile_budget", None) is not None:
         raise ParallelError("a compile budget cannot be sized per rank in fake mode (fake tensors do not compile)")
     results = []
-    dp = spec.data_parallel
-    for pp_rank in range(spec.pipeline_parallel):
-        rank = pp_rank * dp  # the stage's first data-parallel rank stands for its group
+    per_stage = spec.world_size // spec.pipeline_parallel  # ranks of one pipeline rank (TP x FSDP2)
+    tp = spec.tensor_parallel > 1
+    wanted = range(spec.pipeline_parallel) if ranks is None else ranks
+    if any(isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < spec.pipeline_parallel for r in wanted):
+        raise ParallelError(f"ranks: pipeline ranks in [0, {spec.pipeline_parallel}), got {show(ranks)}")
+    for pp_rank in sorted(set(wanted)):
+        rank = pp_rank * per_stage  # the stage's first rank (FSDP2's largest shard) stands for its group
         with _PROCESS_GROUP_LOCK, fake_process_group(spec, rank) as mesh:
             fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
-            twin = fake_twin(workload.model, fake_mode)
+            twin = fake_twin(workload.model, fake_mode, meta=tp)
             twin_workload = workload.replace(model=twin)
             applied = plan.apply(twin_workload) if plan is not None else contextlib.nullcontext(twin_workload)
-            with applied as wl, entries_restored(wl.model), fake_mode:
+            with applied as wl, entries_restored(wl.model):
                 all_stages = _split(wl.model, spec, stages)
-                batch = _fake_batch(wl, fake_mode)
-                tgt = fake_mode.from_tensor(target) if target is not None else None
-                try:
-                    r = rank_step(wl, spec, all_stages, rank, batch, loss_fn=loss_fn, target=tgt, fake=True,
-                                  steady=steady, mesh=mesh)
-                    results.append(dataclasses.replace(r, ranks=tuple(range(rank, rank + dp))))
-                except (MemsaveError, KeyboardInterrupt):
-                    raise
-                except Exception as exc:  # noqa: BLE001 - one line, the cause kept
-                    raise _rank_error(rank, exc) from exc
+                metadata = _sharded_on_meta(wl, spec, all_stages, pp_rank, mesh, loss_fn, target) if tp else None
+                with quick_dispatch(fake_mode), fake_mode, _tp_waits(tp):  # cache hits the quick way
+                    mine = [all_stages[i] for i in rank_stage_indices(spec, pp_rank)]
+                    if tp:  # the stages were sharded on meta: storage now, and metadata as fake tensors
+                        for stage in mine:
+                            stage.to_empty(device="cpu")
+                        metadata = [tuple(tuple(map(_on_cpu, side)) for side in pair) for pair in metadata]
+                    batch = _fake_batch(wl, fake_mode)
+                    tgt = fake_mode.from_tensor(target) if target is not None else None
+                    try:
+                        r = rank_step(wl, spec, all_stages, rank, batch, loss_fn=loss_fn, target=tgt, fake=True,
+                                      steady=steady, mesh=mesh, metadata=metadata, sharded=tp)
+                        results.append(dataclasses.replace(r, ranks=tuple(range(rank, rank + per_stage))))
+                    except (MemsaveError, KeyboardInterrupt):
+                        raise
+                    except Exception as exc:  # noqa: BLE001 - one line, the cause kept
+                        raise _rank_error(rank, exc) from exc
     results = tuple(results)
     worst = max(results, key=lambda r: (r.peak_bytes, -r.rank))
     return ParallelMeasurement(spec=spec, ranks=results, steady=steady, plan_name=getattr(plan, "name", "") or "",
@@ -330,3 +365,60 @@ def _split(model: nn.Module, spec: ParallelSpec, stages: StageSplit | None) -> l
     if len(out) != n or not all(isinstance(m, nn.Module) for m in out):
         raise ParallelError(f"pipeline stages: expected {n} stage modules, got {show(out)}")
     return out
+
+
+def segment_peaks(tracker: ShardTracker, segments: list) -> tuple[tuple[str, int], ...]:
+    """The largest total of live bytes within each segment of the step (``(first event, label)``, a
+    micro-batch's forward or backward or the optimizer), counted as ``summarise`` counts the peak.
+
+    Each is a sum that grows linearly with a stage's blocks, but the step's peak is the largest of
+    them, and which one is largest can change with depth: on Llama-3.1-70B at PP 2 x TP 4 x FSDP2 2
+    the line through the peaks at 3 and 4 blocks per stage read 61.3 GiB for 40, the 40-block stage
+    74.3 GiB (the gradients and parameters held unsharded across micro-batches overtake the
+    in-flight activations). So the planner extrapolates each segment's peak and takes the largest.
+    """
+    pre = {i for i, r in enumerate(tracker.records) if r.late and r.died is None}
+    total = sum(tracker.records[i].nbytes for i in pre)
+    bounds, j, label, out = sorted(segments), 0, "before", {}
+    for e, (idx, delta) in enumerate(tracker.events):
+        while j < len(bounds) and bounds[j][0] <= e:
+            label, j = bounds[j][1], j + 1
+        if not (idx in pre and delta > 0 and e == tracker.records[idx].born):
+            total += delta
+        out[label] = max(out.get(label, 0), total)
+    return tuple(out.items())
+
+
+def _sharded_on_meta(wl: Workload, spec: ParallelSpec, all_stages: Sequence[nn.Module], pp_rank: int, mesh: Any,
+                     loss_fn: Callable | None, target: Any) -> list:
+    """Under TP the stages are sharded outside fake mode, on the meta device (a mesh cannot be
+    sliced inside ``FakeTensorMode``: ``DeviceMesh._concatenate`` runs ``nonzero``, as for FSDP2 x
+    TP in ``measure.measure_rank``); the stages' metadata are taken first, on meta, from plain modules."""
+    from ..workload import map_tensors
+    from .tp import clear_dtensor_caches
+
+    raw = wl.batch() if callable(wl.batch) else wl.batch
+    batch = wl.replace(batch=map_tensors(raw, _on_meta)).make_batch()
+    args, _, _ = stage_inputs(wl.model, batch, loss_fn, target, wl.compute_loss)
+    metadata = stage_metadata(all_stages, _microbatch(args, spec))
+    clear_dtensor_caches()  # no mesh of an earlier (destroyed) group may come back from them
+    shard_stages([all_stages[i] for i in rank_stage_indices(spec, pp_rank)], spec, mesh, fake=True)
+    return metadata
+
+
+def _on_meta(t: torch.Tensor) -> torch.Tensor:
+    return torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device="meta")
+
+
+def _on_cpu(t: torch.Tensor) -> torch.Tensor:
+    """A meta example tensor made again (inside fake mode: a fake one), its requires_grad kept."""
+    out = torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device="cpu")
+    return out.requires_grad_(t.requires_grad)
+
+
+def _tp_waits(tp: bool):
+    if not tp:
+        return contextlib.nullcontext()
+    from .tp import waits_return_their_tensor
+
+    return waits_return_their_tensor()

@@ -125,6 +125,9 @@ class RankMeasurement:
     # ("c10d._allgather_base_", 8, 81, ...); DDP's all-reduce runs in a comm hook on the fake
     # backend and is not among them
     collectives: tuple[tuple[str, int, int, int], ...] = ()
+    # pipeline stages: the peak within each micro-batch's forward and backward and the optimizer step
+    # (label, bytes), what the layout planner extrapolates over depth one by one
+    segment_peaks: tuple[tuple[str, int], ...] = ()
 
     @property
     def device_bytes(self) -> int:
@@ -222,7 +225,7 @@ class ParallelMeasurement:
         for r in self.ranks:
             label = _ranks_label(r.ranks)
             if pp > 1:  # pipeline rank r holds stage r (interleaved: every pp-th stage from r)
-                first = r.rank // self.spec.data_parallel
+                first = r.rank // (self.spec.world_size // pp)  # ranks per pipeline rank: TP x data-parallel
                 stages = ",".join(str(s) for s in range(first, pp * _stages(self.spec), pp))
                 label = f"{_ranks_label(r.ranks)} (stage {stages})"
             host = f"{fmt(r.host_peak_bytes or 0)}  " if offload else ""

@@ -3,8 +3,12 @@
 An ``nn.Sequential`` splits into contiguous runs of its children. A GPT-shaped decoder (the
 zoo's: ``wte``, ``wpe``, ``blocks``, ``ln_f``, ``head``, found by attribute, never by class)
 splits its blocks evenly: the first stage also embeds, the last also normalises and projects
-to the vocabulary, as torchtitan splits its decoders. Any other model takes a ``stages=fn(model,
-n)`` of the user's. Nothing here knows a schedule.
+to the vocabulary, as torchtitan splits its decoders. A Hugging Face decoder (``model.embed_tokens``,
+``model.layers``, ``model.norm``, ``model.rotary_emb``, ``lm_head``: Llama, Mistral, Qwen2 and
+their kin) splits its layers the same way, each stage computing the rotary position embeddings
+again (they hold no parameters) and running causal attention without a mask, as the whole model
+does without padding. Any other model takes a ``stages=fn(model, n)`` of the user's. Nothing here
+knows a schedule.
 """
 
 from __future__ import annotations
@@ -57,6 +61,40 @@ class GPTStage(nn.Module):
         return self.head(self.ln_f(x)) if self.last else x  # (B, T, vocab) or (B, T, C)
 
 
+_HF_PARTS = ("embed_tokens", "layers", "norm", "rotary_emb")
+
+
+def is_hf_decoder(model: nn.Module) -> bool:
+    inner = getattr(model, "model", None)
+    return (isinstance(inner, nn.Module) and all(hasattr(inner, a) for a in _HF_PARTS)
+            and isinstance(inner.layers, nn.ModuleList) and isinstance(getattr(model, "lm_head", None), nn.Module))
+
+
+class HFDecoderStage(nn.Module):
+    """A run of a Hugging Face decoder's layers; the first stage embeds token ids, the last returns logits."""
+
+    def __init__(self, model: nn.Module, start: int, end: int):
+        super().__init__()
+        inner = model.model
+        self.first, self.last = start == 0, end == len(inner.layers)
+        if self.first:
+            self.embed_tokens = inner.embed_tokens
+        self.rotary_emb = inner.rotary_emb
+        self.layers = nn.ModuleList(inner.layers[start:end])
+        if self.last:
+            self.norm, self.lm_head = inner.norm, model.lm_head
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.first:  # x: token ids (B, T)
+            x = self.embed_tokens(x)
+        positions = torch.arange(x.shape[1], device=x.device).unsqueeze(0)
+        rotary = self.rotary_emb(x, position_ids=positions)
+        for layer in self.layers:
+            x = layer(x, attention_mask=None, position_embeddings=rotary, position_ids=positions)
+            x = x[0] if isinstance(x, tuple) else x
+        return self.lm_head(self.norm(x)) if self.last else x  # (B, T, vocab) or (B, T, hidden)
+
+
 def split_stages(model: nn.Module, n: int) -> list[nn.Module]:
     """``n`` stages of an ``nn.Sequential`` (its children, evenly) or of a GPT-shaped decoder (its
     blocks, evenly). The stages share the model's modules. Other models: pass ``stages=``."""
@@ -65,13 +103,23 @@ def split_stages(model: nn.Module, n: int) -> list[nn.Module]:
         return [nn.Sequential(*children[a:b]) for a, b in _even(len(children), n)]
     if is_gpt_shaped(model):
         return [GPTStage(model, a, b) for a, b in _even(len(model.blocks), n)]
-    raise ParallelError(f"pipeline stages: {type(model).__name__} is neither an nn.Sequential nor GPT-shaped; "
+    if is_hf_decoder(model):
+        return [HFDecoderStage(model, a, b) for a, b in _even(len(model.model.layers), n)]
+    raise ParallelError(f"pipeline stages: {type(model).__name__} is neither an nn.Sequential, GPT-shaped nor a "
+                        f"Hugging Face decoder; "
                         f"pass stages=fn(model, n) -> n stage modules")
 
 
 def _token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """The zoo GPT's own loss, per micro-batch: cross-entropy over the vocabulary."""
     return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+
+
+def _causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """A Hugging Face causal LM's loss, per micro-batch, as its ``ForCausalLMLoss``: the logits in
+    float32, the labels shifted left by one (padded with the ignore index)."""
+    shifted = F.pad(labels, (0, 1), value=-100)[..., 1:]
+    return F.cross_entropy(logits.float().view(-1, logits.size(-1)), shifted.reshape(-1), ignore_index=-100)
 
 
 def stage_inputs(model: nn.Module, batch: Any, loss_fn: Callable | None, target: Any,
@@ -84,6 +132,9 @@ def stage_inputs(model: nn.Module, batch: Any, loss_fn: Callable | None, target:
     """
     if isinstance(batch, dict) and is_gpt_shaped(model) and {"idx", "targets"} <= set(batch):
         return (batch["idx"],), batch["targets"] if target is None else target, loss_fn or _token_loss
+    if isinstance(batch, dict) and is_hf_decoder(model) and set(batch) <= {"input_ids", "labels"} and "input_ids" in batch:
+        labels = batch.get("labels", batch["input_ids"]) if target is None else target
+        return (batch["input_ids"],), labels, loss_fn or _causal_lm_loss
     if isinstance(batch, torch.Tensor):
         args: Sequence = (batch,)
     elif isinstance(batch, (tuple, list)) and batch and all(isinstance(t, torch.Tensor) for t in batch):

@@ -68,12 +68,15 @@ def at_depth(model: nn.Module, blocks: Blocks, depth: int) -> nn.Module:
     return root
 
 
-def extrapolate(model: nn.Module, blocks: Blocks, run: Callable[[nn.Module, tuple[str, ...]], dict[str, float]]) -> dict[str, float]:
+def extrapolate(model: nn.Module, blocks: Blocks, run: Callable[[nn.Module, tuple[str, ...]], dict[str, float]],
+                stages: int = 1) -> dict[str, float]:
     """``run(model, block_names)`` gives numbers (peak, split, seconds) for one model; the same numbers
-    for the whole depth, from two shallow depths when the model is deep, else from the model itself."""
-    if not blocks.shallow:
+    for the whole depth, from two shallow depths when the model is deep, else from the model itself.
+    ``stages``: pipeline stages the blocks are split over evenly; each stage is cut to 3 and 4 blocks
+    (the model to ``3 * stages`` and ``4 * stages``), so each stage's blocks extrapolate as one model's."""
+    da, db = (d * stages for d in SHALLOW_DEPTHS)
+    if not blocks.list_name or blocks.depth <= db:
         return run(model, blocks.names)
-    da, db = SHALLOW_DEPTHS
     prefix = blocks.list_name + "."
     a = run(at_depth(model, blocks, da), tuple(f"{prefix}{i}" for i in range(da)))
     b = run(at_depth(model, blocks, db), tuple(f"{prefix}{i}" for i in range(db)))

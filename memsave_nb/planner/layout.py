@@ -6,8 +6,9 @@ micro-batches), ranked by estimated step time. See docs/planner.md, "Layouts".
 How it searches, cheapest first:
 
 1. Layouts: every ``ParallelSpec`` the GPU count allows (TP degrees within a node and dividing the
-   count). Pipeline stages are not searched yet: a candidate carries ``pipeline_stages = 1``, and
-   ``_layouts`` is where stage counts would be enumerated.
+   count; pipeline stages x FSDP2 where the stages split the blocks evenly, ``pp.py``: 1F1B at the
+   most micro-batches, measured by ``measure_pipeline`` on its first and last stage, the
+   schedule's bubble in the time, the sends over the links).
 2. A lower bound per layout, no step run: parameter, gradient and (Adam/SGD) optimizer bytes per
    rank, the blocks' saved activations per TP rank under each checkpointing kind (single-device
    shallow measurements). A layout whose bound is over the target is dropped, unmeasured.
@@ -39,106 +40,21 @@ from memsave_nb.parallel_spec import ParallelSpec
 from memsave_nb.plan import Plan
 from memsave_nb.planner.depth import Blocks, blocks_of, extrapolate
 from memsave_nb.planner.links import Fabric, fabric_for, ring_all_gather, ring_all_reduce
+from memsave_nb.planner.layout_result import LayoutCandidate, LayoutResult
 from memsave_nb.planner.pareto import pareto_front
+from memsave_nb.planner.pp import PP_DEGREES, measured_stages, pipeline_seconds, pipeline_specs
 from memsave_nb.planner.roofline import Device, device_named
 from memsave_nb.planner.start_plan import StartPlan, blocks_alike, start_from
 from memsave_nb.target import Target
 from memsave_nb.units import format_bytes
 
 if TYPE_CHECKING:  # pragma: no cover
-    from memsave_nb.parallel.result import ParallelMeasurement
     from memsave_nb.workload import Workload
 
-__all__ = ["LayoutCandidate", "LayoutResult", "check_layout_args", "plan_layout", "TP_DEGREES"]
+__all__ = ["LayoutCandidate", "LayoutResult", "check_layout_args", "plan_layout", "TP_DEGREES", "PP_DEGREES"]
 
 TP_DEGREES = (1, 2, 4, 8)
 REGION_KINDS = (None, "full", "save_matmuls")
-
-
-@dataclass(frozen=True)
-class LayoutCandidate:
-    spec: ParallelSpec
-    regions: str | None  # checkpointing kind on every block, None: none
-    precision: str | None
-    micro_batch: int  # per rank
-    accumulation: int
-    plan: Plan  # every choice, the spec included (plan.to_code() writes it)
-    est_peak_bytes: int
-    compute_seconds: float
-    comm_seconds: tuple[tuple[str, float], ...]
-    step_seconds: float
-    fits: bool
-    pipeline_stages: int = 1  # PP: not searched yet
-    checked_peak_bytes: int | None = None  # shallow measurement at its own micro-batch, extrapolated
-
-    @property
-    def label(self) -> str:
-        parts = [self.spec.describe()]
-        parts.append(f"checkpoint {self.regions} blocks" if self.regions else "no checkpointing")
-        if self.precision:
-            parts.append(self.precision)
-        parts.append(f"micro-batch {self.micro_batch}" + (f" x {self.accumulation}" if self.accumulation > 1 else ""))
-        return ", ".join(parts)
-
-
-@dataclass
-class LayoutResult:
-    gpus: int
-    device: Device
-    fabric: Fabric
-    target: Target
-    global_batch: int
-    candidates: list[LayoutCandidate]  # fastest first
-    front: list[LayoutCandidate]  # the Pareto front of those that fit (estimated peak vs time), lowest peak first
-    chosen: LayoutCandidate | None
-    remeasured: "ParallelMeasurement | None"
-    pruned: list[str]  # layouts dropped by the lower bound, in words
-    notes: list[str]
-    cpu_seconds: float  # everything, the full-depth re-measurement included (time.process_time)
-    measurements: int  # per-rank shallow measurements
-    search_cpu_seconds: float = 0.0  # the search alone
-    remeasure_cpu_seconds: float = 0.0  # the chosen layout measured per rank at full depth
-
-    @property
-    def fitting(self) -> list[LayoutCandidate]:
-        return [c for c in self.candidates if c.fits]
-
-    def front_table(self) -> str:
-        if not self.front:
-            return "  (no layout fits)"
-        rows = [("est. peak/GPU", "est. step", "fits", "layout")]
-        for c in self.front:
-            rows.append((format_bytes(c.est_peak_bytes), _seconds(c.step_seconds), "yes" if c.fits else "no", c.label))
-        widths = [max(len(r[i]) for r in rows) for i in range(3)]
-        return "\n".join("  " + "  ".join(r[i].rjust(widths[i]) for i in range(3)) + "  " + r[3] for r in rows)
-
-    def summary(self) -> str:
-        lines = [f"layout planner: {self.gpus} x {self.device.name}, target {self.target.label} "
-                 f"(under {format_bytes(self.target.usable_bytes)}), global batch {self.global_batch}; "
-                 f"{len(self.candidates)} candidates, {len(self.fitting)} fit; {self.measurements} per-rank measurements; "
-                 f"{self.search_cpu_seconds:.1f} s CPU searching, {self.remeasure_cpu_seconds:.1f} s re-measuring"]
-        if self.chosen is None:
-            lines.append("no layout fits")
-        else:
-            c = self.chosen
-            comm = ", ".join(f"{k} {_seconds(v)}" for k, v in c.comm_seconds if v) or "none"
-            lines.append(f"chosen: {c.label}: estimated step {_seconds(c.step_seconds)} (compute {_seconds(c.compute_seconds)}; "
-                         f"communication {comm}), peak {format_bytes(c.est_peak_bytes)} estimated")
-            if self.remeasured is not None:
-                peak = self.remeasured.device_peak_bytes
-                lines.append(f"re-measured per rank at full depth: worst rank {format_bytes(peak)} ({self.target.verdict(peak)})")
-        lines += [f"pruned by the lower bound: {p}" for p in self.pruned]
-        lines += [f"note: {n}" for n in self.notes]
-        return "\n".join(lines)
-
-    def to_code(self) -> str:
-        if self.chosen is None:
-            raise PlanError("no layout fits: nothing to write as code")
-        return self.chosen.plan.to_code()
-
-
-def _seconds(s: float) -> str:
-    return f"{s:.2f} s" if s >= 1 else f"{s * 1e3:.2f} ms" if s >= 1e-3 else f"{s * 1e6:.1f} us"
 
 
 def _check(gpus: Any, tensor_parallel: Any, fabric: Fabric, explicit_tp: bool) -> list[int]:
@@ -169,8 +85,7 @@ def check_layout_args(gpus: Any, gpu: Any, tensor_parallel: Any = None) -> list[
 
 
 def _layouts(gpus: int, fabric: Fabric, tps: Sequence[int]) -> list[ParallelSpec]:
-    """Every spec searched. Pipeline stages would be enumerated here (one more loop over stage
-    counts dividing the blocks), each stage's spec then sized by the pipeline's own measurement."""
+    """Every spec searched but pipeline stages (``pp.pipeline_specs``)."""
     specs: list[ParallelSpec] = []
     if 1 in tps:
         specs.append(ParallelSpec(world_size=gpus, strategy="ddp"))
@@ -185,6 +100,11 @@ def _layouts(gpus: int, fabric: Fabric, tps: Sequence[int]) -> list[ParallelSpec
         if tp > 1:
             specs.append(ParallelSpec(world_size=gpus, tensor_parallel=tp))
     return specs
+
+
+def _ways(spec: ParallelSpec) -> int:
+    """Ranks one copy of the parameters is split over (FSDP2 shards x TP x pipeline stages)."""
+    return spec.shard_size * spec.tensor_parallel * spec.pipeline_parallel if spec.strategy == "fsdp" else 1
 
 
 def _optimizer_state_factor(workload: "Workload", precision: str | None, plan: Plan | None = None) -> float:
@@ -269,17 +189,28 @@ class _Search:
         """The worst rank's device peak (key "peak") and split, at full depth."""
         key = (spec, kind, precision, mb, k)
         if key not in self._rank:
-            from memsave_nb.parallel import measure_parallel
+            from memsave_nb.parallel import measure_parallel, measure_pipeline
+
+            pp = spec.pipeline_parallel  # PP: the schedule's micro-batches, each of ``mb``, from mb x m per rank
 
             def run(model, names):
-                m = measure_parallel(self.workload.replace(model=model), spec, self._plan(names, kind, precision, mb, k))
+                wl = self.workload.replace(model=model)
+                if pp > 1:
+                    plan = self._plan(names, kind, precision, mb * spec.microbatches)
+                    m = measure_pipeline(wl, spec, plan, ranks=measured_stages(spec))
+                else:
+                    m = measure_parallel(wl, spec, self._plan(names, kind, precision, mb, k))
                 self.measurements += 1
                 w = m.worst
                 split = w.device_peak_split if w.device_peak_split is not None else w.peak_split
                 counted = {f"coll:{op}:{n}": float(b) for op, n, _, b in getattr(w, "collectives", ())}
-                return {"peak": float(m.device_peak_bytes), **{c: float(v) for c, v in split.items()}, **counted}
+                # pipeline stages: every rank's peak per micro-batch phase, each extrapolated on its own
+                segments = {f"segment:{r.rank}:{label}": float(b) for r in m.ranks for label, b in r.segment_peaks}
+                return {"peak": float(m.device_peak_bytes), **{c: float(v) for c, v in split.items()}, **counted, **segments}
 
-            self._rank[key] = extrapolate(self.workload.model, self.blocks, run)
+            out = extrapolate(self.workload.model, self.blocks, run, stages=pp)
+            out["peak"] = max([out["peak"], *(v for k, v in out.items() if k.startswith("segment:"))])
+            self._rank[key] = out
         return self._rank[key]
 
     def cost(self, kind: str | None, precision: str | None, mb: int) -> dict[str, float]:
@@ -307,11 +238,20 @@ class _Search:
         the end of forward, gradients at the end of backward (at least the blocks' single-device
         saved bytes split over TP ranks; an unknown optimizer counts 0)."""
         total, trainable = self.param_bytes(precision)
-        ways = spec.shard_size * spec.tensor_parallel if spec.strategy == "fsdp" else 1
+        ways = _ways(spec)
         if spec.cpu_offload:
             total = trainable = 0
         state = (total + trainable * _optimizer_state_factor(self.workload, precision, self.start.plan)) / ways
-        return state + max(trainable / ways, self.saved_per_block(kind, precision) / spec.tensor_parallel)
+        pp = spec.pipeline_parallel
+        saved = self.saved_per_block(kind, precision) / spec.tensor_parallel / pp
+        if pp > 1:  # 1F1B: the first stage holds min(m, p) micro-batches of its blocks when its first backward starts
+            saved *= self.global_batch // spec.data_parallel // spec.microbatches * min(spec.microbatches, pp)
+        if pp > 1 and spec.data_parallel > 1 and spec.microbatches > 1:
+            # PipelineStage keeps FSDP2's parameters and gradients unsharded from the first backward
+            # to the last micro-batch's (pipelining/stage.py: set_reshard_after_backward(False),
+            # set_requires_gradient_sync(False)): the stage's whole TP shard of both
+            return state + max(saved, (total + trainable) / (pp * spec.tensor_parallel))
+        return state + max(trainable / ways, saved)
 
     def estimate_peak(self, spec: ParallelSpec, kind: str | None, precision: str | None, mb: int, k: int,
                       mbs: Sequence[int] = (1,)) -> float:
@@ -329,8 +269,7 @@ class _Search:
             split = a if mb == low else b
         if k > 1 and not spec.cpu_offload:  # gradients held across micro-batches
             _, trainable = self.param_bytes(precision)
-            ways = spec.shard_size * spec.tensor_parallel if spec.strategy == "fsdp" else 1
-            peak += max(0.0, trainable / ways - split.get("gradients", 0.0))
+            peak += max(0.0, trainable / _ways(spec) - split.get("gradients", 0.0))
         return peak
 
     def counted_payloads(self, spec: ParallelSpec, kind: str | None, precision: str | None, mb: int,
@@ -348,8 +287,10 @@ class _Search:
         activation) and the ring factors, over the stated links: before a layout is measured (to
         decide whether to measure it) and where its run recorded no collectives."""
         total, trainable = self.param_bytes()
-        tp, node = spec.tensor_parallel, self.fabric.gpus_per_node
+        tp, node, pp = spec.tensor_parallel, self.fabric.gpus_per_node, spec.pipeline_parallel
         out: list[tuple[str, float]] = []
+        if pp > 1:  # each stage gathers its share; micro-batches are the schedule's
+            total, trainable, k = total / pp, trainable / pp, spec.microbatches
         if spec.strategy == "ddp":
             crosses = spec.world_size > node
             out.append(("DDP all-reduce", k * ring_all_reduce(trainable, spec.world_size) / self.fabric.bandwidth(crosses)))
@@ -370,9 +311,13 @@ class _Search:
             # per block 2 all-reduces forward, 2 backward, 2 more when recomputed; the embedding's
             # output (forward) and the head's input gradient (backward); the logits gathered once
             per_block = 4 + (2 if kind == "full" else 0)
-            nbytes = (self.blocks.depth * per_block + 2) * ring_all_reduce(act, tp)
+            nbytes = (self.blocks.depth // pp * per_block + 2) * ring_all_reduce(act, tp)
             nbytes += ring_all_gather(mb * self.seq_len() * vocab * self._act_bytes(), tp)
             out.append(("TP collectives", k * nbytes / self.fabric.intra_bytes_per_second))
+        if pp > 1:  # a micro-batch's hidden state, each way
+            hidden, _ = self.hidden_and_vocab()
+            sent = k * mb * self.seq_len() * hidden * self._act_bytes()
+            out.append(("PP send/recv", sent / self.fabric.bandwidth(spec.world_size > node)))
         return out
 
     def counted_comm(self, spec: ParallelSpec, counted: dict[str, float], k: int) -> list[tuple[str, float]]:
@@ -384,6 +329,12 @@ class _Search:
         for key, payload in counted.items():
             _, op, size = key.split(":")
             n = int(size)
+            if op.startswith("c10d.recv"):  # the other end of a send
+                continue
+            if op == "c10d.send":  # pipeline stages: one link, no ring; the slowest boundary paces
+                name = "PP send/recv"
+                families[name] = families.get(name, 0.0) + payload / self.fabric.bandwidth(spec.world_size > node)
+                continue
             if op.startswith("_c10d_functional."):  # DTensor under TP: within a node
                 name, bw = "TP collectives", self.fabric.intra_bytes_per_second
             elif "allreduce" in op:  # DDP's buckets, HSDP's gradient shards across replicas
@@ -403,17 +354,23 @@ class _Search:
         p = next(self.workload.model.parameters(), None)
         return p.element_size() if p is not None else 4
 
+    def step_seconds(self, spec: ParallelSpec, kind: str | None, precision: str | None, mb: int) -> float:
+        """One micro-batch's forward, backward and recomputation on one device, over the TP ranks."""
+        cost = self.cost(kind, precision, mb)
+        return sum(cost.get(p, 0.0) for p in ("forward", "backward", "recompute")) / spec.tensor_parallel
+
     def timing(self, spec: ParallelSpec, kind: str | None, precision: str | None, mb: int, k: int,
                comm: list[tuple[str, float]] | None = None):
         """(compute seconds, communication per family, step seconds) of one candidate; ``comm``
         defaults to the standard sizes (``comm``)."""
         cost = self.cost(kind, precision, mb)
-        tp = spec.tensor_parallel
-        ways = spec.shard_size * tp if spec.strategy == "fsdp" else 1
-        step = (cost.get("forward", 0.0) + cost.get("backward", 0.0) + cost.get("recompute", 0.0)) / tp
-        optimizer = cost.get("optimizer", 0.0) / ways
+        step = self.step_seconds(spec, kind, precision, mb)
+        optimizer = cost.get("optimizer", 0.0) / _ways(spec)
         if spec.cpu_offload:  # the step runs on the host: memory-bound, at the host's bandwidth
             optimizer *= self.device.bytes_per_second / self.fabric.host_memory_bytes_per_second
+        if spec.pipeline_parallel > 1:  # the schedule's slots, idle ones included (pp.py)
+            busy, bubble = pipeline_seconds(step, spec)
+            step, k = busy + bubble, 1
         compute = k * step + optimizer
         comm = self.comm(spec, kind, mb, k) if comm is None else comm
         dp = sum(s for name, s in comm if name.startswith(_DATA_PARALLEL))
@@ -422,12 +379,16 @@ class _Search:
 
     def candidate(self, spec: ParallelSpec, kind: str | None, precision: str | None, mb: int, k: int,
                   mbs: Sequence[int] = (1,)) -> LayoutCandidate:
+        pp = spec.pipeline_parallel
+        k = 1 if pp > 1 else k  # PP: the schedule's micro-batches (spec.microbatches), measured as one step
         peak = self.estimate_peak(spec, kind, precision, mb, k, mbs)
         counted = self.counted_payloads(spec, kind, precision, mb, mbs)
         compute, comm, seconds = self.timing(spec, kind, precision, mb, k,
                                              self.counted_comm(spec, counted, k) if counted else None)
-        plan = self._plan(self.blocks.names, kind, precision, mb, k, spec)
-        return LayoutCandidate(spec, kind, precision, mb, k, plan, int(peak), compute, comm, seconds, self.target.fits(peak))
+        bubble = pipeline_seconds(self.step_seconds(spec, kind, precision, mb), spec)[1] if pp > 1 else 0.0
+        plan = self._plan(self.blocks.names, kind, precision, mb * spec.microbatches if pp > 1 else mb, k, spec)
+        return LayoutCandidate(spec, kind, precision, mb, k, plan, int(peak), compute, comm, seconds, self.target.fits(peak),
+                               pp, bubble)
 
 
 _DATA_PARALLEL = ("DDP", "FSDP2", "HSDP")  # collectives that overlap compute
@@ -441,6 +402,7 @@ def plan_layout(
     *,
     global_batch: int | None = None,
     tensor_parallel: Sequence[int] | None = None,
+    pipeline_parallel: Sequence[int] | None = None,
     region_kinds: Sequence[str | None] = REGION_KINDS,
     precisions: Sequence[str | None] = (None,),
     max_micro_batches: int = 8,
@@ -454,12 +416,18 @@ def plan_layout(
     doc. ``global_batch`` (default: the workload's batch x ``gpus``) is split over the data-parallel
     ranks and then into micro-batches (at most ``max_micro_batches``). ``tensor_parallel`` lists
     the TP degrees (default 1, 2, 4, 8 where they divide ``gpus`` within a node; a given degree
-    that does not is an error). ``check``: how many of the fastest fitting candidates may be
+    that does not is an error). ``pipeline_parallel``: the stage counts (default: 2, 4, 8 only if nothing
+    without stages fits; those that do not split the GPUs and the blocks evenly are left out, with
+    a note). ``check``: how many of the fastest fitting candidates may be
     checked by a shallow measurement before giving up. The workload's freezing (LoRA included) is
     kept as given, and so are ``plan``'s choices (``start_plan.py``: its freezing, layers, loss,
     optimizer; its checkpointing and precision when set, else searched; its batch per GPU)."""
     start = time.process_time()
     tps = check_layout_args(gpus, gpu, tensor_parallel)
+    pps = PP_DEGREES if pipeline_parallel is None else pipeline_parallel
+    if isinstance(pps, (str, bytes)) or not isinstance(pps, (list, tuple)) or not pps or \
+            any(isinstance(p, bool) or not isinstance(p, int) or p < 1 for p in pps):
+        raise PlanError(f"pipeline_parallel must be a list of stage counts >= 1, got {show(pipeline_parallel)}")
     device, fabric = device_named(gpu), fabric_for(gpu)
     target = target if target is not None else Target(device.memory_gb, name=f"{device.name} ({device.memory_gb:g} GB)")
     if not isinstance(target, Target):
@@ -499,22 +467,45 @@ def plan_layout(
     elif not blocks.shallow:
         search.notes.append("measured at full depth (no single list of more than 4 repeated blocks to extrapolate from)")
 
-    groups: list[tuple[ParallelSpec, str | None, str | None, list[int], int]] = []  # spec, kind, precision, mbs, per rank
-    for spec in _layouts(gpus, fabric, tps):
-        dp = spec.data_parallel
-        if global_batch % dp:
-            search.notes.append(f"{spec.describe()}: global batch {global_batch} does not split over {dp} data-parallel ranks")
-            continue
-        per_rank = global_batch // dp
-        mbs = [mb for mb in range(1, per_rank + 1) if per_rank % mb == 0 and per_rank // mb <= max_micro_batches]
-        if not mbs:
-            search.notes.append(f"{spec.describe()}: {per_rank} per rank needs more than {max_micro_batches} micro-batches")
-            continue
-        # the most memory-saving kind first
-        for precision in precisions:
-            for kind in sorted(region_kinds, key=lambda k: {"full": 0, "save_matmuls": 1, None: 2}[k]):
-                groups.append((spec, kind, precision, mbs, per_rank))
-    candidates, pruned = _search_groups(search, groups)
+    def groups_for(specs: list[ParallelSpec]) -> list:  # (spec, kind, precision, mbs, per rank)
+        groups: list[tuple[ParallelSpec, str | None, str | None, list[int], int]] = []
+        for spec in specs:
+            dp = spec.data_parallel
+            if global_batch % dp:
+                search.notes.append(f"{spec.describe()}: global batch {global_batch} does not split over {dp} data-parallel ranks")
+                continue
+            per_rank = global_batch // dp
+            mbs = [mb for mb in range(1, per_rank + 1) if per_rank % mb == 0 and per_rank // mb <= max_micro_batches]
+            if spec.pipeline_parallel > 1 and mbs:  # the most micro-batches (pp.py); 1F1B wants one per stage
+                if per_rank // mbs[0] < spec.pipeline_parallel:
+                    search.notes.append(f"PP {spec.pipeline_parallel}: {per_rank} per rank makes fewer micro-batches than stages")
+                    continue
+                spec, mbs = dataclasses.replace(spec, microbatches=per_rank // mbs[0]), mbs[:1]
+            if not mbs:
+                search.notes.append(f"{spec.describe()}: {per_rank} per rank needs more than {max_micro_batches} micro-batches")
+                continue
+            # the most memory-saving kind first
+            for precision in precisions:
+                for kind in sorted(region_kinds, key=lambda k: {"full": 0, "save_matmuls": 1, None: 2}[k]):
+                    groups.append((spec, kind, precision, mbs, per_rank))
+        return groups
+
+    pp_specs, pp_notes = pipeline_specs(gpus, workload.model, blocks, pps, tps)
+    search.notes += pp_notes
+    flat = _layouts(gpus, fabric, tps) if 1 in pps else []
+    if pipeline_parallel is None and flat:
+        # Stages only where nothing without them fits (they pay the bubble; the 70B on 16 GPUs: 105 s
+        # of search instead of 34, same choice); asked for by name, they are always searched.
+        candidates, pruned = _search_groups(search, groups_for(flat))
+        if any(c.fits for c in candidates):
+            if pp_specs:
+                search.notes.append("pipeline stages not searched: a layout without them fits "
+                                    "(pipeline_parallel=(1, 2, 4, 8) or --pp 1,2,4,8 compares them)")
+        else:
+            more, more_pruned = _search_groups(search, groups_for(pp_specs))
+            candidates, pruned = candidates + more, pruned + more_pruned
+    else:
+        candidates, pruned = _search_groups(search, groups_for(flat + pp_specs))
     ranked = sorted(candidates, key=lambda c: (c.step_seconds, c.est_peak_bytes))
     front = pareto_front([c for c in ranked if c.fits], key=lambda c: (c.est_peak_bytes, c.step_seconds))
     chosen = _choose(search, ranked, check)
@@ -525,7 +516,12 @@ def plan_layout(
         begin = time.process_time()
         # from the second micro-batch on the peak no longer changes: two stand for any number
         k = min(chosen.accumulation, 2)
-        remeasured = measure_parallel(workload, chosen.spec, chosen.plan.replace(accumulation_steps=k if k > 1 else None))
+        if chosen.pipeline_stages > 1:  # every stage, at full depth
+            from memsave_nb.parallel import measure_pipeline
+
+            remeasured = measure_pipeline(workload, chosen.spec, chosen.plan)
+        else:
+            remeasured = measure_parallel(workload, chosen.spec, chosen.plan.replace(accumulation_steps=k if k > 1 else None))
         remeasure_seconds = time.process_time() - begin
     return LayoutResult(gpus, device, fabric, target, global_batch, ranked, front, chosen, remeasured, pruned,
                         search.notes, time.process_time() - start, search.measurements,
@@ -535,9 +531,10 @@ def plan_layout(
 def _search_groups(search: _Search, groups: list) -> tuple[list[LayoutCandidate], list[str]]:
     """Measure each group (layout, checkpointing kind, precision) once, all micro-batches from it.
 
-    Each layout's most memory-saving kind is measured (the front's low end); a less saving kind only
-    when its fastest micro-batch could beat the fastest candidate found to fit (its time needs no
-    measurement), when its lower bound fits, and when the layout's previous kind fitted somewhere."""
+    Each layout's most memory-saving kind is measured (the front's low end); a less saving kind, and
+    any pipeline layout, only when its fastest micro-batch could beat the fastest candidate found to
+    fit (its time needs no measurement), when its lower bound fits, and when the layout's previous
+    kind fitted somewhere."""
     candidates: list[LayoutCandidate] = []
     pruned: list[str] = []
     first_of = {}
@@ -549,10 +546,13 @@ def _search_groups(search: _Search, groups: list) -> tuple[list[LayoutCandidate]
         spec, kind, precision, mbs, per_rank = g
         return min(search.timing(spec, kind, precision, mb, per_rank // mb)[2] for mb in mbs)
 
-    firsts = [g for g in groups if first_of[(g[0], g[2])] == g[1]]
-    rest = sorted((g for g in groups if first_of[(g[0], g[2])] != g[1]), key=optimistic)
+    # pipeline stages are measured only where they could beat what fits (their bubble and a
+    # measurement over every micro-batch make them the dearest to measure)
+    firsts = [g for g in groups if first_of[(g[0], g[2])] == g[1] and g[0].pipeline_parallel == 1]
+    rest = sorted((g for g in groups if g not in firsts and g[0].pipeline_parallel == 1), key=optimistic)
+    stages = [g for g in groups if g[0].pipeline_parallel > 1]  # each layout's most saving kind first
     skipped = 0
-    for g in firsts + rest:
+    for g in firsts + rest + stages:
         spec, kind, precision, mbs, per_rank = g
         words = f"{spec.describe()}, {kind or 'no'} checkpointing"
         if (spec, precision) in dead:

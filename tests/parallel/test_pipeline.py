@@ -137,8 +137,8 @@ def test_pp2_x_fsdp2_on_four_real_ranks_measures_what_fake_mode_predicts(schedul
     (dict(world_size=2, pipeline_parallel=2, schedule="zb"), "schedule must be one of"),
     (dict(world_size=2, pipeline_parallel=2, microbatches=0), "microbatches must be an integer in"),
     (dict(world_size=2, microbatches=4), "schedule and microbatches need pipeline_parallel > 1"),
-    (dict(world_size=4, pipeline_parallel=2, tensor_parallel=2), "pipeline_parallel with tensor_parallel is not measured yet"),
     (dict(world_size=4, pipeline_parallel=2, strategy="ddp"), "pipeline_parallel is measured alone or with FSDP2"),
+    (dict(world_size=4, pipeline_parallel=2, cpu_offload=True), "pipeline_parallel is measured alone or with FSDP2"),
     (dict(world_size=4, pipeline_parallel=4, schedule="interleaved_1f1b", microbatches=9), "interleaved_1f1b needs"),
 ])
 def test_bad_pipeline_choices_are_one_line_errors(kw, message):
@@ -161,7 +161,7 @@ def test_models_that_do_not_split_and_batches_that_do_not_divide_are_refused():
     before = {k: v.clone() for k, v in wl.model.state_dict().items()}
     with pytest.raises(ParallelError, match="microbatches 3 must divide the batch size 512"):
         measure_pipeline(wl, ParallelSpec(world_size=2, pipeline_parallel=2, microbatches=3))
-    with pytest.raises(ParallelError, match="is neither an nn.Sequential nor GPT-shaped; pass stages="):
+    with pytest.raises(ParallelError, match="is neither an nn.Sequential, GPT-shaped nor a Hugging Face decoder; pass stages="):
         measure_pipeline(wl.replace(model=nn.ModuleDict({"a": wl.model})), spec("1f1b"))
     assert all(torch.equal(before[k], v) for k, v in wl.model.state_dict().items())
     assert not dist.is_initialized()
