@@ -47,7 +47,7 @@ import torch
 WORKSPACE_OPS = frozenset({torch.ops.aten.convolution.default, torch.ops.aten.convolution_backward.default})
 # Arguments whose dimension 0 is the batch, per op: scaled together when a fake-mode probe shrinks.
 _BATCHED_ARGS = {torch.ops.aten.convolution.default: (0,), torch.ops.aten.convolution_backward.default: (0, 1)}
-PROBE_BYTES = 256 * 2**20  # a fake-mode probe's real tensors stay under this (smaller batch above it)
+PROBE_BYTES = 16 * 2**20  # a fake-mode probe's real inputs and outputs stay under this (smaller batch above it)
 MIN_PROBE_BATCH = 16
 
 _measured: dict[tuple, tuple[int, bool]] = {}  # signature -> (workspace bytes, scaled bound), process-wide
@@ -146,7 +146,8 @@ def _fake_probe(func: Any, args: tuple, kwargs: dict, out: Any) -> tuple[int, bo
     from torch.utils._python_dispatch import _disable_current_modes
 
     batched = _BATCHED_ARGS[func]
-    full = sum(t.untyped_storage().nbytes() for t in _tensors(args))
+    # inputs and outputs both become real memory (a 4096-image conv's output is larger than its input)
+    full = sum(t.untyped_storage().nbytes() for t in _tensors(args) + _tensors(out if isinstance(out, (list, tuple)) else (out,)))
     batch = args[batched[0]].shape[0] if args[batched[0]].dim() else 1
     small = batch
     if full > PROBE_BYTES and batch > MIN_PROBE_BATCH:
@@ -209,7 +210,7 @@ def workspace_notes(statuses: set[str]) -> tuple[str, ...]:
              "are not counted: measure on the GPU (cuda_peak_bytes) to see them"]
     if BOUND in statuses:
         notes.append("some convolution workspaces were sized from a smaller batch and scaled up (fake mode, "
-                     "probe over 256 MiB): an upper bound, not exact")
+                     "probe over 16 MiB): an upper bound, not exact")
     if UNMEASURED in statuses:
         notes.append("some convolution workspaces were not counted: a profiler was already running, and a "
                      "second cannot start to measure them")
