@@ -339,7 +339,7 @@ class Explorer(ExplorerRuns, W.VBox):
             self._set_status("cancelled", "cancel requested")
 
     def on_result(self, fn: Callable[[Entry], None]) -> None:
-        """Call ``fn(entry)`` after each successful run is shown."""
+        """Call ``fn(entry)`` after each run is shown (real mode: its memory numbers first, no times)."""
         self._listeners.append(fn)
 
     def sweep(self, budgets: list[float] | None = None) -> None:
