@@ -14,6 +14,8 @@ from memsave_nb.measure import Measurement
 from memsave_nb.plan import Plan
 from memsave_nb.session import Entry
 
+EARLY_LOCK_WAIT_S = 0.25  # how long the memory-first display waits for the UI lock before skipping
+
 
 class ExplorerRuns:
     """Background runs of an :class:`~memsave_nb.ui.explorer.Explorer` (a mixin: ``self`` is the
@@ -65,8 +67,15 @@ class ExplorerRuns:
     def _show_memory_first(self, entry: Entry, cancel_event: threading.Event, generation: int,
                            early: list[Entry]) -> None:
         """The memory numbers of a real-mode run as soon as its tracked step is done; the time
-        column reads "timing..." until the timed steps finish (a newer request skips this)."""
-        with self._ui_lock:
+        column reads "timing..." until the timed steps finish (a newer request skips this).
+
+        Called on the worker inside ``Session.run``, which holds the session's lock: a UI event
+        may hold the UI lock while it waits for that lock (the SAC panel's one-off check), so the
+        UI lock is only tried for a moment; when busy the early numbers are skipped, and the
+        click shows everything at its end, as a run without them does."""
+        if not self._ui_lock.acquire(timeout=EARLY_LOCK_WAIT_S):
+            return
+        try:
             if generation != self._generation or cancel_event.is_set():
                 return
             self._timing_entry = entry
@@ -74,6 +83,8 @@ class ExplorerRuns:
             self._progress_label = f"memory measured in {entry.seconds:.2f} s; timing the step"
             self._tick()
             early.append(entry)
+        finally:
+            self._ui_lock.release()
 
     def _untimed_text(self, entry: Entry) -> str:
         """The time column of an entry without times: pending while its timed steps run."""
