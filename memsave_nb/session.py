@@ -84,10 +84,12 @@ def run_plan(
     cancel_event: threading.Event | None = None,
     measure_fn: Callable[..., Measurement] | None = None,
     first_step_peak: bool = False,
+    on_memory: Callable[[Measurement], None] | None = None,
 ) -> Measurement:
     """Apply ``plan`` to ``workload``, measure one step, undo. Compiled plans are measured from
     the profiler's memory events (:func:`memsave_nb.measure.compiled.measure_compiled`).
-    ``first_step_peak=True``: also the first training step's peak (``measure``'s, one step more)."""
+    ``first_step_peak=True``: also the first training step's peak (``measure``'s, one step more).
+    ``on_memory``: ``measure``'s, the memory numbers before the timed steps (not for compiled plans)."""
     if mode not in MODES:
         raise WorkloadError(f"unknown mode {mode!r}; choose 'real' or 'fake'")
     _check(cancel_event)
@@ -99,7 +101,9 @@ def run_plan(
         handles = _cancel_hooks(applied.model, cancel_event)
         try:
             fn = measure_fn or measure
-            extra = {"first_step_peak": True} if first_step_peak else {}
+            extra: dict[str, Any] = {"first_step_peak": True} if first_step_peak else {}
+            if on_memory is not None:
+                extra["on_memory"] = on_memory
             return fn(applied, mode=mode, repeats=repeats, cancel_event=cancel_event, **extra)
         finally:
             for h in handles:
@@ -188,11 +192,13 @@ class Session:
         with self._lock:
             return list(self._history)
 
-    def run(self, plan: Plan, *, cancel_event: threading.Event | None = None) -> Entry:
+    def run(self, plan: Plan, *, cancel_event: threading.Event | None = None,
+            on_memory: Callable[[Entry], None] | None = None) -> Entry:
         """Measure ``plan`` against the baseline; append the entry to the history and return it.
         Raises :class:`~memsave_nb.errors.Cancelled` when ``cancel_event`` is set (nothing is
         recorded) and :class:`~memsave_nb.errors.StepError` when the step fails; the model is
-        restored either way."""
+        restored either way. ``on_memory(entry)``: real mode with timed steps, called with an
+        entry of the memory numbers (no times, not recorded) before the step is timed."""
         if not isinstance(plan, Plan):
             raise TypeError(f"Session.run takes a Plan, got {type(plan).__name__}")
         plan.validate(self.model)
@@ -200,8 +206,12 @@ class Session:
             _check(cancel_event)
             base = self.baseline
             start = time.perf_counter()
+            early = None
+            if on_memory is not None:
+                def early(mem: Measurement) -> None:
+                    on_memory(Entry(plan, mem, Delta.between(mem, base), time.perf_counter() - start))
             m = run_plan(self.workload, plan, mode=self.mode, repeats=self.repeats, cancel_event=cancel_event,
-                         first_step_peak=self.first_step_peak)
+                         first_step_peak=self.first_step_peak, on_memory=early)
             entry = Entry(plan, m, Delta.between(m, base), time.perf_counter() - start)
             self._history.append(entry)
             return entry

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -39,6 +39,7 @@ def measure(
     cancel_event: threading.Event | None = None,
     steady_state: bool = True,
     first_step_peak: bool = False,
+    on_memory: Callable[[Measurement], None] | None = None,
 ) -> Measurement:
     """Measure one training step of ``workload``: peak and its split, saved activations and
     outputs per module and op, a live-bytes timeline, FLOPs and (real mode) the median step time.
@@ -54,6 +55,10 @@ def measure(
 
     ``mode="fake"`` runs the same steps under ``FakeTensorMode``: shapes and bytes without memory
     or compute, for models too large for this machine. The model is left as it was.
+
+    ``on_memory(m)``: called on this thread as soon as the tracked step is done, before the timed
+    steps, with the memory numbers (the returned measurement's, ``step_seconds`` None), so a UI
+    can show them while the step is timed. Only when timed steps follow (real mode, repeats > 0).
     """
     if mode not in MODES:
         raise WorkloadError(f"unknown mode {mode!r}; choose 'real' or 'fake'")
@@ -95,7 +100,7 @@ def measure(
             else:
                 result = _run(workload, fake_mode=None, flops=flops, cancel_event=cancel_event,
                               steady_state=steady_state, repeats=repeats, first_step_peak=first_step_peak,
-                              restore=restore)
+                              restore=restore, after_tracked=_memory_first(workload, steady_state, on_memory))
         finally:
             snapshot.restore(model)
             for t, g in leaves:
@@ -108,6 +113,22 @@ def measure(
     if tracker.workspace_statuses:
         m = dataclasses.replace(m, notes=m.notes + workspace_notes(tracker.workspace_statuses))
     return m
+
+
+def _memory_first(workload: Workload, steady_state: bool, on_memory: Callable[[Measurement], None] | None):
+    """The step runner's ``after_tracked`` for ``on_memory``: the real-mode measurement without
+    its times, summarised from the tracked step as the final one will be."""
+    if on_memory is None:
+        return None
+
+    def after_tracked(tracker, cuda, first_peak, parts) -> None:
+        m = _summarise(tracker, workload, "real", [], cuda, first_step_peak=first_peak,
+                       steady_state=steady_state, output_parts=parts)
+        if tracker.workspace_statuses:
+            m = dataclasses.replace(m, notes=m.notes + workspace_notes(tracker.workspace_statuses))
+        on_memory(m)
+
+    return after_tracked
 
 
 

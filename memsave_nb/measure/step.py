@@ -215,26 +215,30 @@ class _OptimizerBackup:
 
 
 def _run(workload: Workload, *, fake_mode, flops: bool, cancel_event, steady_state: bool, repeats: int,
-         first_step_peak: bool = False, restore: Callable[[], None] | None = None):
+         first_step_peak: bool = False, restore: Callable[[], None] | None = None,
+         after_tracked: Callable[..., None] | None = None):
     """The steps of one measurement: the optimizer's state (made cheaply, or by a whole first
     step), the tracked step, (timed steps).
 
     Steady state without ``first_step_peak``: the optimizer makes its state on zero gradients
     (``optimizer_state.py``), then one step is tracked. Were the parameters that received a
     gradient in that step not the ones given state, the measurement is run again the old way
-    (``restore`` puts the model back first): a whole first step under a light tracker."""
+    (``restore`` puts the model back first): a whole first step under a light tracker.
+    ``after_tracked(tracker, cuda, first_peak, parts)``: called once, after the tracked step that
+    counts and before the timed steps (only when there are timed steps)."""
     if steady_state and not first_step_peak:
         result = _run_once(workload, fake_mode=fake_mode, flops=flops, cancel_event=cancel_event,
-                           warm_up="state", repeats=repeats)
+                           warm_up="state", repeats=repeats, after_tracked=after_tracked)
         if result is not None:
             return result
         if restore is not None:
             restore()
     return _run_once(workload, fake_mode=fake_mode, flops=flops, cancel_event=cancel_event,
-                     warm_up="step" if steady_state else None, repeats=repeats)
+                     warm_up="step" if steady_state else None, repeats=repeats, after_tracked=after_tracked)
 
 
-def _run_once(workload: Workload, *, fake_mode, flops: bool, cancel_event, warm_up: str | None, repeats: int):
+def _run_once(workload: Workload, *, fake_mode, flops: bool, cancel_event, warm_up: str | None, repeats: int,
+              after_tracked: Callable[..., None] | None = None):
     """``warm_up``: None (first step), ``"step"`` (a whole first step) or ``"state"`` (state on
     zero gradients; None is returned when that proved unlike a first step)."""
     model = workload.model
@@ -275,6 +279,8 @@ def _run_once(workload: Workload, *, fake_mode, flops: bool, cancel_event, warm_
             if warm_up is None:
                 first_peak = _peak_of(tracker)
             step.tracker = None
+            if after_tracked is not None and repeats:
+                after_tracked(tracker, cuda, first_peak, parts)
             times = []
             for _ in range(repeats):
                 step.zero_grad()

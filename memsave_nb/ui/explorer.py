@@ -339,7 +339,7 @@ class Explorer(ExplorerRuns, W.VBox):
             self._set_status("cancelled", "cancel requested")
 
     def on_result(self, fn: Callable[[Entry], None]) -> None:
-        """Call ``fn(entry)`` after each successful run is shown."""
+        """Call ``fn(entry)`` after each run is shown (real mode: its memory numbers first, no times)."""
         self._listeners.append(fn)
 
     def sweep(self, budgets: list[float] | None = None) -> None:
@@ -461,7 +461,7 @@ class Explorer(ExplorerRuns, W.VBox):
             self.peak_bytes.value = f"{m.peak_bytes:,} B"
             self.peak_delta.value = _delta_text(m.peak_bytes, base.peak_bytes)
             self.step_time.value = (format_time_spread(m) + (f", {time_change(m, base)}" if entry is not self.session.baseline_entry
-                                    and m.step_seconds is not None else "")) if m.step_seconds is not None else "-"
+                                    and m.step_seconds is not None else "")) if m.step_seconds is not None else self._untimed_text(entry)
             outputs = int(getattr(m, "output_bytes", 0) or 0)
             self.output_kept.value = f"+ {format_bytes(outputs)} outputs and caches" if outputs else ""
             self.output_kept.tooltip = (f"outputs and caches the step keeps to the end of forward, not saved for "

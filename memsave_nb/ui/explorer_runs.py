@@ -14,6 +14,8 @@ from memsave_nb.measure import Measurement
 from memsave_nb.plan import Plan
 from memsave_nb.session import Entry
 
+EARLY_LOCK_WAIT_S = 0.25  # how long the memory-first display waits for the UI lock before skipping
+
 
 class ExplorerRuns:
     """Background runs of an :class:`~memsave_nb.ui.explorer.Explorer` (a mixin: ``self`` is the
@@ -41,21 +43,69 @@ class ExplorerRuns:
         phase = "compiling, then measuring the step" if plan.compile_budget is not None else "measuring the step"
         self._begin(f"running: {plan.describe()}", steps=1, label=phase)
         start = time.perf_counter()
+        before, early = self.entry, []
         try:
-            entry = self.session.run(plan, cancel_event=cancel_event)
+            entry = self.session.run(plan, cancel_event=cancel_event,
+                                     on_memory=lambda e: self._show_memory_first(e, cancel_event, generation, early))
         except Cancelled:
+            self._timing_stopped(early, before, generation)
             if self._user_cancelled:
                 self._end("cancelled", "the model is unchanged; the numbers shown are from the last run")
             return None
         except BaseException as exc:  # noqa: BLE001 - shown in the widget, not lost in a thread
+            self._timing_stopped(early, before, generation)
             if generation == self._generation:
                 self._fail(plan, exc, revert=True)
             return None
         if generation != self._generation:
+            self._timing_stopped(early, before, generation)
             return entry  # in the history now, but a newer request owns the display
         self._show(entry)
         self._end("done", f"{plan.describe()} in {time.perf_counter() - start:.2f} s")
         return entry
+
+    def _show_memory_first(self, entry: Entry, cancel_event: threading.Event, generation: int,
+                           early: list[Entry]) -> None:
+        """The memory numbers of a real-mode run as soon as its tracked step is done; the time
+        column reads "timing..." until the timed steps finish (a newer request skips this).
+
+        Called on the worker inside ``Session.run``, which holds the session's lock: a UI event
+        may hold the UI lock while it waits for that lock (the SAC panel's one-off check), so the
+        UI lock is only tried for a moment; when busy the early numbers are skipped, and the
+        click shows everything at its end, as a run without them does."""
+        if not self._ui_lock.acquire(timeout=EARLY_LOCK_WAIT_S):
+            return
+        try:
+            if generation != self._generation or cancel_event.is_set():
+                return
+            self._timing_entry = entry
+            self._show(entry)
+            self._progress_label = f"memory measured in {entry.seconds:.2f} s; timing the step"
+            self._tick()
+            early.append(entry)
+        finally:
+            self._ui_lock.release()
+
+    def _untimed_text(self, entry: Entry) -> str:
+        """The time column of an entry without times: pending while its timed steps run."""
+        if entry is getattr(self, "_timing_entry", None):
+            return f"timing... ({self.session.repeats} steps)"
+        return "-"
+
+    def _timing_stopped(self, early: list[Entry], before: Entry | None, generation: int) -> None:
+        """A run cancelled while its step was timed: its memory numbers are on screen without a
+        time. Back to the last complete result, so no half-run stays on display (a newer request
+        shows its own next; the runner starts it only after this job has returned)."""
+        if not early:
+            return
+        with self._ui_lock:
+            if self.entry is not early[-1]:
+                return
+            self._timing_entry = None
+            if generation == self._generation:
+                self._show(before if before is not None else self.session.baseline_entry)
+            else:
+                self.step_time.value = "- (timing stopped)"
 
     def _sweep_job(self, plan: Plan, budgets: list[float], cancel_event: threading.Event) -> None:
         self._user_cancelled = False
