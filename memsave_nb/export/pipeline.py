@@ -102,6 +102,6 @@ def pipeline_code(spec: ParallelSpec, model_var: str = "model", loop: str | None
              "del all_stages, examples",
              "# build the optimizer after this line, over this rank's stages",
              "", "", *_STEP.replace("RETURN_OUTPUTS", repr(keep)).splitlines(), "", "",
-             f"# optimizer = torch.optim.AdamW({m}.parameters(), lr=1e-3)",
+             f"# optimizer = torch.optim.AdamW({m}.parameters(), lr=1e-3)  # or the workload knobs' optimizer below",
              "# pipeline_step(schedule, optimizer, inputs, target)  # every step, on every rank"]
     return imports, body

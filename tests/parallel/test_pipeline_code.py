@@ -132,3 +132,16 @@ def test_exported_pp2_x_fsdp2_on_four_real_gloo_ranks_peaks_as_predicted():
     rows = _exact_in_one_of(pp_spec(world_size=4), 3)
     assert [r["stage_ids"] for r in rows] == [[0], [0], [1], [1]]
     assert all("DTensor" in r["kinds"] for r in rows)
+
+
+@pytest.mark.slow
+def test_plan_gpus_pp_prints_the_pipeline_code(capsys):
+    """``memsave-nb plan --gpus 2 --pp 2``: the chosen PP layout is printed as code (it was a refusal)."""
+    from memsave_nb.cli import main
+
+    assert main(["plan", "--model", "gpt", "--gpus", "2", "--pp", "2", "--target-gb", "80"]) == 0
+    out = capsys.readouterr().out
+    code = out.split("The chosen layout as code:", 1)[1]
+    assert "chosen: PP 2 (1F1B" in out and "not written" not in out
+    compile(code, "<plan>", "exec", dont_inherit=True)
+    assert "schedule = Schedule1F1B(stages[0], n_microbatches, loss_fn=loss_fn)" in code
