@@ -10,11 +10,8 @@ from memsave_nb.parallel_spec import ParallelSpec
 
 
 def parallel_code(spec: ParallelSpec, model_var: str = "model") -> tuple[list[str], list[str]]:
-    """``(imports, body)`` lines applying ``spec`` to ``model_var``."""
-    if spec.pipeline_parallel > 1:  # the stages, their sharding, the schedule and its step
-        from .pipeline import pipeline_code
-
-        return pipeline_code(spec, model_var)
+    """``(imports, body)`` lines applying ``spec`` (no pipeline stages: ``pipeline.pipeline_code``)
+    to ``model_var``."""
     m = model_var
     imports = ["import torch", "from torch.distributed.device_mesh import init_device_mesh"]
     body = ["", f"# {spec.describe()}: launch with torchrun --nproc-per-node {spec.world_size} (or across nodes)",
