@@ -50,7 +50,10 @@ class _Exported(StageRank):
 def _code_rank(rank: int, code: str, world_size: int, store: str, out: str) -> None:
     from memsave_nb.parallel.process_group import settle_forked_rank
 
+    from memsave_nb.parallel.tp import clear_dtensor_caches
+
     settle_forked_rank()
+    clear_dtensor_caches()  # forked from a process that measured: its DTensor caches hold old meshes (cross_check.py)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world_size)
     try:
@@ -96,11 +99,14 @@ def _exact_in_one_of(spec: ParallelSpec, attempts: int) -> None:
 
 @pytest.mark.slow
 @GLOO
-def test_exported_pp2_1f1b_on_real_gloo_ranks_peaks_as_predicted():
-    """PP 2, 1F1B, 4 micro-batches, the zoo GPT: the exported code on two real gloo ranks, one
-    steady step under the per-rank tracker, each rank's peak to the byte of measure_pipeline's."""
-    rows = _exact_in_one_of(pp_spec(), 3)
-    assert [r["stage_ids"] for r in rows] == [[0], [1]]
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe", "interleaved_1f1b"])
+def test_exported_pp2_on_real_gloo_ranks_peaks_as_predicted(schedule):
+    """PP 2, 4 micro-batches, the zoo GPT: the exported code on two real gloo ranks, one steady
+    step under the per-rank tracker, each rank's peak to the byte of measure_pipeline's (1F1B:
+    3,199,848 / 2,756,224 B)."""
+    rows = _exact_in_one_of(pp_spec(schedule=schedule), 3)
+    per_rank = [[0, 2], [1, 3]] if schedule == "interleaved_1f1b" else [[0], [1]]
+    assert [r["stage_ids"] for r in rows] == per_rank
     assert not dist.is_initialized()
 
 
@@ -132,6 +138,15 @@ def test_exported_pp2_x_fsdp2_on_four_real_gloo_ranks_peaks_as_predicted():
     rows = _exact_in_one_of(pp_spec(world_size=4), 3)
     assert [r["stage_ids"] for r in rows] == [[0], [0], [1], [1]]
     assert all("DTensor" in r["kinds"] for r in rows)
+
+
+@pytest.mark.slow
+@GLOO
+def test_exported_pp2_x_tp2_on_four_real_gloo_ranks_peaks_as_predicted():
+    """PP 2 x TP 2: parallelize_module on each stage's ``tp`` sub-mesh, four real ranks
+    (1,848,168 B ranks 0-1, 1,634,432 B ranks 2-3)."""
+    rows = _exact_in_one_of(ParallelSpec(world_size=4, pipeline_parallel=2, tensor_parallel=2, microbatches=4), 3)
+    assert [r["stage_ids"] for r in rows] == [[0], [0], [1], [1]]
 
 
 @pytest.mark.slow
