@@ -159,10 +159,7 @@ def _run_layout(args: argparse.Namespace, target) -> int:
 
 def _chosen_lines(args: argparse.Namespace, plan, workload, what: str) -> list[str]:
     """The chosen plan (or layout) as code, and written where --save / --export ask."""
-    try:
-        code = plan.to_code(loop=workload.loop)
-    except MemsaveError as exc:  # a pipeline layout: its stages and schedule are not written as code yet
-        code = f"(not written: {exc})"
+    code = plan.to_code(loop=workload.loop)  # a pipeline layout too: its stages, schedule and step
     out = ["", f"The chosen {what} as code:", "", code]
     if args.save:
         with open(args.save, "w", encoding="utf-8") as f:

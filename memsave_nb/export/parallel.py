@@ -1,6 +1,6 @@
-"""``Plan.to_code`` lines for a ``ParallelSpec``: the ``fully_shard`` / DDP calls for a training
-script launched with ``torchrun --nproc-per-node N`` (``init_device_mesh`` starts the process
-group from torchrun's environment when none exists)."""
+"""``Plan.to_code`` lines for a ``ParallelSpec``: the ``fully_shard`` / DDP / tensor-parallel calls
+for a training script launched with ``torchrun --nproc-per-node N`` (``init_device_mesh`` starts the
+process group from torchrun's environment when none exists); pipeline stages in ``pipeline.py``."""
 
 from __future__ import annotations
 
@@ -10,12 +10,8 @@ from memsave_nb.parallel_spec import ParallelSpec
 
 
 def parallel_code(spec: ParallelSpec, model_var: str = "model") -> tuple[list[str], list[str]]:
-    """``(imports, body)`` lines applying ``spec`` to ``model_var``."""
-    if spec.pipeline_parallel > 1:  # the stages, the schedule and its step are not written yet
-        from memsave_nb.errors import PlanError
-
-        raise PlanError(f"to_code does not write pipeline stages yet ({spec.describe()}); "
-                        f"see docs/parallel.md, 'Pipeline stages', for the calls measured")
+    """``(imports, body)`` lines applying ``spec`` (no pipeline stages: ``pipeline.pipeline_code``)
+    to ``model_var``."""
     m = model_var
     imports = ["import torch", "from torch.distributed.device_mesh import init_device_mesh"]
     body = ["", f"# {spec.describe()}: launch with torchrun --nproc-per-node {spec.world_size} (or across nodes)",
@@ -28,17 +24,27 @@ def parallel_code(spec: ParallelSpec, model_var: str = "model") -> tuple[list[st
             f"gradient_as_bucket_view={spec.gradient_as_bucket_view!r}, process_group=mesh.get_group())",
         ]
         return imports, body
-    imports.append("from torch.distributed.fsdp import fully_shard")
     body.append(f"mesh = init_device_mesh(device_type, {spec.mesh_shape!r}, mesh_dim_names={spec.mesh_dim_names!r})")
-    dp_mesh = "mesh"
+    more_imports, defs, calls = shard_code(spec, m, "mesh")
+    return imports + more_imports, body + defs + calls
+
+
+def shard_code(spec: ParallelSpec, m: str, mesh: str) -> tuple[list[str], list[str], list[str]]:
+    """``(imports, definitions, calls)``: TP on ``mesh['tp']``, then ``fully_shard`` over the rest of
+    ``mesh`` (a variable of the generated code), on module ``m``, as ``parallel/apply.py`` does."""
+    imports = ["from torch.distributed.fsdp import fully_shard"]
+    defs: list[str] = []
+    calls: list[str] = []
+    dp_mesh = mesh
     if spec.tensor_parallel > 1:
-        more_imports, more_body = tensor_parallel_code(spec, m)
+        more_imports, more_defs, more_calls = tensor_parallel_code(spec, m, mesh)
         imports += more_imports
-        body += more_body
+        defs += more_defs
+        calls += more_calls
         if spec.data_parallel == 1:
-            return imports, body + ["# build the optimizer after this line, over the (now split) parameters"]
+            return imports, defs, calls + ["# build the optimizer after this line, over the (now split) parameters"]
         dp_names = spec.mesh_dim_names[:-1]
-        dp_mesh = f"mesh[{dp_names[0] if len(dp_names) == 1 else dp_names!r}]"
+        dp_mesh = f"{mesh}[{dp_names[0] if len(dp_names) == 1 else dp_names!r}]"
     kwargs = [f"mesh={dp_mesh}", f"reshard_after_forward={spec.reshard_after_forward!r}"]
     if spec.param_dtype or spec.reduce_dtype:
         imports.append("from torch.distributed.fsdp import MixedPrecisionPolicy")
@@ -49,23 +55,24 @@ def parallel_code(spec: ParallelSpec, model_var: str = "model") -> tuple[list[st
         imports.append("from torch.distributed.fsdp import CPUOffloadPolicy")
         # pinned host memory makes the copies asynchronous; it needs the CUDA runtime
         kwargs.append("offload_policy=CPUOffloadPolicy(pin_memory=torch.cuda.is_available())")
-    body.append(f"fsdp_kwargs = dict({', '.join(kwargs)})")
+    calls.append(f"fsdp_kwargs = dict({', '.join(kwargs)})")
     if spec.shard_modules:
-        body.append(f"shard_units = {[n for n in spec.shard_modules if n]!r}")
+        calls.append(f"shard_units = {[n for n in spec.shard_modules if n]!r}")
     else:
         from memsave_nb.checkpointing import suggest_regions
 
         imports.append("from torch import nn")
         source = inspect.getsource(suggest_regions).splitlines()
         source[0] = "def suggest_regions(model):"
-        body += ["", *source, "", "", f"shard_units = suggest_regions({m})  # the repeated blocks"]
-    body += [
+        defs += ["", *source, "", ""]
+        calls.append(f"shard_units = suggest_regions({m})  # the repeated blocks")
+    calls += [
         "for name in shard_units:  # each unit gathers its parameters only while it runs",
         f"    fully_shard({m}.get_submodule(name), **fsdp_kwargs)",
         f"fully_shard({m}, **fsdp_kwargs)  # the root: everything not in a unit",
         "# build the optimizer after this line, over the (now sharded) parameters",
     ]
-    return imports, body
+    return imports, defs, calls
 
 
 def _source(fn, signature: str) -> list[str]:
@@ -73,7 +80,8 @@ def _source(fn, signature: str) -> list[str]:
     return [signature, *lines[1:]]
 
 
-def tensor_parallel_code(spec: ParallelSpec, model_var: str = "model") -> tuple[list[str], list[str]]:
+def tensor_parallel_code(spec: ParallelSpec, model_var: str = "model",
+                         mesh: str = "mesh") -> tuple[list[str], list[str], list[str]]:
     """``parallelize_module`` with the spec's plan on ``mesh["tp"]``: the very functions the sizing
     resolves the plan and builds PyTorch's styles with, so the script splits what was measured."""
     from memsave_nb import tp_plan as tp
@@ -92,6 +100,6 @@ def tensor_parallel_code(spec: ParallelSpec, model_var: str = "model") -> tuple[
         body += [*_source(tp._takes_hidden_states, "def _takes_hidden_states(module):"), "", ""]
         plan = f"default_tp_plan({m}, {spec.sequence_parallel!r})"
     body += [*_source(tp.tp_styles, "def tp_styles(plan, sequence_parallel):"), "", ""]
-    body += [f"tp_plan = {plan}  # (module name, style): Megatron-style column / row splits",
-             f"parallelize_module({m}, mesh['tp'], tp_styles(tp_plan, {spec.sequence_parallel!r}))"]
-    return imports, body
+    calls = [f"tp_plan = {plan}  # (module name, style): Megatron-style column / row splits",
+             f"parallelize_module({m}, {mesh}['tp'], tp_styles(tp_plan, {spec.sequence_parallel!r}))"]
+    return imports, body, calls

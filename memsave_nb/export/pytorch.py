@@ -21,6 +21,7 @@ from memsave_nb.workload import DEFAULT_LOOP
 from .hf import cache_off_code
 from .knobs import knob_code, step_code
 from .parallel import parallel_code
+from .pipeline import pipeline_code
 
 __all__ = ["plan_code"]
 
@@ -101,7 +102,12 @@ def plan_code(plan: Any, model_var: str = "model", loop: str = DEFAULT_LOOP) -> 
                 body.append(f"checkpoint_region({target})")
             else:
                 body.append(f"checkpoint_region({target}, {policies[policy]})")
-    if plan.parallel is not None:  # after the model's own changes, before compiling
+    pipeline = plan.parallel is not None and plan.parallel.pipeline_parallel > 1
+    if pipeline:  # m becomes this rank's stages; the schedule's step replaces training_step below
+        more_imports, more_body = pipeline_code(plan.parallel, m, loop)
+        imports += more_imports
+        body += more_body
+    elif plan.parallel is not None:  # after the model's own changes, before compiling
         more_imports, more_body = parallel_code(plan.parallel, m)
         imports += more_imports
         body += more_body
@@ -117,7 +123,8 @@ def plan_code(plan: Any, model_var: str = "model", loop: str = DEFAULT_LOOP) -> 
         knob_imports, knob_body = knob_code(plan, m)
         imports += knob_imports
         body += knob_body
-    body += step_code(plan, m, loop)
+    if not pipeline:
+        body += step_code(plan, m, loop)
     if needs_selects:
         imports.append("import fnmatch")
         source = inspect.getsource(selects).splitlines()

@@ -210,13 +210,3 @@ def test_real_stage_ranks_peak_is_the_allocators(schedule):
         mp.start_processes(_allocator_rank, args=(schedule, os.path.join(tmp, "store"), tmp), nprocs=2, start_method="fork")
         rows = [json.load(open(os.path.join(tmp, f"rank{r}.json"))) for r in range(2)]
     assert all(r["tracked"] == r["allocator"] for r in rows), rows
-
-
-def test_to_code_refuses_a_pipeline_spec_in_one_line():
-    """A plan's code would be a plain training step: wrong for pipeline stages, so it is refused."""
-    from memsave_nb import Plan
-    from memsave_nb.errors import PlanError
-
-    with pytest.raises(PlanError, match="to_code does not write pipeline stages yet") as info:
-        Plan(parallel=spec("1f1b")).to_code()
-    assert "\n" not in str(info.value)
