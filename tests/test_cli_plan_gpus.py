@@ -45,9 +45,28 @@ def test_plan_gpus_a_flag_the_search_cannot_start_from_is_one_line(capsys):
     assert out == "" and err.count("\n") == 1 and err.startswith("memsave-nb: error: ") and "loss='chunked'" in err
 
 
-def test_plan_gpus_accumulate_makes_the_batch_per_gpu(capsys):
+def test_plan_gpus_keeps_the_checkpointing_and_the_batch_per_gpu(capsys):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        assert cli.main([*GPUS, "--accumulate", "2"]) == 0
+        assert cli.main([*GPUS, "--accumulate", "2", "--checkpoint", "full"]) == 0
     out, _ = capsys.readouterr()
-    assert "global batch 16;" in out and "note: starts from the plan: batch 4 per GPU" in out
+    assert "global batch 16;" in out and "note: starts from the plan: checkpoint full blocks, batch 4 per GPU" in out
+    front = out.split("lowest peak first):\n", 1)[1].split("\n\n", 1)[0].splitlines()[1:]
+    assert front and all("checkpoint full blocks" in line for line in front)
+
+
+def test_plan_gpus_checkpoint_on_a_model_without_blocks_is_one_line(capsys):
+    assert cli.main(["plan", "--gpus", "4", "--model", "mlp", "--target-gb", "80", "--checkpoint", "full"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and "no repeated blocks to checkpoint" in err
+
+
+def test_plan_without_gpus_takes_the_same_knob_flags(capsys):
+    """The single-device search keeps the knobs on every plan and searches only the kind asked for."""
+    argv = ["plan", "--model", "gpt", "--batch", "2", "--target-gb", "1", "--checkpoint", "save_matmuls",
+            "--optimizer", "sgd"]
+    assert cli.main(argv) == 0
+    out, _ = capsys.readouterr()
+    front = out.split("Pareto front (lowest peak first):\n", 1)[1].split("\n\n", 1)[0].splitlines()[1:]
+    assert len(front) > 1 and all(line.endswith("sgd") for line in front)
+    assert any("save_matmuls blocks" in line for line in front) and not any(" full " in line for line in front)

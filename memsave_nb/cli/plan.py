@@ -62,6 +62,9 @@ def add_parser(sub, positive_int) -> None:
     p.add_argument("--last-blocks", type=_csv_ints, default=(), metavar="N,N",
                    help="also try training only the last N blocks (default: full fine-tuning only); with --gpus one N: "
                         "the freezing every layout keeps")
+    p.add_argument("--checkpoint", choices=("full", "save_matmuls"), default=None,
+                   help="the checkpointing kind: with --gpus every repeated block checkpointed this way on every "
+                        "layout; without, the only kind the search puts on blocks (default: searched)")
     add_knob_arguments(p)
     p.add_argument("--gpus", type=positive_int, default=None, metavar="N",
                    help="search how to spread the step over N GPUs of kind --gpu (DDP, FSDP2, HSDP, CPU offload, "
@@ -117,8 +120,9 @@ def run_plan(args: argparse.Namespace) -> int:
         freezing[f"last {n} blocks"] = presets.last_blocks(workload.model, n)
     base = knob_plan(args, hub=True)  # the knobs every plan keeps (a hub model took --seq-len at build time)
     precisions = _precisions(args.precisions or (base.precision or "fp32",))
+    kinds = {"region_kinds": (args.checkpoint,)} if args.checkpoint else {}
     result = plan_for(workload, target, mode=args.mode, device=args.gpu, freezing=freezing, precisions=precisions,
-                      micro_batches=args.micro_batches, base_plan=base.replace(precision=None))
+                      micro_batches=args.micro_batches, base_plan=base.replace(precision=None), **kinds)
     out = [result.summary(), "", "Pareto front (lowest peak first):"]
     rows = [("estimated peak", "estimated step", "fits", "plan")]
     for c in result.front:
@@ -176,7 +180,8 @@ def _precisions(names) -> tuple[str | None, ...]:
 
 def _start_plan(args: argparse.Namespace, workload):
     """The plan ``plan --gpus`` starts from: the knob flags (``report.knob_plan``), one ``--last-blocks``
-    freezing, and with ``--accumulate K`` the batch per GPU (the built batch x K); None when empty."""
+    freezing, ``--checkpoint`` on every block, and with ``--accumulate K`` the batch per GPU (the
+    built batch x K); None when empty."""
     from .. import presets
     from ..knobs import batch_size_of
     from ..target import _raw_batch
@@ -188,6 +193,13 @@ def _start_plan(args: argparse.Namespace, workload):
         plan = plan.replace(frozen=freezing.frozen, trainable=freezing.trainable)
     if args.accumulate is not None:
         plan = plan.replace(batch_size=batch_size_of(_raw_batch(workload)))
+    if args.checkpoint is not None:
+        from ..planner.depth import blocks_of
+
+        blocks = blocks_of(workload.model).names
+        if not blocks:
+            raise MemsaveError(f"--checkpoint: {type(workload.model).__name__} has no repeated blocks to checkpoint")
+        plan = plan.replace(regions={name: args.checkpoint for name in blocks})
     return None if plan.is_empty else plan
 
 
