@@ -104,6 +104,7 @@ def test_pipeline_stages_asked_for_show_the_chosen_layouts_stages_and_their_peak
     the status and the front, and each stage's re-measured peak is in the per-rank table."""
     from memsave_nb.ui.format import format_bytes
     from memsave_nb.ui.layout_panel import STAGES
+    from memsave_nb.ui.parallel_view import layout_figure
 
     cfg = GPTConfig(vocab_size=256, block_size=32, n_layer=4, n_head=4, n_embd=64, dropout=0.0)
     with torch.random.fork_rng(devices=[]):
@@ -123,6 +124,8 @@ def test_pipeline_stages_asked_for_show_the_chosen_layouts_stages_and_their_peak
     assert c.pipeline_stages == 2 and all(x.pipeline_stages == 2 for x in got.candidates)
     assert "PP 2" in c.label and "bubble" in finder.status.value and html.escape(c.label) in finder.status.value
     assert f"2 stages, bubble {c.bubble_seconds:.3g} s" in finder.front.value
+    hover = layout_figure(got).select_one({"name": "layout_chosen"}).data_source.data
+    assert hover["bubble_label"] == [f"2 stages, bubble {c.bubble_seconds:.3g} s of {c.step_seconds:.3g} s"]
     ranks = finder.ranks.value
     assert "rank 0 (stage 0)" in ranks and "rank 1 (stage 1)" in ranks
     for r in got.remeasured.ranks:  # each stage's own peak, as measured
