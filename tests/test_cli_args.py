@@ -89,7 +89,12 @@ PLAN = [
     (["--target-gb", "80", "--global-batch", "8"], "--global-batch needs --gpus N"),
     (["--target-gb", "80", "--gpus", "8", "--mode", "real"], "fake mode only"),
     (["--target-gb", "80", "--gpus", "8", "--micro-batches", "1,2"], "drop --micro-batches"),
-    (["--target-gb", "80", "--gpus", "8", "--last-blocks", "2"], "drop --last-blocks"),
+    (["--target-gb", "80", "--gpus", "8", "--last-blocks", "1,2"], "give one --last-blocks N"),
+    (["--target-gb", "80", "--gpus", "8", "--precision", "bf16", "--precisions", "fp32"], "not both"),
+    (["--target-gb", "80", "--gpus", "8", "--loss-chunk", "8"], "--loss-chunk needs --loss chunked"),
+    (["--target-gb", "80", "--gpus", "8", "--accumulate", "2", "--global-batch", "8"], "drop --accumulate"),
+    (["--target-gb", "80", "--gpus", "8", "--optimizer", "lion"], "--optimizer"),
+    (["--target-gb", "24", "--accumulate", "2"], "give --micro-batches K,K instead"),
 ]
 
 CASES = [(["report", "--model", "mlp", *a], m) if "--model" not in a else (["report", *a], m) for a, m in REPORT]

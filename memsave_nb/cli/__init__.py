@@ -4,8 +4,8 @@
                       [--mode real|fake] [--device cpu|cuda] [--top N] [--out FILE.html]
                       [knobs] [--target-gb GB [--max-batch] [--max-seq]] [--from-config PATH]
     memsave-nb report --world-size N [--fsdp | --ddp] [--model NAME] [knobs] [--target-gb GB]
-    memsave-nb plan --target-gb GB [--model NAME] [--gpu H100] [--precisions P,P] [--gpus N [--tp T,T]]
-                    [--micro-batches K,K] [--last-blocks N,N] [--save PLAN.json]
+    memsave-nb plan --target-gb GB [--model NAME] [--gpu H100] [--precisions P,P] [--gpus N [--tp T,T] [--pp P,P]]
+                    [--micro-batches K,K] [--last-blocks N,N] [--checkpoint KIND] [knobs] [--save PLAN.json]
                     [--export hf|trl|axolotl|accelerate]
 
 measures one training step of a demo workload (``memsave_nb.zoo``) or of any Hugging Face model

@@ -37,7 +37,7 @@ def add_parser(sub, positive_int) -> None:
     from ..planner.roofline import GPUS
     from ..trainers import TRAINERS
     from .args import _fraction, _gb
-    from .report import add_model_arguments
+    from .report import add_knob_arguments, add_model_arguments
 
     p = sub.add_parser("plan", help="find the setups of a workload that fit a target GPU; the fastest that fits is chosen",
                        description="Search freezing, checkpointing/offloading per block, precision and micro-batching "
@@ -54,12 +54,18 @@ def add_parser(sub, positive_int) -> None:
                         "(its links between GPUs too)")
     p.add_argument("--mode", choices=("real", "fake"), default=None,
                    help="fake (default): shapes and bytes only; real: run the steps on this machine")
-    p.add_argument("--precisions", type=_csv_precisions, default=("fp32",), metavar="P,P",
-                   help=f"precisions to try, from {', '.join(PRECISIONS)} (default: fp32)")
+    p.add_argument("--precisions", type=_csv_precisions, default=None, metavar="P,P",
+                   help=f"precisions to try, from {', '.join(PRECISIONS)} (default: fp32; with --gpus the planner "
+                        "searches them; --precision P keeps one)")
     p.add_argument("--micro-batches", type=_csv_ints, default=(1,), metavar="K,K",
                    help="gradient-accumulation splits to try, e.g. 1,2,4 (default: 1)")
     p.add_argument("--last-blocks", type=_csv_ints, default=(), metavar="N,N",
-                   help="also try training only the last N blocks (default: full fine-tuning only)")
+                   help="also try training only the last N blocks (default: full fine-tuning only); with --gpus one N: "
+                        "the freezing every layout keeps")
+    p.add_argument("--checkpoint", choices=("full", "save_matmuls"), default=None,
+                   help="the checkpointing kind: with --gpus every repeated block checkpointed this way on every "
+                        "layout; without, the only kind the search puts on blocks (default: searched)")
+    add_knob_arguments(p)
     p.add_argument("--gpus", type=positive_int, default=None, metavar="N",
                    help="search how to spread the step over N GPUs of kind --gpu (DDP, FSDP2, HSDP, CPU offload, "
                         "tensor parallel x FSDP2, pipeline stages x FSDP2); --target-gb is each GPU's memory")
@@ -82,6 +88,7 @@ def run_plan(args: argparse.Namespace) -> int:
     from ..units import format_bytes
     from ..planner.search import plan_for
     from .args import check_writable
+    from .report import check_knob_args, knob_plan
     from .workload import build, check_model_flags, is_demo
 
     check_model_flags(args)
@@ -93,12 +100,17 @@ def run_plan(args: argparse.Namespace) -> int:
     for flag, path in (("--save", args.save), ("--export-to", args.export_to)):
         if path:
             check_writable(path, flag)
+    check_knob_args(args)
+    if args.precision is not None and args.precisions is not None:
+        raise MemsaveError("give --precision P (kept) or --precisions P,P (searched), not both")
     target = Target(args.target_gb) if args.headroom is None else Target(args.target_gb, headroom=args.headroom)
     if args.gpus is not None:
         return _run_layout(args, target)
     for flag, value in (("--tp", args.tp), ("--pp", args.pp), ("--global-batch", args.global_batch)):
         if value is not None:
             raise MemsaveError(f"{flag} needs --gpus N")
+    if args.accumulate is not None:
+        raise MemsaveError("plan searches the gradient accumulation: give --micro-batches K,K instead of --accumulate")
     if args.mode is None:
         args.mode = "fake"
     cw = build(args)
@@ -106,9 +118,11 @@ def run_plan(args: argparse.Namespace) -> int:
     freezing = {"all trainable": Plan()}
     for n in args.last_blocks:
         freezing[f"last {n} blocks"] = presets.last_blocks(workload.model, n)
-    precisions = tuple(None if p == "fp32" else p for p in args.precisions)
-    result = plan_for(workload, target, mode=args.mode, device=args.gpu, freezing=freezing,
-                      precisions=precisions, micro_batches=args.micro_batches)
+    base = knob_plan(args, hub=True)  # the knobs every plan keeps (a hub model took --seq-len at build time)
+    precisions = _precisions(args.precisions or (base.precision or "fp32",))
+    kinds = {"region_kinds": (args.checkpoint,)} if args.checkpoint else {}
+    result = plan_for(workload, target, mode=args.mode, device=args.gpu, freezing=freezing, precisions=precisions,
+                      micro_batches=args.micro_batches, base_plan=base.replace(precision=None), **kinds)
     out = [result.summary(), "", "Pareto front (lowest peak first):"]
     rows = [("estimated peak", "estimated step", "fits", "plan")]
     for c in result.front:
@@ -138,14 +152,17 @@ def _run_layout(args: argparse.Namespace, target) -> int:
     check_layout_args(args.gpus, args.gpu, args.tp)
     if args.mode == "real":
         raise MemsaveError("plan --gpus sizes ranks in fake mode only; drop --mode real")
-    for flag, bad in (("--micro-batches", args.micro_batches != (1,)), ("--last-blocks", bool(args.last_blocks))):
-        if bad:
-            raise MemsaveError(f"plan --gpus takes micro-batches from --global-batch and keeps the model's freezing; drop {flag}")
+    if args.micro_batches != (1,):
+        raise MemsaveError("plan --gpus takes micro-batches from --global-batch; drop --micro-batches")
+    if len(args.last_blocks) > 1:
+        raise MemsaveError("plan --gpus starts from one plan: give one --last-blocks N (plan without --gpus compares several)")
+    if args.accumulate is not None and args.global_batch is not None:
+        raise MemsaveError("--global-batch sets the sequences per optimizer step; drop --accumulate")
     args.mode = "fake"
     workload = build(args).workload
-    precisions = tuple(None if p == "fp32" else p for p in args.precisions)
     result = plan_layout(workload, args.gpus, args.gpu, target, global_batch=args.global_batch,
-                         tensor_parallel=args.tp, pipeline_parallel=args.pp, precisions=precisions)
+                         tensor_parallel=args.tp, pipeline_parallel=args.pp,
+                         precisions=_precisions(args.precisions or ("fp32",)), plan=_start_plan(args, workload))
     out = [result.summary(), "", "Pareto front of the layouts that fit (lowest peak first):", result.front_table()]
     if result.remeasured is not None:
         out += ["", "The chosen layout measured per rank:", result.remeasured.table()]
@@ -155,6 +172,35 @@ def _run_layout(args: argparse.Namespace, target) -> int:
         out += [f"No layout fits: nothing written to {p}" for p in (args.save, args.export_to) if p]
     sys.stdout.write("\n".join(out) + "\n")
     return 0 if result.chosen is not None else 1
+
+
+def _precisions(names) -> tuple[str | None, ...]:
+    return tuple(None if p == "fp32" else p for p in names)
+
+
+def _start_plan(args: argparse.Namespace, workload):
+    """The plan ``plan --gpus`` starts from: the knob flags (``report.knob_plan``), one ``--last-blocks``
+    freezing, ``--checkpoint`` on every block, and with ``--accumulate K`` the batch per GPU (the
+    built batch x K); None when empty."""
+    from .. import presets
+    from ..knobs import batch_size_of
+    from ..target import _raw_batch
+    from .report import knob_plan
+
+    plan = knob_plan(args, hub=True)  # a hub model took --seq-len at build time; a demo model refused it
+    if args.last_blocks:
+        freezing = presets.last_blocks(workload.model, args.last_blocks[0])
+        plan = plan.replace(frozen=freezing.frozen, trainable=freezing.trainable)
+    if args.accumulate is not None:
+        plan = plan.replace(batch_size=batch_size_of(_raw_batch(workload)))
+    if args.checkpoint is not None:
+        from ..planner.depth import blocks_of
+
+        blocks = blocks_of(workload.model).names
+        if not blocks:
+            raise MemsaveError(f"--checkpoint: {type(workload.model).__name__} has no repeated blocks to checkpoint")
+        plan = plan.replace(regions={name: args.checkpoint for name in blocks})
+    return None if plan.is_empty else plan
 
 
 def _chosen_lines(args: argparse.Namespace, plan, workload, what: str) -> list[str]:

@@ -33,21 +33,33 @@ def add_model_arguments(p: argparse.ArgumentParser, default: str) -> None:
                         "Trainer and the exported code), keep_output_backward, keep_output_step (default: loss_only)")
 
 
+def add_knob_arguments(p: argparse.ArgumentParser) -> None:
+    """The plan's knob flags (``knob_plan`` turns them into a Plan): ``report`` and ``plan --gpus``."""
+    from ..knobs import OPTIMIZERS, PRECISIONS
+
+    p.add_argument("--precision", choices=sorted(PRECISIONS), default=None, help="precision knob (default: the model's)")
+    p.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default=None, help="optimizer knob (default: AdamW)")
+    p.add_argument("--accumulate", type=_accumulate, default=None, metavar="K", help="K micro-batches per optimizer step")
+    p.add_argument("--keep-grads", action="store_true", help="zero_grad(set_to_none=False): gradients stay allocated")
+    p.add_argument("--loss", choices=("full", "chunked"), default=None,
+                   help="causal LMs: 'chunked' runs cross-entropy through the LM head a chunk of tokens at a time "
+                        "(TRL's default, Liger's fused loss): the whole batch's logits are never built")
+    p.add_argument("--loss-chunk", type=_positive_int, default=None, metavar="TOKENS",
+                   help="with --loss chunked: tokens per chunk (default 1024)")
+
+
+def check_knob_args(args: argparse.Namespace) -> None:
+    """Knob flags that cannot apply together, refused before anything is built."""
+    if args.loss_chunk is not None and args.loss != "chunked":
+        raise MemsaveError("--loss-chunk needs --loss chunked")
+
+
 def _add_tuner_arguments(rep: argparse.ArgumentParser) -> None:
     """Workload knobs and the target GPU (memsave_nb.knobs, memsave_nb.target)."""
-    from ..knobs import OPTIMIZERS, PRECISIONS
     from ..target import PRESETS_GB
 
     rep.add_argument("--seq-len", type=_positive_int, default=None, metavar="T", help="cut or extend token inputs to T")
-    rep.add_argument("--precision", choices=sorted(PRECISIONS), default=None, help="precision knob (default: the model's)")
-    rep.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default=None, help="optimizer knob (default: AdamW)")
-    rep.add_argument("--accumulate", type=_accumulate, default=None, metavar="K", help="K micro-batches per optimizer step")
-    rep.add_argument("--keep-grads", action="store_true", help="zero_grad(set_to_none=False): gradients stay allocated")
-    rep.add_argument("--loss", choices=("full", "chunked"), default=None,
-                     help="causal LMs: 'chunked' runs cross-entropy through the LM head a chunk of tokens at a time "
-                          "(TRL's default, Liger's fused loss): the whole batch's logits are never built")
-    rep.add_argument("--loss-chunk", type=_positive_int, default=None, metavar="TOKENS",
-                     help="with --loss chunked: tokens per chunk (default 1024)")
+    add_knob_arguments(rep)
     rep.add_argument("--target-gb", type=_gb, default=None, metavar="GB",
                      help=f"the GPU's memory in GB (presets {', '.join(f'{g:g}' for g in PRESETS_GB)}): says fits / does not fit")
     rep.add_argument("--headroom", type=_fraction, default=None, metavar="FRACTION",
@@ -72,8 +84,7 @@ def check_report_args(args: argparse.Namespace) -> None:
         raise MemsaveError("--max-batch and --max-seq need --target-gb")
     if args.headroom is not None and args.target_gb is None:
         raise MemsaveError("--headroom needs --target-gb")
-    if args.loss_chunk is not None and args.loss != "chunked":
-        raise MemsaveError("--loss-chunk needs --loss chunked")
+    check_knob_args(args)
     check_model_flags(args)
     check_parallel_args(args)
     if args.out is not None and os.path.isdir(args.out):

@@ -224,10 +224,8 @@ class ParallelMeasurement:
         pp = self.spec.pipeline_parallel
         for r in self.ranks:
             label = _ranks_label(r.ranks)
-            if pp > 1:  # pipeline rank r holds stage r (interleaved: every pp-th stage from r)
-                first = r.rank // (self.spec.world_size // pp)  # ranks per pipeline rank: TP x data-parallel
-                stages = ",".join(str(s) for s in range(first, pp * _stages(self.spec), pp))
-                label = f"{_ranks_label(r.ranks)} (stage {stages})"
+            if pp > 1:
+                label = f"{_ranks_label(r.ranks)} (stage {','.join(map(str, stages_of(self.spec, r.rank)))})"
             host = f"{fmt(r.host_peak_bytes or 0)}  " if offload else ""
             lines.append(f"{label:<14} {fmt(r.device_bytes)}  {host}" + "  ".join(f"{fmt(split(r).get(c, 0)):>14}" for c in cols))
         where = " on the device" if offload else ""
@@ -243,6 +241,16 @@ class ParallelMeasurement:
 
 def _stages(spec: ParallelSpec) -> int:
     return 2 if spec.schedule == "interleaved_1f1b" else 1
+
+
+def stages_of(spec: ParallelSpec, rank: int) -> tuple[int, ...]:
+    """The pipeline stages ``rank`` holds: pipeline rank p holds stage p (interleaved: every pp-th
+    stage from p); ranks are grouped TP x data-parallel per pipeline rank. () without stages."""
+    pp = spec.pipeline_parallel
+    if pp <= 1:
+        return ()
+    first = rank // (spec.world_size // pp)
+    return tuple(range(first, pp * _stages(spec), pp))
 
 
 def _ranks_label(ranks: tuple[int, ...]) -> str:

@@ -53,7 +53,7 @@ def start_from(plan: Plan | None, blocks: Blocks, region_kinds: Sequence[str | N
         precisions = (plan.precision,)
     batch = plan.batch_size * (plan.accumulation_steps or 1) if plan.batch_size else None
     kept = plan.replace(regions={}, precision=None, batch_size=None, accumulation_steps=None, parallel=None)
-    words = kept.describe()
+    words = "" if kept.is_empty else kept.describe()  # not "baseline (no changes), batch 4 per GPU"
     if regions:
         words = ", ".join(w for w in (words, f"checkpoint {kinds[0]} blocks") if w)
     if plan.precision is not None:

@@ -10,7 +10,8 @@ The layout planner's answer (``planner.plan_layout``) has its picture here too: 
 estimated peak per GPU against estimated step time, the front and the chosen layout
 (``layout_figure``, ``layout_fit``, ``layout_nofit``, ``layout_front``, ``layout_chosen``,
 ``layout_usable_line``), and the front as a table (``.memsave-layout-front``, the chosen row
-``.memsave-layout-chosen``).
+``.memsave-layout-chosen``); a pipeline layout says its stages and its bubble (hover and table), and
+a rank's label says which stages it holds.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 from bokeh.models import ColumnDataSource, FactorRange, HoverTool, Range1d, Span
 from bokeh.plotting import figure
 
-from memsave_nb.parallel.result import CATEGORIES, unseen_lines
+from memsave_nb.parallel.result import CATEGORIES, stages_of, unseen_lines
 from memsave_nb.target import Target
 
 from .format import format_bytes
@@ -41,12 +42,18 @@ def category_name(category: str, strategy: str) -> str:
     return category.replace("_", " ")
 
 
-def rank_label(ranks: tuple[int, ...]) -> str:
+def rank_label(ranks: tuple[int, ...], spec: Any = None) -> str:
+    """A rank group in words; under pipeline stages (``spec``) with the stages it holds."""
     if len(ranks) == 1:
-        return f"rank {ranks[0]}"
-    if list(ranks) == list(range(ranks[0], ranks[-1] + 1)):
-        return f"ranks {ranks[0]}-{ranks[-1]}"
-    return f"{len(ranks)} ranks from {ranks[0]}"
+        words = f"rank {ranks[0]}"
+    elif list(ranks) == list(range(ranks[0], ranks[-1] + 1)):
+        words = f"ranks {ranks[0]}-{ranks[-1]}"
+    else:
+        words = f"{len(ranks)} ranks from {ranks[0]}"
+    stages = stages_of(spec, ranks[0]) if spec is not None else ()
+    if stages:
+        words += f" (stage{'s' * (len(stages) > 1)} {', '.join(map(str, stages))})"
+    return words
 
 
 def _split(result: Any, r: Any) -> dict[str, int]:
@@ -67,7 +74,7 @@ def columns(result: Any) -> list[str]:
 
 def rank_figure(result: Any, target: Target | None, *, width: int = 640, height: int = 320) -> Any:
     """One stacked bar per rank group; the hatched range is the unseen lines (low to high)."""
-    labels = [rank_label(r.ranks) for r in result.ranks]
+    labels = [rank_label(r.ranks, result.spec) for r in result.ranks]
     cols = columns(result)
     data: dict[str, list] = {"rank": labels}
     for c in cols:
@@ -110,14 +117,14 @@ def verdict_html(result: Any, target: Target | None) -> str:
     low, high = _unseen(result, worst)
     where = " on the GPU" if result.host_peak_bytes is not None else ""
     if target is None:
-        return (f"<span class='memsave-parallel-verdict'>worst {rank_label(worst.ranks)}: {format_bytes(counted)} counted"
+        return (f"<span class='memsave-parallel-verdict'>worst {rank_label(worst.ranks, result.spec)}: {format_bytes(counted)} counted"
                 f"{where}; set a GPU size in <i>Fit a GPU</i> for a verdict</span>")
     ok = target.fits(counted)
     whole = counted + high <= target.total_bytes
     extra = (f"; with the unseen lines {format_bytes(counted + low)} .. {format_bytes(counted + high)}, "
              f"{'within' if whole else 'over'} the whole {html.escape(target.label)}")
     return (f"<b class='memsave-parallel-verdict {'memsave-fits' if ok else 'memsave-nofit'}' "
-            f"style='color:{FITS_COLOR if ok else MISS_COLOR}'>worst {rank_label(worst.ranks)}: "
+            f"style='color:{FITS_COLOR if ok else MISS_COLOR}'>worst {rank_label(worst.ranks, result.spec)}: "
             f"{format_bytes(counted)}{where} {html.escape(target.verdict(counted))}</b><small>{extra}</small>")
 
 
@@ -136,7 +143,7 @@ def table_html(result: Any) -> str:
     for r in result.ranks:
         values = [r.device_bytes] + ([r.host_peak_bytes or 0] if offload else []) + [_split(result, r).get(c, 0) for c in cols]
         tds = "".join(f"<td style='{cell}'>{format_bytes(v)}</td>" for v in values)
-        rows.append(f"<tr><td style='{cell}{sticky}text-align:left'>{html.escape(rank_label(r.ranks))}</td>{tds}</tr>")
+        rows.append(f"<tr><td style='{cell}{sticky}text-align:left'>{html.escape(rank_label(r.ranks, result.spec))}</td>{tds}</tr>")
     unseen = "".join(f"<li title='{html.escape(u.source)}'>{html.escape(u.name)}: {format_bytes(u.low_bytes)} .. "
                      f"{format_bytes(u.high_bytes)}</li>" for u in result.unseen)
     state = "steady state" if result.steady else "first step"
@@ -156,7 +163,15 @@ def _layout_points(candidates: list) -> dict[str, list]:
         "peak": [c.est_peak_bytes for c in candidates], "seconds": [c.step_seconds for c in candidates],
         "label": [c.label for c in candidates], "peak_label": [format_bytes(c.est_peak_bytes) for c in candidates],
         "time_label": [f"{c.step_seconds:.3g} s" for c in candidates],
+        "bubble_label": [_bubble(c) or "none" for c in candidates],
     }
+
+
+def _bubble(c: Any) -> str:
+    """A pipeline candidate's idle share of its step (1F1B's bubble, in its estimated time)."""
+    if c.pipeline_stages <= 1:
+        return ""
+    return f"{c.pipeline_stages} stages, bubble {c.bubble_seconds:.3g} s of {c.step_seconds:.3g} s"
 
 
 def layout_figure(result: Any, *, width: int = 640, height: int = 320) -> Any:
@@ -179,7 +194,7 @@ def layout_figure(result: Any, *, width: int = 640, height: int = 320) -> Any:
     fig.add_layout(Span(location=result.target.usable_bytes, dimension="height", line_color="#333333",
                         line_dash="dashed", line_width=2, name="layout_usable_line"))
     fig.add_tools(HoverTool(renderers=renderers, tooltips=[("layout", "@label"), ("peak", "@peak_label"),
-                                                           ("step", "@time_label")]))
+                                                           ("step", "@time_label"), ("pipeline", "@bubble_label")]))
     _bytes_axis(fig.xaxis[0])
     fig.xaxis.axis_label = "estimated peak per GPU"
     fig.yaxis.axis_label = "estimated step time (s)"
@@ -198,7 +213,8 @@ def layout_front_html(result: Any) -> str:
         mark = " class='memsave-layout-chosen' style='font-weight:bold'" if chosen else ""
         rows.append(f"<tr{mark}><td style='{cell}text-align:right'>{format_bytes(c.est_peak_bytes)}</td>"
                     f"<td style='{cell}text-align:right'>{c.step_seconds:.3g} s</td>"
-                    f"<td style='{cell}'>{html.escape(c.label)}{' (chosen)' if chosen else ''}</td></tr>")
+                    f"<td style='{cell}'>{html.escape(c.label)}{' (chosen)' if chosen else ''}"
+                    f"{f' <small>({html.escape(_bubble(c))})</small>' if _bubble(c) else ''}</td></tr>")
     head = "".join(f"<th style='{cell}'>{h}</th>" for h in ("est. peak per GPU", "est. step", "layout"))
     return (f"<table class='memsave-layout-front' style='border-collapse:collapse;font-size:12px'>"
             f"<thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>")

@@ -7,6 +7,8 @@ import pytest
 
 pytest.importorskip("ipywidgets")
 
+import html
+
 import torch
 
 from memsave_nb import Plan
@@ -95,3 +97,38 @@ def test_a_plan_the_layout_search_cannot_start_from_is_one_line():
     panel.gpus.value = 4
     panel.layouts.find()
     assert panel.layouts.result is None and "every block is checkpointed alike" in panel.layouts.status.value
+
+
+def test_pipeline_stages_asked_for_show_the_chosen_layouts_stages_and_their_peaks():
+    """"only 2, 4, 8" searches pipelines alone: the chosen PP 2 layout's label, stages and bubble are in
+    the status and the front, and each stage's re-measured peak is in the per-rank table."""
+    from memsave_nb.ui.format import format_bytes
+    from memsave_nb.ui.layout_panel import STAGES
+    from memsave_nb.ui.parallel_view import layout_figure
+
+    cfg = GPTConfig(vocab_size=256, block_size=32, n_layer=4, n_head=4, n_embd=64, dropout=0.0)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = GPT(cfg)
+        idx = torch.randint(0, cfg.vocab_size, (2, cfg.block_size))
+    wl = Workload(model, {"idx": idx, "targets": idx}, name="gpt")
+    panel = ParallelPanel(wl, plan_fn=lambda: Plan(), live=False, target_fn=lambda: Target(80))
+    panel.gpus.value = 2
+    finder = panel.layouts
+    assert [w for w, _ in STAGES] == list(finder.stages.options) and finder.stages.value == "auto"
+    finder.stages.value = "only 2, 4, 8"
+    finder.find()
+    got = finder.result
+    assert got is not None and got.chosen is not None, finder.status.value
+    c = got.chosen
+    assert c.pipeline_stages == 2 and all(x.pipeline_stages == 2 for x in got.candidates)
+    assert "PP 2" in c.label and "bubble" in finder.status.value and html.escape(c.label) in finder.status.value
+    assert f"2 stages, bubble {c.bubble_seconds:.3g} s" in finder.front.value
+    hover = layout_figure(got).select_one({"name": "layout_chosen"}).data_source.data
+    assert hover["bubble_label"] == [f"2 stages, bubble {c.bubble_seconds:.3g} s of {c.step_seconds:.3g} s"]
+    ranks = finder.ranks.value
+    assert "rank 0 (stage 0)" in ranks and "rank 1 (stage 1)" in ranks
+    for r in got.remeasured.ranks:  # each stage's own peak, as measured
+        assert format_bytes(r.device_bytes) in ranks
+    assert len(got.remeasured.ranks) == 2
+    assert finder.code.value and finder.code.layout.display is None  # the code, or why it is not written yet
