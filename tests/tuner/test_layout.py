@@ -208,3 +208,13 @@ def test_cli_plan_gpus_bad_input_is_one_line(capsys, argv, message):
     assert main(["plan", "--model", "gpt", "--target-gb", "80", *argv]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+def test_when_every_checked_candidate_is_over_the_summary_does_not_say_nothing_fits():
+    """Estimated to fit, measured over at their micro-batch: the front still lists the estimates,
+    so the summary says the checks refused them rather than "no layout fits" beside a full front."""
+    r = plan_layout(_gpt(4), 2, "H100", TARGET, remeasure=False)
+    assert r.chosen is None and r.fitting  # the case: every checked candidate measured over
+    text = r.summary()
+    assert "no layout fits" not in text and "no layout chosen" in text
+    assert sum("estimated to fit, measured" in n for n in r.notes) >= 1
