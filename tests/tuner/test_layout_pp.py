@@ -5,7 +5,6 @@ bubble is 1F1B's, the sends are counted, and a chosen PP layout is re-measured p
 from __future__ import annotations
 
 import pytest
-import torch
 
 from memsave_nb.checkpointing import PlanError
 from memsave_nb.model_state import ModelSnapshot
@@ -15,20 +14,10 @@ from memsave_nb.planner.depth import blocks_of, extrapolate
 from memsave_nb.planner.layout import plan_layout
 from memsave_nb.planner.cost import step_cost
 from memsave_nb.target import Target
-from memsave_nb.workload import Workload
-from memsave_nb.zoo import GPT, GPTConfig
+
+from test_layout import _gpt  # the layout tests' seeded GPT (tests/tuner is on sys.path)
 
 MIB = 2**20
-
-
-def _gpt(n_layer: int, batch: int) -> Workload:
-    cfg = GPTConfig(vocab_size=256, block_size=32, n_layer=n_layer, n_head=4, n_embd=64, dropout=0.0)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        model = GPT(cfg)
-        idx = torch.randint(0, cfg.vocab_size, (batch, cfg.block_size))
-        targets = torch.randint(0, cfg.vocab_size, (batch, cfg.block_size))
-    return Workload(model, {"idx": idx, "targets": targets}, name="gpt")
 
 
 def test_a_stage_cut_to_3_and_4_blocks_extrapolates_to_the_full_depth_measurement():
