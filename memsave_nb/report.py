@@ -160,6 +160,8 @@ th, td { padding: 0.15em 0.6em; border-bottom: 1px solid #eee; text-align: left;
 td.num, th:nth-child(n+4) { text-align: right; font-variant-numeric: tabular-nums; }
 pre { background: #f6f6f6; padding: 0.8em; overflow-x: auto; font-size: 0.8em; }
 .note { color: #666; font-size: 0.85em; }
+.answer { border-left: 4px solid #2b6cb0; padding: 0.2em 1em; margin: 1em 0; font-size: 1.05em; }
+.answer p { margin: 0.3em 0; } .answer .answer-line { font-weight: 600; } .answer .answer-note { color: #555; font-size: 0.9em; }
 """
 
 
@@ -176,7 +178,17 @@ _TEMPLATE = """
 """
 
 
-def render_report(obj: Any, title: str = "memsave_nb report", *, top: int | None = None, max_points: int = 2000) -> str:
+def _answer_html(answer: Sequence[str]) -> str:
+    """The answer lines the CLI prints first (peak, verdict, max batch), first in the page too."""
+    if not answer:
+        return ""
+    lines = "".join(f'<p class="{"answer-note" if a.startswith(" ") else "answer-line"}">{html.escape(a.strip())}</p>'
+                    for a in answer)
+    return f'<div class="answer">{lines}</div>'
+
+
+def render_report(obj: Any, title: str = "memsave_nb report", *, top: int | None = None, max_points: int = 2000,
+                  answer: Sequence[str] = ()) -> str:
     """The report as an HTML string (see :func:`write_report`)."""
     from bokeh.embed import file_html
     from bokeh.resources import INLINE
@@ -188,6 +200,7 @@ def render_report(obj: Any, title: str = "memsave_nb report", *, top: int | None
     split_headers, split_rows = split_table(m)
     notes = "".join(f'<p class="note">{html.escape(n)}</p>' for n in m.notes)
     intro = f"""<h1>{html.escape(title)}</h1>
+{_answer_html(answer)}
 <p class="note">{html.escape(c.heading)}. Saved activations: bytes created in a module's forward and still
 alive when the forward of the step ends (kept for backward), parameters and inputs excluded.</p>
 {_summary_html(m, c.baseline)}
@@ -206,13 +219,14 @@ alive when the forward of the step ends (kept for backward), parameters and inpu
 
 
 def write_report(obj: Any, path: str | os.PathLike, title: str = "memsave_nb report", *, top: int | None = None,
-                 max_points: int = 2000) -> Path:
+                 max_points: int = 2000, answer: Sequence[str] = ()) -> Path:
     """Write a standalone HTML report of ``obj`` (a Measurement, or a session with ``.baseline`` and
     ``.history``) to ``path``: peak split, per-layer bars, the memory timeline, for a session also
     the plans tried (and a compile-budget sweep when there is one), and the per-layer table.
+    ``answer``: lines shown first under the title, as the CLI prints them (peak, verdict, max batch).
     BokehJS is inlined: the file opens with no network. Returns the path written."""
     out = Path(path)
-    text = render_report(obj, title, top=top, max_points=max_points)
+    text = render_report(obj, title, top=top, max_points=max_points, answer=answer)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text, encoding="utf-8")
     return out

@@ -63,7 +63,7 @@ def test_a_hub_model_by_local_config_leads_with_the_answer(capsys, tiny):
     target = Target(0.05)
     r = max_batch(wl, plan, target)
     lines = out.splitlines()
-    assert lines[0].startswith(f"memsave_nb report: {tiny}, batch 2, sgd, fake mode")
+    assert lines[0].startswith(f"memsave_nb report: {tiny}, LoRA r=4, seq 32, batch 2, sgd, fake mode")
     assert lines[2].startswith(f"Peak memory: {format_bytes(m.peak_bytes)} during {m.peak_phase}")
     assert lines[3] == f"Target 0.05 GB: {target.verdict(m.peak_bytes)}"
     assert lines[4].startswith(f"Max batch that fits: {r.value} (peak {format_bytes(r.peak_bytes)}")
@@ -129,7 +129,7 @@ def test_report_llama_8b_lora_max_batch_answers_first_in_a_fresh_process():
     assert done.returncode == 0, done.stderr
     assert done.stderr == ""
     lines = done.stdout.splitlines()
-    assert lines[0] == "memsave_nb report: llama-3.1-8b, batch 1, fake mode on cpu, loop loss_only"
+    assert lines[0] == "memsave_nb report: llama-3.1-8b, LoRA r=16, seq 2048, batch 1, fake mode on cpu, loop loss_only"
     assert lines[1] == ""
     assert lines[2].startswith("Peak memory: ") and "during backward" in lines[2]
     assert lines[3].startswith("Target 24 GB: does not fit")

@@ -155,7 +155,7 @@ def format_report(measurement, *, title: str, top: int | None = None, answer: tu
     lines = [
         title,
         "",
-        f"Peak memory: {format_bytes(m.peak_bytes)} during {m.peak_phase}" + _step_note(m, format_bytes),
+        peak_line(m),
         *answer,
         render_table(split_headers, split_rows, right={1, 2}),
         "",
@@ -185,6 +185,13 @@ def _noisy(m) -> str:
     return ""
 
 
+def peak_line(m) -> str:
+    """The answer's first line: the peak, its phase and which training step it is."""
+    from ..ui.format import format_bytes
+
+    return f"Peak memory: {format_bytes(m.peak_bytes)} during {m.peak_phase}" + _step_note(m, format_bytes)
+
+
 def _step_note(m, format_bytes) -> str:
     """Which training step the peak is, and the first step's peak beside a steady-state one."""
     if not m.steady_state:
@@ -209,7 +216,9 @@ def _report(args: argparse.Namespace) -> int:
     with plan.apply(cw.workload) as applied:
         measurement = measure(applied, mode=cw.mode, repeats=args.repeats)
     knobs = f", {plan.describe()}" if not plan.is_empty else ""
-    title = f"memsave_nb report: {cw.name}, batch {plan.batch_size or cw.batch}{knobs}, {cw.mode} mode on {measurement.device}, loop {cw.workload.loop}"
+    from .setup_words import setup_words
+
+    title = f"memsave_nb report: {cw.name}{setup_words(args, cw.workload, cw.hub)}, batch {plan.batch_size or cw.batch}{knobs}, {cw.mode} mode on {measurement.device}, loop {cw.workload.loop}"
     top = args.top if args.top is not None or not cw.hub else HUB_TOP
     answer, explained = (), ""
     if args.target_gb is not None:
@@ -221,6 +230,7 @@ def _report(args: argparse.Namespace) -> int:
     if args.out:
         from ..report import write_report
 
-        path = write_report(measurement, args.out, title=title, top=args.top)
+        path = write_report(measurement, args.out, title=title, top=args.top,
+                            answer=(peak_line(measurement), *answer))
         sys.stdout.write(f"\nWrote {path}\n")
     return 0
