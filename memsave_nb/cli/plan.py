@@ -79,6 +79,8 @@ def add_parser(sub, positive_int) -> None:
     p.add_argument("--export", choices=sorted(TRAINERS), default=None,
                    help="print the chosen plan as this trainer's config (hf: TrainingArguments, trl: SFTConfig, axolotl, accelerate)")
     p.add_argument("--export-to", default=None, metavar="PATH", help="with --export: write that config here")
+    p.add_argument("--json", action="store_true",
+                   help="print the answer as one JSON object (schema memsave_nb.plan/1, docs/cli.md) instead of text")
 
 
 def run_plan(args: argparse.Namespace) -> int:
@@ -104,6 +106,8 @@ def run_plan(args: argparse.Namespace) -> int:
     if args.precision is not None and args.precisions is not None:
         raise MemsaveError("give --precision P (kept) or --precisions P,P (searched), not both")
     target = Target(args.target_gb) if args.headroom is None else Target(args.target_gb, headroom=args.headroom)
+    if args.gpus is not None and args.json:
+        raise MemsaveError("--json is for the single-device planner; plan --gpus prints text")
     if args.gpus is not None:
         return _run_layout(args, target)
     for flag, value in (("--tp", args.tp), ("--pp", args.pp), ("--global-batch", args.global_batch)):
@@ -123,6 +127,8 @@ def run_plan(args: argparse.Namespace) -> int:
     kinds = {"region_kinds": (args.checkpoint,)} if args.checkpoint else {}
     result = plan_for(workload, target, mode=args.mode, device=args.gpu, freezing=freezing, precisions=precisions,
                       micro_batches=args.micro_batches, base_plan=base.replace(precision=None), **kinds)
+    if args.json:
+        return _plan_json(args, result, workload, target)
     out = [result.summary(), "", "Pareto front (lowest peak first):"]
     rows = [("estimated peak", "estimated step", "fits", "plan")]
     for c in result.front:
@@ -141,6 +147,28 @@ def run_plan(args: argparse.Namespace) -> int:
                 *(f"  {line}" for line in hint_lines(hints, target))]
         out += [f"No plan fits: nothing written to {p}" for p in (args.save, args.export_to) if p]
     sys.stdout.write("\n".join(out) + "\n")
+    return 0 if result.chosen is not None else 1
+
+
+def _plan_json(args: argparse.Namespace, result, workload, target) -> int:
+    """``plan --json``: one JSON object; --save / --export-to are written as without it."""
+    from .json_out import dump, plan_json
+
+    hints = None
+    if result.chosen is None:
+        from ..plan import Plan
+        from ..planner.what_fits import what_would_fit
+
+        hints = what_would_fit(workload, Plan(), target, mode=args.mode)
+    obj = plan_json(args, result, hints)
+    if result.chosen is not None:
+        _chosen_lines(args, result.chosen.plan, workload, "plan")  # writes --save / --export-to
+        if args.export:
+            from ..trainers import to_trainer
+
+            exported = to_trainer(result.chosen.plan, args.export, model=workload.model)
+            obj["export"] = {"trainer": args.export, "text": exported.text, "notes": list(exported.notes)}
+    dump(obj)
     return 0 if result.chosen is not None else 1
 
 

@@ -68,6 +68,8 @@ def _add_tuner_arguments(rep: argparse.ArgumentParser) -> None:
     rep.add_argument("--max-seq", action="store_true", help="with --target-gb: the longest sequence that fits (bisection, fake mode)")
     rep.add_argument("--from-config", default=None, metavar="PATH",
                      help="size this trainer config on --model: TrainingArguments / SFTConfig JSON, axolotl or accelerate YAML")
+    rep.add_argument("--json", action="store_true",
+                     help="print the answer as one JSON object (schema memsave_nb.report/1, docs/cli.md) instead of text")
 
 
 KNOB_FLAGS = (("--seq-len", "seq_len"), ("--precision", "precision"), ("--optimizer", "optimizer"),
@@ -212,6 +214,8 @@ def _report(args: argparse.Namespace) -> int:
     cw = build(args, device=args.device)
     plan, spec, notes = _plan_and_parallel(args, cw)
     if wants_parallel(args) or spec is not None:
+        if args.json:
+            raise MemsaveError("--json is for the single-device report; the per-rank report prints text")
         return report_parallel(args, cw, plan, spec, notes)
     with plan.apply(cw.workload) as applied:
         measurement = measure(applied, mode=cw.mode, repeats=args.repeats)
@@ -220,6 +224,15 @@ def _report(args: argparse.Namespace) -> int:
 
     title = f"memsave_nb report: {cw.name}{setup_words(args, cw.workload, cw.hub)}, batch {plan.batch_size or cw.batch}{knobs}, {cw.mode} mode on {measurement.device}, loop {cw.workload.loop}"
     top = args.top if args.top is not None or not cw.hub else HUB_TOP
+    if args.json:
+        from .json_out import dump, report_json
+
+        dump(report_json(args, cw, plan, measurement, title, top, notes))
+        if args.out:
+            from ..report import write_report
+
+            write_report(measurement, args.out, title=title, top=args.top, answer=(peak_line(measurement),))
+        return 0
     answer, explained = (), ""
     if args.target_gb is not None:
         from .target import cli_target_lines

@@ -1,0 +1,85 @@
+"""``report --json`` / ``plan --json`` (issue 42): one JSON object on stdout whose figures are the
+engine's, checked against measure() / max_batch() / the Plan re-measured here."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import memsave_nb
+from memsave_nb import Plan, cli, measure, zoo
+from memsave_nb.target import Target, max_batch
+
+TINY_LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
+              "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512,
+              "max_position_embeddings": 256, "rms_norm_eps": 1e-5, "tie_word_embeddings": False}
+
+
+@pytest.fixture()
+def tiny(tmp_path):
+    path = tmp_path / "tiny-llama" / "config.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(TINY_LLAMA))
+    return str(path.parent)
+
+
+def _json(capsys, argv, code=0):
+    assert cli.main(argv) == code, capsys.readouterr().err
+    out, err = capsys.readouterr()
+    assert err == ""
+    return json.loads(out)  # stdout is the JSON object and nothing else
+
+
+def test_report_json_is_the_measurement_and_the_target_answer(capsys):
+    obj = _json(capsys, ["report", "--model", "mlp", "--mode", "fake", "--batch", "32", "--target-gb", "0.1",
+                         "--max-batch", "--json"])
+    m = measure(zoo.make("mlp", 32), mode="fake")
+    assert obj["schema"] == "memsave_nb.report/1"
+    assert obj["peak_bytes"] == m.peak_bytes and obj["peak_phase"] == m.peak_phase
+    assert obj["split"] == m.peak_split.as_dict() and sum(obj["split"].values()) == m.peak_bytes
+    assert obj["saved_bytes"] == m.saved_bytes
+    target = Target(0.1)
+    assert obj["target"] == {"gb": 0.1, "headroom": 0.8, "usable_bytes": target.usable_bytes,
+                             "fits": target.fits(m.peak_bytes), "verdict": target.verdict(m.peak_bytes)}
+    r = max_batch(zoo.make("mlp", 32), Plan(), target)
+    assert obj["max_batch"]["value"] == r.value > 0 and obj["max_batch"]["peak_bytes"] == r.peak_bytes
+    assert obj["max_seq"] is None and obj["setup"]["batch"] == 32
+
+
+def test_report_json_of_a_hub_model_names_lora_and_the_sequence(capsys, tiny):
+    obj = _json(capsys, ["report", "--model", tiny, "--lora", "r=4", "--seq-len", "32", "--json"])
+    wl = memsave_nb.from_pretrained(tiny, lora="r=4", seq_len=32, batch_size=1)
+    m = measure(wl, mode="fake")
+    assert obj["peak_bytes"] == m.peak_bytes
+    assert obj["setup"]["lora"] == "r=4" and obj["setup"]["seq_len"] == 32 and obj["setup"]["words"] == "LoRA r=4, seq 32"
+    assert obj["target"] is None
+    assert 0 < len(obj["layers"]) <= 20  # a hub model's table: its top 20 layers
+
+
+def test_plan_json_chosen_plan_remeasures_to_its_figure(capsys, tiny, tmp_path):
+    save = tmp_path / "plan.json"
+    obj = _json(capsys, ["plan", "--model", tiny, "--lora", "r=4", "--seq-len", "64", "--batch", "4",
+                         "--target-gb", "0.05", "--save", str(save), "--json"])
+    assert obj["schema"] == "memsave_nb.plan/1" and obj["chosen"] is not None
+    assert obj["front"] and obj["front"] == sorted(obj["front"], key=lambda c: c["est_peak_bytes"])
+    plan = Plan.from_dict(obj["chosen"]["plan"])
+    assert Plan.from_json(save.read_text()) == plan  # --save still writes the same plan
+    with plan.apply(memsave_nb.from_pretrained(tiny, lora="r=4", seq_len=64, batch_size=4)) as w:
+        peak = measure(w, mode="fake").peak_bytes
+    assert obj["chosen"]["measured_peak_bytes"] == peak <= Target(0.05).usable_bytes
+
+
+def test_plan_json_when_nothing_fits_lists_each_knob_alone(capsys):
+    obj = _json(capsys, ["plan", "--model", "mlp", "--target-gb", "0.001", "--json"], code=1)
+    assert obj["chosen"] is None and obj["fitting"] == 0
+    knobs = obj["knobs_alone"]
+    assert knobs and all(k["fits"] == Target(0.001).fits(k["peak_bytes"]) for k in knobs)
+
+
+@pytest.mark.parametrize("argv", [["report", "--model", "mlp", "--world-size", "2", "--json"],
+                                  ["plan", "--model", "mlp", "--target-gb", "80", "--gpus", "2", "--json"]])
+def test_json_where_there_is_none_is_one_line(capsys, argv):
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--json" in err
