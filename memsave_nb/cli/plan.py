@@ -79,6 +79,9 @@ def add_parser(sub, positive_int) -> None:
     p.add_argument("--export", choices=sorted(TRAINERS), default=None,
                    help="print the chosen plan as this trainer's config (hf: TrainingArguments, trl: SFTConfig, axolotl, accelerate)")
     p.add_argument("--export-to", default=None, metavar="PATH", help="with --export: write that config here")
+    from .worst import add_worst_arguments
+
+    add_worst_arguments(p)
     p.add_argument("--json", action="store_true",
                    help="print the answer as one JSON object (schema memsave_nb.plan/1, docs/cli.md) instead of text")
 
@@ -94,6 +97,9 @@ def run_plan(args: argparse.Namespace) -> int:
     from .workload import build, check_model_flags, is_demo
 
     check_model_flags(args)
+    from .worst import resolve_worst
+
+    resolve_worst(args)  # --worst-of / --seq-lens-from: the longest sample's length is --seq-len
     if args.seq_len is not None and is_demo(args.model):
         raise MemsaveError(f"plan --seq-len sets a Hugging Face model's sequence; {args.model!r} is a demo model "
                            "(its batch keeps its own length)")

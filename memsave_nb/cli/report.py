@@ -68,6 +68,9 @@ def _add_tuner_arguments(rep: argparse.ArgumentParser) -> None:
     rep.add_argument("--max-seq", action="store_true", help="with --target-gb: the longest sequence that fits (bisection, fake mode)")
     rep.add_argument("--from-config", default=None, metavar="PATH",
                      help="size this trainer config on --model: TrainingArguments / SFTConfig JSON, axolotl or accelerate YAML")
+    from .worst import add_worst_arguments
+
+    add_worst_arguments(rep)
     rep.add_argument("--json", action="store_true",
                      help="print the answer as one JSON object (schema memsave_nb.report/1, docs/cli.md) instead of text")
 
@@ -211,6 +214,9 @@ def _report(args: argparse.Namespace) -> int:
 
     check_report_args(args)
     check_device(args.device)
+    from .worst import resolve_worst
+
+    lengths = resolve_worst(args)
     cw = build(args, device=args.device)
     plan, spec, notes = _plan_and_parallel(args, cw)
     if wants_parallel(args) or spec is not None:
@@ -227,7 +233,11 @@ def _report(args: argparse.Namespace) -> int:
     if args.json:
         from .json_out import dump, report_json
 
-        dump(report_json(args, cw, plan, measurement, title, top, notes))
+        obj = report_json(args, cw, plan, measurement, title, top, notes)
+        obj["setup"]["worst_sample"] = None if lengths is None else {
+            "seq_len": lengths.worst, "samples": lengths.samples, "median": lengths.quantile(0.5),
+            "p99": lengths.quantile(0.99)}
+        dump(obj)
         if args.out:
             from ..report import write_report
 
@@ -238,6 +248,8 @@ def _report(args: argparse.Namespace) -> int:
         from .target import cli_target_lines
 
         answer, explained = cli_target_lines(cw.workload, plan, measurement, args)
+    if lengths is not None:
+        answer = (f"Sized at the {lengths.words()}", *answer)
     text = format_report(measurement, title=title, top=top, answer=answer)
     sys.stdout.write(text + "".join(f"Note: {n}\n" for n in notes) + explained)
     if args.out:
