@@ -71,6 +71,9 @@ def _add_tuner_arguments(rep: argparse.ArgumentParser) -> None:
     from .worst import add_worst_arguments
 
     add_worst_arguments(rep)
+    from .compare import add_compare_arguments
+
+    add_compare_arguments(rep)
     rep.add_argument("--json", action="store_true",
                      help="print the answer as one JSON object (schema memsave_nb.report/1, docs/cli.md) instead of text")
 
@@ -217,6 +220,11 @@ def _report(args: argparse.Namespace) -> int:
     from .worst import resolve_worst
 
     lengths = resolve_worst(args)
+    from .compare import check_compare_args, run_compare
+
+    check_compare_args(args)
+    if args.compare is not None:
+        return run_compare(args)
     cw = build(args, device=args.device)
     plan, spec, notes = _plan_and_parallel(args, cw)
     if wants_parallel(args) or spec is not None:
