@@ -83,3 +83,17 @@ def test_json_where_there_is_none_is_one_line(capsys, argv):
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--json" in err
+
+
+def test_knobs_that_do_not_fit_are_never_under_fit_on_their_own(capsys):
+    """Issue 42: the CLI listed knobs that do not fit under "knobs that fit on their own"."""
+    from memsave_nb.planner.what_fits import hint_lines, what_would_fit
+
+    target = Target(0.045)
+    hints = what_would_fit(zoo.make("mlp", 256), Plan(), target, gpus=False)
+    assert any(h.fits for h in hints) and any(not h.fits for h in hints)  # both kinds, else the test says nothing
+    lines = hint_lines(hints, target)
+    split = lines.index("knobs that do not fit on their own (closest first):")
+    assert lines[0] == "knobs that fit on their own:"
+    assert all(", fits (" in line for line in lines[1:split]) and all("does not fit" in line for line in lines[split + 1:])
+    assert len(lines) == len(hints) + 2

@@ -49,8 +49,15 @@ def hint_lines(hints: Sequence[KnobHint], target: Target) -> list[str]:
     """The hints as text lines, those that fit first (what a CLI prints under "no candidate fits")."""
     if not hints:
         return ["no single knob tried here reaches the target"]
-    head = "knobs that fit on their own:" if any(h.fits for h in hints) else "no single knob fits; the closest:"
-    return [head] + [f"  {h.line(target)}" for h in sorted(hints, key=lambda h: (not h.fits, h.peak_bytes))]
+    ordered = sorted(hints, key=lambda h: h.peak_bytes)
+    fit, rest = [h for h in ordered if h.fits], [h for h in ordered if not h.fits]
+    if not fit:
+        return ["no single knob fits; the closest:"] + [f"  {h.line(target)}" for h in rest]
+    # a knob that does not fit is never listed under "fit" (issue 42): its own heading
+    lines = ["knobs that fit on their own:"] + [f"  {h.line(target)}" for h in fit]
+    if rest:
+        lines += ["knobs that do not fit on their own (closest first):"] + [f"  {h.line(target)}" for h in rest]
+    return lines
 
 
 def what_would_fit(workload: "Workload", plan: "Plan", target: Target, *, mode: str = "fake",
