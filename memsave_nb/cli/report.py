@@ -68,6 +68,9 @@ def _add_tuner_arguments(rep: argparse.ArgumentParser) -> None:
     rep.add_argument("--max-seq", action="store_true", help="with --target-gb: the longest sequence that fits (bisection, fake mode)")
     rep.add_argument("--from-config", default=None, metavar="PATH",
                      help="size this trainer config on --model: TrainingArguments / SFTConfig JSON, axolotl or accelerate YAML")
+    rep.add_argument("--checkpoint", choices=("full", "save_matmuls"), default=None,
+                     help="checkpoint every repeated block this way (full: keep only its input; save_matmuls: "
+                          "keep the matmuls' outputs, recompute the rest)")
     from .worst import add_worst_arguments
 
     add_worst_arguments(rep)
@@ -80,7 +83,7 @@ def _add_tuner_arguments(rep: argparse.ArgumentParser) -> None:
 
 KNOB_FLAGS = (("--seq-len", "seq_len"), ("--precision", "precision"), ("--optimizer", "optimizer"),
               ("--accumulate", "accumulate"), ("--keep-grads", "keep_grads"), ("--loss", "loss"),
-              ("--loss-chunk", "loss_chunk"))
+              ("--loss-chunk", "loss_chunk"), ("--checkpoint", "checkpoint"))
 
 
 def check_report_args(args: argparse.Namespace) -> None:
@@ -138,7 +141,7 @@ _knob_plan = knob_plan  # the old private name
 def _plan_and_parallel(args: argparse.Namespace, cw):
     """The knob plan, or the trainer config's plan (and its parallel spec) with --from-config."""
     if getattr(args, "trainer_config", None) is None:
-        return knob_plan(args, hub=cw.hub), None, ()
+        return _with_checkpoint(knob_plan(args, hub=cw.hub), args, cw.workload.model), None, ()
     from ..trainers import from_trainer
 
     imported = from_trainer(args.trainer_config, cw.workload.model, world_size=args.world_size)
@@ -147,6 +150,19 @@ def _plan_and_parallel(args: argparse.Namespace, cw):
 
         check_fits_this_machine(cw.name, imported.plan.batch_size, cw.mode, args.device)
     return imported.plan, imported.parallel, imported.notes
+
+
+def _with_checkpoint(plan, args: argparse.Namespace, model):
+    """``report --checkpoint KIND``: every repeated block checkpointed that way (as ``plan --checkpoint``)."""
+    kind = getattr(args, "checkpoint", None)
+    if kind is None:
+        return plan
+    from ..planner.depth import blocks_of
+
+    blocks = blocks_of(model).names
+    if not blocks:
+        raise MemsaveError(f"--checkpoint: {type(model).__name__} has no repeated blocks to checkpoint")
+    return plan.replace(regions={name: kind for name in blocks})
 
 
 def format_report(measurement, *, title: str, top: int | None = None, answer: tuple[str, ...] = ()) -> str:

@@ -1,0 +1,50 @@
+"""``report --checkpoint full|save_matmuls`` (issue 42; before, only --from-config could ask for it
+at ``report``): every repeated block checkpointed; the peak is measure()'s for that Plan."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import memsave_nb
+from memsave_nb import Plan, cli, measure
+from memsave_nb.planner.depth import blocks_of
+
+TINY_LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
+              "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512,
+              "max_position_embeddings": 256, "rms_norm_eps": 1e-5, "tie_word_embeddings": False}
+
+
+@pytest.fixture()
+def tiny(tmp_path):
+    path = tmp_path / "tiny-llama" / "config.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(TINY_LLAMA))
+    return str(path.parent)
+
+
+def test_report_checkpoint_is_every_block_checkpointed(capsys, tiny):
+    peaks = {}
+    for kind in (None, "full", "save_matmuls"):
+        argv = ["report", "--model", tiny, "--seq-len", "128", "--json"] + (["--checkpoint", kind] if kind else [])
+        assert cli.main(argv) == 0
+        obj = json.loads(capsys.readouterr().out)
+        wl = memsave_nb.from_pretrained(tiny, seq_len=128)
+        plan = Plan(regions={b: kind for b in blocks_of(wl.model).names}) if kind else Plan()
+        with plan.apply(wl) as w:
+            peaks[kind] = measure(w, mode="fake").peak_bytes
+        assert obj["peak_bytes"] == peaks[kind]
+        if kind:
+            assert obj["setup"]["plan"] == f"checkpoint 2 regions ({kind})"
+    assert peaks["full"] < peaks["save_matmuls"] < peaks[None]
+
+
+def test_report_checkpoint_refusals_are_one_line(capsys, tmp_path):
+    assert cli.main(["report", "--model", "mlp", "--mode", "fake", "--checkpoint", "full"]) == 2
+    assert "has no repeated blocks" in capsys.readouterr().err
+    cfg = tmp_path / "args.json"
+    cfg.write_text(json.dumps({"per_device_train_batch_size": 2}))
+    assert cli.main(["report", "--model", "gpt", "--from-config", str(cfg), "--checkpoint", "full"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "drop --checkpoint" in err
