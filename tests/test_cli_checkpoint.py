@@ -48,3 +48,24 @@ def test_report_checkpoint_refusals_are_one_line(capsys, tmp_path):
     assert cli.main(["report", "--model", "gpt", "--from-config", str(cfg), "--checkpoint", "full"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "drop --checkpoint" in err
+
+
+def test_fit_gpus_names_the_gpus_it_fits_and_the_max_batch_on_each(capsys, tiny):
+    from memsave_nb.planner.roofline import GPUS
+    from memsave_nb.target import Target, max_batch
+
+    argv = ["report", "--model", tiny, "--seq-len", "128", "--fit-gpus", "--headroom", "0.0002"]
+    assert cli.main(argv + ["--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["gpus"]
+    wl = memsave_nb.from_pretrained(tiny, seq_len=128)
+    peak = measure(wl, mode="fake").peak_bytes
+    assert [r["gpu"] for r in rows] == sorted(GPUS, key=lambda k: (GPUS[k].memory_gb, k))
+    for r in rows:
+        target = Target(GPUS[r["gpu"]].memory_gb, 0.0002)
+        assert r["fits"] == target.fits(peak) and r["usable_bytes"] == target.usable_bytes
+    l4 = next(r for r in rows if r["gpu"] == "L4")
+    assert l4["max_batch"] == max_batch(wl, Plan(), Target(24, 0.0002)).value >= 1
+    assert rows[-1]["max_batch"] > l4["max_batch"]  # 141 GB holds more than 24 GB
+    assert cli.main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[3].startswith("Fits on: ") and "  L4: " in lines[4] and lines[4].endswith(f"max batch {l4['max_batch']}")

@@ -77,6 +77,8 @@ def _add_tuner_arguments(rep: argparse.ArgumentParser) -> None:
     from .compare import add_compare_arguments
 
     add_compare_arguments(rep)
+    rep.add_argument("--fit-gpus", action="store_true",
+                     help="which GPUs of the catalogue (H100, A100, L4, RTX 4090, ...) the step fits, and the max batch on each")
     rep.add_argument("--json", action="store_true",
                      help="print the answer as one JSON object (schema memsave_nb.report/1, docs/cli.md) instead of text")
 
@@ -93,7 +95,7 @@ def check_report_args(args: argparse.Namespace) -> None:
 
     if (args.max_batch or args.max_seq) and args.target_gb is None:
         raise MemsaveError("--max-batch and --max-seq need --target-gb")
-    if args.headroom is not None and args.target_gb is None:
+    if args.headroom is not None and args.target_gb is None and not getattr(args, "fit_gpus", False):
         raise MemsaveError("--headroom needs --target-gb")
     check_knob_args(args)
     check_model_flags(args)
@@ -261,6 +263,10 @@ def _report(args: argparse.Namespace) -> int:
         obj["setup"]["worst_sample"] = None if lengths is None else {
             "seq_len": lengths.worst, "samples": lengths.samples, "median": lengths.quantile(0.5),
             "p99": lengths.quantile(0.99)}
+        if args.fit_gpus:
+            from .gpu_fit import gpu_fit_rows
+
+            obj["gpus"] = gpu_fit_rows(cw.workload, plan, measurement, args.headroom)
         dump(obj)
         if args.out:
             from ..report import write_report
@@ -274,6 +280,10 @@ def _report(args: argparse.Namespace) -> int:
         answer, explained = cli_target_lines(cw.workload, plan, measurement, args)
     if lengths is not None:
         answer = (f"Sized at the {lengths.words()}", *answer)
+    if args.fit_gpus:
+        from .gpu_fit import gpu_fit_lines, gpu_fit_rows
+
+        answer = (*answer, *gpu_fit_lines(gpu_fit_rows(cw.workload, plan, measurement, args.headroom)))
     text = format_report(measurement, title=title, top=top, answer=answer)
     sys.stdout.write(text + "".join(f"Note: {n}\n" for n in notes) + explained)
     if args.out:
