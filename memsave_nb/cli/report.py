@@ -79,6 +79,9 @@ def _add_tuner_arguments(rep: argparse.ArgumentParser) -> None:
     add_compare_arguments(rep)
     rep.add_argument("--fit-gpus", action="store_true",
                      help="which GPUs of the catalogue (H100, A100, L4, RTX 4090, ...) the step fits, and the max batch on each")
+    rep.add_argument("--explain", action="store_true",
+                     help="explain the peak: what the step holds then, which layers saved the most, and (with "
+                          "--target-gb) which single knob frees the most")
     rep.add_argument("--json", action="store_true",
                      help="print the answer as one JSON object (schema memsave_nb.report/1, docs/cli.md) instead of text")
 
@@ -263,6 +266,12 @@ def _report(args: argparse.Namespace) -> int:
         obj["setup"]["worst_sample"] = None if lengths is None else {
             "seq_len": lengths.worst, "samples": lengths.samples, "median": lengths.quantile(0.5),
             "p99": lengths.quantile(0.99)}
+        if args.explain:
+            from .explain import explain_lines
+            from .target import cli_target
+
+            obj["explain"] = explain_lines(cw.workload, plan, measurement,
+                                           cli_target(args) if args.target_gb is not None else None)
         if args.fit_gpus:
             from .gpu_fit import gpu_fit_rows
 
@@ -280,6 +289,12 @@ def _report(args: argparse.Namespace) -> int:
         answer, explained = cli_target_lines(cw.workload, plan, measurement, args)
     if lengths is not None:
         answer = (f"Sized at the {lengths.words()}", *answer)
+    if args.explain:
+        from .explain import explain_lines
+        from .target import cli_target
+
+        target = cli_target(args) if args.target_gb is not None else None
+        answer = (*answer, *explain_lines(cw.workload, plan, measurement, target))
     if args.fit_gpus:
         from .gpu_fit import gpu_fit_lines, gpu_fit_rows
 
