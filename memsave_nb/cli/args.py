@@ -93,3 +93,25 @@ def check_writable(path: str, flag: str) -> None:
         raise MemsaveError(f"{flag} {path}: no folder {folder}")
     if not os.access(folder, os.W_OK):
         raise MemsaveError(f"{flag} {path}: cannot write in {folder}")
+
+
+# -- lists of values (plan, --compare, --worst-of) ----------------------------------------------
+PRECISIONS = ("fp32", "autocast_bf16", "autocast_fp16", "bf16", "bf16_master")
+
+
+def _csv_ints(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected numbers separated by commas, got {text[:40]!r}") from None
+    if not values or min(values) < 1 or max(values) > MAX_COUNT:
+        raise argparse.ArgumentTypeError(f"expected positive numbers up to {MAX_COUNT} separated by commas, got {text[:40]!r}")
+    return values
+
+
+def _csv_precisions(text: str) -> tuple[str, ...]:
+    values = tuple(v.strip() for v in text.split(",") if v.strip())
+    bad = [v for v in values if v not in PRECISIONS]
+    if bad or not values:
+        raise argparse.ArgumentTypeError(f"precisions are {', '.join(PRECISIONS)}; got {text[:40]!r}")
+    return values

@@ -24,7 +24,7 @@ def _csv_setups(text: str) -> tuple[str, ...]:
 
 
 def add_compare_arguments(p: argparse.ArgumentParser) -> None:
-    from .plan import _csv_ints, _csv_precisions
+    from .args import _csv_ints, _csv_precisions
 
     p.add_argument("--compare", type=_csv_setups, default=None, metavar="SETUPS",
                    help="Hugging Face models: one table across full, lora, qlora (LoRA: --lora or r=16; QLoRA: "
@@ -65,11 +65,11 @@ def _variant(args: argparse.Namespace, setup: str, seq_len: int | None) -> argpa
     return a
 
 
-def compare_rows(args: argparse.Namespace) -> list[dict]:
-    """Each setup x precision x sequence length measured: a dict per row (``--json`` prints them)."""
+def compare_rows(args: argparse.Namespace, base) -> list[dict]:
+    """Each setup x precision x sequence length measured with the knob flags' Plan ``base``: a dict
+    per row (``--json`` prints them)."""
     from ..measure import measure
     from ..target import max_batch
-    from .report import knob_plan
     from .target import _same_probe, cli_target
     from .workload import build
 
@@ -79,7 +79,7 @@ def compare_rows(args: argparse.Namespace) -> list[dict]:
         for seq in args.compare_seq_lens or (None,):
             cw = build(_variant(args, setup, seq))
             for precision in args.compare_precisions or (None,):
-                plan = knob_plan(args, hub=True).replace(precision=precision)
+                plan = base.replace(precision=precision)
                 with plan.apply(cw.workload) as applied:
                     m = measure(applied, mode="fake", repeats=1)
                 row = {"setup": setup, "lora": _variant(args, setup, seq).lora, "quantize": _variant(args, setup, seq).quantize,
@@ -113,9 +113,9 @@ def compare_table(rows: list[dict]) -> str:
     return render_table(headers, body, right={2, 3, 4, 5, 6} | ({8} if with_max else set()))
 
 
-def run_compare(args: argparse.Namespace) -> int:
+def run_compare(args: argparse.Namespace, base) -> int:
     """Print the comparison: one table (or one JSON object with ``--json``)."""
-    rows = compare_rows(args)
+    rows = compare_rows(args, base)
     if args.json:
         from .json_out import dump
 

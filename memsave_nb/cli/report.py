@@ -245,7 +245,7 @@ def _report(args: argparse.Namespace) -> int:
 
     check_compare_args(args)
     if args.compare is not None:
-        return run_compare(args)
+        return run_compare(args, knob_plan(args, hub=True))
     cw = build(args, device=args.device)
     plan, spec, notes = _plan_and_parallel(args, cw)
     if wants_parallel(args) or spec is not None:

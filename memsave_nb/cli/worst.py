@@ -10,7 +10,7 @@ from ..errors import MemsaveError
 
 
 def add_worst_arguments(p: argparse.ArgumentParser) -> None:
-    from .plan import _csv_ints
+    from .args import _csv_ints
 
     p.add_argument("--worst-of", type=_csv_ints, default=None, metavar="T,T",
                    help="Hugging Face models: the data's sequence lengths; the step is sized at the longest")
