@@ -249,8 +249,9 @@ def _report(args: argparse.Namespace) -> int:
     cw = build(args, device=args.device)
     plan, spec, notes = _plan_and_parallel(args, cw)
     if wants_parallel(args) or spec is not None:
-        if args.json:
-            raise MemsaveError("--json is for the single-device report; the per-rank report prints text")
+        single = [f for f, v in (("--json", args.json), ("--fit-gpus", args.fit_gpus), ("--explain", args.explain)) if v]
+        if single:
+            raise MemsaveError(f"{', '.join(single)}: for the single-device report; the per-rank report prints text")
         return report_parallel(args, cw, plan, spec, notes)
     with plan.apply(cw.workload) as applied:
         measurement = measure(applied, mode=cw.mode, repeats=args.repeats)
