@@ -85,3 +85,14 @@ def test_a_bad_lengths_file_is_one_line(tmp_path):
     f.write_text("0\n")
     with pytest.raises(WorkloadError, match="from 1 to"):
         read_lengths(f)
+
+
+def test_plan_worst_of_plans_at_the_longest_sample(capsys, tiny):
+    from memsave_nb import Plan
+
+    assert cli.main(["plan", "--model", tiny, "--lora", "r=4", "--batch", "2", "--worst-of", "16,96", "--target-gb", "0.05",
+                     "--json"]) == 0
+    obj = json.loads(capsys.readouterr().out)
+    plan = Plan.from_dict(obj["chosen"]["plan"])
+    with plan.apply(memsave_nb.from_pretrained(tiny, lora="r=4", seq_len=96, batch_size=2)) as w:
+        assert obj["chosen"]["measured_peak_bytes"] == measure(w, mode="fake").peak_bytes
