@@ -6,11 +6,11 @@ config with ``--export``. Paths are checked before the search."""
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 from ..errors import MemsaveError
-from .args import PRECISIONS, _csv_ints, _csv_precisions  # noqa: F401 - their old home
+from .args import PRECISIONS, _csv_ints, _csv_precisions  # kept importable here: their old home
+
 
 def add_parser(sub, positive_int) -> None:
     from ..planner.roofline import GPUS

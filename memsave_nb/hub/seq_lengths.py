@@ -5,8 +5,9 @@ lengths), a list, or a file of lengths / a histogram."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 from ..errors import WorkloadError
 
