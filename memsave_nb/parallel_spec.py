@@ -45,10 +45,10 @@ class ParallelSpec:
     - ``replicate``: HSDP replica groups; the mesh is ``(replicate, world_size // replicate)``.
     - ``reshard_after_forward``: FSDP2 frees each unit's gathered parameters after forward
       (torch's default for a non-root module).
-    - ``reshard_root``: the same for the root (what is not in a unit). ``None`` is torch's default
-      for the root (``fully_shard``'s ``None``: keep it gathered, it is needed first in backward);
-      accelerate's FSDP2 plugin (HF Trainer, TRL) passes its ``reshard_after_forward`` to the root
-      too, so configs imported from those set it.
+    - ``reshard_root``: the same for the root (what is not in a unit). ``False`` is torch's default
+      for the root (``fully_shard``'s ``None``: keep it gathered, backward needs it first);
+      accelerate's FSDP2 plugin (HF Trainer, TRL, axolotl) passes its ``reshard_after_forward`` to
+      the root too, so configs imported from those set it.
     - ``param_dtype`` / ``reduce_dtype``: FSDP2 ``MixedPrecisionPolicy`` (``"bfloat16"``...).
     - ``cpu_offload``: FSDP2 ``CPUOffloadPolicy`` (sharded parameters, gradients and optimizer
       state live in host memory).
@@ -72,7 +72,7 @@ class ParallelSpec:
     shard_modules: tuple[str, ...] = ()
     replicate: int = 1
     reshard_after_forward: bool = True
-    reshard_root: bool | None = None
+    reshard_root: bool = False
     param_dtype: str | None = None
     reduce_dtype: str | None = None
     cpu_offload: bool = False
@@ -109,11 +109,9 @@ class ParallelSpec:
             v = getattr(self, f)
             if v is not None and v not in DTYPES:
                 raise ParallelError(f"{f} must be one of {DTYPES} or None, got {show(v)}")
-        for f in ("reshard_after_forward", "cpu_offload", "gradient_as_bucket_view"):
+        for f in ("reshard_after_forward", "reshard_root", "cpu_offload", "gradient_as_bucket_view"):
             if not isinstance(getattr(self, f), bool):
                 raise ParallelError(f"{f} must be True or False, got {show(getattr(self, f))}")
-        if self.reshard_root is not None and not isinstance(self.reshard_root, bool):
-            raise ParallelError(f"reshard_root must be True, False or None (torch's default), got {show(self.reshard_root)}")
         self._check_tensor_parallel()
         self._check_pipeline()
         b = self.bucket_cap_mb
@@ -182,11 +180,6 @@ class ParallelSpec:
         return pp + (("replicate",) if self.replicate > 1 else ()) + ("shard",) + (("tp",) if self.tensor_parallel > 1 else ())
 
     @property
-    def root_reshards(self) -> bool:
-        """Whether the root frees its gathered parameters after forward (torch's default: no)."""
-        return bool(self.reshard_root)
-
-    @property
     def shard_size(self) -> int:
         """Ranks one parameter is sharded over (FSDP), 1 for DDP."""
         return self.world_size // self.replicate // self.tensor_parallel // self.pipeline_parallel if self.strategy == "fsdp" else 1
@@ -222,7 +215,7 @@ class ParallelSpec:
         parts = [head]
         if not self.reshard_after_forward:
             parts.append("no reshard after forward")
-        if self.root_reshards:
+        if self.reshard_root:
             parts.append("root resharded after forward (accelerate's choice, not torch's default)")
         if self.param_dtype or self.reduce_dtype:
             parts.append(f"mixed precision {self.param_dtype or 'orig'}/{self.reduce_dtype or 'orig'}")

@@ -69,8 +69,8 @@ def shard_code(spec: ParallelSpec, m: str, mesh: str) -> tuple[list[str], list[s
     calls += [
         "for name in shard_units:  # each unit gathers its parameters only while it runs",
         f"    fully_shard({m}.get_submodule(name), **fsdp_kwargs)",
-        f"fully_shard({m}, **dict(fsdp_kwargs, reshard_after_forward={spec.root_reshards!r}))  # the root: everything "
-        + ("not in a unit, resharded after forward (as accelerate does)" if spec.root_reshards
+        f"fully_shard({m}, **dict(fsdp_kwargs, reshard_after_forward={spec.reshard_root!r}))  # the root: everything "
+        + ("not in a unit, resharded after forward (as accelerate does)" if spec.reshard_root
            else "not in a unit, kept gathered after forward (torch's default for the root)"),
         "# build the optimizer after this line, over the (now sharded) parameters",
     ]

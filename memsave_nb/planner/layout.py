@@ -133,6 +133,7 @@ class _Search:
     _rank: dict = field(default_factory=dict)
     _cost: dict = field(default_factory=dict)
     _saved: dict = field(default_factory=dict)
+    _root: dict = field(default_factory=dict)
 
     # -- sizes, no step run --------------------------------------------------------------------
     def param_bytes(self, precision: str | None = None) -> tuple[int, int]:
@@ -147,6 +148,20 @@ class _Search:
 
         return (sum(size(p) for _, p in named),
                 sum(size(p) for n, p in named if (n in trains if trains is not None else p.requires_grad)))
+
+    def root_bytes(self, spec: ParallelSpec) -> int:
+        """Bytes of the parameters in no FSDP2 unit (the root's), which torch's default does not
+        gather again in backward; 0 under pipeline stages (each stage is its own root)."""
+        if spec.pipeline_parallel > 1 or spec.strategy != "fsdp":
+            return 0
+        key = spec.shard_modules
+        if key not in self._root:
+            from memsave_nb.parallel.apply import shard_units
+
+            model = self.workload.model
+            inside = {id(p) for n in shard_units(model, spec) for p in model.get_submodule(n).parameters()}
+            self._root[key] = sum(p.numel() * p.element_size() for p in model.parameters() if id(p) not in inside)
+        return self._root[key]
 
     def hidden_and_vocab(self) -> tuple[int, int]:
         """The block's width (the first linear's input) and the head's outputs (the last linear's)."""
@@ -297,8 +312,9 @@ class _Search:
         else:
             n = spec.shard_size
             crosses = n * tp > node
-            gathers = 1 if not spec.reshard_after_forward else 2
-            nbytes = gathers * ring_all_gather(total / tp, n) + ring_all_gather(trainable / tp, n)
+            # forward gathers everything; backward again what forward resharded (the root: as the spec says)
+            again = 0 if not spec.reshard_after_forward else total - (0 if spec.reshard_root else self.root_bytes(spec))
+            nbytes = ring_all_gather((total + again) / tp, n) + ring_all_gather(trainable / tp, n)
             out.append(("FSDP2 all-gather/reduce-scatter", k * nbytes / self.fabric.bandwidth(crosses)))
             if spec.replicate > 1:
                 r = spec.replicate

@@ -21,7 +21,7 @@ from memsave_nb.parallel_spec import ParallelSpec
 from memsave_nb.plan import Plan
 
 __all__ = ["Imported", "Exported", "TrainerConfigError", "load_config", "checkpoint_layers", "regions_for",
-           "every_n_of", "parallel_of", "dump", "unwritable", "truthy"]
+           "every_n_of", "parallel_of", "root_note", "dump", "unwritable", "truthy"]
 
 
 class TrainerConfigError(PlanError):
@@ -163,8 +163,18 @@ def parallel_of(fsdp: Mapping[str, Any], world_size: int | None, model: nn.Modul
             notes.append(f"transformer_layer_cls_to_wrap {list(classes)}: no such module in the model; shards the repeated blocks")
     elif classes:
         notes.append("transformer_layer_cls_to_wrap: pass model= to name those modules; shards the repeated blocks")
+    # accelerate's FSDP2 plugin passes reshard_after_forward to the root too (torch's own default keeps it)
     return ParallelSpec(world_size=int(world_size), strategy="fsdp", shard_modules=shard,
-                        reshard_after_forward=bool(reshard), cpu_offload=truthy(fsdp.get("cpu_offload", False)))
+                        reshard_after_forward=bool(reshard), reshard_root=bool(reshard),
+                        cpu_offload=truthy(fsdp.get("cpu_offload", False)))
+
+
+def root_note(spec: ParallelSpec, notes: list[str]) -> None:
+    """Accelerate reshards the FSDP2 root as it does the units; say so where the spec differs."""
+    if spec.strategy == "fsdp" and spec.reshard_root != spec.reshard_after_forward:
+        kept = "kept gathered after forward (torch's default)" if not spec.reshard_root else "resharded after forward"
+        notes.append(f"FSDP2 root {kept} as sized; accelerate applies reshard_after_forward="
+                     f"{spec.reshard_after_forward} to the root too, so the trainer's per-rank peak differs")
 
 
 def truthy(value: Any) -> bool:

@@ -17,7 +17,7 @@ from memsave_nb.checkpointing import RegionKind
 from memsave_nb.parallel_spec import ParallelSpec
 from memsave_nb.plan import Plan
 
-from ._common import (Exported, Imported, dump, every_n_of, load_config, parallel_of, regions_for, truthy, unwritable,
+from ._common import (Exported, Imported, dump, every_n_of, load_config, parallel_of, regions_for, root_note, truthy, unwritable,
                       wrap_classes)
 
 __all__ = ["read", "write"]
@@ -82,6 +82,7 @@ def write(plan: Plan, parallel: ParallelSpec | None = None, model: nn.Module | N
                                "fsdp_reshard_after_forward": spec.reshard_after_forward,
                                "fsdp_offload_params": spec.cpu_offload}
         classes = wrap_classes(spec, model, notes)
+        root_note(spec, notes)
         if classes:
             cfg["fsdp_transformer_layer_cls_to_wrap"] = ",".join(classes)
         if full_n is not None:

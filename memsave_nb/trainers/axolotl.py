@@ -23,7 +23,7 @@ from memsave_nb.parallel_spec import ParallelSpec
 from memsave_nb.plan import Plan
 
 from . import hf
-from ._common import (Exported, Imported, TrainerConfigError, dump, every_n_of, load_config, parallel_of,
+from ._common import (Exported, Imported, TrainerConfigError, dump, every_n_of, load_config, parallel_of, root_note,
                       regions_for, truthy, unwritable, lora_of)
 
 __all__ = ["read", "write"]
@@ -158,6 +158,7 @@ def write(plan: Plan, parallel: ParallelSpec | None = None, model: nn.Module | N
         if spec.strategy == "fsdp":
             out["fsdp_version"] = 2
             out["fsdp_config"] = {"reshard_after_forward": spec.reshard_after_forward, "offload_params": spec.cpu_offload}
+            root_note(spec, notes)
         notes.append(f"world size {spec.world_size}: launch that many processes; not a config field")
     notes += [n for n in unwritable(plan, seq_field=True) if not n.startswith("frozen")]
     return Exported(dump(out, "yaml"), out, tuple(notes))

@@ -21,7 +21,7 @@ from memsave_nb.checkpointing import RegionKind
 from memsave_nb.parallel_spec import ParallelSpec
 from memsave_nb.plan import Plan
 
-from ._common import (Exported, Imported, TrainerConfigError, dump, every_n_of, load_config, parallel_of,
+from ._common import (Exported, Imported, TrainerConfigError, dump, every_n_of, load_config, parallel_of, root_note,
                       regions_for, truthy, unwritable, wrap_classes)
 
 __all__ = ["DEFAULTS", "OPTIM", "read", "write", "read_fields", "write_fields"]
@@ -224,6 +224,7 @@ def _fsdp_fields(spec: ParallelSpec, ckpt: bool, model: nn.Module | None, notes:
     if ckpt:
         cfg["activation_checkpointing"] = True
     classes = wrap_classes(spec, model, notes)
+    root_note(spec, notes)
     if classes:
         cfg["transformer_layer_cls_to_wrap"] = classes
     if spec.replicate > 1:

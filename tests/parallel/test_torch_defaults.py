@@ -43,7 +43,7 @@ def test_reshard_root_is_checked_and_round_trips():
 
     for spec in (ParallelSpec(), ParallelSpec(reshard_root=True), ParallelSpec(reshard_root=False)):
         assert ParallelSpec.from_dict(json.loads(json.dumps(spec.to_dict()))) == spec
-    with pytest.raises(ParallelError, match=r"^reshard_root must be True, False or None") as err:
+    with pytest.raises(ParallelError, match=r"^reshard_root must be True or False") as err:
         ParallelSpec(reshard_root="x" * 10_000)
     assert len(str(err.value)) <= 200
 
@@ -95,3 +95,24 @@ def test_gloo_ranks_with_torch_defaults_peak_as_sized(world_size):
                            start_method="fork")
         peaks = [json.load(open(os.path.join(tmp, f"rank{r}.json"))) for r in range(world_size)]
     assert peaks == [ISSUE[world_size]] * world_size
+
+
+@pytest.mark.parametrize("trainer", ["accelerate", "hf", "axolotl"])
+def test_trainer_configs_reshard_the_root_as_accelerate_does(trainer):
+    """accelerate's FSDP2 plugin (under HF Trainer, TRL and axolotl too) passes its
+    reshard_after_forward to ``fully_shard(model)``: an imported config sizes that; writing a spec
+    whose root differs says so in a note."""
+    from memsave_nb import Plan
+    from memsave_nb.trainers import TRAINERS
+
+    mod = TRAINERS[trainer]
+    for reshard in (True, False):
+        config = {"accelerate": {"distributed_type": "FSDP", "num_processes": 2,
+                                 "fsdp_config": {"fsdp_version": 2, "fsdp_reshard_after_forward": reshard}},
+                  "hf": {"fsdp": "full_shard" if reshard else "shard_grad_op", "fsdp_config": {"version": 2}},
+                  "axolotl": {"fsdp_version": 2, "fsdp_config": {"reshard_after_forward": reshard}}}[trainer]
+        spec = mod.read(config, world_size=2).plan.parallel
+        assert (spec.reshard_after_forward, spec.reshard_root) == (reshard, reshard)
+        assert not [n for n in mod.write(Plan(parallel=spec)).notes if "FSDP2 root" in n]
+    (note,) = [n for n in mod.write(Plan(parallel=ParallelSpec(world_size=2))).notes if "FSDP2 root" in n]
+    assert "kept gathered after forward (torch's default)" in note and len(note) <= 200
