@@ -31,9 +31,19 @@ def default_tp_plan(model, sequence_parallel=False):
 
     emb, head = ask("get_input_embeddings"), ask("get_output_embeddings")
     plan = []
+    wrapped = set()  # peft's LoRA layers: the base linear split as named, lora_B / lora_A to match
     for name, mod in model.named_modules():
         linear = isinstance(mod, nn.Linear)
-        if not name:
+        if not name or name in wrapped:
+            continue
+        base = getattr(mod, "base_layer", None)
+        if isinstance(base, nn.Linear) and leaf(name) in COLWISE | ROWWISE and mod is not head:
+            col = leaf(name) in COLWISE  # colwise: lora_B splits its outputs; rowwise: lora_A its inputs
+            plan.append((name + ".base_layer", "colwise" if col else "rowwise"))
+            wrapped.add(name + ".base_layer")
+            for adapter, sub in getattr(mod, "lora_B" if col else "lora_A", {}).items():
+                plan.append((f"{name}.lora_{'B' if col else 'A'}.{adapter}", "colwise" if col else "rowwise"))
+                wrapped.add(f"{name}.lora_{'B' if col else 'A'}.{adapter}")
             continue
         if mod is emb or (emb is None and isinstance(mod, nn.Embedding) and leaf(name) in EMBEDDINGS):
             plan.append((name, "embedding"))

@@ -28,6 +28,9 @@ def resolve_tp_plan(model: nn.Module, spec: ParallelSpec) -> list[tuple[str, str
         plan = default_tp_plan(model, spec.sequence_parallel)
         if not any(s == "colwise" for _, s in plan):
             raise ParallelError("tensor_parallel: no attention or MLP projections found for the default plan; pass tp_plan")
+        if spec.sequence_parallel and any(n.endswith(".base_layer") for n, _ in plan):
+            raise ParallelError("sequence_parallel with LoRA layers: peft adds lora_B's plain output to the base layer's "
+                                "sequence-sharded DTensor; size TP without sequence_parallel")
     else:
         names = [n for n, _ in model.named_modules() if n]
         for pattern, _ in spec.tp_plan:
