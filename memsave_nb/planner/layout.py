@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
 
 from memsave_nb.checkpointing import PlanError, show
-from memsave_nb.parallel_spec import ParallelSpec
+from memsave_nb.parallel_spec import MAX_MICROBATCHES, ParallelSpec
 from memsave_nb.plan import Plan
 from memsave_nb.planner.depth import Blocks, blocks_of, extrapolate
 from memsave_nb.planner.links import Fabric, fabric_for, ring_all_gather, ring_all_reduce
@@ -54,6 +54,8 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["LayoutCandidate", "LayoutResult", "check_layout_args", "plan_layout", "TP_DEGREES", "PP_DEGREES"]
 
 TP_DEGREES = (1, 2, 4, 8)
+# 16M sequences a step: far beyond any published pre-training batch (millions of tokens, thousands of sequences)
+MAX_GLOBAL_BATCH = 1 << 24
 REGION_KINDS = (None, "full", "save_matmuls")
 
 
@@ -82,6 +84,12 @@ def check_layout_args(gpus: Any, gpu: Any, tensor_parallel: Any = None) -> list[
         raise PlanError(f"gpu {show(gpu)}: choose one of {', '.join(_gpu_names())}")
     explicit = tensor_parallel is not None
     return _check(gpus, TP_DEGREES if not explicit else tensor_parallel, fabric_for(gpu), explicit)
+
+
+def micro_batches(per_rank: int, most: int) -> list[int]:
+    """The micro-batch sizes that split ``per_rank`` evenly into at most ``most`` micro-batches,
+    smallest first: one trial per micro-batch count, never one per sample."""
+    return [per_rank // k for k in range(min(most, per_rank), 0, -1) if per_rank % k == 0]
 
 
 def _layouts(gpus: int, fabric: Fabric, tps: Sequence[int]) -> list[ParallelSpec]:
@@ -464,8 +472,11 @@ def plan_layout(
         plan.validate(workload.model)
     per_gpu = start_plan.per_gpu_batch or batch_size_of(_raw_batch(workload))
     global_batch = per_gpu * gpus if global_batch is None else global_batch
-    if isinstance(global_batch, bool) or not isinstance(global_batch, int) or global_batch < 1:
-        raise PlanError(f"global_batch must be a whole number >= 1, got {show(global_batch)}")
+    if isinstance(global_batch, bool) or not isinstance(global_batch, int) or not 1 <= global_batch <= MAX_GLOBAL_BATCH:
+        raise PlanError(f"global_batch must be a whole number in [1, {MAX_GLOBAL_BATCH}], got {show(global_batch)}")
+    if isinstance(max_micro_batches, bool) or not isinstance(max_micro_batches, int) or \
+            not 1 <= max_micro_batches <= MAX_MICROBATCHES:
+        raise PlanError(f"max_micro_batches must be a whole number in [1, {MAX_MICROBATCHES}], got {show(max_micro_batches)}")
     unlike = not blocks_alike(start_plan.plan, workload.model, blocks)
     if unlike:  # the plan treats blocks differently: the shallow cuts do not stand for the model
         blocks = Blocks("", blocks.depth, blocks.names)
@@ -491,7 +502,7 @@ def plan_layout(
                 search.notes.append(f"{spec.describe()}: global batch {global_batch} does not split over {dp} data-parallel ranks")
                 continue
             per_rank = global_batch // dp
-            mbs = [mb for mb in range(1, per_rank + 1) if per_rank % mb == 0 and per_rank // mb <= max_micro_batches]
+            mbs = micro_batches(per_rank, max_micro_batches)
             if spec.pipeline_parallel > 1 and mbs:  # the most micro-batches (pp.py); 1F1B wants one per stage
                 if per_rank // mbs[0] < spec.pipeline_parallel:
                     search.notes.append(f"PP {spec.pipeline_parallel}: {per_rank} per rank makes fewer micro-batches than stages")

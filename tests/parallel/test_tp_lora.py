@@ -101,3 +101,31 @@ def test_real_gloo_tp_ranks_compute_the_unsplit_loss_and_peak_as_sized():
         if runs[-1] == [predicted] * 2:
             return
     raise AssertionError(f"no exact run in 3: {runs}, predicted {predicted}")
+
+
+def test_pipeline_stages_of_a_lora_model_compute_its_logits():
+    """The layout search split PeftModels into no stages ("neither ... nor a Hugging Face decoder"):
+    the stages are now the decoder's inside it, LoRA layers included."""
+    from memsave_nb.parallel import split_stages
+    from memsave_nb.planner.pp import splittable
+
+    wl = lora_llama()
+    assert splittable(wl.model)
+    stages = split_stages(wl.model, 2)
+    ids = wl.batch["input_ids"]
+    with torch.no_grad():
+        torch.testing.assert_close(stages[1](stages[0](ids)), wl.model(input_ids=ids).logits)
+    lora = {id(p) for n, p in wl.model.named_parameters() if "lora_" in n}
+    assert lora <= {id(p) for s in stages for p in s.parameters()}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not torch.distributed.is_gloo_available(), reason="gloo backend not built")
+def test_lora_model_on_two_real_stage_ranks_measures_what_fake_mode_predicts():
+    from memsave_nb.parallel import cross_check, measure_pipeline
+
+    spec = ParallelSpec(world_size=2, pipeline_parallel=2, microbatches=2)
+    predicted = measure_pipeline(lora_llama(), spec)
+    rows = cross_check(lora_llama, spec)
+    assert [r.predicted_bytes for r in rows] == [r.peak_bytes for r in predicted.ranks]
+    assert [r.difference_bytes for r in rows] == [0, 0], [(r.rank, r.predicted_bytes, r.comparable_bytes) for r in rows]
