@@ -20,9 +20,9 @@ from memsave_nb.errors import PlanError, WorkloadError
 STRATEGIES = ("fsdp", "ddp")
 # Tensor-parallel styles a plan names (``parallel/tp.py`` maps each to PyTorch's ParallelStyle):
 # colwise / rowwise Linear (or Embedding), the input embedding (rowwise, token ids replicated),
-# the output head (colwise, logits gathered), a norm and a module that gathers its sequence-sharded
-# input once (both for sequence parallel).
-TP_STYLES = ("colwise", "rowwise", "embedding", "head", "norm", "gather_input", "gather_hidden_states")
+# the output head (colwise, logits gathered), a norm, a module that gathers its sequence-sharded
+# input once and a learned position table split over positions (the last three for sequence parallel).
+TP_STYLES = ("colwise", "rowwise", "embedding", "head", "norm", "gather_input", "gather_hidden_states", "positions")
 DTYPES = ("float32", "bfloat16", "float16")
 # torch.distributed.pipelining schedules (ScheduleGPipe, Schedule1F1B, ScheduleInterleaved1F1B)
 SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")

@@ -17,6 +17,7 @@ COLWISE = frozenset({"q_proj", "k_proj", "v_proj", "qkv", "query", "key", "value
 ROWWISE = frozenset({"o_proj", "out_proj", "proj", "down_proj", "down", "fc2", "w2", "wo"})
 EMBEDDINGS = frozenset({"wte", "embed_tokens", "tok_embeddings"})  # when the model does not say
 HEADS = frozenset({"head", "lm_head", "output"})
+POSITIONS = frozenset({"wpe"})  # a learned position table added to the token embedding (GPT-2, the zoo GPT)
 
 
 def default_tp_plan(model, sequence_parallel=False):
@@ -53,6 +54,8 @@ def default_tp_plan(model, sequence_parallel=False):
             plan.append((name, "colwise"))
         elif linear and leaf(name) in ROWWISE:
             plan.append((name, "rowwise"))
+        elif sequence_parallel and isinstance(mod, nn.Embedding) and leaf(name) in POSITIONS:
+            plan.append((name, "positions"))
         elif sequence_parallel and (isinstance(mod, (nn.LayerNorm, nn.RMSNorm)) or type(mod).__name__.endswith("RMSNorm")):
             plan.append((name, "norm"))
     if sequence_parallel:  # as torchtitan: attention and MLP gather the sequence once, at their input
@@ -107,6 +110,8 @@ def tp_styles(plan: list[tuple[str, str]], sequence_parallel: bool) -> dict[str,
                                                   use_local_output=not sequence_parallel),
         "head": lambda name: ColwiseParallel(input_layouts=seq, output_layouts=Replicate()),
         "norm": lambda name: SequenceParallel(),
+        # positions (T, C) split over T: a Shard(0) DTensor that adds to the (B, T, C) Shard(1) embedding
+        "positions": lambda name: RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(0), use_local_output=False),
         "gather_input": lambda name: PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),),
                                                         use_local_output=True),
         "gather_hidden_states": lambda name: PrepareModuleInput(

@@ -96,7 +96,7 @@ def tensor_parallel_code(spec: ParallelSpec, model_var: str = "model",
         body += _source(tp.matched_tp_plan, "def matched_tp_plan(model, rules):") + ["", ""]
         plan = f"matched_tp_plan({m}, {[list(p) for p in spec.tp_plan]!r})"
     else:
-        for const in ("COLWISE", "ROWWISE", "EMBEDDINGS", "HEADS"):
+        for const in ("COLWISE", "ROWWISE", "EMBEDDINGS", "HEADS", "POSITIONS"):
             body.append(f"{const} = {sorted(getattr(tp, const))!r}")
         body += ["", "", *_source(tp.default_tp_plan, "def default_tp_plan(model, sequence_parallel=False):"), "", ""]
         body += [*_source(tp._takes_hidden_states, "def _takes_hidden_states(module):"), "", ""]
