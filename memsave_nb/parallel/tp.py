@@ -69,9 +69,11 @@ def _check_divisible(model: nn.Module, plan: list[tuple[str, str]], tp: int) -> 
             if p is not None and dim is not None and p.shape[dim] % tp:
                 raise ParallelError(f"tensor_parallel {tp} does not divide {name}.{pname} dim {dim} ({p.shape[dim]})")
     heads = []
-    config = getattr(model, "config", None)
-    for attr in ("num_attention_heads", "num_key_value_heads", "n_head"):
-        heads.append((attr, getattr(config, attr, None)))
+    # the model's config, or its layers' (a pipeline stage holds layers, not the model: PP x TP)
+    configs = {id(c): c for c in (getattr(m, "config", None) for m in model.modules()) if c is not None}
+    for config in configs.values():
+        for attr in ("num_attention_heads", "num_key_value_heads", "n_head"):
+            heads.append((attr, getattr(config, attr, None)))
     heads += [("n_head", getattr(m, "n_head", None)) for m in model.modules()]
     for attr, n in heads:
         if isinstance(n, int) and n % tp:
