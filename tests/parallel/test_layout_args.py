@@ -7,6 +7,7 @@ every stage count of a huge GPU count."""
 
 from __future__ import annotations
 
+import html
 import time
 
 import pytest
@@ -93,3 +94,15 @@ def test_micro_batches_are_the_even_splits_into_at_most_most(per_rank, most):
     assert per_rank in mbs or most < 1  # one micro-batch is always a split
     # none missing: every count k <= most that divides per_rank gives one
     assert len(mbs) == sum(1 for k in range(1, min(most, per_rank) + 1) if per_rank % k == 0)
+
+
+def test_the_gpus_tab_says_why_layouts_were_left_out():
+    """Issue 38: the panel showed three summary lines; the notes saying which layouts were skipped
+    and why (here: TP 2 on a model without attention projections) are shown beside them."""
+    from memsave_nb.ui.layout_panel import LayoutFinder
+
+    finder = LayoutFinder(blocks_workload(batch=4), lambda: 2, lambda: Target(1))
+    finder._job(finder._generation, 2, "H100")
+    assert finder.result is not None
+    skipped = [n for n in finder.result.notes if "skipped (" in n]
+    assert skipped and all(html.escape(n) in finder.status.value for n in skipped)
