@@ -33,13 +33,15 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from memsave_nb.checkpointing import PlanError, show
-from memsave_nb.parallel_spec import MAX_MICROBATCHES, ParallelSpec
+from memsave_nb.parallel_spec import ParallelSpec
 from memsave_nb.plan import Plan
 from memsave_nb.planner.depth import Blocks, blocks_of, extrapolate
 from memsave_nb.planner.links import Fabric, fabric_for, ring_all_gather, ring_all_reduce
+from memsave_nb.planner.layout_args import (TP_DEGREES, check_batches, check_layout_args, check_stage_counts,
+                                            micro_batches)
 from memsave_nb.planner.layout_result import LayoutCandidate, LayoutResult
 from memsave_nb.planner.pareto import pareto_front
 from memsave_nb.planner.pp import PP_DEGREES, measured_stages, pipeline_seconds, pipeline_specs
@@ -53,43 +55,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["LayoutCandidate", "LayoutResult", "check_layout_args", "plan_layout", "TP_DEGREES", "PP_DEGREES"]
 
-TP_DEGREES = (1, 2, 4, 8)
-# 16M sequences a step: far beyond any published pre-training batch (millions of tokens, thousands of sequences)
-MAX_GLOBAL_BATCH = 1 << 24
 REGION_KINDS = (None, "full", "save_matmuls")
-
-
-def _check(gpus: Any, tensor_parallel: Any, fabric: Fabric, explicit_tp: bool) -> list[int]:
-    if isinstance(gpus, bool) or not isinstance(gpus, int) or not 1 <= gpus <= 1 << 16:
-        raise PlanError(f"gpus must be a whole number in [1, 65536], got {show(gpus)}")
-    if isinstance(tensor_parallel, (str, bytes)) or not isinstance(tensor_parallel, (list, tuple)) or not tensor_parallel:
-        raise PlanError(f"tensor_parallel must be a list of degrees, got {show(tensor_parallel)}")
-    out = []
-    for tp in tensor_parallel:
-        if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
-            raise PlanError(f"tensor_parallel degrees are whole numbers >= 1, got {show(tp)}")
-        if gpus % tp or tp > fabric.gpus_per_node:
-            if explicit_tp:
-                why = f"{gpus} GPUs are not divisible by it" if gpus % tp else f"it spans more than a node of {fabric.gpus_per_node}"
-                raise PlanError(f"tensor_parallel {tp}: {why}")
-            continue
-        out.append(tp)
-    return out
-
-
-def check_layout_args(gpus: Any, gpu: Any, tensor_parallel: Any = None) -> list[int]:
-    """The GPU count, kind and TP degrees, checked in one line each before anything is built; the
-    TP degrees to search (the defaults that do not divide ``gpus`` within a node are left out)."""
-    if not isinstance(gpu, str) or gpu not in _gpu_names():
-        raise PlanError(f"gpu {show(gpu)}: choose one of {', '.join(_gpu_names())}")
-    explicit = tensor_parallel is not None
-    return _check(gpus, TP_DEGREES if not explicit else tensor_parallel, fabric_for(gpu), explicit)
-
-
-def micro_batches(per_rank: int, most: int) -> list[int]:
-    """The micro-batch sizes that split ``per_rank`` evenly into at most ``most`` micro-batches,
-    smallest first: one trial per micro-batch count, never one per sample."""
-    return [per_rank // k for k in range(min(most, per_rank), 0, -1) if per_rank % k == 0]
 
 
 def _layouts(gpus: int, fabric: Fabric, tps: Sequence[int]) -> list[ParallelSpec]:
@@ -448,10 +414,7 @@ def plan_layout(
     optimizer; its checkpointing and precision when set, else searched; its batch per GPU)."""
     start = time.process_time()
     tps = check_layout_args(gpus, gpu, tensor_parallel)
-    pps = PP_DEGREES if pipeline_parallel is None else pipeline_parallel
-    if isinstance(pps, (str, bytes)) or not isinstance(pps, (list, tuple)) or not pps or \
-            any(isinstance(p, bool) or not isinstance(p, int) or p < 1 for p in pps):
-        raise PlanError(f"pipeline_parallel must be a list of stage counts >= 1, got {show(pipeline_parallel)}")
+    pps = check_stage_counts(pipeline_parallel)
     device, fabric = device_named(gpu), fabric_for(gpu)
     target = target if target is not None else Target(device.memory_gb, name=f"{device.name} ({device.memory_gb:g} GB)")
     if not isinstance(target, Target):
@@ -472,11 +435,7 @@ def plan_layout(
         plan.validate(workload.model)
     per_gpu = start_plan.per_gpu_batch or batch_size_of(_raw_batch(workload))
     global_batch = per_gpu * gpus if global_batch is None else global_batch
-    if isinstance(global_batch, bool) or not isinstance(global_batch, int) or not 1 <= global_batch <= MAX_GLOBAL_BATCH:
-        raise PlanError(f"global_batch must be a whole number in [1, {MAX_GLOBAL_BATCH}], got {show(global_batch)}")
-    if isinstance(max_micro_batches, bool) or not isinstance(max_micro_batches, int) or \
-            not 1 <= max_micro_batches <= MAX_MICROBATCHES:
-        raise PlanError(f"max_micro_batches must be a whole number in [1, {MAX_MICROBATCHES}], got {show(max_micro_batches)}")
+    check_batches(global_batch, max_micro_batches)
     unlike = not blocks_alike(start_plan.plan, workload.model, blocks)
     if unlike:  # the plan treats blocks differently: the shallow cuts do not stand for the model
         blocks = Blocks("", blocks.depth, blocks.names)
@@ -618,10 +577,3 @@ def _choose(search: _Search, ranked: list[LayoutCandidate], check: int) -> Layou
             return dataclasses.replace(c, checked_peak_bytes=int(peak))
         search.notes.append(f"{c.label}: estimated to fit, measured {format_bytes(peak)} at its micro-batch; next")
     return None
-
-
-def _gpu_names() -> list[str]:
-    from memsave_nb.planner.links import FABRICS
-    from memsave_nb.planner.roofline import GPUS
-
-    return [g for g in GPUS if g in FABRICS]

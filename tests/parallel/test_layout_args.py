@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 
 from memsave_nb.errors import MemsaveError
 from memsave_nb.model_state import ModelSnapshot
-from memsave_nb.planner.layout import MAX_GLOBAL_BATCH, micro_batches, plan_layout
+from memsave_nb.planner.layout import plan_layout
+from memsave_nb.planner.layout_args import MAX_GLOBAL_BATCH, micro_batches
 from memsave_nb.target import Target
 
 from .conftest import blocks_workload
