@@ -116,3 +116,31 @@ def test_trainer_configs_reshard_the_root_as_accelerate_does(trainer):
         assert not [n for n in mod.write(Plan(parallel=spec)).notes if "FSDP2 root" in n]
     (note,) = [n for n in mod.write(Plan(parallel=ParallelSpec(world_size=2))).notes if "FSDP2 root" in n]
     assert "kept gathered after forward (torch's default)" in note and len(note) <= 200
+
+
+def test_the_defaults_docs_defaults_md_calls_torchs_are_torchs():
+    """docs/defaults.md's "equal" rows, read from the installed torch (a default that drifts fails)."""
+    import inspect
+
+    import torch
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.nn.parallel import DistributedDataParallel, distributed
+
+    from memsave_nb.workload import Workload
+
+    spec = ParallelSpec()
+    ddp = inspect.signature(DistributedDataParallel.__init__).parameters
+    assert ddp["bucket_cap_mb"].default is None and spec.bucket_cap_mb == distributed._DEFAULT_BUCKET_CAP_MB == 25
+    assert spec.gradient_as_bucket_view is ddp["gradient_as_bucket_view"].default is False
+    fs = inspect.signature(fully_shard).parameters
+    assert fs["reshard_after_forward"].default is None  # units True, the root False: the byte test above
+    assert (spec.reshard_after_forward, spec.reshard_root) == (True, False)
+    mp = MixedPrecisionPolicy()
+    assert (spec.param_dtype, spec.reduce_dtype) == (mp.param_dtype, mp.reduce_dtype) == (None, None)
+    assert spec.cpu_offload is False and type(fs["offload_policy"].default).__name__ == "OffloadPolicy"
+    assert inspect.signature(torch.optim.Optimizer.zero_grad).parameters["set_to_none"].default is True
+    wl = Workload(torch.nn.Linear(2, 2), torch.zeros(1, 2))
+    assert wl.set_to_none is True and wl.accumulation_steps == 1
+    opt = wl.make_optimizer()
+    default = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))]).defaults
+    assert type(opt) is torch.optim.AdamW and opt.defaults == default  # lr 1e-3, betas, eps, weight decay 0.01, foreach None
