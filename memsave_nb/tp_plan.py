@@ -42,9 +42,9 @@ def default_tp_plan(model, sequence_parallel=False):
             col = leaf(name) in COLWISE  # colwise: lora_B splits its outputs; rowwise: lora_A its inputs
             plan.append((name + ".base_layer", "colwise" if col else "rowwise"))
             wrapped.add(name + ".base_layer")
-            for adapter, sub in getattr(mod, "lora_B" if col else "lora_A", {}).items():
+            for adapter in getattr(mod, "lora_B" if col else "lora_A", {}):
                 plan.append((f"{name}.lora_{'B' if col else 'A'}.{adapter}", "colwise" if col else "rowwise"))
-                wrapped.add(f"{name}.lora_{'B' if col else 'A'}.{adapter}")
+                wrapped.add(plan[-1][0])
             continue
         if mod is emb or (emb is None and isinstance(mod, nn.Embedding) and leaf(name) in EMBEDDINGS):
             plan.append((name, "embedding"))
