@@ -325,6 +325,8 @@ def _gloo_rank(rank: int, spec_dict: dict, model: str, store: str, out_dir: str)
         called = apply_parallel(wl.model, spec, mesh)
         with torch.no_grad():  # what the split model computes (sequence parallel: positions from the whole sequence)
             loss = wl.compute_loss(wl.replace(model=called).forward(wl.make_batch())).item()
+        if hasattr(called, "reshard"):  # the FSDP2 root keeps its parameters gathered after forward (torch's default)
+            called.reshard()  # and no backward follows this one to reshard them: the step must start sharded
         r = tracked_step(wl, called, wl.make_batch(), rank=rank, ranks=(rank,), steady="full")
         with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
             json.dump({"peak": r.peak_bytes, "without_staging": r.peak_without_staging_bytes, "loss": loss,
