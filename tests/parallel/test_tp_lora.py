@@ -129,3 +129,18 @@ def test_lora_model_on_two_real_stage_ranks_measures_what_fake_mode_predicts():
     rows = cross_check(lora_llama, spec)
     assert [r.predicted_bytes for r in rows] == [r.peak_bytes for r in predicted.ranks]
     assert [r.difference_bytes for r in rows] == [0, 0], [(r.rank, r.predicted_bytes, r.comparable_bytes) for r in rows]
+
+
+@pytest.mark.slow
+def test_the_issues_qwen_lora_at_tp2_x_fsdp2_2_is_sized():
+    """Issue 38's call: a raw RuntimeError before; 1,262,765,448 B per rank here (fake mode, about
+    4 s of CPU), the LoRA matrices split as the plain plan's shapes say."""
+    from memsave_nb.hub import from_pretrained
+
+    pytest.importorskip("peft")
+    wl = from_pretrained("qwen2.5-0.5b", lora=dict(r=8), seq_len=256)
+    spec = ParallelSpec(world_size=4, tensor_parallel=2)
+    shapes = tp_local_shapes(wl.model, spec)
+    q = next(n for n in shapes if n.endswith("layers.0.self_attn.q_proj.lora_B.default.weight"))
+    assert shapes[q] == (896 // 2, 8)
+    assert measure_parallel(wl, spec).device_peak_bytes == 1_262_765_448
