@@ -38,7 +38,7 @@ def default_tp_plan(model, sequence_parallel=False):
         if not name or name in wrapped:
             continue
         base = getattr(mod, "base_layer", None)
-        if isinstance(base, nn.Linear) and leaf(name) in COLWISE | ROWWISE and mod is not head:
+        if isinstance(base, nn.Linear) and (leaf(name) in COLWISE or leaf(name) in ROWWISE) and mod is not head:
             col = leaf(name) in COLWISE  # colwise: lora_B splits its outputs; rowwise: lora_A its inputs
             plan.append((name + ".base_layer", "colwise" if col else "rowwise"))
             wrapped.add(name + ".base_layer")

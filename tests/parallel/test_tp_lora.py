@@ -144,3 +144,27 @@ def test_the_issues_qwen_lora_at_tp2_x_fsdp2_2_is_sized():
     q = next(n for n in shapes if n.endswith("layers.0.self_attn.q_proj.lora_B.default.weight"))
     assert shapes[q] == (896 // 2, 8)
     assert measure_parallel(wl, spec).device_peak_bytes == 1_262_765_448
+
+
+def test_to_code_splits_a_lora_model_like_the_prediction():
+    """The exported plan functions (tp_plan.py's source) split the LoRA layers as sized: exec'd on a
+    fresh LoRA Llama on a fake group, rank 0's step on real CPU tensors equals the prediction."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from memsave_nb import Plan
+    from memsave_nb.parallel.step import tracked_step
+
+    plan = Plan(parallel=ParallelSpec(world_size=4, tensor_parallel=2))
+    predicted = measure_parallel(lora_llama(), plan=plan, ranks=[0]).rank(0)
+    fresh = lora_llama()
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=4)
+    try:
+        ns = {"model": fresh.model}
+        exec(compile(plan.to_code(), "<plan>", "exec"), ns)
+        q = ns["model"].base_model.model.model.layers[0].self_attn.q_proj
+        assert type(q.base_layer.weight).__name__ == type(q.lora_B.default.weight).__name__ == "DTensor"
+        measured = tracked_step(fresh, ns["model"], fresh.make_batch(), rank=0, ranks=(0,), steady="full")
+    finally:
+        dist.destroy_process_group()
+    assert measured.peak_bytes == predicted.peak_bytes
