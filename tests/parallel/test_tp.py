@@ -220,7 +220,8 @@ def test_a_user_plan_on_a_model_of_its_own_equals_memtracker():
     (gpt, ParallelSpec(world_size=2, tensor_parallel=2)),
     (gpt, ParallelSpec(world_size=4, tensor_parallel=2, tp_plan=(("blocks.*.attn.qkv", "colwise"), ("blocks.*.attn.proj", "rowwise")))),
     (llama, ParallelSpec(world_size=2, tensor_parallel=2, sequence_parallel=True)),
-], ids=["tp2-fsdp2", "tp2", "own-plan", "llama-tp2-sp"])
+    (gpt, ParallelSpec(world_size=4, tensor_parallel=2, sequence_parallel=True)),
+], ids=["tp2-fsdp2", "tp2", "own-plan", "llama-tp2-sp", "gpt-tp2-fsdp2-sp"])
 def test_to_code_splits_like_the_prediction(make, spec):
     """Exec the snippet on a fresh real model on a fake group (rank 0), run the step on real CPU
     tensors, and require the fake-mode prediction's bytes exactly."""
