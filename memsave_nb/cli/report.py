@@ -194,6 +194,11 @@ def _step_note(m, format_bytes) -> str:
     return f" (steady state: training's step 2 on; first step {format_bytes(m.first_step_peak_bytes)})"
 
 
+def _sized_for(workload) -> str:
+    """The title's words for a step sized as another device runs it (``Workload.sized_for``)."""
+    return ", sized as CUDA runs it (foreach optimizer step)" if workload.sized_for == "cuda" else ""
+
+
 def _report(args: argparse.Namespace) -> int:
     from ..measure import measure
     from ..workload import check_device
@@ -209,7 +214,7 @@ def _report(args: argparse.Namespace) -> int:
     with plan.apply(cw.workload) as applied:
         measurement = measure(applied, mode=cw.mode, repeats=args.repeats)
     knobs = f", {plan.describe()}" if not plan.is_empty else ""
-    title = f"memsave_nb report: {cw.name}, batch {plan.batch_size or cw.batch}{knobs}, {cw.mode} mode on {measurement.device}, loop {cw.workload.loop}"
+    title = f"memsave_nb report: {cw.name}, batch {plan.batch_size or cw.batch}{knobs}, {cw.mode} mode on {measurement.device}{_sized_for(cw.workload)}, loop {cw.workload.loop}"
     top = args.top if args.top is not None or not cw.hub else HUB_TOP
     answer, explained = (), ""
     if args.target_gb is not None:
