@@ -98,9 +98,10 @@ def check_report_args(args: argparse.Namespace) -> None:
         if strategy:
             raise MemsaveError(f"--from-config sets the parallel strategy; drop {', '.join(strategy)} "
                                "(--world-size N still sets the ranks)")
-        from ..trainers import load_config
+        from ..trainers.safe_read import read_file
 
-        args.trainer_config = load_config(args.from_config)  # a missing or unreadable file fails here, not after a build
+        # a missing, unreadable, hostile (FIFO, device, alias bomb) file fails here, not after a build
+        args.trainer_config = read_file(args.from_config)
 
 
 def _is_hub(args: argparse.Namespace) -> bool:

@@ -40,7 +40,7 @@ def read_file(path: Any) -> dict[str, Any]:
             raise TrainerConfigError(f"config {name} is not a regular file (a FIFO or a device is never read)")
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # replaced by a FIFO since the stat: no block
     except OSError as exc:
-        raise TrainerConfigError(f"cannot read config {name}: {exc.strerror}") from None
+        raise TrainerConfigError(f"cannot read trainer config {name}: {exc.strerror}") from None
     with os.fdopen(fd, "rb") as f:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise TrainerConfigError(f"config {name} is not a regular file (a FIFO or a device is never read)")
