@@ -17,7 +17,7 @@ from typing import Any, Mapping
 
 from torch import nn
 
-from memsave_nb.checkpointing import RegionKind, show
+from memsave_nb.checkpointing import RegionKind, RegionPolicy, show
 from memsave_nb.parallel_spec import ParallelSpec
 from memsave_nb.plan import Plan
 
@@ -105,8 +105,9 @@ def optim_names() -> frozenset[str] | None:
 
 
 def read_fields(d: Mapping[str, Any], model: nn.Module | None, world_size: int | None,
-                defaults: Mapping[str, Any], notes: list[str]) -> dict[str, Any]:
-    """Plan keyword arguments from TrainingArguments fields (shared with TRL's SFTConfig)."""
+                defaults: Mapping[str, Any], notes: list[str], *, trl: bool = False) -> dict[str, Any]:
+    """Plan keyword arguments from TrainingArguments fields (shared with TRL's SFTConfig:
+    ``trl=True`` reads its ``gradient_checkpointing_kwargs={"selective": True}``)."""
     get = lambda k: d[k] if d.get(k) is not None else defaults.get(k)  # noqa: E731
     kw: dict[str, Any] = {"batch_size": whole(d, "per_device_train_batch_size", defaults["per_device_train_batch_size"]),
                           "accumulation_steps": whole(d, "gradient_accumulation_steps", 1)}
@@ -131,6 +132,9 @@ def read_fields(d: Mapping[str, Any], model: nn.Module | None, world_size: int |
             raise TrainerConfigError("activation_checkpointing and fsdp_config['activation_checkpointing'] are both on: "
                                      "the Trainer refuses that; keep the FSDP one")
         ckpt = True
+    selective = truthy(ckpt_kwargs.pop("selective", False), "selective")
+    if selective:
+        _check_selective(trl, ckpt, ckpt_kwargs)
     if ckpt:
         every_n = whole(ckpt_kwargs, "every_n_layers", 1)
         offload = truthy(ckpt_kwargs.pop("offload", False), "offload")
@@ -141,6 +145,13 @@ def read_fields(d: Mapping[str, Any], model: nn.Module | None, world_size: int |
                          "sized as offloading each layer's saved tensors (same device bytes, more host bytes)")
         kw["regions"], more = regions_for(model, kind, every_n)
         notes += more
+        if selective:
+            import torch
+
+            ops = [op for op in SAC_SAVED_OPS if hasattr(torch.ops.aten, op.split(".")[1])]
+            kw["regions"] = {name: RegionPolicy.save(ops) for name in kw["regions"]}
+            notes.append("selective checkpointing (TRL): each checkpointed layer saves its attention op's outputs "
+                         "and recomputes the rest, as trl's SAC policy does")
         ckpt_kwargs.pop("use_reentrant", None)
         if ckpt_kwargs:
             notes.append(f"checkpoint kwargs {show(sorted(ckpt_kwargs))}: passed to torch.utils.checkpoint, not sized")
@@ -150,6 +161,22 @@ def read_fields(d: Mapping[str, Any], model: nn.Module | None, world_size: int |
         if d.get(key):
             notes.append(f"{key}: {what}")
     return kw
+
+
+# trl 1.16 models/selective_activation_checkpointing.py: the aten attention ops its policy saves
+SAC_SAVED_OPS = ("aten._scaled_dot_product_flash_attention", "aten._scaled_dot_product_efficient_attention",
+                 "aten._scaled_dot_product_cudnn_attention", "aten._scaled_dot_product_flash_attention_for_cpu")
+
+
+def _check_selective(trl: bool, ckpt: bool, ckpt_kwargs: Mapping[str, Any]) -> None:
+    """TRL's ``selective`` key is refused where TRL (or torch, for TrainingArguments) refuses it."""
+    if not trl:
+        raise TrainerConfigError("gradient_checkpointing_kwargs 'selective' is TRL's (SFTConfig); the Trainer passes it "
+                                 "to torch.utils.checkpoint, which refuses it")
+    if not ckpt:
+        raise TrainerConfigError("gradient_checkpointing_kwargs 'selective' needs gradient_checkpointing=True (TRL refuses it alone)")
+    if truthy(ckpt_kwargs.get("use_reentrant"), "use_reentrant"):
+        raise TrainerConfigError("gradient_checkpointing_kwargs 'selective' needs use_reentrant=False (TRL refuses it)")
 
 
 def _fsdp(d: Mapping[str, Any], notes: list[str]) -> tuple[bool, dict[str, Any]]:

@@ -74,7 +74,7 @@ def read(config: Any, model: nn.Module | None = None, world_size: int | None = N
     check_fields(config, d, "trl", notes)
     if d.get("bf16") is None:  # SFTConfig: bf16 unless fp16
         d["bf16"] = not truthy(d.get("fp16"), "fp16")
-    kw = hf.read_fields(d, model, world_size, DEFAULTS, notes)
+    kw = hf.read_fields(d, model, world_size, DEFAULTS, notes, trl=True)
     max_length = DEFAULTS["max_length"] if "max_length" not in d else whole(d, "max_length")  # None: no truncation
     if max_length is not None:
         kw["seq_len"] = max_length
