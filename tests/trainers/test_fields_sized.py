@@ -64,3 +64,12 @@ def test_accumulation_none_and_one_round_trip_to_the_same_plan(trainer):
     plans = [from_trainer(to_trainer(Plan(batch_size=2, accumulation_steps=acc), trainer).fields, MODEL, trainer=trainer).plan
              for acc in (None, 1)]
     assert plans[0] == plans[1] and plans[0].accumulation_steps == 1
+
+
+@pytest.mark.parametrize("field, value, trainer", [("torch_compile", True, "hf"), ("use_liger_kernel", True, "hf"),
+                                                   ("deepspeed", "ds.json", "hf"), ("optim_args", "momentum=0.9", "hf"),
+                                                   ("packing", True, "trl"), ("padding_free", True, "trl")])
+def test_fields_that_change_memory_but_are_not_sized_are_one_note_each(field, value, trainer):
+    notes = from_trainer({field: value}, MODEL, trainer=trainer).notes
+    assert sum(n.startswith(f"{field}:") for n in notes) == 1
+    assert not any(n.startswith(f"{field}:") for n in from_trainer({}, MODEL, trainer=trainer).notes)
