@@ -92,7 +92,8 @@ def check_report_args(args: argparse.Namespace) -> None:
     if args.from_config is not None:
         knobs = [flag for flag, key in KNOB_FLAGS if getattr(args, key) and not (key == "seq_len" and _is_hub(args))]
         if knobs:
-            raise MemsaveError(f"--from-config sets the knobs; drop {', '.join(knobs)} (or edit the config)")
+            why = " (precision: the config's bf16/fp16 over the dtype in the model's config.json)" if "--precision" in knobs else ""
+            raise MemsaveError(f"--from-config sets the knobs; drop {', '.join(knobs)} (or edit the config){why}")
         strategy = [f for f, k in (("--fsdp", "fsdp"), ("--ddp", "ddp"), ("--cpu-offload", "cpu_offload"),
                                    ("--gradient-as-bucket-view", "gradient_as_bucket_view")) if getattr(args, k)]
         if strategy:

@@ -58,3 +58,11 @@ def test_a_fifo_or_a_misspelt_field_is_one_line_before_any_build(capsys, tmp_pat
     assert cli.main(["report", "--model", model, "--from-config", str(bad)]) != 0
     err = capsys.readouterr().err.strip()
     assert "did you mean 'per_device_train_batch_size'" in err and len(err.splitlines()) == 1
+
+
+def test_precision_beside_from_config_says_where_precision_comes_from(capsys, tmp_path):
+    args = tmp_path / "fields.json"
+    args.write_text(json.dumps({"bf16": True}))
+    assert cli.main(["report", "--model", _model(tmp_path, "float32"), "--precision", "bf16", "--from-config", str(args)]) != 0
+    err = capsys.readouterr().err.strip()
+    assert "--precision" in err and "config.json" in err and len(err.splitlines()) == 1 and len(err) <= 220
