@@ -9,9 +9,12 @@ over the size limit, a regex that backtracks for ever.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import signal
+import tempfile
 import time
 import tracemalloc
 
@@ -29,7 +32,7 @@ from memsave_nb.trainers.safe_read import MAX_ALIASES, MAX_BYTES, MAX_DEPTH, rea
 
 from .conftest import tiny_llama
 
-FUZZ = settings(max_examples=150, deadline=None, derandomize=True,
+FUZZ = settings(max_examples=100, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 MODEL = tiny_llama()
 SECONDS = 2.0  # each read, hostile or not; the slowest honest one here takes a few ms
@@ -69,6 +72,8 @@ def _state(model: torch.nn.Module) -> tuple:
 
 
 BEFORE = _state(MODEL)
+SCRATCH = tempfile.mkdtemp(prefix="memsave-trainer-fuzz-")
+atexit.register(shutil.rmtree, SCRATCH, True)
 for _trainer in ("hf", "trl"):  # import the classes whose fields are checked once, outside the timed reads
     class_fields(_trainer)
 optim_names()
@@ -88,7 +93,7 @@ def _read_one_line(trainer: str, config: object, d: dict):
 
 
 @pytest.mark.parametrize("trainer", sorted(FIELDS))
-@pytest.mark.parametrize("fmt", ["dict", "json", "yaml"])
+@pytest.mark.parametrize("fmt", ["dict", "json", "yaml", "file"])
 @FUZZ
 @given(data=st.data())
 def test_every_config_is_sized_right_or_refused_in_one_line(trainer, fmt, data):
@@ -100,6 +105,10 @@ def test_every_config_is_sized_right_or_refused_in_one_line(trainer, fmt, data):
             return
     elif fmt == "yaml":
         config = yaml.safe_dump(d) if d else "{}"
+    elif fmt == "file":
+        config = os.path.join(SCRATCH, "config.yaml")
+        with open(config, "w", encoding="utf-8") as f:
+            f.write(yaml.safe_dump(d) if d else "{}")
     else:
         config = d
     before = json.dumps(d, default=repr, allow_nan=True) if fmt == "dict" else None
