@@ -16,7 +16,7 @@ from typing import Any, Mapping, NamedTuple
 
 from torch import nn
 
-from memsave_nb.checkpointing import PlanError, RegionKind, RegionPolicy, show, suggest_regions
+from memsave_nb.checkpointing import RegionKind, RegionPolicy, show, suggest_regions
 from memsave_nb.parallel_spec import ParallelSpec
 from memsave_nb.plan import Plan
 

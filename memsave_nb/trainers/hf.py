@@ -8,7 +8,8 @@ parameters are already bf16), ``optim`` -> the optimizers the knobs size,
 in its kwargs -> full (or offload) regions on every n-th ``GradientCheckpointingLayer``, ``fsdp`` +
 ``fsdp_config`` -> an FSDP2 ``ParallelSpec``. Every value is typed as the Trainer types it (one
 line for ``"abc"``, 2.5, True, inf, 0), and a name ``TrainingArguments`` does not take is refused
-(:mod:`.fields`); ``label_smoothing_factor`` is a note (its smoother's log-probabilities are not sized). The Trainer checkpoints every n-th layer or none:
+(:mod:`.fields`); ``label_smoothing_factor`` is a note (its smoother's log-probabilities are not
+sized). The Trainer checkpoints every n-th layer or none:
 other region choices, selective (per-op) regions, frozen parameters, memory-saving layers and a
 compile budget are not arguments, and come back as notes.
 """

@@ -2,10 +2,11 @@
 
 Python's ``re`` has no timeout, and ``(a+)+$`` over a 40-character name takes longer than the
 universe. So a pattern is refused, before it meets any name, when it is longer than
-:data:`MAX_PATTERN` or when a repeat holds another repeat or an alternation inside it (nested
-quantifiers, the shape of every catastrophic backtracking case), when it holds more than
-:data:`MAX_REPEATS` open repeats, or backreferences and lookarounds. What is left is matched in time polynomial in the name's length, and parameter
-names are short. axolotl's ``unfrozen_parameters`` need none of the refused forms.
+:data:`MAX_PATTERN`; when a repeat that can run more than once holds another repeat or an
+alternation (nested quantifiers, the usual shape of catastrophic backtracking); when it holds
+more than :data:`MAX_REPEATS` open repeats; or when it has backreferences or lookarounds. What is
+left matches in time polynomial in a name's length, and parameter names are short. axolotl's
+``unfrozen_parameters`` need none of the refused forms.
 """
 
 from __future__ import annotations

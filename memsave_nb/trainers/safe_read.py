@@ -135,4 +135,5 @@ def _yaml(text: str, where: str) -> Any:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise TrainerConfigError(f"config {where} is neither JSON nor YAML: {first[:100]}") from None
     except (ValueError, RecursionError, OverflowError) as exc:  # an int over Python's digit limit
-        raise TrainerConfigError(f"config {where}: {type(exc).__name__}: {str(exc).splitlines()[0][:100] if str(exc) else ''}") from None
+        first = str(exc).splitlines()[0][:100] if str(exc) else ""
+        raise TrainerConfigError(f"config {where}: {type(exc).__name__}: {first}") from None

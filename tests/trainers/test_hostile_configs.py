@@ -28,7 +28,7 @@ from memsave_nb.errors import MemsaveError
 from memsave_nb.trainers import TrainerConfigError, from_trainer, load_config
 from memsave_nb.trainers.fields import class_fields
 from memsave_nb.trainers.hf import optim_names
-from memsave_nb.trainers.safe_read import MAX_ALIASES, MAX_BYTES, MAX_DEPTH, read_file
+from memsave_nb.trainers.safe_read import MAX_ALIASES, MAX_BYTES, read_file
 
 from .conftest import tiny_llama
 
