@@ -92,7 +92,7 @@ def test_report_sizes_a_trainer_config(capsys, tmp_path, tiny):
     args.write_text(json.dumps({"per_device_train_batch_size": 3, "gradient_accumulation_steps": 2, "optim": "sgd",
                                 "gradient_checkpointing": True}))
     out = _run(capsys, ["report", "--model", tiny, "--seq-len", "32", "--from-config", str(args)])
-    wl = memsave_nb.from_pretrained(tiny, seq_len=32)
+    wl = memsave_nb.from_pretrained(tiny, seq_len=32, dtype="fp32")  # config.json has no dtype: the trainer loads fp32
     imported = from_trainer(str(args), wl.model)
     assert imported.plan.batch_size == 3
     with imported.plan.apply(wl) as w:
@@ -160,7 +160,7 @@ def test_report_sizes_an_accelerate_fsdp_config_per_rank(capsys, tmp_path, tiny)
     cfg = tmp_path / "accelerate.yaml"
     cfg.write_text("distributed_type: FSDP\nnum_processes: 2\nmixed_precision: bf16\nfsdp_config:\n  fsdp_version: 2\n")
     out = _run(capsys, ["report", "--model", tiny, "--seq-len", "32", "--from-config", str(cfg)])
-    wl = memsave_nb.from_pretrained(tiny, seq_len=32)
+    wl = memsave_nb.from_pretrained(tiny, seq_len=32, dtype="fp32")  # config.json has no dtype: the trainer loads fp32
     imported = from_trainer(str(cfg), wl.model)
     m = measure_parallel(wl, imported.parallel, imported.plan)
     assert out.splitlines()[2].startswith(f"Peak per rank: {format_bytes(m.device_peak_bytes)}")

@@ -92,15 +92,17 @@ def check_report_args(args: argparse.Namespace) -> None:
     if args.from_config is not None:
         knobs = [flag for flag, key in KNOB_FLAGS if getattr(args, key) and not (key == "seq_len" and _is_hub(args))]
         if knobs:
-            raise MemsaveError(f"--from-config sets the knobs; drop {', '.join(knobs)} (or edit the config)")
+            why = " (precision: the config's bf16/fp16 over the dtype in the model's config.json)" if "--precision" in knobs else ""
+            raise MemsaveError(f"--from-config sets the knobs; drop {', '.join(knobs)} (or edit the config){why}")
         strategy = [f for f, k in (("--fsdp", "fsdp"), ("--ddp", "ddp"), ("--cpu-offload", "cpu_offload"),
                                    ("--gradient-as-bucket-view", "gradient_as_bucket_view")) if getattr(args, k)]
         if strategy:
             raise MemsaveError(f"--from-config sets the parallel strategy; drop {', '.join(strategy)} "
                                "(--world-size N still sets the ranks)")
-        from ..trainers import load_config
+        from ..trainers.safe_read import read_file
 
-        args.trainer_config = load_config(args.from_config)  # a missing or unreadable file fails here, not after a build
+        # a missing, unreadable, hostile (FIFO, device, alias bomb) file fails here, not after a build
+        args.trainer_config = read_file(args.from_config)
 
 
 def _is_hub(args: argparse.Namespace) -> bool:
