@@ -107,7 +107,10 @@ def _refusal(lm: nn.Module) -> str:
     """Why the chunked loss does not run ``lm`` (one line)."""
     name = type(lm).__name__[:60]
     config = getattr(lm, "config", None)
-    if getattr(config, "is_encoder_decoder", False):
+    known = next((c.__name__ for c in type(lm).__mro__[1:] if c.__name__ in FAMILIES), None)
+    if known is not None:
+        why = f"a subclass of {known[:40]} (its forward may differ)"
+    elif getattr(config, "is_encoder_decoder", False):
         why = "an encoder-decoder (its loss is on the decoder's outputs)"
     elif name.endswith(("ForMaskedLM", "ForPreTraining")):
         why = "a masked LM (its loss is on masked tokens, not the next token)"
