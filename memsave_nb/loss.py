@@ -103,11 +103,23 @@ FAMILIES: dict[str, Callable[[nn.Module], HeadTransform]] = {
 _ZOO_GPT = ("memsave_nb.zoo", "GPT")  # hidden_states(idx), head, aligned targets, plain cross-entropy
 
 
+def _model_class(lm: nn.Module) -> type:
+    """``lm``'s own class under torch.distributed's class swaps (``fully_shard``'s ``FSDP<Name>``,
+    ``replicate``'s ``DDP<Name>``): they add hooks, not a forward."""
+    cls = type(lm)
+    while cls.__module__.startswith("torch.distributed.") and "forward" not in cls.__dict__:
+        bases = [b for b in cls.__bases__ if not b.__module__.startswith("torch.distributed.")]
+        if len(bases) != 1 or not cls.__name__.endswith(bases[0].__name__):
+            break
+        cls = bases[0]
+    return cls
+
+
 def _refusal(lm: nn.Module) -> str:
     """Why the chunked loss does not run ``lm`` (one line)."""
-    name = type(lm).__name__[:60]
+    name = _model_class(lm).__name__[:60]
     config = getattr(lm, "config", None)
-    known = next((c.__name__ for c in type(lm).__mro__[1:] if c.__name__ in FAMILIES), None)
+    known = next((c.__name__ for c in _model_class(lm).__mro__[1:] if c.__name__ in FAMILIES), None)
     if known is not None:
         why = f"a subclass of {known[:40]} (its forward may differ)"
     elif getattr(config, "is_encoder_decoder", False):
@@ -127,7 +139,7 @@ def causal_lm(model: nn.Module) -> tuple[nn.Module, nn.Linear, HeadTransform]:
     GPT (``hidden_states(idx)``, ``head``); else one ``PlanError`` line saying why the chunked loss
     does not apply. The class must be the library's own: a subclass may change the forward."""
     lm = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
-    cls = type(lm)
+    cls = _model_class(lm)
     if (cls.__module__, cls.__name__) == _ZOO_GPT:
         head, transform = getattr(lm, "head", None), HeadTransform()
     elif cls.__module__.startswith("transformers.models.") and cls.__name__ in FAMILIES:
@@ -144,7 +156,7 @@ def _router_loss(lm: nn.Module, out: Any, attention_mask: Any) -> torch.Tensor:
     """The MoE router's load-balancing term, by the model's own module's function, as its forward."""
     import sys
 
-    balance = getattr(sys.modules[type(lm).__module__], "load_balancing_loss_func")
+    balance = getattr(sys.modules[_model_class(lm).__module__], "load_balancing_loss_func")
     return balance(out.router_logits, lm.num_experts, lm.num_experts_per_tok, attention_mask)
 
 
@@ -211,7 +223,7 @@ def use_chunked_loss(model: nn.Module, chunk: int = DEFAULT_LOSS_CHUNK, *,
     if "forward" in lm.__dict__:
         raise PlanError(f"loss='chunked' replaces {type(lm).__name__}.forward, which is already replaced "
                         "(a checkpointed region on the model itself?)")
-    hf = (type(lm).__module__, type(lm).__name__) != _ZOO_GPT
+    hf = (_model_class(lm).__module__, _model_class(lm).__name__) != _ZOO_GPT
 
     def forward(self: nn.Module, *args: Any, labels: torch.Tensor | None = None, **kwargs: Any) -> ChunkedLossOutput:
         _, head, _ = causal_lm(self)
