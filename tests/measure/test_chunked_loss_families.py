@@ -234,3 +234,33 @@ def test_exported_snippet_gives_the_same_loss():
         torch.testing.assert_close(model(**batch).loss, ref, rtol=0, atol=1e-12)
     finally:
         model.__dict__.pop("forward", None)
+
+
+def test_a_fully_sharded_model_is_still_its_family():
+    """``fully_shard`` swaps the class for ``FSDP<Name>`` (hooks, no forward of its own): the
+    allow-list sees through it (the layout search shards the model before the loss knob)."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+    try:
+        model = fully_shard(_model("gemma-2-2b"))
+        assert type(model).__name__ == "FSDPGemma2ForCausalLM"
+        assert causal_lm(model)[2].softcap == 30.0
+    finally:
+        dist.destroy_process_group()
+
+
+def test_the_planner_leaves_the_knob_out_on_a_masked_lm():
+    import transformers
+
+    from memsave_nb.planner.what_fits import what_would_fit
+    from memsave_nb.target import Target
+
+    cfg = transformers.BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=48,
+                                  vocab_size=V)
+    model = transformers.BertForMaskedLM(cfg)
+    ids = torch.randint(1, V, (2, 8))
+    hints = what_would_fit(Workload(model, {"input_ids": ids, "labels": ids.clone()}), Plan(), Target(1), gpus=False)
+    assert hints and "loss" not in {h.knob for h in hints}
