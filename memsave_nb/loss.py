@@ -164,7 +164,7 @@ def _hf_hidden_and_targets(lm: nn.Module, transform: HeadTransform, args: tuple,
                            labels: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, Any]:
     """A Hugging Face causal LM's hidden states before the head, the target of each (position t
     predicts label t+1, or ``shift_labels`` as given) and the router loss (or None)."""
-    if labels is None and kwargs.get("shift_labels") is None:
+    if labels is None:  # as the model: no labels, no loss (shift_labels alone included)
         raise PlanError("loss='chunked' needs labels in the batch (the loss is computed in the forward)")
     if kwargs.pop("logits_to_keep", 0) not in (0, None):
         raise PlanError("loss='chunked' computes the loss over every position: leave logits_to_keep unset")

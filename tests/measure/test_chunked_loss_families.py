@@ -264,3 +264,26 @@ def test_the_planner_leaves_the_knob_out_on_a_masked_lm():
     ids = torch.randint(1, V, (2, 8))
     hints = what_would_fit(Workload(model, {"input_ids": ids, "labels": ids.clone()}), Plan(), Target(1), gpus=False)
     assert hints and "loss" not in {h.knob for h in hints}
+
+
+@pytest.mark.parametrize("extra", ["num_items_in_batch", "shift_labels"])
+def test_trainer_keywords_are_the_models_own(extra):
+    """Hugging Face's Trainer passes ``num_items_in_batch`` (sum over the kept positions, divided by
+    it: gradient accumulation); ``shift_labels`` replaces the shift by one. Same loss and gradients
+    as the model's own (float32 cross-entropy inside), on a soft-capped Gemma 2."""
+    model = _model("gemma-2-2b")
+    batch = _batch()
+    if extra == "num_items_in_batch":
+        batch[extra] = torch.tensor(23)  # more than this micro-batch's 12 kept positions
+    else:
+        batch[extra] = torch.roll(batch["labels"], 2, dims=1)  # aligned with the positions (labels still needed)
+    params = list(model.parameters())
+    own = model(**batch).loss
+    g_own = torch.autograd.grad(own, params)
+    with Plan(loss="chunked", loss_chunk=5).apply(Workload(model, batch)) as w:
+        ours = w.forward(w.make_batch()).loss
+        g_ours = torch.autograd.grad(ours, params)
+    torch.testing.assert_close(ours.float(), own.float(), rtol=1e-6, atol=0)
+    _close((dict(model.named_parameters()), g_ours), g_own, 1e-5)
+    if extra == "num_items_in_batch":
+        assert abs(ours.item() - 12 / 23 * _reference(model, {k: v for k, v in batch.items() if k != extra})) < 1e-9
