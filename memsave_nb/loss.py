@@ -156,7 +156,7 @@ def _router_loss(lm: nn.Module, out: Any, attention_mask: Any) -> torch.Tensor:
     """The MoE router's load-balancing term, by the model's own module's function, as its forward."""
     import sys
 
-    balance = getattr(sys.modules[_model_class(lm).__module__], "load_balancing_loss_func")
+    balance = sys.modules[_model_class(lm).__module__].load_balancing_loss_func
     return balance(out.router_logits, lm.num_experts, lm.num_experts_per_tok, attention_mask)
 
 

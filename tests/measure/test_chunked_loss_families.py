@@ -111,7 +111,7 @@ def _reference(model, batch) -> torch.Tensor:
 
 def _close(ours, theirs, rel):
     for name, a, b in zip(*ours, theirs):
-        torch.testing.assert_close(a, b, rtol=0, atol=rel * b.abs().max().item() + 1e-300, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(a, b, rtol=0, atol=rel * b.abs().max().item() + 1e-300, msg=lambda m, name=name: f"{name}: {m}")
 
 
 @pytest.mark.parametrize("case", list(CASES))
