@@ -135,6 +135,9 @@ class ReservedMemory:
     segments: int
     reserved: tuple[int, ...] = ()
     alloc_conf: str = ""
+    # the replay's input, (key, bytes or 0 to free, event), so a target can replay it again under
+    # its own capacity and settings (measure/reserved.py)
+    ops: tuple[tuple[int, int, int], ...] = field(default=(), repr=False, compare=False)
 
 
 @dataclass(frozen=True)
