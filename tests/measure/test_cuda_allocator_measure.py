@@ -47,3 +47,44 @@ def test_replay_of_resize_and_conf():
     grow = replay_tracker(events, recs, conf="expandable_segments:True")
     assert grow.max_reserved_bytes == 60 * MiB  # 30 MiB maps 40; 8 fits the 10 left; 12 maps 20 more
     assert grow.alloc_conf == "expandable_segments:True"
+
+
+def test_target_verdict_adds_the_context_to_the_replay(monkeypatch):
+    from memsave_nb.target import CUDA_CONTEXT_BYTES, Target, reserved_verdict
+
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    m = measure(_workload(), "fake", repeats=1, flops=False)
+    assert CUDA_CONTEXT_BYTES == 500 * MiB
+    fits = reserved_verdict(Target((500 + 22) / 1024), m)  # 22 MiB reserved + the context
+    assert fits.fits and fits.total_bytes == 522 * MiB and not fits.fix
+    assert fits.lines()[0].startswith("Target 0.509766 GB: fits (522.0 MiB of 522.0 MiB;")
+    short = reserved_verdict(Target((500 + 10) / 1024), m)  # 10 MiB left: the 20 MiB of tensors do not fit
+    assert not short.fits and not short.fragmentation_only
+    import dataclasses
+
+    assert reserved_verdict(Target(1), dataclasses.replace(m, reserved=None)) is None  # the 80% rule then
+
+
+def test_fragmentation_alone_and_the_setting_that_fixes_it():
+    """Each step keeps a quarter of a buffer 3 MiB larger than the last: fixed segments fill with
+    slivers (674 MiB reserved for 278 MiB of tensors); expandable segments tile (280 MiB)."""
+    import dataclasses
+
+    from memsave_nb.measure.cuda_allocator import Settings
+    from memsave_nb.measure.reserved import run_ops
+    from memsave_nb.measure.result import ReservedMemory
+    from memsave_nb.target import Target, reserved_verdict
+
+    ops, k = [], 0
+    for i in range(6):
+        s = (100 + 3 * i) * MiB
+        ops += [(k, s // 4, 0), (k + 1, s, 0), (k + 1, 0, 0)]
+        k += 2
+    alloc, _ = run_ops(ops, Settings())
+    assert (alloc.stats.max_reserved, alloc.stats.max_allocated) == (674 * MiB, 278 * MiB + MiB // 4)
+    r = ReservedMemory(alloc.stats.max_reserved, alloc.stats.max_allocated, 0, 0, 0, (), "", tuple(ops))
+    m = dataclasses.replace(measure(_workload(), "fake", repeats=1, flops=False), reserved=r)
+    v = reserved_verdict(Target((500 + 300) / 1024), m)  # 300 MiB beside the context
+    assert not v.fits and v.fragmentation_only and v.fix == "expandable_segments:True"
+    assert "fragmentation alone" in v.lines()[-1] and "expandable_segments:True fits" in v.lines()[-1]
+    assert reserved_verdict(Target((500 + 360) / 1024), m).fits  # the retry frees cached segments
