@@ -368,10 +368,10 @@ class ReservedVerdict:
         word = "fits" if self.fits else "does not fit"
         conf = f", PYTORCH_CUDA_ALLOC_CONF={self.alloc_conf}" if self.alloc_conf else ""
         out = [
-            f"Target {self.target.label}: {word} ({fb(self.total_bytes)} of {fb(self.target.total_bytes)}; "
-            "replayed through the caching-allocator model, no 80% rule)",
-            f"  predicted reserved memory: {fb(self.reserved_bytes)} (allocator model{conf}; "
-            f"allocated {fb(self.allocated_bytes)})",
+            (f"Target {self.target.label}: {word} ({fb(self.total_bytes)} of {fb(self.target.total_bytes)}; "
+             "replayed through the caching-allocator model, no 80% rule)"),
+            (f"  predicted reserved memory: {fb(self.reserved_bytes)} (allocator model{conf}; "
+             f"allocated {fb(self.allocated_bytes)})"),
             f"  CUDA context: {fb(self.context_bytes)} ({CUDA_CONTEXT_SOURCE})",
         ]
         if self.communicators:
