@@ -88,3 +88,12 @@ def test_fragmentation_alone_and_the_setting_that_fixes_it():
     assert not v.fits and v.fragmentation_only and v.fix == "expandable_segments:True"
     assert "fragmentation alone" in v.lines()[-1] and "expandable_segments:True fits" in v.lines()[-1]
     assert reserved_verdict(Target((500 + 360) / 1024), m).fits  # the retry frees cached segments
+
+
+def test_html_report_shows_reserved_beside_allocated(tmp_path):
+    from memsave_nb.report import render_report
+
+    m = measure(_workload(), "fake", repeats=1, flops=False)
+    page = render_report(m)
+    assert "predicted reserved" in page and "22.0 MiB" in page
+    assert "Reserved beside allocated (allocator model)" in page and "reserved (allocator model)" in page
