@@ -160,6 +160,11 @@ class CachingAllocator:
         self._by_key: dict[tuple[int, int, int], Block] = {}
         self._top = 1 << 40
         self._next_address = next_address
+        self.trace: list[dict] | None = None  # set to [] to record snapshot-style events
+
+    def _record(self, action: str, addr: int, size: int, stream: int) -> None:
+        if self.trace is not None:
+            self.trace.append({"action": action, "addr": addr, "size": size, "stream": stream, "frames": []})
 
     # -- free-block sets (std::set ordered by BlockComparatorSize) -------------------------------
     def _insert(self, b: Block) -> None:
@@ -207,10 +212,14 @@ class CachingAllocator:
                     if not self._room(alloc):
                         raise AllocatorOOM(f"tried to allocate {alloc} B with {self.stats.reserved} B reserved")
             block = self._new_segment(alloc, stream, small).head
-        return self._hand_out(block, size, nbytes)
+        out = self._hand_out(block, size, nbytes)
+        self._record("alloc", out.addr, nbytes, stream)
+        return out
 
     def free(self, block: Block) -> None:
         assert block.allocated
+        for action in ("free_requested", "free_completed"):
+            self._record(action, block.addr, block.requested, block.segment.stream)
         block.allocated = False
         self.stats.allocated -= block.size
         for other in (block.prev, block.next):
@@ -279,6 +288,8 @@ class CachingAllocator:
         st.reserved += size
         st.max_reserved = max(st.max_reserved, st.reserved)
         st.segment_allocs.append((addr, size, stream))
+        if size:
+            self._record("segment_alloc", addr, size, stream)
         return seg
 
     def _release(self, seg: Segment) -> None:
@@ -286,6 +297,7 @@ class CachingAllocator:
         self.segments.remove(seg)
         self.stats.reserved -= seg.size
         self.stats.segment_frees.append((seg.addr, seg.size, seg.stream))
+        self._record("segment_free", seg.addr, seg.size, seg.stream)
 
     def _release_oversize(self, small: bool, stream: int, size: int) -> bool:
         """``release_available_cached_blocks``: only with ``max_split_size`` set."""
@@ -337,6 +349,7 @@ class CachingAllocator:
         st.reserved += more
         st.max_reserved = max(st.max_reserved, st.reserved)
         st.segment_allocs.append((seg.addr + seg.size, more, stream))
+        self._record("segment_map", seg.addr + seg.size, more, stream)
         if have:
             self._remove(tail)
             tail.size += more
@@ -366,6 +379,7 @@ class CachingAllocator:
         seg.size -= cut
         self.stats.reserved -= cut
         self.stats.segment_frees.append((seg.addr + seg.size, cut, seg.stream))
+        self._record("segment_unmap", seg.addr + seg.size, cut, seg.stream)
         if tail.size:
             self._insert(tail)
         elif tail.prev is None:
