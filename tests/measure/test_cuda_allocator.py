@@ -94,3 +94,17 @@ def test_bad_conf_is_one_line():
     with pytest.raises(PlanError, match="max_split_size_mb") as e:
         Settings.parse("max_split_size_mb:" + "x" * 500)
     assert len(str(e.value)) < 200
+
+
+def test_oom_retry_with_max_split_size_frees_one_oversize_block_first():
+    """``release_available_cached_blocks``: the smallest cached oversize block that covers the
+    request goes back first, before any other cached segment."""
+    a = CachingAllocator(Settings.parse("max_split_size_mb:64"), capacity=400 * MiB)
+    big, mid = a.malloc(200 * MiB), a.malloc(160 * MiB)
+    small = a.malloc(4 * MiB)  # a 20 MiB segment: 380 MiB reserved
+    a.free(big), a.free(mid), a.free(small)
+    a.malloc(150 * MiB)  # the cached 160 MiB block is under 150 + 20: taken whole
+    assert a.stats.reserved == 380 * MiB
+    a.malloc(100 * MiB)  # 200 >= 100 + 20: not taken; 380 + 100 > 400: the 200 MiB block goes back
+    assert a.stats.reserved == 280 * MiB and a.stats.segment_frees == [(a.stats.segment_frees[0][0], 200 * MiB, 0)]
+    assert any(s.size == 20 * MiB for s in a.segments)  # the cached small segment stayed
