@@ -159,6 +159,7 @@ class CachingAllocator:
         self._free: dict[bool, list[tuple[int, int, int]]] = {True: [], False: []}
         self._by_key: dict[tuple[int, int, int], Block] = {}
         self._top = 1 << 40
+        self._made = 0
         self._next_address = next_address
         self.trace: list[dict] | None = None  # set to [] to record snapshot-style events
 
@@ -280,8 +281,10 @@ class CachingAllocator:
 
     def _new_segment(self, size: int, stream: int, small: bool, addr: int | None = None,
                      expandable: bool = False) -> Segment:
-        addr = self._address(size) if addr is None else addr
-        seg = Segment(addr, size, stream, small, expandable, index=len(self.segments))
+        if addr is None:  # an expandable segment reserves address space to grow into
+            addr = self._address(1 << 40 if expandable else size)
+        self._made += 1
+        seg = Segment(addr, size, stream, small, expandable, index=self._made)
         seg.head = Block(addr, size, seg)
         self.segments.append(seg)
         st = self.stats

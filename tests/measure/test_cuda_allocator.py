@@ -108,3 +108,14 @@ def test_oom_retry_with_max_split_size_frees_one_oversize_block_first():
     a.malloc(100 * MiB)  # 200 >= 100 + 20: not taken; 380 + 100 > 400: the 200 MiB block goes back
     assert a.stats.reserved == 280 * MiB and a.stats.segment_frees == [(a.stats.segment_frees[0][0], 200 * MiB, 0)]
     assert any(s.size == 20 * MiB for s in a.segments)  # the cached small segment stayed
+
+
+def test_expandable_pools_keep_apart():
+    """Small and large expandable segments each grow in their own address range."""
+    a = CachingAllocator(Settings.parse("expandable_segments:True"))
+    x, y = a.malloc(MiB), a.malloc(4 * MiB)
+    a.free(x), a.free(y)
+    small, large = sorted(a.segments, key=lambda g: g.size)
+    assert (small.size, large.size) == (2 * MiB, 20 * MiB) and large.addr >= small.addr + (1 << 40)
+    a.empty_cache()
+    assert a.stats.reserved == 0
