@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -97,3 +98,16 @@ def test_html_report_shows_reserved_beside_allocated(tmp_path):
     page = render_report(m)
     assert "predicted reserved" in page and "22.0 MiB" in page
     assert "Reserved beside allocated (allocator model)" in page and "reserved (allocator model)" in page
+
+
+@pytest.mark.slow
+def test_report_llama_8b_lora_prints_predicted_reserved_and_no_80_percent_line(capsys):
+    """Issue 40's command: the verdict is the replay's, with its parts; no 80% line anywhere."""
+    from memsave_nb.cli import main
+
+    assert main(["report", "--model", "llama-3.1-8b", "--lora", "r=16", "--target-gb", "24"]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[3].startswith("Target 24 GB: does not fit (") and "no 80% rule" in lines[3]
+    assert lines[4].startswith("  predicted reserved memory: ") and lines[5].startswith("  CUDA context: 500.0 MiB")
+    assert "80% headroom" not in out and "the 80% rule does not apply" in out
