@@ -56,6 +56,8 @@ def cli_target_lines(workload: "Workload", plan: "Plan", measurement: "Measureme
     if replayed:  # its sources after the searches' answers; the searches still use the 80% line
         answer += replayed.lines()[1:]
         rule = "; max batch/sequence: " + target.line() if (args.max_batch or args.max_seq) else ""
+        if args.headroom is not None and not rule:
+            rule = "; --headroom applies only to the max batch/sequence searches"
         return tuple(answer), ("\nTarget verdict: the step's allocations replayed through a model of torch's CUDA "
                                "caching allocator (docs/allocator.md), the 80% rule does not apply" + rule + "\n")
     return tuple(answer), "\n" + target.line() + " (no allocator replay for this step)\n"

@@ -111,3 +111,18 @@ def test_report_llama_8b_lora_prints_predicted_reserved_and_no_80_percent_line(c
     assert lines[3].startswith("Target 24 GB: does not fit (") and "no 80% rule" in lines[3]
     assert lines[4].startswith("  predicted reserved memory: ") and lines[5].startswith("  CUDA context: 500.0 MiB")
     assert "80% headroom" not in out and "the 80% rule does not apply" in out
+
+
+def test_cli_target_lines_say_what_a_headroom_still_applies_to():
+    import argparse
+
+    from memsave_nb.cli.target import cli_target_lines
+
+    m = measure(_workload(), "fake", repeats=1, flops=False)
+    args = argparse.Namespace(target_gb=1.0, headroom=0.5, max_batch=False, max_seq=False)
+    answer, explained = cli_target_lines(None, None, m, args)
+    assert answer[0].startswith("Target 1 GB: fits (522.0 MiB of 1.0 GiB;")
+    assert "the 80% rule does not apply" in explained and "--headroom applies only" in explained
+    none = cli_target_lines(None, None, __import__("dataclasses").replace(m, reserved=None), args)
+    assert none[0][0].startswith("Target 1 GB: fits (") and "50% headroom line" in none[1]
+    assert "no allocator replay for this step" in none[1]
