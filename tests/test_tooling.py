@@ -54,3 +54,11 @@ def test_the_linter_catches_a_repeated_dict_key(tmp_path):
     bad.write_text('COLORS = {"outputs": 1, "outputs": 2}\n')
     done = _run(_tool("ruff"), "check", "--no-cache", "--config", str(ROOT / "pyproject.toml"), str(bad))
     assert done.returncode == 1 and "F601" in done.stdout, done.stdout
+
+
+def test_the_fast_lane_lists_existing_files_and_ci_runs_the_full_suite():
+    lane = [line.split("#")[0].strip() for line in (ROOT / "scripts" / "fast_lane.txt").read_text().splitlines()]
+    lane = [p for p in lane if p]
+    assert len(lane) >= 20 and [p for p in lane if not (ROOT / p).is_file()] == []
+    ci = [line for line in (ROOT / ".ci" / "run").read_text().splitlines() if "scripts/test.sh" in line]
+    assert ci == ["exec bash scripts/test.sh"], "CI must run the whole suite, with no arguments"
