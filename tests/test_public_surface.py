@@ -90,3 +90,14 @@ def test_every_documented_submodule_name_exists():
 def test_docs_api_md_is_generated_from_the_current_surface():
     assert (ROOT / "docs" / "api.md").read_text() == api_reference.render(), \
         "docs/api.md is stale: run python scripts/api_reference.py"
+
+
+def test_importing_the_package_loads_no_ui_planner_or_parallel_engine():
+    """Measuring never pays for the explorer (ipywidgets, Bokeh), the planner or the ranks."""
+    import subprocess
+
+    code = ("import sys, memsave_nb; print(sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('ipywidgets', 'bokeh') or m.startswith(('memsave_nb.ui', 'memsave_nb.planner', 'memsave_nb.parallel.'))))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"
