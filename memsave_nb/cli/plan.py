@@ -6,7 +6,6 @@ config with ``--export``. Paths are checked before the search."""
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 from ..errors import MemsaveError

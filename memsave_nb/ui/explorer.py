@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import html
 import threading
-import time
 import weakref
 from typing import Any, Callable
 

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import contextlib
 
-import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from memsave_nb import zoo

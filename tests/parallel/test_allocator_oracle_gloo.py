@@ -39,7 +39,6 @@ def _rank(rank: int, world_size: int, kind: str, store: str, out: str) -> None:
     from torch.distributed.device_mesh import init_device_mesh
 
     from memsave_nb.parallel.apply import apply_parallel
-    from memsave_nb.parallel_spec import ParallelSpec
     from memsave_nb.parallel.step import tracked_step
 
     torch.set_num_threads(1)

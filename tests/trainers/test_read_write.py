@@ -14,7 +14,7 @@ from memsave_nb import Plan
 from memsave_nb.checkpointing import RegionKind, RegionPolicy
 from memsave_nb.errors import MemsaveError
 from memsave_nb.parallel_spec import ParallelSpec
-from memsave_nb.trainers import TrainerConfigError, axolotl, detect, from_trainer, hf, to_trainer, trl
+from memsave_nb.trainers import TrainerConfigError, detect, from_trainer, hf, to_trainer, trl
 
 from .conftest import LAYERS, tiny_llama
 
