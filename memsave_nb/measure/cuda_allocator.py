@@ -213,6 +213,7 @@ class CachingAllocator:
                     if not self._room(alloc):
                         raise AllocatorOOM(f"tried to allocate {alloc} B with {self.stats.reserved} B reserved")
             block = self._new_segment(alloc, stream, small).head
+        assert block is not None
         out = self._hand_out(block, size, nbytes)
         self._record("alloc", out.addr, nbytes, stream)
         return out
@@ -296,6 +297,7 @@ class CachingAllocator:
         return seg
 
     def _release(self, seg: Segment) -> None:
+        assert seg.head is not None
         self._remove(seg.head)
         self.segments.remove(seg)
         self.stats.reserved -= seg.size
@@ -354,6 +356,7 @@ class CachingAllocator:
         st.segment_allocs.append((seg.addr + seg.size, more, stream))
         self._record("segment_map", seg.addr + seg.size, more, stream)
         if have:
+            assert tail is not None
             self._remove(tail)
             tail.size += more
             block = tail
@@ -364,6 +367,7 @@ class CachingAllocator:
             else:
                 tail.next = block
         seg.size += more
+        assert block is not None
         return block
 
     def _shrink(self, seg: Segment) -> None:

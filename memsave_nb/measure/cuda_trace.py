@@ -10,6 +10,7 @@ the trace never touched).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from memsave_nb.measure.cuda_allocator import (
     K_MIN_BLOCK,
@@ -60,6 +61,7 @@ def _seed(alloc: CachingAllocator, seg: dict, live: dict[int, int]) -> dict[int,
     small = seg["segment_type"] == "small"
     s = alloc._new_segment(seg["total_size"], seg["stream"], small, addr=seg["address"])
     alloc.stats.segment_allocs.pop()
+    assert s.head is not None
     alloc._insert(s.head)
     base, end = seg["address"], seg["address"] + seg["total_size"]
     inside = sorted(a for a in live if base <= a < end)
@@ -118,8 +120,8 @@ def replay(snapshot: dict, device: int = 0, settings: Settings | None = None, tr
     alloc = CachingAllocator(settings, next_address=(lambda size: next(queue, None)) if trace_addresses else None)
     old, live = _start_state(events, segments)
     blocks: dict[int, Block] = {}
-    for seg in old:
-        blocks.update(_seed(alloc, seg, live))
+    for rec_seg in old:
+        blocks.update(_seed(alloc, rec_seg, live))
     n_old = len(alloc.segments)
     alloc.stats.max_reserved = alloc.stats.reserved
     timeline = []
@@ -133,7 +135,7 @@ def replay(snapshot: dict, device: int = 0, settings: Settings | None = None, tr
             continue
         timeline.append((alloc.stats.allocated, alloc.stats.reserved))
     # the model's segments in the dump's order: old ones by address, new ones by creation order
-    by_trace_addr = {}
+    by_trace_addr: dict[int, Any] = {}
     new = alloc.segments[n_old:]
     order = {r["addr"]: i for i, r in enumerate(recorded)}
     made = sorted(new, key=lambda g: g.index)
@@ -144,9 +146,9 @@ def replay(snapshot: dict, device: int = 0, settings: Settings | None = None, tr
     model_segments, dump_segments = [], []
     for s in sorted(segments, key=lambda s: (s["address"] not in order, order.get(s["address"], 0), s["address"])):
         dump_segments.append((s["total_size"], _shape((b["size"], b["state"] == "active_allocated") for b in s["blocks"])))
-        seg = by_trace_addr.get(s["address"])
-        if seg is not None:
-            model_segments.append((seg.size, _shape((b.size, b.allocated) for b in seg.blocks())))
+        found = by_trace_addr.get(s["address"])
+        if found is not None:
+            model_segments.append((found.size, _shape((b.size, b.allocated) for b in found.blocks())))
     extra = [g for g in alloc.segments if g not in by_trace_addr.values()]
     for seg in extra:
         model_segments.append((seg.size, _shape((b.size, b.allocated) for b in seg.blocks())))

@@ -25,7 +25,7 @@ MAX_SNAPSHOT_BYTES = 2 << 30
 def _segments(alloc: CachingAllocator) -> list[dict]:
     out = []
     for seg in sorted(alloc.segments, key=lambda g: g.addr):
-        blocks = [{"address": b.addr, "size": b.size, "requested_size": b.requested if b.allocated else b.size,
+        blocks: list[dict[str, Any]] = [{"address": b.addr, "size": b.size, "requested_size": b.requested if b.allocated else b.size,
                    "state": "active_allocated" if b.allocated else "inactive", "frames": []} for b in seg.blocks()]
         used = sum(b["size"] for b in blocks if b["state"] == "active_allocated")
         out.append({"device": 0, "address": seg.addr, "total_size": seg.size, "allocated_size": used,

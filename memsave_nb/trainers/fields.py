@@ -37,7 +37,7 @@ def class_fields(trainer: str) -> tuple[frozenset[str], dict[str, Any]] | None:
         if trainer == "trl":
             from trl import SFTConfig as cls
         else:
-            from transformers import TrainingArguments as cls
+            from transformers import TrainingArguments as cls  # type: ignore[assignment]
     except ImportError:
         return None
     fields = [f for f in dataclasses.fields(cls) if f.init]

@@ -19,7 +19,7 @@ from memsave_nb.checkpointing import show
 from .safe_read import TrainerConfigError
 
 try:  # Python 3.11+: the parser re.compile itself runs
-    from re import _constants as _c, _parser as _p
+    from re import _constants as _c, _parser as _p  # type: ignore[attr-defined]
 except ImportError:  # pragma: no cover - Python 3.10
     import sre_constants as _c  # type: ignore[no-redef]
     import sre_parse as _p  # type: ignore[no-redef]
