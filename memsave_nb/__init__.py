@@ -1,54 +1,69 @@
 """memsave_nb: see and tune what a PyTorch training step keeps in memory.
 
-The public names, from the bottom of the flow up: :class:`Workload` (one training step),
-:class:`Plan` and :mod:`presets` (memory choices, applied and undone exactly),
-:func:`measure` (the engine) and :class:`Measurement`, :class:`Session` (baseline, history,
-deltas), :func:`convert`/:func:`revert` (memory-saving layers), and :func:`explore` (the
-notebook explorer, imported lazily so that measuring never loads the UI).
+The public surface is ``__all__`` below, about 25 names, and nothing else at the top level is
+promised. Build a step (:class:`Workload`, :func:`from_pretrained`, :func:`from_trainer`), choose
+what it keeps (:class:`Plan`, :mod:`presets`, :class:`RegionPolicy`, :class:`ParallelSpec`),
+measure it (:func:`measure`, :func:`measure_parallel`, :class:`Session`), let the planner choose
+(:func:`plan_for` under a :class:`Target`) and look (:func:`explore`, :func:`write_report`).
+Everything else lives in documented submodules (docs/api.md). The explorer, the planner and the
+parallel engine load lazily, so that measuring never imports the UI.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from . import presets
+from . import presets, zoo
 from .checkpointing import RegionPolicy
+from .errors import Cancelled, MemsaveError, PlanError, StepError, WorkloadError
 from .hub import from_pretrained
-from .errors import Cancelled, MemsaveError, StepError, WorkloadError
 from .layers import convert, revert
 from .measure import Measurement, measure
+from .parallel_spec import ParallelSpec
 from .plan import Plan
 from .session import Session
+from .target import Target
 from .trainers import from_trainer, to_trainer
 from .workload import Workload
 
 __version__ = "0.1.0"
 
 __all__ = [
+    # build a step
     "Workload",
     "from_pretrained",
     "from_trainer",
-    "to_trainer",
+    "zoo",
+    # choose what it keeps
     "Plan",
-    "RegionPolicy",
     "presets",
+    "RegionPolicy",
+    "ParallelSpec",
+    "convert",
+    "revert",
+    "to_trainer",
+    # measure it
     "measure",
     "Measurement",
     "Session",
-    "convert",
-    "revert",
+    "measure_parallel",
+    # let the planner choose
+    "Target",
+    "plan_for",
+    # look
     "explore",
     "write_report",
+    # errors
     "MemsaveError",
-    "StepError",
     "WorkloadError",
+    "PlanError",
+    "StepError",
     "Cancelled",
 ]
 
-
 def __getattr__(name: str) -> Any:
-    """Lazy front doors: the explorer (ipywidgets, Bokeh) and the HTML report."""
-    if name in ("explore", "Explorer"):
+    """Lazy front doors: the explorer (ipywidgets, Bokeh), the report, the planner, the parallel engine."""
+    if name in ("explore", "Explorer"):  # Explorer: kept for old notebooks, not part of the surface
         from .ui import explorer
 
         return getattr(explorer, name)
@@ -56,7 +71,19 @@ def __getattr__(name: str) -> Any:
         from .report import write_report
 
         return write_report
+    if name == "plan_for":
+        from .planner.search import plan_for
+
+        return plan_for
+    if name == "measure_parallel":
+        from .parallel.measure import measure_parallel
+
+        return measure_parallel
     raise AttributeError(f"module 'memsave_nb' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
 
 
 def load_ipython_extension(ipython) -> None:  # pragma: no cover - exercised through IPython in tests

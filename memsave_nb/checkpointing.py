@@ -21,7 +21,6 @@ Wrapping sets ``forward`` as an instance attribute; :func:`unwrap_region` restor
 from __future__ import annotations
 
 import enum
-import functools
 import re
 import sys
 from dataclasses import dataclass, field

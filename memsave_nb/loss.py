@@ -11,6 +11,12 @@ built; positions labelled -100 are dropped before the head. The forward returns 
 ``.loss`` only (no logits), so the workload's default loss reads it. The zoo's GPT
 (``hidden_states(idx)``, ``head``, aligned ``targets``) takes it too. ``loss="full"`` is the
 model's own loss, as given (nothing changes). Nothing here measures or imports ``transformers``.
+
+A chunked loss that differs from the model's own would train a different model, so it runs only
+on an allow-list of families whose forward was read: what each does between the last hidden state
+and the loss (Gemma 2's soft-capping, Cohere's and Granite's logit scaling, Mixtral's router loss)
+is a :class:`HeadTransform` run per chunk; anything else (masked LMs, encoder-decoders, unknown
+causal LMs) is refused in one line before the step runs.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from torch import nn
 from memsave_nb.checkpointing import PlanError, show
 
 __all__ = ["LOSSES", "DEFAULT_LOSS_CHUNK", "IGNORE_INDEX", "check_loss", "use_chunked_loss", "causal_lm",
-           "ChunkedLossOutput", "apply_loss"]
+           "ChunkedLossOutput", "HeadTransform", "FAMILIES", "apply_loss"]
 
 LOSSES: dict[str, str] = {
     "full": "the model's own loss over the whole batch x seq x vocab logits",
@@ -51,42 +57,134 @@ def check_loss(loss: Any, chunk: Any) -> tuple[str | None, int | None]:
 
 @dataclass
 class ChunkedLossOutput:
-    """What the chunked forward returns: the loss only (the logits were never built)."""
+    """What the chunked forward returns: the loss only (the logits were never built); an MoE
+    model's router loss (already in ``loss``) as ``aux_loss``."""
 
     loss: torch.Tensor
+    aux_loss: torch.Tensor | None = None
 
 
-def causal_lm(model: nn.Module) -> tuple[nn.Module, nn.Linear]:
-    """``(causal LM, head)``: a Hugging Face causal LM (a peft model's base model too: backbone
-    ``base_model``, head ``get_output_embeddings()``) or a model with a ``hidden_states(idx)``
-    method and a ``head`` (the zoo's GPT); else one ``PlanError`` line saying why the chunked loss
-    does not apply."""
+@dataclass(frozen=True)
+class HeadTransform:
+    """What a causal LM's forward does between its LM head and its loss, run per chunk: logits
+    times ``logit_scale``, then ``softcap * tanh(logits / softcap)``; ``router_aux``: the loss gets
+    ``router_aux_loss_coef * load_balancing_loss_func(router logits)`` when the model asks for them."""
+
+    logit_scale: float = 1.0
+    softcap: float | None = None
+    router_aux: bool = False
+
+
+def _number(lm: nn.Module, name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+        raise PlanError(f"loss='chunked': {type(lm).__name__}'s {name} is {show(value, 30)}, not a positive number")
+    return float(value)
+
+
+def _softcapped(lm: nn.Module) -> HeadTransform:  # Gemma 2/3: logits / cap -> tanh -> * cap
+    cap = getattr(lm.config, "final_logit_softcapping", None)
+    return HeadTransform(softcap=None if cap is None else _number(lm, "final_logit_softcapping", cap))
+
+
+# Causal LMs whose forward (transformers 5.25) was read, head to loss, and whose chunked loss and
+# gradients tests/measure/test_chunked_loss_families.py hold to the model's own in float64. An
+# allow-list: any other model (masked LMs, encoder-decoders, unknown heads) is refused.
+_PLAIN = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM", "Phi3ForCausalLM",
+          "GemmaForCausalLM", "GPT2LMHeadModel")
+FAMILIES: dict[str, Callable[[nn.Module], HeadTransform]] = {
+    **{name: (lambda lm: HeadTransform()) for name in _PLAIN},
+    "Gemma2ForCausalLM": _softcapped,
+    "Gemma3ForCausalLM": _softcapped,
+    "CohereForCausalLM": lambda lm: HeadTransform(logit_scale=_number(lm, "logit_scale", lm.logit_scale)),
+    "GraniteForCausalLM": lambda lm: HeadTransform(
+        logit_scale=1.0 / _number(lm, "logits_scaling", lm.config.logits_scaling)),
+    "MixtralForCausalLM": lambda lm: HeadTransform(router_aux=True),
+}
+_ZOO_GPT = ("memsave_nb.zoo", "GPT")  # hidden_states(idx), head, aligned targets, plain cross-entropy
+
+
+def _model_class(lm: nn.Module) -> type:
+    """``lm``'s own class under torch.distributed's class swaps (``fully_shard``'s ``FSDP<Name>``,
+    ``replicate``'s ``DDP<Name>``): they add hooks, not a forward."""
+    cls = type(lm)
+    while cls.__module__.startswith("torch.distributed.") and "forward" not in cls.__dict__:
+        bases = [b for b in cls.__bases__ if not b.__module__.startswith("torch.distributed.")]
+        if len(bases) != 1 or not cls.__name__.endswith(bases[0].__name__):
+            break
+        cls = bases[0]
+    return cls
+
+
+def _refusal(lm: nn.Module) -> str:
+    """Why the chunked loss does not run ``lm`` (one line)."""
+    name = _model_class(lm).__name__[:60]
+    config = getattr(lm, "config", None)
+    known = next((c.__name__ for c in _model_class(lm).__mro__[1:] if c.__name__ in FAMILIES), None)
+    if known is not None:
+        why = f"a subclass of {known[:40]} (its forward may differ)"
+    elif getattr(config, "is_encoder_decoder", False):
+        why = "an encoder-decoder (its loss is on the decoder's outputs)"
+    elif name.endswith(("ForMaskedLM", "ForPreTraining")):
+        why = "a masked LM (its loss is on masked tokens, not the next token)"
+    elif name.endswith(("ForCausalLM", "LMHeadModel")):
+        why = "a causal LM whose forward between head and loss memsave_nb has not checked"
+    else:
+        why = "not a causal LM that memsave_nb knows"
+    return f"loss='chunked' needs a causal LM: {name} is {why}; use loss='full'"
+
+
+def causal_lm(model: nn.Module) -> tuple[nn.Module, nn.Linear, HeadTransform]:
+    """``(causal LM, head, head transform)``: a Hugging Face causal LM of a checked family (a peft
+    model's base model too: backbone ``base_model``, head ``get_output_embeddings()``) or the zoo's
+    GPT (``hidden_states(idx)``, ``head``); else one ``PlanError`` line saying why the chunked loss
+    does not apply. The class must be the library's own: a subclass may change the forward."""
     lm = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
-    get_head = getattr(lm, "get_output_embeddings", None)
-    head = get_head() if callable(get_head) else None
-    if head is None and callable(getattr(lm, "hidden_states", None)):
-        head = getattr(lm, "head", None)
-    elif getattr(lm, "base_model", lm) is lm:
-        head = None
-    if head is None:
-        raise PlanError(f"loss='chunked' needs a causal LM with a backbone and an LM head (Hugging Face's "
-                        f"*ForCausalLM, or hidden_states() and head); {type(lm).__name__} has none")
+    cls = _model_class(lm)
+    if (cls.__module__, cls.__name__) == _ZOO_GPT:
+        head, transform = getattr(lm, "head", None), HeadTransform()
+    elif cls.__module__.startswith("transformers.models.") and cls.__name__ in FAMILIES:
+        head, transform = lm.get_output_embeddings(), FAMILIES[cls.__name__](lm)
+    else:
+        raise PlanError(_refusal(lm))
     if type(head) is not nn.Linear:
         raise PlanError(f"loss='chunked' reads the LM head's weight: {type(head).__name__} (an adapter or quantized "
                         "head) is not a plain nn.Linear")
-    return lm, head
+    return lm, head, transform
 
 
-def _hidden_and_targets(lm: nn.Module, args: tuple, kwargs: dict[str, Any],
-                        labels: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The hidden states before the head and the target of each: Hugging Face's labels are the
-    inputs (position t predicts label t+1); the zoo's ``targets`` are already aligned."""
-    if callable(getattr(lm, "get_output_embeddings", None)):
-        if labels is None:
-            raise PlanError("loss='chunked' needs labels in the batch (the loss is computed in the forward)")
-        kwargs.setdefault("use_cache", False)  # as TRL's fused head: no KV cache in a training step
-        hidden = lm.base_model(*args, **kwargs).last_hidden_state
-        return hidden[:, :-1], labels[:, 1:]  # (B, T-1, H): position t predicts t+1
+def _router_loss(lm: nn.Module, out: Any, attention_mask: Any) -> torch.Tensor:
+    """The MoE router's load-balancing term, by the model's own module's function, as its forward."""
+    import sys
+
+    balance = sys.modules[_model_class(lm).__module__].load_balancing_loss_func
+    return balance(out.router_logits, lm.num_experts, lm.num_experts_per_tok, attention_mask)
+
+
+def _hf_hidden_and_targets(lm: nn.Module, transform: HeadTransform, args: tuple, kwargs: dict[str, Any],
+                           labels: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, Any]:
+    """A Hugging Face causal LM's hidden states before the head, the target of each (position t
+    predicts label t+1, or ``shift_labels`` as given) and the router loss (or None)."""
+    if labels is None:  # as the model: no labels, no loss (shift_labels alone included)
+        raise PlanError("loss='chunked' needs labels in the batch (the loss is computed in the forward)")
+    if kwargs.pop("logits_to_keep", 0) not in (0, None):
+        raise PlanError("loss='chunked' computes the loss over every position: leave logits_to_keep unset")
+    shift = kwargs.pop("shift_labels", None)
+    kwargs.setdefault("use_cache", False)  # as TRL's fused head: no KV cache in a training step
+    router = False
+    if transform.router_aux:
+        router = kwargs.pop("output_router_logits", None)
+        router = lm.config.output_router_logits if router is None else router
+        kwargs["output_router_logits"] = router
+    out = lm.base_model(*args, **kwargs)
+    hidden = out.last_hidden_state
+    aux = _router_loss(lm, out, kwargs.get("attention_mask", args[1] if len(args) > 1 else None)) if router else None
+    if shift is not None:
+        return hidden, shift, aux
+    return hidden[:, :-1], labels[:, 1:], aux  # (B, T-1, H): position t predicts t+1
+
+
+def _gpt_hidden_and_targets(lm: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The zoo GPT's hidden states before the head and its ``targets`` (already aligned)."""
     targets = kwargs.pop("targets", None)
     if targets is None and len(args) > 1:
         args, targets = args[:1], args[1]
@@ -121,20 +219,32 @@ def use_chunked_loss(model: nn.Module, chunk: int = DEFAULT_LOSS_CHUNK, *,
     for fake-tensor steps of a known batch (without it a fake step keeps every position)."""
     from memsave_nb.layers.linear_ce import chunked_linear_cross_entropy
 
-    lm, _ = causal_lm(model)
+    lm, _, transform = causal_lm(model)
     if "forward" in lm.__dict__:
         raise PlanError(f"loss='chunked' replaces {type(lm).__name__}.forward, which is already replaced "
                         "(a checkpointed region on the model itself?)")
+    hf = (_model_class(lm).__module__, _model_class(lm).__name__) != _ZOO_GPT
 
     def forward(self: nn.Module, *args: Any, labels: torch.Tensor | None = None, **kwargs: Any) -> ChunkedLossOutput:
-        _, head = causal_lm(self)
-        hidden, targets = _hidden_and_targets(self, args, kwargs, labels)
+        _, head, _ = causal_lm(self)
+        items = kwargs.pop("num_items_in_batch", None) if hf else None  # Hugging Face: sum / items
+        ignore = kwargs.pop("ignore_index", IGNORE_INDEX) if hf else IGNORE_INDEX
+        if hf:
+            hidden, targets, aux = _hf_hidden_and_targets(self, transform, args, kwargs, labels)
+        else:
+            (hidden, targets), aux = _gpt_hidden_and_targets(self, args, kwargs), None
         count = None
         if _is_fake(targets):  # values unknown: the real batch's count, else every position kept
             count = valid_hint[1] if valid_hint is not None and valid_hint[0] == tuple(targets.shape) else targets.numel()
         loss = chunked_linear_cross_entropy(hidden, head.weight, targets.to(hidden.device), bias=head.bias,
-                                            chunk=chunk, ignore_index=IGNORE_INDEX, valid_count=count)
-        return ChunkedLossOutput(loss)
+                                            chunk=chunk, ignore_index=ignore, valid_count=count,
+                                            reduction="mean" if items is None else "sum",
+                                            logit_scale=transform.logit_scale, softcap=transform.softcap)
+        if items is not None:
+            loss = loss / (items.to(loss.device) if torch.is_tensor(items) else items)
+        if aux is not None:
+            loss = loss + self.router_aux_loss_coef * aux.to(loss.device)
+        return ChunkedLossOutput(loss, aux)
 
     lm.forward = types.MethodType(forward, lm)
 

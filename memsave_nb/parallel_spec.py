@@ -20,9 +20,9 @@ from memsave_nb.errors import PlanError, WorkloadError
 STRATEGIES = ("fsdp", "ddp")
 # Tensor-parallel styles a plan names (``parallel/tp.py`` maps each to PyTorch's ParallelStyle):
 # colwise / rowwise Linear (or Embedding), the input embedding (rowwise, token ids replicated),
-# the output head (colwise, logits gathered), a norm and a module that gathers its sequence-sharded
-# input once (both for sequence parallel).
-TP_STYLES = ("colwise", "rowwise", "embedding", "head", "norm", "gather_input", "gather_hidden_states")
+# the output head (colwise, logits gathered), a norm, a module that gathers its sequence-sharded
+# input once and a learned position table split over positions (the last three for sequence parallel).
+TP_STYLES = ("colwise", "rowwise", "embedding", "head", "norm", "gather_input", "gather_hidden_states", "positions")
 DTYPES = ("float32", "bfloat16", "float16")
 # torch.distributed.pipelining schedules (ScheduleGPipe, Schedule1F1B, ScheduleInterleaved1F1B)
 SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
@@ -43,7 +43,12 @@ class ParallelSpec:
     - ``shard_modules``: FSDP units, exact module names; the root is always one more unit.
       Empty means the repeated blocks (``checkpointing.suggest_regions``), as one would choose.
     - ``replicate``: HSDP replica groups; the mesh is ``(replicate, world_size // replicate)``.
-    - ``reshard_after_forward``: FSDP2 frees the gathered parameters after forward.
+    - ``reshard_after_forward``: FSDP2 frees each unit's gathered parameters after forward
+      (torch's default for a non-root module).
+    - ``reshard_root``: the same for the root (what is not in a unit). ``False`` is torch's default
+      for the root (``fully_shard``'s ``None``: keep it gathered, backward needs it first);
+      accelerate's FSDP2 plugin (HF Trainer, TRL, axolotl) passes its ``reshard_after_forward`` to
+      the root too, so configs imported from those set it.
     - ``param_dtype`` / ``reduce_dtype``: FSDP2 ``MixedPrecisionPolicy`` (``"bfloat16"``...).
     - ``cpu_offload``: FSDP2 ``CPUOffloadPolicy`` (sharded parameters, gradients and optimizer
       state live in host memory).
@@ -67,6 +72,7 @@ class ParallelSpec:
     shard_modules: tuple[str, ...] = ()
     replicate: int = 1
     reshard_after_forward: bool = True
+    reshard_root: bool = False
     param_dtype: str | None = None
     reduce_dtype: str | None = None
     cpu_offload: bool = False
@@ -103,7 +109,7 @@ class ParallelSpec:
             v = getattr(self, f)
             if v is not None and v not in DTYPES:
                 raise ParallelError(f"{f} must be one of {DTYPES} or None, got {show(v)}")
-        for f in ("reshard_after_forward", "cpu_offload", "gradient_as_bucket_view"):
+        for f in ("reshard_after_forward", "reshard_root", "cpu_offload", "gradient_as_bucket_view"):
             if not isinstance(getattr(self, f), bool):
                 raise ParallelError(f"{f} must be True or False, got {show(getattr(self, f))}")
         self._check_tensor_parallel()
@@ -209,6 +215,8 @@ class ParallelSpec:
         parts = [head]
         if not self.reshard_after_forward:
             parts.append("no reshard after forward")
+        if self.reshard_root:
+            parts.append("root resharded after forward (accelerate's choice, not torch's default)")
         if self.param_dtype or self.reduce_dtype:
             parts.append(f"mixed precision {self.param_dtype or 'orig'}/{self.reduce_dtype or 'orig'}")
         if self.cpu_offload:

@@ -83,12 +83,30 @@ def _figures(c: _Contents, top: int | None, max_points: int) -> list[tuple[str, 
         (bars_title, F.layer_bars(c.measurement, c.baseline, top=bars).figure),
         ("Memory over the step", F.timeline(c.measurement, max_points).figure),
     ]
+    if c.measurement.reserved is not None and c.measurement.reserved.reserved:
+        out.append(("Reserved beside allocated (allocator model)", _reserved_figure(c.measurement, max_points)))
     if len(c.entries) > 1:
         out.append(("Plans tried", F.history(c.entries).figure))
     sweep = [e for e in c.entries if getattr(getattr(e, "plan", None), "compile_budget", None) is not None]
     if len(sweep) > 1:
         out.append(("Compile memory budget", F.budget_sweep(sweep).figure))
     return out
+
+
+def _reserved_figure(m: Measurement, max_points: int) -> Any:
+    """The allocator model's reserved bytes beside the tracker's live bytes, event by event."""
+    from bokeh.plotting import figure
+
+    from .ui.figures import timeline_indices
+
+    idx = timeline_indices(m, max_points)
+    live, reserved = m.timeline.total(), m.reserved.reserved  # type: ignore[union-attr]
+    fig = figure(width=760, height=260, x_axis_label="allocation event", y_axis_label="bytes",
+                 title=f"Predicted reserved (max {format_bytes(m.reserved.max_reserved_bytes)}) and allocated")  # type: ignore[union-attr]
+    fig.step(idx, [reserved[i] for i in idx], mode="after", color="#d62728", legend_label="reserved (allocator model)")
+    fig.step(idx, [live[i] for i in idx], mode="after", color="#1f77b4", legend_label="allocated (tracker)")
+    fig.legend.location = "top_left"
+    return fig
 
 
 def _table_html(headers: Sequence[str], rows: Sequence[Sequence[str]], numeric_from: int, css_class: str) -> str:
@@ -121,6 +139,9 @@ def _summary_html(m: Measurement, baseline: Measurement | None) -> str:
         items.insert(1, ("first-step peak", format_bytes(m.first_step_peak_bytes)))
     if m.cuda_peak_bytes is not None:
         items.append(("CUDA allocator peak", format_bytes(m.cuda_peak_bytes)))
+    if m.reserved is not None:  # the allocator model's replay (docs/allocator.md)
+        items.append(("predicted reserved", format_bytes(m.reserved.max_reserved_bytes)))
+        items.append(("fragmentation at the peak", format_bytes(m.reserved.fragmentation_bytes)))
     if baseline is not None:
         items.append(("peak vs baseline", format_delta_bytes(m.peak_bytes - baseline.peak_bytes)))
         items.append(("saved vs baseline", format_delta_bytes(m.saved_bytes - baseline.saved_bytes)))

@@ -12,6 +12,10 @@ than one GPU, communication-library buffers (about 0.5 GB per communicator). Fuj
 ("Accelerating Large Language Model Training with 4D Parallelism and Memory Consumption
 Estimator", arXiv:2411.06465; 454 runs on A100 and H100) found that runs whose estimated memory
 was below 80% of the GPU's never ran out of memory: the 80% rule.
+
+Where the step's allocations were replayed through the caching-allocator model
+(``measure/cuda_allocator.py``), ``reserved_verdict`` replaces the rule: predicted reserved memory
++ CUDA context + communication buffers against the whole GPU (docs/allocator.md).
 """
 
 from __future__ import annotations
@@ -42,6 +46,8 @@ __all__ = [
     "plausible_preset_gb",
     "max_batch",
     "max_seq_len",
+    "ReservedVerdict",
+    "reserved_verdict",
 ]
 
 GIB = 2**30
@@ -321,3 +327,93 @@ def _current(fn: Callable[[], int], default: int) -> int:
         return fn()
     except Exception:  # noqa: BLE001
         return default
+
+
+# -- the verdict from the allocator model's replay (issue 40, part 3) ---------------------------
+# What no tracker sees, added to the replay's reserved memory. Sources: docs/allocator.md.
+CUDA_CONTEXT_BYTES = 500 * 2**20
+CUDA_CONTEXT_SOURCE = "context and kernels: about 300-500 MB per GPU, the upper end taken; no tracker sees it"
+COMM_BUFFER_BYTES = 512 * 2**20
+COMM_BUFFER_SOURCE = "about 0.5 GB per communicator, a published estimate"
+# settings tried when the step does not fit as it is, in this order
+ALLOC_KNOBS = ("expandable_segments:True", "max_split_size_mb:512", "max_split_size_mb:128")
+
+
+@dataclass(frozen=True)
+class ReservedVerdict:
+    """Predicted reserved memory + CUDA context + communication buffers against the whole GPU.
+
+    ``fits``: the replay under the GPU's capacity (less context and buffers) never ran out, after
+    the out-of-memory retries torch makes. ``fragmentation_only``: the rounded allocations would
+    fit but the cached, split segments do not; ``fix``: a ``PYTORCH_CUDA_ALLOC_CONF`` that fits."""
+
+    target: Target
+    reserved_bytes: int
+    allocated_bytes: int
+    context_bytes: int
+    comm_bytes: int
+    communicators: int
+    fits: bool
+    alloc_conf: str = ""
+    fragmentation_only: bool = False
+    fix: str = ""
+
+    @property
+    def total_bytes(self) -> int:
+        return self.reserved_bytes + self.context_bytes + self.comm_bytes
+
+    def lines(self) -> tuple[str, ...]:
+        from memsave_nb.units import format_bytes as fb
+
+        word = "fits" if self.fits else "does not fit"
+        conf = f", PYTORCH_CUDA_ALLOC_CONF={self.alloc_conf}" if self.alloc_conf else ""
+        out = [
+            (f"Target {self.target.label}: {word} ({fb(self.total_bytes)} of {fb(self.target.total_bytes)}; "
+             "replayed through the caching-allocator model, no 80% rule)"),
+            (f"  predicted reserved memory: {fb(self.reserved_bytes)} (allocator model{conf}; "
+             f"allocated {fb(self.allocated_bytes)})"),
+            f"  CUDA context: {fb(self.context_bytes)} ({CUDA_CONTEXT_SOURCE})",
+        ]
+        if self.communicators:
+            out.append(f"  communication buffers: {fb(self.comm_bytes)} ({self.communicators} x {COMM_BUFFER_SOURCE})")
+        if self.fragmentation_only:
+            out.append("  fragmentation alone makes it not fit: the allocations fit, the cached segments do not"
+                       + (f"; PYTORCH_CUDA_ALLOC_CONF={self.fix} fits" if self.fix else "; no setting tried fits"))
+        elif self.fix:
+            out.append(f"  PYTORCH_CUDA_ALLOC_CONF={self.fix} fits")
+        return tuple(out)
+
+
+def _replay_fits(ops: Any, conf: str, capacity: int) -> bool:
+    from memsave_nb.measure.cuda_allocator import AllocatorOOM
+    from memsave_nb.measure.reserved import run_ops, settings_of
+
+    if capacity <= 0:
+        return False
+    try:
+        run_ops(ops, settings_of(conf)[0], capacity)
+    except AllocatorOOM:
+        return False
+    return True
+
+
+def reserved_verdict(target: Target, measurement: "Measurement", *, communicators: int = 0) -> ReservedVerdict | None:
+    """The verdict from the allocator model, or None where no replay exists (the compiled route,
+    an old result): then the 80% rule (``Target.verdict``) is what there is."""
+    r = getattr(measurement, "reserved", None)
+    if r is None or not r.ops:
+        return None
+    comm = COMM_BUFFER_BYTES * communicators
+    capacity = target.total_bytes - CUDA_CONTEXT_BYTES - comm
+    fits = _replay_fits(r.ops, r.alloc_conf, capacity)
+    fix, frag = "", False
+    if not fits:
+        frag = 0 < r.max_allocated_bytes <= capacity
+        base = r.alloc_conf.strip(", ")
+        for knob in ALLOC_KNOBS:
+            conf = f"{base},{knob}" if base else knob
+            if _replay_fits(r.ops, conf, capacity):
+                fix = conf
+                break
+    return ReservedVerdict(target, r.max_reserved_bytes, r.max_allocated_bytes, CUDA_CONTEXT_BYTES, comm,
+                           communicators, fits, r.alloc_conf, frag, fix)

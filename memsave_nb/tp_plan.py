@@ -17,6 +17,7 @@ COLWISE = frozenset({"q_proj", "k_proj", "v_proj", "qkv", "query", "key", "value
 ROWWISE = frozenset({"o_proj", "out_proj", "proj", "down_proj", "down", "fc2", "w2", "wo"})
 EMBEDDINGS = frozenset({"wte", "embed_tokens", "tok_embeddings"})  # when the model does not say
 HEADS = frozenset({"head", "lm_head", "output"})
+POSITIONS = frozenset({"wpe"})  # a learned position table added to the token embedding (GPT-2, the zoo GPT)
 
 
 def default_tp_plan(model, sequence_parallel=False):
@@ -31,9 +32,19 @@ def default_tp_plan(model, sequence_parallel=False):
 
     emb, head = ask("get_input_embeddings"), ask("get_output_embeddings")
     plan = []
+    wrapped = set()  # peft's LoRA layers: the base linear split as named, lora_B / lora_A to match
     for name, mod in model.named_modules():
         linear = isinstance(mod, nn.Linear)
-        if not name:
+        if not name or name in wrapped:
+            continue
+        base = getattr(mod, "base_layer", None)
+        if isinstance(base, nn.Linear) and (leaf(name) in COLWISE or leaf(name) in ROWWISE) and mod is not head:
+            col = leaf(name) in COLWISE  # colwise: lora_B splits its outputs; rowwise: lora_A its inputs
+            plan.append((name + ".base_layer", "colwise" if col else "rowwise"))
+            wrapped.add(name + ".base_layer")
+            for adapter in getattr(mod, "lora_B" if col else "lora_A", {}):
+                plan.append((f"{name}.lora_{'B' if col else 'A'}.{adapter}", "colwise" if col else "rowwise"))
+                wrapped.add(plan[-1][0])
             continue
         if mod is emb or (emb is None and isinstance(mod, nn.Embedding) and leaf(name) in EMBEDDINGS):
             plan.append((name, "embedding"))
@@ -43,6 +54,8 @@ def default_tp_plan(model, sequence_parallel=False):
             plan.append((name, "colwise"))
         elif linear and leaf(name) in ROWWISE:
             plan.append((name, "rowwise"))
+        elif sequence_parallel and isinstance(mod, nn.Embedding) and leaf(name) in POSITIONS:
+            plan.append((name, "positions"))
         elif sequence_parallel and (isinstance(mod, (nn.LayerNorm, nn.RMSNorm)) or type(mod).__name__.endswith("RMSNorm")):
             plan.append((name, "norm"))
     if sequence_parallel:  # as torchtitan: attention and MLP gather the sequence once, at their input
@@ -97,6 +110,8 @@ def tp_styles(plan: list[tuple[str, str]], sequence_parallel: bool) -> dict[str,
                                                   use_local_output=not sequence_parallel),
         "head": lambda name: ColwiseParallel(input_layouts=seq, output_layouts=Replicate()),
         "norm": lambda name: SequenceParallel(),
+        # positions (T, C) split over T: a Shard(0) DTensor that adds to the (B, T, C) Shard(1) embedding
+        "positions": lambda name: RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(0), use_local_output=False),
         "gather_input": lambda name: PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),),
                                                         use_local_output=True),
         "gather_hidden_states": lambda name: PrepareModuleInput(

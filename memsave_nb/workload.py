@@ -152,6 +152,10 @@ class Workload:
     ``autocast_dtype``: the forward runs under ``torch.autocast`` with that dtype when set.
     ``loop``: how long the model's output lives (see ``LOOPS``); the default, ``"loss_only"``, is
     what Hugging Face's Trainer and ``Plan.to_code()`` run: only the loss goes into backward.
+    ``sized_for``: the device whose step the sizing follows when it is not the one the step runs on.
+    ``"cuda"`` (what models by name default to: they are sized for a GPU on a CPU twin) makes an
+    optimizer left to pick its implementation run the step torch picks on CUDA (see
+    :func:`follow_cuda_default`); None: the step runs as the workload's own device runs it.
 
     ``batch`` is a tensor, a tuple/list (positional arguments), a dict (keyword arguments, as
     Hugging Face models take them) or a zero-argument callable returning one of those.
@@ -169,6 +173,7 @@ class Workload:
     set_to_none: bool = True
     autocast_dtype: torch.dtype | None = None
     loop: str = DEFAULT_LOOP
+    sized_for: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, nn.Module):
@@ -184,6 +189,8 @@ class Workload:
             )
         if self.loop not in LOOPS:
             raise WorkloadError(f"unknown loop {self.loop!r}; choose from {', '.join(LOOPS)}")
+        if self.sized_for not in SIZED_FOR:
+            raise WorkloadError(f"sized_for must be one of {', '.join(map(str, SIZED_FOR))}, got {str(self.sized_for)[:40]!r}")
         if isinstance(self.optimizer, str) and self.optimizer.lower() not in _OPTIMIZERS and self.optimizer.lower() != "none":
             raise WorkloadError(f"unknown optimizer {self.optimizer!r}; choose from {sorted(_OPTIMIZERS)} or 'none'")
         self.device = check_device(self.device)
@@ -246,10 +253,44 @@ class Workload:
         if not params:
             return None
         factory = _OPTIMIZERS[spec.lower()] if isinstance(spec, str) else spec
-        return factory(params)
+        optimizer = factory(params)
+        if self.sized_for == "cuda":
+            follow_cuda_default(optimizer)
+        return optimizer
 
     def replace(self, **changes: Any) -> "Workload":
         return dataclasses.replace(self, **changes)
+
+
+SIZED_FOR = (None, "cuda")
+
+
+def follow_cuda_default(optimizer: Any) -> str | None:
+    """Make an optimizer that was left to pick its implementation (``foreach=None``, not fused) take
+    the step torch picks on CUDA: the foreach step (torch 2.13 ``torch/optim/optimizer.py``,
+    ``_default_to_fused_or_foreach``: fused only when asked for, foreach when every parameter is a
+    plain tensor on a CUDA device). On the CPU the same constructor runs the single-tensor loop,
+    whose temporaries are smaller. A wrapper with an ``_inner`` optimizer (fp32 master weights) is
+    followed inside. Returns the implementation now chosen (``"foreach"``, ``"fused"``,
+    ``"single-tensor"`` where the user asked for it, or None for an optimizer without the choice)."""
+    inner = getattr(optimizer, "_inner", None)
+    if isinstance(inner, torch.optim.Optimizer):
+        return follow_cuda_default(inner)
+    if not isinstance(optimizer, torch.optim.Optimizer) or "foreach" not in optimizer.defaults:
+        return None
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    if any(type(p).__name__ == "DTensor" for p in params):
+        return None  # sharded steps: the per-rank runners size (and note) the GPU's step themselves
+    if any(g.get("fused") for g in optimizer.param_groups):
+        return "fused"
+    if optimizer.defaults.get("differentiable"):
+        return None
+    for group in optimizer.param_groups:
+        if group.get("foreach") is None:
+            group["foreach"] = True
+    if optimizer.defaults.get("foreach") is None:
+        optimizer.defaults["foreach"] = True
+    return "foreach" if all(g.get("foreach") for g in optimizer.param_groups) else "single-tensor"
 
 
 def check_device(device: str | torch.device) -> str:

@@ -22,10 +22,7 @@ import copy
 import torch
 import torchinfo
 
-from memsave_nb import zoo
-from memsave_nb.plan import Plan
-from memsave_nb.session import Session
-from memsave_nb.ui.explorer import explore
+from memsave_nb import zoo, Plan, Session, explore
 from memsave_nb.ui.format import format_bytes, layer_table, render_table
 
 BATCH = 8

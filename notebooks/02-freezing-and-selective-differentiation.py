@@ -21,9 +21,7 @@ from bokeh.io import show
 from bokeh.models import ColumnDataSource, FactorRange, HoverTool
 from bokeh.plotting import figure
 
-from memsave_nb import presets, zoo
-from memsave_nb.session import Session
-from memsave_nb.ui.explorer import explore
+from memsave_nb import presets, zoo, Session, explore
 from memsave_nb.ui.format import format_bytes
 from memsave_nb.ui.plots import load_bokehjs
 

@@ -22,11 +22,8 @@ import pandas as pd
 import torch
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
-from memsave_nb import measure, zoo
-from memsave_nb.checkpointing import POLICY_PRESETS, OpChoice, RegionKind, RegionPolicy, suggest_regions
-from memsave_nb.plan import Plan
-from memsave_nb.session import Session
-from memsave_nb.ui.explorer import explore
+from memsave_nb import measure, zoo, RegionPolicy, Plan, Session, explore
+from memsave_nb.checkpointing import POLICY_PRESETS, OpChoice, RegionKind, suggest_regions
 from memsave_nb.ui.format import format_bytes, format_seconds
 
 config = zoo.GPTConfig(vocab_size=256, block_size=64, n_layer=2, n_head=2, n_embd=64, dropout=0.0)

@@ -20,11 +20,8 @@ from bokeh.io import show
 from bokeh.models import ColumnDataSource, HoverTool, LabelSet
 from bokeh.plotting import figure
 
-from memsave_nb import zoo
-from memsave_nb.checkpointing import RegionPolicy, suggest_regions
-from memsave_nb.plan import Plan
-from memsave_nb.session import Session
-from memsave_nb.ui.explorer import explore
+from memsave_nb import zoo, RegionPolicy, Plan, Session, explore
+from memsave_nb.checkpointing import suggest_regions
 from memsave_nb.ui.format import format_bytes, format_seconds
 from memsave_nb.ui.plots import load_bokehjs
 

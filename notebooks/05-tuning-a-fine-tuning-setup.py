@@ -22,11 +22,8 @@ import pandas as pd
 import torch
 from torch import nn
 
-from memsave_nb import presets, zoo
-from memsave_nb.session import Session
-from memsave_nb.ui.explorer import explore
+from memsave_nb import presets, zoo, Session, explore, Workload
 from memsave_nb.ui.format import format_bytes
-from memsave_nb.workload import Workload
 
 torch.manual_seed(0)
 USE_HF = importlib.util.find_spec("transformers") is not None

@@ -19,10 +19,9 @@ import dataclasses
 import pandas as pd
 import torch
 
-from memsave_nb import presets, zoo
-from memsave_nb.checkpointing import RegionPolicy, suggest_regions
-from memsave_nb.session import Session, run_plan
-from memsave_nb.ui.explorer import explore
+from memsave_nb import presets, zoo, RegionPolicy, Session, explore
+from memsave_nb.checkpointing import suggest_regions
+from memsave_nb.session import run_plan
 
 GiB = 2**30
 GPUS = (24, 40, 80)  # GiB
@@ -54,7 +53,7 @@ print(f"{n_params / 1e9:.2f} B parameters, {len(blocks)} blocks")
 # Each row is one fake training step (forward, backward, optimizer step).
 
 # %%
-from memsave_nb.plan import Plan
+from memsave_nb import Plan
 
 CASES = {
     "full fine-tuning, AdamW": (workload, Plan()),

@@ -20,12 +20,9 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from memsave_nb import presets, zoo
-from memsave_nb.measure import measure
-from memsave_nb.plan import Plan, RestorePoint
-from memsave_nb.planner import plan_for
-from memsave_nb.target import Target, max_batch, measure_peak
-from memsave_nb.workload import Workload
+from memsave_nb import presets, zoo, measure, Plan, plan_for, Target, Workload
+from memsave_nb.plan import RestorePoint
+from memsave_nb.target import max_batch, measure_peak
 
 GiB = 2**30
 # TinyLlama's shape (22 blocks, width 2048, SwiGLU 5632, RMSNorm, vocab 32000), without grouped-query attention
@@ -181,7 +178,7 @@ print("all claims hold")
 # offload per block, and the header's verdict follows.
 
 # %%
-from memsave_nb.ui.explorer import explore
+from memsave_nb import explore
 
 explorer = explore(workload, mode="fake", repeats=0, tab="Fit a GPU")
 explorer.tuner.device.value = "RTX 4090"

@@ -21,9 +21,7 @@
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from memsave_nb import Plan
-from memsave_nb.parallel import ParallelSpec, measure_parallel
-from memsave_nb.workload import Workload
+from memsave_nb import Plan, ParallelSpec, measure_parallel, Workload
 
 GiB = 1 << 30
 cfg = LlamaConfig(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64,
@@ -206,7 +204,7 @@ print("all claims hold")
 # *run* (live reruns are off: each costs a 70B fake step).
 
 # %%
-from memsave_nb.ui.explorer import explore
+from memsave_nb import explore
 
 explorer = explore(session, live=False, tab="GPUs")
 explorer.tuner.set_target(80)  # the verdicts against the notebook's 80 GB cards

@@ -23,8 +23,8 @@
 import time
 
 import memsave_nb
-from memsave_nb.plan import Plan
-from memsave_nb.target import Target, max_batch, measure_peak
+from memsave_nb import Plan, Target
+from memsave_nb.target import max_batch, measure_peak
 
 GiB = 2**30
 SEQ = 1024

@@ -22,8 +22,8 @@ from peft import LoraConfig
 from trl import SFTConfig
 
 import memsave_nb
-from memsave_nb import from_trainer, to_trainer
-from memsave_nb.target import Target, measure_peak
+from memsave_nb import from_trainer, to_trainer, Target
+from memsave_nb.target import measure_peak
 
 GiB = 2**30
 target = Target(24)
@@ -110,7 +110,7 @@ print(f"activations at the peak: {mine.peak_split.activations / GiB:.1f} GiB")
 # few measured steps and its time from an RTX 4090's roofline.
 
 # %%
-from memsave_nb.planner import plan_for
+from memsave_nb import plan_for
 
 lora_workload = memsave_nb.from_pretrained("qwen2.5-3b", batch_size=4, seq_len=2048, lora="r=16,alpha=32")
 lora_model = lora_workload.model

@@ -18,6 +18,9 @@ def add_arguments(rep: argparse.ArgumentParser, positive_int) -> None:
     group.add_argument("--ddp", action="store_true", help="with --world-size: DistributedDataParallel")
     rep.add_argument("--gradient-as-bucket-view", action="store_true",
                      help="with --ddp: gradients are views of DDP's buckets (one gradient copy instead of two)")
+    rep.add_argument("--reshard-root", action="store_true",
+                     help="with --world-size: the FSDP2 root resharded after forward too, as accelerate's FSDP2 plugin "
+                          "does (torch's default keeps the root's parameters gathered until backward)")
     rep.add_argument("--cpu-offload", action="store_true",
                      help="with --world-size: FSDP2 CPUOffloadPolicy (sharded parameters, gradients, optimizer on the host)")
     rep.add_argument("--tp", type=positive_int, default=None, metavar="T",
@@ -38,6 +41,7 @@ def add_arguments(rep: argparse.ArgumentParser, positive_int) -> None:
 
 def wants_parallel(args: argparse.Namespace) -> bool:
     return (args.world_size is not None or args.fsdp or args.ddp or args.gradient_as_bucket_view or args.cpu_offload
+            or args.reshard_root
             or args.tp is not None or args.sequence_parallel or args.replicate is not None
             or args.pp is not None or args.schedule is not None or args.microbatches is not None)
 
@@ -51,8 +55,8 @@ def check_parallel_args(args: argparse.Namespace) -> None:
     if not wants_parallel(args):
         return
     if args.world_size is None:
-        raise MemsaveError("--fsdp, --ddp, --gradient-as-bucket-view, --cpu-offload, --tp, --sequence-parallel, "
-                           "--replicate, --pp, --schedule and --microbatches need --world-size N")
+        raise MemsaveError("--fsdp, --ddp, --gradient-as-bucket-view, --cpu-offload, --reshard-root, --tp, "
+                           "--sequence-parallel, --replicate, --pp, --schedule and --microbatches need --world-size N")
     for flag, key in _SINGLE_ONLY:
         if getattr(args, key):
             raise MemsaveError(f"{flag} applies to single-device reports; drop it with --world-size")
@@ -60,6 +64,8 @@ def check_parallel_args(args: argparse.Namespace) -> None:
         raise MemsaveError("--world-size sizes ranks in fake mode only; drop --mode real")
     if args.gradient_as_bucket_view and not args.ddp:
         raise MemsaveError("--gradient-as-bucket-view needs --ddp")
+    if args.reshard_root and args.ddp:
+        raise MemsaveError("--reshard-root is FSDP2's; drop --ddp")
     if args.cpu_offload and args.ddp:
         raise MemsaveError("--cpu-offload is FSDP2's CPUOffloadPolicy; drop --ddp")
     if args.sequence_parallel and not (args.tp or 1) > 1:
@@ -78,6 +84,7 @@ def parallel_spec(args: argparse.Namespace):
 
     return ParallelSpec(world_size=args.world_size, strategy="ddp" if args.ddp else "fsdp",
                         gradient_as_bucket_view=args.gradient_as_bucket_view, cpu_offload=args.cpu_offload,
+                        reshard_root=args.reshard_root,
                         tensor_parallel=args.tp or 1, sequence_parallel=args.sequence_parallel,
                         replicate=args.replicate or 1, pipeline_parallel=args.pp or 1,
                         **(dict(schedule=args.schedule or "1f1b", microbatches=args.microbatches or 4) if args.pp else {}))

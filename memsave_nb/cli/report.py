@@ -108,15 +108,17 @@ def check_report_args(args: argparse.Namespace) -> None:
     if args.from_config is not None:
         knobs = [flag for flag, key in KNOB_FLAGS if getattr(args, key) and not (key == "seq_len" and _is_hub(args))]
         if knobs:
-            raise MemsaveError(f"--from-config sets the knobs; drop {', '.join(knobs)} (or edit the config)")
+            why = " (precision: the config's bf16/fp16 over the dtype in the model's config.json)" if "--precision" in knobs else ""
+            raise MemsaveError(f"--from-config sets the knobs; drop {', '.join(knobs)} (or edit the config){why}")
         strategy = [f for f, k in (("--fsdp", "fsdp"), ("--ddp", "ddp"), ("--cpu-offload", "cpu_offload"),
                                    ("--gradient-as-bucket-view", "gradient_as_bucket_view")) if getattr(args, k)]
         if strategy:
             raise MemsaveError(f"--from-config sets the parallel strategy; drop {', '.join(strategy)} "
                                "(--world-size N still sets the ranks)")
-        from ..trainers import load_config
+        from ..trainers.safe_read import read_file
 
-        args.trainer_config = load_config(args.from_config)  # a missing or unreadable file fails here, not after a build
+        # a missing, unreadable, hostile (FIFO, device, alias bomb) file fails here, not after a build
+        args.trainer_config = read_file(args.from_config)
 
 
 def _is_hub(args: argparse.Namespace) -> bool:
@@ -230,6 +232,11 @@ def _step_note(m, format_bytes) -> str:
     return f" (steady state: training's step 2 on; first step {format_bytes(m.first_step_peak_bytes)})"
 
 
+def _sized_for(workload) -> str:
+    """The title's words for a step sized as another device runs it (``Workload.sized_for``)."""
+    return ", sized as CUDA runs it (foreach optimizer step)" if workload.sized_for == "cuda" else ""
+
+
 def _report(args: argparse.Namespace) -> int:
     from ..measure import measure
     from ..workload import check_device
@@ -258,7 +265,7 @@ def _report(args: argparse.Namespace) -> int:
     knobs = f", {plan.describe()}" if not plan.is_empty else ""
     from .setup_words import setup_words
 
-    title = f"memsave_nb report: {cw.name}{setup_words(args, cw.workload, cw.hub)}, batch {plan.batch_size or cw.batch}{knobs}, {cw.mode} mode on {measurement.device}, loop {cw.workload.loop}"
+    title = f"memsave_nb report: {cw.name}{setup_words(args, cw.workload, cw.hub)}, batch {plan.batch_size or cw.batch}{knobs}, {cw.mode} mode on {measurement.device}{_sized_for(cw.workload)}, loop {cw.workload.loop}"
     top = args.top if args.top is not None or not cw.hub else HUB_TOP
     if args.json:
         from .json_out import dump, report_json

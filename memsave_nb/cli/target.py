@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..errors import PlanError
-from ..target import DEFAULT_HEADROOM, Target, max_batch, max_seq_len
+from ..target import DEFAULT_HEADROOM, Target, max_batch, max_seq_len, reserved_verdict
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..measure.result import Measurement
@@ -41,7 +41,8 @@ def cli_target_lines(workload: "Workload", plan: "Plan", measurement: "Measureme
     from memsave_nb.units import format_bytes
 
     target = cli_target(args)
-    answer = [verdict_line(target, measurement.peak_bytes)]
+    replayed = reserved_verdict(target, measurement)  # None where no allocator replay exists
+    answer = [replayed.lines()[0] if replayed else verdict_line(target, measurement.peak_bytes)]
     if args.max_batch:
         r = max_batch(workload, plan, target, measured=_same_probe(workload, plan, measurement))
         answer.append(f"Max batch that fits: {r.value} (peak {format_bytes(r.peak_bytes or 0)}; {r.count} fake-mode probes)"
@@ -52,4 +53,11 @@ def cli_target_lines(workload: "Workload", plan: "Plan", measurement: "Measureme
         answer.append(f"Max sequence length that fits: {r.value} (peak {format_bytes(r.peak_bytes or 0)}; {r.count} fake-mode probes)"
                       + (f"; limited by {r.limit}" if r.limit else ""))
         answer += [f"  note: {n}" for n in r.notes]
-    return tuple(answer), "\n" + target.line() + "\n"
+    if replayed:  # its sources after the searches' answers; the searches still use the 80% line
+        answer += replayed.lines()[1:]
+        rule = "; max batch/sequence: " + target.line() if (args.max_batch or args.max_seq) else ""
+        if args.headroom is not None and not rule:
+            rule = "; --headroom applies only to the max batch/sequence searches"
+        return tuple(answer), ("\nTarget verdict: the step's allocations replayed through a model of torch's CUDA "
+                               "caching allocator (docs/allocator.md), the 80% rule does not apply" + rule + "\n")
+    return tuple(answer), "\n" + target.line() + " (no allocator replay for this step)\n"

@@ -82,6 +82,8 @@ def _hub(args: argparse.Namespace) -> CliWorkload:
 
     kwargs = dict(task=args.task, batch_size=args.batch or 1, seq_len=getattr(args, "seq_len", None),
                   lora=args.lora, quantize=args.quantize)
+    if getattr(args, "trainer_config", None) is not None:
+        kwargs["dtype"] = loaded_dtype(args.model)  # the trainer's bf16/fp16 fields are autocast over it
     try:
         wl = from_pretrained(args.model, **kwargs)
     except HubError as exc:
@@ -93,6 +95,25 @@ def _hub(args: argparse.Namespace) -> CliWorkload:
             raise
         wl = from_pretrained(same[0], **kwargs)
     return CliWorkload(wl, args.model, args.batch or 1, "fake", hub=True)
+
+
+def loaded_dtype(model: str):
+    """The dtype a trainer's script loads ``model`` in: ``from_pretrained``'s default
+    ``dtype="auto"`` reads config.json's ``dtype``, else float32."""
+    import torch
+
+    from ..hub import HubError, parse_dtype
+    from ..hub.configs import resolve_config
+
+    try:
+        config = resolve_config(model)
+    except HubError:
+        return torch.float32  # from_pretrained reports the name itself
+    dtype = getattr(config, "dtype", None)  # transformers reads an older file's torch_dtype into it
+    try:
+        return parse_dtype(dtype) if dtype is not None else torch.float32
+    except HubError:
+        return torch.float32
 
 
 def _default_batch(name: str) -> int:

@@ -46,7 +46,6 @@ def knob_code(plan: Any, m: str) -> tuple[list[str], list[str]]:
                  f"# {m}(**batch) with labels now returns an output with .loss only",
                  f"use_chunked_loss({m}, chunk={plan.loss_chunk or DEFAULT_LOSS_CHUNK!r})"]
     precision = plan.precision or "fp32"
-    autocast = _AUTOCAST_CODE.get(precision)
     if precision in ("bf16", "bf16_master"):
         body.append(f"{m}.to(torch.bfloat16)  # parameters and buffers in bf16; cast floating inputs too")
     body.append(f"params = [p for p in {m}.parameters() if p.requires_grad]")

@@ -69,7 +69,9 @@ def shard_code(spec: ParallelSpec, m: str, mesh: str) -> tuple[list[str], list[s
     calls += [
         "for name in shard_units:  # each unit gathers its parameters only while it runs",
         f"    fully_shard({m}.get_submodule(name), **fsdp_kwargs)",
-        f"fully_shard({m}, **fsdp_kwargs)  # the root: everything not in a unit",
+        f"fully_shard({m}, **dict(fsdp_kwargs, reshard_after_forward={spec.reshard_root!r}))  # the root: everything "
+        + ("not in a unit, resharded after forward (as accelerate does)" if spec.reshard_root
+           else "not in a unit, kept gathered after forward (torch's default for the root)"),
         "# build the optimizer after this line, over the (now sharded) parameters",
     ]
     return imports, defs, calls
@@ -94,7 +96,7 @@ def tensor_parallel_code(spec: ParallelSpec, model_var: str = "model",
         body += _source(tp.matched_tp_plan, "def matched_tp_plan(model, rules):") + ["", ""]
         plan = f"matched_tp_plan({m}, {[list(p) for p in spec.tp_plan]!r})"
     else:
-        for const in ("COLWISE", "ROWWISE", "EMBEDDINGS", "HEADS"):
+        for const in ("COLWISE", "ROWWISE", "EMBEDDINGS", "HEADS", "POSITIONS"):
             body.append(f"{const} = {sorted(getattr(tp, const))!r}")
         body += ["", "", *_source(tp.default_tp_plan, "def default_tp_plan(model, sequence_parallel=False):"), "", ""]
         body += [*_source(tp._takes_hidden_states, "def _takes_hidden_states(module):"), "", ""]

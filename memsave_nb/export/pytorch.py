@@ -236,7 +236,7 @@ def _policy_code(policy: RegionPolicy, fn_name: str) -> str:
     if policy.default.value == "save":
         from memsave_nb.checkpointing import CREATION_OPS
 
-        out[3:3] = ["", f"# fresh buffers later filled in place (dropout masks) and views: cheap, never cached",
+        out[3:3] = ["", "# fresh buffers later filled in place (dropout masks) and views: cheap, never cached",
                     f"CHEAP_OPS = {ops_literal(CREATION_OPS)}"]
         out += [
             "    if packet in CHEAP_OPS or op.is_view:",

@@ -145,6 +145,7 @@ def from_pretrained(
     empty_weights: bool = True,
     revision: str | None = None,
     seed: int = 0,
+    sized_for: str | None = "cuda",
 ) -> Workload:
     """A training-step :class:`Workload` for a Hugging Face model named by hub id, local folder or
     ``config.json``, ``PretrainedConfig``, or catalogue name (:func:`catalogue_names`).
@@ -154,7 +155,9 @@ def from_pretrained(
     (small shapes only) for real-mode runs. ``overrides`` changes config fields (e.g. fewer layers).
     ``lora``: a peft ``LoraConfig``, a dict (``r``, ``alpha``, ``target_modules``, ``modules_to_save``,
     ``dropout``) or a string ``"r=16,alpha=32"``. ``quantize``: ``"nf4"`` or ``"int8"`` holds the
-    frozen base linears as bitsandbytes does (QLoRA; needs ``lora``).
+    frozen base linears as bitsandbytes does (QLoRA; needs ``lora``). ``sized_for="cuda"`` (the
+    default: a model by name is sized for a GPU) makes the step the one torch runs on CUDA where it
+    differs from the CPU's (the optimizer's foreach step); None sizes the CPU's step.
     """
     if quantize is not None and quantize not in QUANT_TYPES:
         raise HubError(f"unknown quantize {quantize!r}; choose from {', '.join(QUANT_TYPES)}")
@@ -183,4 +186,4 @@ def from_pretrained(
         quantize_linears(model, quantize, keep=(model.get_output_embeddings(),))
     name = str(name_or_path_or_config) if isinstance(name_or_path_or_config, str) else config.name_or_path or config.model_type
     return Workload(model, SyntheticBatch.for_config(config, task, batch_size, seq_len, torch_dtype), optimizer=optimizer,
-                    name=name)
+                    name=name, sized_for=sized_for)

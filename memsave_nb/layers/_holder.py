@@ -24,7 +24,7 @@ import weakref
 import torch
 from torch import Tensor
 
-from ._bits import pack_bits, pack_inside, positive, unpack_bits
+from ._bits import pack_bits, pack_inside, positive
 from ._native import pack_nonzero, pack_positive
 
 # A storage held by our alias alone shows two uses: the alias and the temporary Python

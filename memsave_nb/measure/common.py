@@ -35,7 +35,12 @@ def model_lock(model: nn.Module) -> threading.RLock:
 def single_tensor_default(optimizer: Any) -> str | None:
     """The optimizer's class name when it was left to pick its implementation (``foreach=None``,
     not fused) over CPU parameters: torch then runs its single-tensor loop, while on a CUDA GPU the
-    same constructor picks the foreach step, whose temporaries are larger. None otherwise."""
+    same constructor picks the foreach step, whose temporaries are larger. None otherwise. A wrapper
+    with an ``_inner`` optimizer (fp32 master weights: its own ``defaults`` are empty) is read
+    inside."""
+    inner = getattr(optimizer, "_inner", None)
+    if isinstance(inner, torch.optim.Optimizer):
+        return single_tensor_default(inner)
     if not isinstance(optimizer, torch.optim.Optimizer) or "foreach" not in optimizer.defaults:
         return None
     groups = optimizer.param_groups
@@ -52,6 +57,12 @@ def foreach_note(name: str) -> str:
         "step, whose temporaries during the optimizer step are larger (up to about the size of the trainable "
         "parameters): to size for a GPU, measure with the optimizer knob 'adamw_foreach' (or foreach=True)"
     )
+
+
+def cuda_step_note() -> str:
+    """What a workload sized for CUDA (``Workload.sized_for="cuda"``) ran, said once under its numbers."""
+    return ("sized as CUDA runs it: the optimizer left to pick its implementation takes torch's GPU default, the "
+            "foreach step (its temporaries counted), on a CPU twin of the step")
 
 
 def clear_grads(model: nn.Module, set_to_none: bool) -> None:

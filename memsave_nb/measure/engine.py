@@ -20,7 +20,7 @@ from ..errors import WorkloadError
 from ..model_state import ModelSnapshot
 from ..workload import Workload, iter_tensors
 from . import fake_compat
-from .common import clear_grads, foreach_note, model_lock, single_tensor_default  # noqa: F401 - re-exported
+from .common import clear_grads, cuda_step_note, foreach_note, model_lock, single_tensor_default  # noqa: F401 - re-exported
 from .fake_model import _fake_model, _has_fake_tensors
 from .result import Measurement
 from .step import _packer, _run, _unpack  # noqa: F401 - re-exported
@@ -110,6 +110,8 @@ def measure(
                    output_parts=parts)
     if mode == "fake" and optimizer_kind is not None:
         m = dataclasses.replace(m, notes=m.notes + (foreach_note(optimizer_kind),))
+    if workload.sized_for == "cuda":
+        m = dataclasses.replace(m, notes=(cuda_step_note(),) + m.notes)
     if tracker.workspace_statuses:
         m = dataclasses.replace(m, notes=m.notes + workspace_notes(tracker.workspace_statuses))
     return m

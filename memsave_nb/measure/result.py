@@ -117,6 +117,30 @@ class Timeline:
 
 
 @dataclass(frozen=True)
+class ReservedMemory:
+    """What the caching-allocator model (measure/cuda_allocator.py) predicts for the step.
+
+    ``max_reserved_bytes`` is ``torch.cuda.max_memory_reserved()``'s prediction;
+    ``max_allocated_bytes`` is the peak of the allocator's rounded blocks; ``fragmentation_bytes``
+    is reserved minus allocated when allocated peaks (cached but of no use to the peak), at
+    timeline event ``peak_index``;
+    ``reserved[i]`` is reserved bytes after timeline event i; ``alloc_conf`` the
+    ``PYTORCH_CUDA_ALLOC_CONF`` it was replayed under.
+    """
+
+    max_reserved_bytes: int
+    max_allocated_bytes: int
+    fragmentation_bytes: int
+    peak_index: int
+    segments: int
+    reserved: tuple[int, ...] = ()
+    alloc_conf: str = ""
+    # the replay's input, (key, bytes or 0 to free, event), so a target can replay it again under
+    # its own capacity and settings (measure/reserved.py)
+    ops: tuple[tuple[int, int, int], ...] = field(default=(), repr=False, compare=False)
+
+
+@dataclass(frozen=True)
 class Measurement:
     """Everything one measured training step tells about memory and time.
 
@@ -151,6 +175,8 @@ class Measurement:
     first_step_peak_bytes: int | None = None
     steady_state: bool = False
     advice: tuple[str, ...] = ()
+    # the allocator model's replay of the step (None where no replay ran)
+    reserved: ReservedMemory | None = None
 
     # -- lookups -----------------------------------------------------------------------------
     def module(self, name: str) -> ModuleStats:

@@ -10,6 +10,7 @@ from torch import nn
 
 from ..workload import Workload
 from .advice import advice_for, autocast_advice
+from .reserved import replay_tracker
 from .result import CATEGORIES, Measurement, MemorySplit, ModuleStats, OpStats, Timeline
 from .tracker import INPUT, MemoryTracker
 
@@ -118,6 +119,7 @@ def _summarise(tracker: MemoryTracker, workload: Workload, mode: str, times: lis
         first_step_peak_bytes=first_step_peak,
         steady_state=steady_state,
         advice=advice_for(parts, saved_total + output_total, max(peak, 0), workload.loop) + autocast_advice(workload, ops, saved_total),
+        reserved=replay_tracker(tracker.events, tracker.records, preexisting),
     )
 
 

@@ -66,7 +66,7 @@ def apply_parallel(model: nn.Module, spec: ParallelSpec, mesh: Any, *, fake: boo
     with _rank_chunk_only() if fake else contextlib.nullcontext():
         for name in shard_units(model, spec):
             fully_shard(model.get_submodule(name), **kw)
-        fully_shard(model, **kw)
+        fully_shard(model, **dict(kw, reshard_after_forward=spec.reshard_root))
     return model
 
 

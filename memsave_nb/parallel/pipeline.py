@@ -250,7 +250,7 @@ def stage_spec(spec: ParallelSpec) -> ParallelSpec:
     return ParallelSpec(world_size=spec.world_size // spec.pipeline_parallel, replicate=spec.replicate,
                         tensor_parallel=spec.tensor_parallel, sequence_parallel=spec.sequence_parallel,
                         tp_plan=spec.tp_plan, reshard_after_forward=spec.reshard_after_forward,
-                        param_dtype=spec.param_dtype, reduce_dtype=spec.reduce_dtype)
+                        reshard_root=spec.reshard_root, param_dtype=spec.param_dtype, reduce_dtype=spec.reduce_dtype)
 
 
 def shard_stages(stages: Sequence[nn.Module], spec: ParallelSpec, mesh: Any, *, fake: bool) -> None:

@@ -95,9 +95,17 @@ class HFDecoderStage(nn.Module):
         return self.lm_head(self.norm(x)) if self.last else x  # (B, T, vocab) or (B, T, hidden)
 
 
+def unwrap_peft(model: nn.Module) -> nn.Module:
+    """The model inside a peft ``PeftModel`` (its LoRA layers in place: the stages share them)."""
+    get = getattr(model, "get_base_model", None)
+    return get() if callable(get) and type(model).__name__.startswith("Peft") else model
+
+
 def split_stages(model: nn.Module, n: int) -> list[nn.Module]:
     """``n`` stages of an ``nn.Sequential`` (its children, evenly) or of a GPT-shaped decoder (its
-    blocks, evenly). The stages share the model's modules. Other models: pass ``stages=``."""
+    blocks, evenly), also inside a peft model. The stages share the model's modules. Other models:
+    pass ``stages=``."""
+    model = unwrap_peft(model)
     if isinstance(model, nn.Sequential):
         children = list(model)
         return [nn.Sequential(*children[a:b]) for a, b in _even(len(children), n)]
@@ -130,6 +138,7 @@ def stage_inputs(model: nn.Module, batch: Any, loss_fn: Callable | None, target:
     ids to the first stage and the targets to its own loss. Without ``loss_fn`` the workload's own
     loss runs on each micro-batch's output.
     """
+    model = unwrap_peft(model)
     if isinstance(batch, dict) and is_gpt_shaped(model) and {"idx", "targets"} <= set(batch):
         return (batch["idx"],), batch["targets"] if target is None else target, loss_fn or _token_loss
     if isinstance(batch, dict) and is_hf_decoder(model) and set(batch) <= {"input_ids", "labels"} and "input_ids" in batch:

@@ -28,6 +28,9 @@ def resolve_tp_plan(model: nn.Module, spec: ParallelSpec) -> list[tuple[str, str
         plan = default_tp_plan(model, spec.sequence_parallel)
         if not any(s == "colwise" for _, s in plan):
             raise ParallelError("tensor_parallel: no attention or MLP projections found for the default plan; pass tp_plan")
+        if spec.sequence_parallel and any(n.endswith(".base_layer") for n, _ in plan):
+            raise ParallelError("sequence_parallel with LoRA layers: peft adds lora_B's plain output to the base layer's "
+                                "sequence-sharded DTensor; size TP without sequence_parallel")
     else:
         names = [n for n, _ in model.named_modules() if n]
         for pattern, _ in spec.tp_plan:
@@ -66,9 +69,11 @@ def _check_divisible(model: nn.Module, plan: list[tuple[str, str]], tp: int) -> 
             if p is not None and dim is not None and p.shape[dim] % tp:
                 raise ParallelError(f"tensor_parallel {tp} does not divide {name}.{pname} dim {dim} ({p.shape[dim]})")
     heads = []
-    config = getattr(model, "config", None)
-    for attr in ("num_attention_heads", "num_key_value_heads", "n_head"):
-        heads.append((attr, getattr(config, attr, None)))
+    # the model's config, or its layers' (a pipeline stage holds layers, not the model: PP x TP)
+    configs = {id(c): c for c in (getattr(m, "config", None) for m in model.modules()) if c is not None}
+    for config in configs.values():
+        for attr in ("num_attention_heads", "num_key_value_heads", "n_head"):
+            heads.append((attr, getattr(config, attr, None)))
     heads += [("n_head", getattr(m, "n_head", None)) for m in model.modules()]
     for attr, n in heads:
         if isinstance(n, int) and n % tp:

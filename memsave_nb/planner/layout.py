@@ -33,13 +33,15 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from memsave_nb.checkpointing import PlanError, show
 from memsave_nb.parallel_spec import ParallelSpec
 from memsave_nb.plan import Plan
 from memsave_nb.planner.depth import Blocks, blocks_of, extrapolate
 from memsave_nb.planner.links import Fabric, fabric_for, ring_all_gather, ring_all_reduce
+from memsave_nb.planner.layout_args import (TP_DEGREES, check_batches, check_layout_args, check_stage_counts,
+                                            micro_batches)
 from memsave_nb.planner.layout_result import LayoutCandidate, LayoutResult
 from memsave_nb.planner.pareto import pareto_front
 from memsave_nb.planner.pp import PP_DEGREES, measured_stages, pipeline_seconds, pipeline_specs
@@ -53,35 +55,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["LayoutCandidate", "LayoutResult", "check_layout_args", "plan_layout", "TP_DEGREES", "PP_DEGREES"]
 
-TP_DEGREES = (1, 2, 4, 8)
 REGION_KINDS = (None, "full", "save_matmuls")
-
-
-def _check(gpus: Any, tensor_parallel: Any, fabric: Fabric, explicit_tp: bool) -> list[int]:
-    if isinstance(gpus, bool) or not isinstance(gpus, int) or not 1 <= gpus <= 1 << 16:
-        raise PlanError(f"gpus must be a whole number in [1, 65536], got {show(gpus)}")
-    if isinstance(tensor_parallel, (str, bytes)) or not isinstance(tensor_parallel, (list, tuple)) or not tensor_parallel:
-        raise PlanError(f"tensor_parallel must be a list of degrees, got {show(tensor_parallel)}")
-    out = []
-    for tp in tensor_parallel:
-        if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
-            raise PlanError(f"tensor_parallel degrees are whole numbers >= 1, got {show(tp)}")
-        if gpus % tp or tp > fabric.gpus_per_node:
-            if explicit_tp:
-                why = f"{gpus} GPUs are not divisible by it" if gpus % tp else f"it spans more than a node of {fabric.gpus_per_node}"
-                raise PlanError(f"tensor_parallel {tp}: {why}")
-            continue
-        out.append(tp)
-    return out
-
-
-def check_layout_args(gpus: Any, gpu: Any, tensor_parallel: Any = None) -> list[int]:
-    """The GPU count, kind and TP degrees, checked in one line each before anything is built; the
-    TP degrees to search (the defaults that do not divide ``gpus`` within a node are left out)."""
-    if not isinstance(gpu, str) or gpu not in _gpu_names():
-        raise PlanError(f"gpu {show(gpu)}: choose one of {', '.join(_gpu_names())}")
-    explicit = tensor_parallel is not None
-    return _check(gpus, TP_DEGREES if not explicit else tensor_parallel, fabric_for(gpu), explicit)
 
 
 def _layouts(gpus: int, fabric: Fabric, tps: Sequence[int]) -> list[ParallelSpec]:
@@ -133,6 +107,7 @@ class _Search:
     _rank: dict = field(default_factory=dict)
     _cost: dict = field(default_factory=dict)
     _saved: dict = field(default_factory=dict)
+    _root: dict = field(default_factory=dict)
 
     # -- sizes, no step run --------------------------------------------------------------------
     def param_bytes(self, precision: str | None = None) -> tuple[int, int]:
@@ -147,6 +122,20 @@ class _Search:
 
         return (sum(size(p) for _, p in named),
                 sum(size(p) for n, p in named if (n in trains if trains is not None else p.requires_grad)))
+
+    def root_bytes(self, spec: ParallelSpec) -> int:
+        """Bytes of the parameters in no FSDP2 unit (the root's), which torch's default does not
+        gather again in backward; 0 under pipeline stages (each stage is its own root)."""
+        if spec.pipeline_parallel > 1 or spec.strategy != "fsdp":
+            return 0
+        key = spec.shard_modules
+        if key not in self._root:
+            from memsave_nb.parallel.apply import shard_units
+
+            model = self.workload.model
+            inside = {id(p) for n in shard_units(model, spec) for p in model.get_submodule(n).parameters()}
+            self._root[key] = sum(p.numel() * p.element_size() for p in model.parameters() if id(p) not in inside)
+        return self._root[key]
 
     def hidden_and_vocab(self) -> tuple[int, int]:
         """The block's width (the first linear's input) and the head's outputs (the last linear's)."""
@@ -297,8 +286,9 @@ class _Search:
         else:
             n = spec.shard_size
             crosses = n * tp > node
-            gathers = 1 if not spec.reshard_after_forward else 2
-            nbytes = gathers * ring_all_gather(total / tp, n) + ring_all_gather(trainable / tp, n)
+            # forward gathers everything; backward again what forward resharded (the root: as the spec says)
+            again = 0 if not spec.reshard_after_forward else total - (0 if spec.reshard_root else self.root_bytes(spec))
+            nbytes = ring_all_gather((total + again) / tp, n) + ring_all_gather(trainable / tp, n)
             out.append(("FSDP2 all-gather/reduce-scatter", k * nbytes / self.fabric.bandwidth(crosses)))
             if spec.replicate > 1:
                 r = spec.replicate
@@ -424,10 +414,7 @@ def plan_layout(
     optimizer; its checkpointing and precision when set, else searched; its batch per GPU)."""
     start = time.process_time()
     tps = check_layout_args(gpus, gpu, tensor_parallel)
-    pps = PP_DEGREES if pipeline_parallel is None else pipeline_parallel
-    if isinstance(pps, (str, bytes)) or not isinstance(pps, (list, tuple)) or not pps or \
-            any(isinstance(p, bool) or not isinstance(p, int) or p < 1 for p in pps):
-        raise PlanError(f"pipeline_parallel must be a list of stage counts >= 1, got {show(pipeline_parallel)}")
+    pps = check_stage_counts(pipeline_parallel)
     device, fabric = device_named(gpu), fabric_for(gpu)
     target = target if target is not None else Target(device.memory_gb, name=f"{device.name} ({device.memory_gb:g} GB)")
     if not isinstance(target, Target):
@@ -448,8 +435,7 @@ def plan_layout(
         plan.validate(workload.model)
     per_gpu = start_plan.per_gpu_batch or batch_size_of(_raw_batch(workload))
     global_batch = per_gpu * gpus if global_batch is None else global_batch
-    if isinstance(global_batch, bool) or not isinstance(global_batch, int) or global_batch < 1:
-        raise PlanError(f"global_batch must be a whole number >= 1, got {show(global_batch)}")
+    check_batches(global_batch, max_micro_batches)
     unlike = not blocks_alike(start_plan.plan, workload.model, blocks)
     if unlike:  # the plan treats blocks differently: the shallow cuts do not stand for the model
         blocks = Blocks("", blocks.depth, blocks.names)
@@ -475,7 +461,7 @@ def plan_layout(
                 search.notes.append(f"{spec.describe()}: global batch {global_batch} does not split over {dp} data-parallel ranks")
                 continue
             per_rank = global_batch // dp
-            mbs = [mb for mb in range(1, per_rank + 1) if per_rank % mb == 0 and per_rank // mb <= max_micro_batches]
+            mbs = micro_batches(per_rank, max_micro_batches)
             if spec.pipeline_parallel > 1 and mbs:  # the most micro-batches (pp.py); 1F1B wants one per stage
                 if per_rank // mbs[0] < spec.pipeline_parallel:
                     search.notes.append(f"PP {spec.pipeline_parallel}: {per_rank} per rank makes fewer micro-batches than stages")
@@ -591,10 +577,3 @@ def _choose(search: _Search, ranked: list[LayoutCandidate], check: int) -> Layou
             return dataclasses.replace(c, checked_peak_bytes=int(peak))
         search.notes.append(f"{c.label}: estimated to fit, measured {format_bytes(peak)} at its micro-batch; next")
     return None
-
-
-def _gpu_names() -> list[str]:
-    from memsave_nb.planner.links import FABRICS
-    from memsave_nb.planner.roofline import GPUS
-
-    return [g for g in GPUS if g in FABRICS]

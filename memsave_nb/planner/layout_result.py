@@ -88,8 +88,8 @@ class LayoutResult:
                  f"{len(self.candidates)} candidates, {len(self.fitting)} fit; {self.measurements} per-rank measurements; "
                  f"{self.search_cpu_seconds:.1f} s CPU searching, {self.remeasure_cpu_seconds:.1f} s re-measuring"]
         if self.chosen is None and self.fitting:  # the estimates said yes, the checks said no
-            lines.append(f"no layout chosen: the fastest estimated to fit measured over the target at their "
-                         f"micro-batch (notes below); the front lists estimates, not checked layouts")
+            lines.append("no layout chosen: the fastest estimated to fit measured over the target at their "
+                         "micro-batch (notes below); the front lists estimates, not checked layouts")
         elif self.chosen is None:
             lines.append("no layout fits")
         else:

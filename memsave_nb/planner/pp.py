@@ -46,8 +46,9 @@ SCHEDULE = "1f1b"
 
 
 def splittable(model: nn.Module) -> bool:
-    from memsave_nb.parallel.stages import is_gpt_shaped, is_hf_decoder
+    from memsave_nb.parallel.stages import is_gpt_shaped, is_hf_decoder, unwrap_peft
 
+    model = unwrap_peft(model)
     return isinstance(model, nn.Sequential) or is_gpt_shaped(model) or is_hf_decoder(model)
 
 

@@ -16,16 +16,17 @@ from typing import Any, Mapping, NamedTuple
 
 from torch import nn
 
-from memsave_nb.checkpointing import PlanError, RegionKind, RegionPolicy, show, suggest_regions
+from memsave_nb.checkpointing import RegionKind, RegionPolicy, show, suggest_regions
 from memsave_nb.parallel_spec import ParallelSpec
 from memsave_nb.plan import Plan
 
+from .safe_read import TrainerConfigError, check_bounds, parse_text, read_file
+
 __all__ = ["Imported", "Exported", "TrainerConfigError", "load_config", "checkpoint_layers", "regions_for",
-           "every_n_of", "parallel_of", "dump", "unwritable", "truthy"]
+           "every_n_of", "parallel_of", "dump", "unwritable", "truthy",
+           "whole", "real", "name_of", "table"]
 
 
-class TrainerConfigError(PlanError):
-    """A trainer config that cannot be read (bad file, bad type, conflicting fields)."""
 
 
 class Imported(NamedTuple):
@@ -48,39 +49,27 @@ class Exported(NamedTuple):
 
 def load_config(config: Any) -> dict[str, Any]:
     """A config as a plain dict: a mapping, a dataclass object (``TrainingArguments``,
-    ``SFTConfig``), an object with ``to_dict()``, JSON or YAML text, or a path to a .json/.yaml file."""
+    ``SFTConfig``), an object with ``to_dict()``, JSON or YAML text, or a path to a .json/.yaml file.
+    Files and text are read within :mod:`.safe_read`'s bounds; every result is walked against them."""
     if isinstance(config, Mapping):
-        return dict(config)
-    if isinstance(config, os.PathLike) or (isinstance(config, str) and "\n" not in config and
-                                           config.strip().endswith((".json", ".yaml", ".yml"))):
-        try:
-            with open(config, encoding="utf-8") as f:
-                return _parse_text(f.read(), str(config))
-        except OSError as exc:
-            raise TrainerConfigError(f"cannot read trainer config {show(str(config))}: {exc.strerror}") from None
-    if isinstance(config, str):
-        return _parse_text(config, "text")
-    if dataclasses.is_dataclass(config) and not isinstance(config, type):
+        d = dict(config)
+    elif isinstance(config, os.PathLike) or (isinstance(config, str) and "\n" not in config and
+                                             config.strip().endswith((".json", ".yaml", ".yml"))):
+        d = read_file(config)
+    elif isinstance(config, str):
+        d = parse_text(config, "text")
+    elif dataclasses.is_dataclass(config) and not isinstance(config, type):
         # the object's own attributes (after its __post_init__), not to_dict()'s JSON-safe rewrite
-        return {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if hasattr(config, f.name)}
-    if hasattr(config, "to_dict"):
-        return dict(config.to_dict())
-    raise TrainerConfigError(f"a trainer config must be a dict, an arguments object, JSON/YAML text or a path, got {show(config)}")
-
-
-def _parse_text(text: str, where: str) -> dict[str, Any]:
-    try:
-        data = json.loads(text)
-    except ValueError:
-        import yaml
-
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise TrainerConfigError(f"trainer config {where} is neither JSON nor YAML: {str(exc).splitlines()[0]}") from None
-    if not isinstance(data, dict):
-        raise TrainerConfigError(f"trainer config {where} must hold an object of fields, got {show(data)}")
-    return data
+        d = {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if hasattr(config, f.name)}
+    elif hasattr(config, "to_dict"):
+        d = dict(config.to_dict())
+    else:
+        raise TrainerConfigError(f"a trainer config must be a dict, an arguments object, JSON/YAML text or a path, got {show(config)}")
+    check_bounds(d, "trainer config")
+    bad = [k for k in d if not isinstance(k, str)]
+    if bad:
+        raise TrainerConfigError(f"trainer config field names must be strings, got {show(bad[0])}")
+    return d
 
 
 def dump(fields: Mapping[str, Any], fmt: str) -> str:
@@ -144,33 +133,105 @@ def parallel_of(fsdp: Mapping[str, Any], world_size: int | None, model: nn.Modul
                 notes: list[str]) -> ParallelSpec:
     """A ``ParallelSpec`` from normalised FSDP settings (``version``, ``cpu_offload``,
     ``reshard_after_forward``, ``transformer_layer_cls_to_wrap``)."""
-    version = int(fsdp.get("version", 2))
+    version = whole(fsdp, "version", 2, 1, 2)
     if version != 2:
         notes.append(f"FSDP version {version}: sized as FSDP2 (fully_shard), the only FSDP the project measures")
     if world_size is None:
         world_size = ParallelSpec.world_size
         notes.append(f"world size is the launcher's, not the config's: sized for {world_size} ranks (pass world_size=)")
     reshard = fsdp.get("reshard_after_forward", True)
-    if isinstance(reshard, str):
-        reshard = reshard.lower() in ("true", "1", "full_shard", "hybrid_shard")
+    if isinstance(reshard, str) and reshard.strip().upper() in _STRATEGIES:  # accelerate's FSDP1 names
+        reshard = reshard.strip().upper() in ("FULL_SHARD", "HYBRID_SHARD")
+    reshard = truthy(reshard, "reshard_after_forward")
     shard: tuple[str, ...] = ()
     classes = fsdp.get("transformer_layer_cls_to_wrap") or ()
     if isinstance(classes, str):
         classes = [c.strip() for c in classes.split(",")]
+    if not isinstance(classes, (list, tuple)) or not all(isinstance(c, str) for c in classes):
+        raise TrainerConfigError(f"transformer_layer_cls_to_wrap: must be class names, got {show(classes)}")
     if classes and model is not None:
         shard = tuple(n for n, m in model.named_modules() if type(m).__name__ in set(classes))
         if not shard:
             notes.append(f"transformer_layer_cls_to_wrap {list(classes)}: no such module in the model; shards the repeated blocks")
     elif classes:
         notes.append("transformer_layer_cls_to_wrap: pass model= to name those modules; shards the repeated blocks")
-    return ParallelSpec(world_size=int(world_size), strategy="fsdp", shard_modules=shard,
-                        reshard_after_forward=bool(reshard), cpu_offload=truthy(fsdp.get("cpu_offload", False)))
+    # accelerate's FSDP2 plugin passes reshard_after_forward to the root too (torch's own default keeps it)
+    return ParallelSpec(world_size=world_size, strategy="fsdp", shard_modules=shard,
+                        reshard_after_forward=reshard, reshard_root=bool(reshard),
+                        cpu_offload=truthy(fsdp.get("cpu_offload", False), "cpu_offload"))
 
 
-def truthy(value: Any) -> bool:
+def root_note(spec: ParallelSpec, notes: list[str]) -> None:
+    """Accelerate reshards the FSDP2 root as it does the units; say so where the spec differs."""
+    if spec.strategy == "fsdp" and spec.reshard_root != spec.reshard_after_forward:
+        kept = "kept gathered after forward (torch's default)" if not spec.reshard_root else "resharded after forward"
+        notes.append(f"FSDP2 root {kept} as sized; accelerate applies reshard_after_forward="
+                     f"{spec.reshard_after_forward} to the root too, so the trainer's per-rank peak differs")
+
+
+_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2")
+
+
+def truthy(value: Any, key: str = "a switch") -> bool:
+    """A yes/no field: a bool, None (no), or the text/number forms YAML and launchers write
+    (``"true"``/``"false"``, 1/0); anything else is refused, never read by Python's truthiness."""
+    if value is None or isinstance(value, bool):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in _YES + _NO:
+        return value.strip().lower() in _YES
+    if type(value) is int and value in (0, 1):
+        return bool(value)
+    raise TrainerConfigError(f"{key}: must be true or false, got {show(value)}")
+
+
+_YES, _NO = ("true", "1", "yes"), ("false", "0", "no")
+MAX_COUNT = 1 << 24  # batch sizes, steps, lengths, ranks: above this no config is a real one
+
+
+def whole(d: Mapping[str, Any], key: str, default: Any = None, lo: int = 1, hi: int = MAX_COUNT) -> Any:
+    """``d[key]`` (``default`` when missing or None) as a whole number in ``[lo, hi]``: no bool,
+    no fraction (2.5 is not 2), no text; the trainer itself would fail or differ on those."""
+    value = d.get(key)
+    if value is None:
+        value = default
+    if value is None:
+        return None
+    if type(value) is not int or not lo <= value <= hi:
+        raise TrainerConfigError(f"{key}: must be a whole number from {lo} to {hi}, got {show(value)}")
+    return value
+
+
+def real(d: Mapping[str, Any], key: str, default: float, lo: float, hi: float) -> float:
+    """``d[key]`` as a finite number in ``[lo, hi)`` (default when missing or None)."""
+    value = d.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not lo <= value < hi:
+        raise TrainerConfigError(f"{key}: must be a number from {lo} to below {hi}, got {show(value)}")
+    return float(value)
+
+
+def name_of(d: Mapping[str, Any], key: str, default: Any = None) -> Any:
+    """``d[key]`` as text (an enum's ``.value`` too); ``default`` when missing or None."""
+    value = d.get(key)
+    if value is None:
+        return default
+    value = getattr(value, "value", value)
+    if not isinstance(value, str) or len(value) > 100:
+        raise TrainerConfigError(f"{key}: must be a name, got {show(value)}")
+    return value
+
+
+def table(d: Mapping[str, Any], key: str) -> dict[str, Any]:
+    """``d[key]`` as a dict of settings ({} when missing or None); JSON text is read too, as the Trainer does."""
+    value = d.get(key)
+    if value is None or value == "":
+        return {}
     if isinstance(value, str):
-        return value.strip().lower() in ("true", "1", "yes")
-    return bool(value)
+        value = parse_text(value, key)
+    if not isinstance(value, Mapping):
+        raise TrainerConfigError(f"{key}: must be a mapping of settings, got {show(value)}")
+    return dict(value)
 
 
 def unwritable(plan: Plan, seq_field: bool = False) -> list[str]:

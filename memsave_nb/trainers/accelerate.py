@@ -13,12 +13,12 @@ from typing import Any
 
 from torch import nn
 
-from memsave_nb.checkpointing import RegionKind
+from memsave_nb.checkpointing import RegionKind, show
 from memsave_nb.parallel_spec import ParallelSpec
 from memsave_nb.plan import Plan
 
-from ._common import (Exported, Imported, dump, every_n_of, load_config, parallel_of, regions_for, truthy, unwritable,
-                      wrap_classes)
+from ._common import (Exported, Imported, dump, every_n_of, load_config, name_of, parallel_of, root_note,
+                      regions_for, table, truthy, unwritable, whole, wrap_classes)
 
 __all__ = ["read", "write"]
 
@@ -31,24 +31,27 @@ def read(config: Any, model: nn.Module | None = None, world_size: int | None = N
     d = load_config(config)
     notes: list[str] = []
     kw: dict[str, Any] = {}
-    mp = str(d.get("mixed_precision") or "no").lower()
+    mp = (name_of(d, "mixed_precision") or "no").lower()
     if mp in _PRECISION_IN:
         kw["precision"] = _PRECISION_IN[mp]
     else:
-        notes.append(f"mixed_precision={mp!r}: not sized; the workload's precision is measured")
-    dist = str(d.get("distributed_type") or "NO").upper()
-    n = world_size if world_size is not None else d.get("num_processes")
+        notes.append(f"mixed_precision={show(mp)}: not sized; the workload's precision is measured")
+    dist = (name_of(d, "distributed_type") or "NO").upper()
+    n = world_size if world_size is not None else whole(d, "num_processes")
     if dist == "FSDP":
-        fsdp = {k[5:] if k.startswith("fsdp_") else k: v for k, v in dict(d.get("fsdp_config") or {}).items()}
-        fsdp["cpu_offload"] = truthy(fsdp.pop("offload_params", False))
-        kw["parallel"] = parallel_of(fsdp, None if n is None else int(n), model, notes)
-        if truthy(fsdp.get("activation_checkpointing")):
+        fsdp = {k[5:] if k.startswith("fsdp_") else k: v for k, v in table(d, "fsdp_config").items()}
+        fsdp["cpu_offload"] = truthy(fsdp.pop("offload_params", False), "fsdp_offload_params")
+        kw["parallel"] = parallel_of(fsdp, n, model, notes)
+        if truthy(fsdp.get("activation_checkpointing"), "fsdp_activation_checkpointing"):
             kw["regions"], more = regions_for(model, RegionKind.FULL)
             notes += more
     elif dist == "MULTI_GPU":
-        kw["parallel"] = ParallelSpec(world_size=int(n or ParallelSpec.world_size), strategy="ddp")
+        if n is None:
+            n = ParallelSpec.world_size
+            notes.append(f"num_processes not set: sized for {n} ranks (pass world_size=)")
+        kw["parallel"] = ParallelSpec(world_size=n, strategy="ddp")
     elif dist not in ("NO", "MULTI_CPU"):
-        notes.append(f"distributed_type={dist}: not sized (the project sizes FSDP2 and DDP)")
+        notes.append(f"distributed_type={show(dist)}: not sized (the project sizes FSDP2 and DDP)")
     notes.append("batch size, optimizer and accumulation: in your script, not the accelerate config; the workload's are measured")
     plan = Plan(name="accelerate", **kw)
     return Imported(plan, plan.parallel, tuple(notes))
@@ -82,6 +85,7 @@ def write(plan: Plan, parallel: ParallelSpec | None = None, model: nn.Module | N
                                "fsdp_reshard_after_forward": spec.reshard_after_forward,
                                "fsdp_offload_params": spec.cpu_offload}
         classes = wrap_classes(spec, model, notes)
+        root_note(spec, notes)
         if classes:
             cfg["fsdp_transformer_layer_cls_to_wrap"] = ",".join(classes)
         if full_n is not None:

@@ -18,13 +18,14 @@ from typing import Any
 
 from torch import nn
 
-from memsave_nb.checkpointing import RegionKind, RegionPolicy
+from memsave_nb.checkpointing import RegionKind, RegionPolicy, show
 from memsave_nb.parallel_spec import ParallelSpec
 from memsave_nb.plan import Plan
 
 from . import hf
-from ._common import (Exported, Imported, TrainerConfigError, dump, every_n_of, load_config, parallel_of,
-                      regions_for, truthy, unwritable, lora_of)
+from ._common import (Exported, Imported, TrainerConfigError, dump, every_n_of, load_config, lora_of, name_of,
+                      parallel_of, root_note, regions_for, table, truthy, unwritable, whole)
+from .patterns import compile_bounded
 
 __all__ = ["read", "write"]
 
@@ -35,22 +36,29 @@ def read(config: Any, model: nn.Module | None = None, world_size: int | None = N
     notes: list[str] = []
     kw: dict[str, Any] = {}
     if d.get("micro_batch_size") is not None:
-        kw["batch_size"] = int(d["micro_batch_size"])
+        kw["batch_size"] = whole(d, "micro_batch_size")
     if d.get("sequence_len") is not None:
-        kw["seq_len"] = int(d["sequence_len"])
-    kw["accumulation_steps"] = int(d.get("gradient_accumulation_steps") or 1)
-    bf16, fp16 = d.get("bf16"), truthy(d.get("fp16"))
+        kw["seq_len"] = whole(d, "sequence_len")
+    kw["accumulation_steps"] = whole(d, "gradient_accumulation_steps", 1)
+    bf16, fp16 = d.get("bf16"), truthy(d.get("fp16"), "fp16")
     if bf16 == "auto":
         notes.append("bf16: auto: sized as bf16 (what a bf16-capable GPU picks)")
-    kw["precision"] = "autocast_bf16" if truthy(bf16) or bf16 == "auto" else "autocast_fp16" if fp16 else "fp32"
-    optim = d.get("optimizer")
+    bf16 = bf16 == "auto" or truthy(bf16, "bf16")
+    if bf16 and fp16:
+        raise TrainerConfigError("bf16 and fp16 are both set: axolotl passes both to TrainingArguments, which refuses that")
+    kw["precision"] = hf.precision_of(bf16, fp16, hf._model_dtype(model), notes)
+    optim = name_of(d, "optimizer")
     if optim is not None:
         if optim in hf.OPTIM:
             kw["optimizer"] = hf.OPTIM[optim]
         else:
             notes.append(f"optimizer={optim!r}: no knob sizes it; the workload's own optimizer is measured")
     ckpt = d.get("gradient_checkpointing")
-    save = (d.get("selective_checkpointing") or {}).get("save")
+    if ckpt not in (None, "offload", "offload_disk"):
+        ckpt = truthy(ckpt, "gradient_checkpointing")
+    save = table(d, "selective_checkpointing").get("save")
+    if save is not None and (not isinstance(save, (list, tuple)) or not all(isinstance(o, str) for o in save)):
+        raise TrainerConfigError(f"selective_checkpointing.save: must be a list of op names, got {show(save)}")
     regions: dict[str, RegionPolicy] = {}
     if save:
         regions, more = regions_for(model, RegionKind.SELECTIVE) if model is not None else ({}, ["selective regions: pass model="])
@@ -61,10 +69,10 @@ def read(config: Any, model: nn.Module | None = None, world_size: int | None = N
         notes += more
         notes.append(f"gradient_checkpointing: {ckpt}: axolotl checkpoints each layer and moves its inputs off the device; "
                      "sized as offloading each layer's saved tensors")
-    elif truthy(ckpt):
+    elif ckpt:
         regions, more = regions_for(model, RegionKind.FULL)
         notes += more
-    if truthy(d.get("activation_offloading")):
+    if truthy(d.get("activation_offloading"), "activation_offloading"):
         if regions:
             notes.append("activation_offloading with checkpointing: sized as the checkpointing alone")
         else:
@@ -73,35 +81,36 @@ def read(config: Any, model: nn.Module | None = None, world_size: int | None = N
     if regions:
         kw["regions"] = regions
     unfrozen = d.get("unfrozen_parameters")
+    if isinstance(unfrozen, str):
+        unfrozen = [unfrozen]
+    if unfrozen is not None and (not isinstance(unfrozen, list) or not all(isinstance(p, str) for p in unfrozen)):
+        raise TrainerConfigError(f"unfrozen_parameters: must be a list of regexes, got {show(unfrozen)}")
     if unfrozen:
+        pats = [compile_bounded(p, "unfrozen_parameters") for p in unfrozen]
         kw["frozen"] = ("*",)
         if model is None:
             notes.append("unfrozen_parameters: pass model= to resolve the regexes; the plan freezes nothing")
             kw.pop("frozen")
         else:
-            try:
-                pats = [re.compile(p) for p in unfrozen]
-            except re.error as exc:
-                raise TrainerConfigError(f"unfrozen_parameters: bad regex: {exc}") from None
             kw["trainable"] = tuple(n for n, _ in model.named_parameters() if any(p.match(n) for p in pats))
     adapter = d.get("adapter")
     lora = lora_of(model)
     if adapter and lora is not None:
-        given = {"r": d.get("lora_r"), "lora_alpha": d.get("lora_alpha")}
+        given = {"r": whole(d, "lora_r"), "lora_alpha": d.get("lora_alpha")}
         differ = sorted(k for k, v in given.items() if v is not None and v != lora[k])
         if differ:
-            notes.append(f"adapter: {adapter}: the model's LoRA differs in {', '.join(differ)} "
+            notes.append(f"adapter: {show(adapter)}: the model's LoRA differs in {', '.join(differ)} "
                          f"({', '.join(f'{k}={lora[k]}' for k in differ)}); the model's is sized")
     elif adapter:
-        notes.append(f"adapter: {adapter} (r={d.get('lora_r')}): sized on the model as given; wrap it with "
+        notes.append(f"adapter: {show(adapter)} (r={show(d.get('lora_r'))}): sized on the model as given; wrap it with "
                      "peft.get_peft_model(model, LoraConfig(...)) first to size the adapter")
         if adapter == "qlora":
             notes.append("qlora: 4-bit base weights are not sized (the model's own dtype is measured)")
     if d.get("fsdp_version") is not None or d.get("fsdp_config"):
-        fsdp = {k[5:] if k.startswith("fsdp_") else k: v for k, v in dict(d.get("fsdp_config") or {}).items()}
+        fsdp = {k[5:] if k.startswith("fsdp_") else k: v for k, v in table(d, "fsdp_config").items()}
         fsdp.setdefault("version", d.get("fsdp_version", 2))
         if "offload_params" in fsdp:
-            fsdp["cpu_offload"] = truthy(fsdp.pop("offload_params"))
+            fsdp["cpu_offload"] = truthy(fsdp.pop("offload_params"), "offload_params")
         kw["parallel"] = parallel_of(fsdp, world_size, model, notes)
     for key in ("deepspeed", "torch_compile", "liger_fused_linear_cross_entropy", "load_in_8bit", "load_in_4bit"):
         if d.get(key):
@@ -158,6 +167,7 @@ def write(plan: Plan, parallel: ParallelSpec | None = None, model: nn.Module | N
         if spec.strategy == "fsdp":
             out["fsdp_version"] = 2
             out["fsdp_config"] = {"reshard_after_forward": spec.reshard_after_forward, "offload_params": spec.cpu_offload}
+            root_note(spec, notes)
         notes.append(f"world size {spec.world_size}: launch that many processes; not a config field")
     notes += [n for n in unwritable(plan, seq_field=True) if not n.startswith("frozen")]
     return Exported(dump(out, "yaml"), out, tuple(notes))

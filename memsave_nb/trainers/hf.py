@@ -6,7 +6,10 @@ What maps: ``per_device_train_batch_size`` -> ``batch_size``, ``gradient_accumul
 parameters are already bf16), ``optim`` -> the optimizers the knobs size,
 ``activation_checkpointing`` (alias ``gradient_checkpointing``) + ``every_n_layers`` / ``offload``
 in its kwargs -> full (or offload) regions on every n-th ``GradientCheckpointingLayer``, ``fsdp`` +
-``fsdp_config`` -> an FSDP2 ``ParallelSpec``. The Trainer checkpoints every n-th layer or none:
+``fsdp_config`` -> an FSDP2 ``ParallelSpec``. Every value is typed as the Trainer types it (one
+line for ``"abc"``, 2.5, True, inf, 0), and a name ``TrainingArguments`` does not take is refused
+(:mod:`.fields`); ``label_smoothing_factor`` is a note (its smoother's log-probabilities are not
+sized). The Trainer checkpoints every n-th layer or none:
 other region choices, selective (per-op) regions, frozen parameters, memory-saving layers and a
 compile budget are not arguments, and come back as notes.
 """
@@ -17,12 +20,13 @@ from typing import Any, Mapping
 
 from torch import nn
 
-from memsave_nb.checkpointing import RegionKind
+from memsave_nb.checkpointing import RegionKind, RegionPolicy, show
 from memsave_nb.parallel_spec import ParallelSpec
 from memsave_nb.plan import Plan
 
-from ._common import (Exported, Imported, TrainerConfigError, dump, every_n_of, load_config, parallel_of,
-                      regions_for, truthy, unwritable, wrap_classes)
+from ._common import (Exported, Imported, TrainerConfigError, dump, every_n_of, load_config, name_of, parallel_of, root_note,
+                      real, regions_for, table, truthy, unwritable, whole, wrap_classes)
+from .fields import check_fields
 
 __all__ = ["DEFAULTS", "OPTIM", "read", "write", "read_fields", "write_fields"]
 
@@ -61,59 +65,99 @@ def _model_dtype(model: nn.Module | None) -> Any:
     return None if p is None else p.dtype
 
 
-def read_fields(d: Mapping[str, Any], model: nn.Module | None, world_size: int | None,
-                defaults: Mapping[str, Any], notes: list[str]) -> dict[str, Any]:
-    """Plan keyword arguments from TrainingArguments fields (shared with TRL's SFTConfig)."""
-    get = lambda k: d[k] if d.get(k) is not None else defaults.get(k)  # noqa: E731
-    kw: dict[str, Any] = {"batch_size": int(get("per_device_train_batch_size")),
-                          "accumulation_steps": int(get("gradient_accumulation_steps"))}
-    bf16, fp16 = truthy(get("bf16")), truthy(get("fp16"))
-    if bf16 and fp16:
-        raise TrainerConfigError("bf16 and fp16 are both set: TrainingArguments refuses that")
+def precision_of(bf16: bool, fp16: bool, dtype: Any, notes: list[str]) -> str:
+    """The precision a trainer runs: the model's parameter dtype plus its bf16/fp16 switches
+    (autocast over fp32 weights; pure bf16 only when the weights already are bf16)."""
     import torch
 
-    dtype = _model_dtype(model)
     if bf16:
-        kw["precision"] = "bf16" if dtype == torch.bfloat16 else "autocast_bf16"
-    elif fp16:
-        kw["precision"] = "autocast_fp16"
+        return "bf16" if dtype == torch.bfloat16 else "autocast_bf16"
+    if fp16:
         if dtype == torch.float16:
             notes.append("fp16 with float16 parameters: sized as fp16 autocast over the model as loaded")
-    else:
-        kw["precision"] = "bf16" if dtype == torch.bfloat16 else "fp32"
-    optim = str(getattr(get("optim"), "value", get("optim")))
+        return "autocast_fp16"
+    if dtype == torch.bfloat16:
+        notes.append("bf16 and fp16 off over bfloat16 parameters: the Trainer runs the model as loaded, pure bf16")
+        return "bf16"
+    return "fp32"
+
+
+def optim_of(optim: str, notes: list[str]) -> dict[str, Any]:
+    """The knob that sizes a Trainer ``optim`` value, or a one-line note that none does; a name
+    the installed transformers does not know is refused, as ``TrainingArguments`` refuses it."""
+    names = optim_names()
+    if names is not None and optim not in names:
+        raise TrainerConfigError(f"optim {show(optim)}: not a TrainingArguments optimizer name")
     if optim in OPTIM:
-        kw["optimizer"] = OPTIM[optim]
         if optim == "adafactor":
             notes.append("optim='adafactor': transformers' Adafactor sized as torch.optim.Adafactor (both factored second moments)")
         if optim == "sgd":
             notes.append("optim='sgd': sized without momentum (momentum in optim_args adds one buffer per parameter)")
-    else:
-        notes.append(f"optim={optim!r}: no knob sizes it; the workload's own optimizer is measured")
+        return {"optimizer": OPTIM[optim]}
+    notes.append(f"optim={optim!r}: no knob sizes its state; the workload's own optimizer (AdamW) is measured instead")
+    return {}
+
+
+def optim_names() -> frozenset[str] | None:
+    """``OptimizerNames`` of the installed transformers; None without it."""
+    try:
+        from transformers.training_args import OptimizerNames
+    except ImportError:
+        return None
+    return frozenset(o.value for o in OptimizerNames)
+
+
+def read_fields(d: Mapping[str, Any], model: nn.Module | None, world_size: int | None,
+                defaults: Mapping[str, Any], notes: list[str], *, trl: bool = False) -> dict[str, Any]:
+    """Plan keyword arguments from TrainingArguments fields (shared with TRL's SFTConfig:
+    ``trl=True`` reads its ``gradient_checkpointing_kwargs={"selective": True}``)."""
+    get = lambda k: d[k] if d.get(k) is not None else defaults.get(k)  # noqa: E731
+    kw: dict[str, Any] = {"batch_size": whole(d, "per_device_train_batch_size", defaults["per_device_train_batch_size"]),
+                          "accumulation_steps": whole(d, "gradient_accumulation_steps", 1)}
+    bf16, fp16 = truthy(get("bf16"), "bf16"), truthy(get("fp16"), "fp16")
+    if bf16 and fp16:
+        raise TrainerConfigError("bf16 and fp16 are both set: TrainingArguments refuses that")
+    kw["precision"] = precision_of(bf16, fp16, _model_dtype(model), notes)
+    optim = name_of(d, "optim", defaults["optim"])
+    kw.update(optim_of(optim, notes))
     ckpt = d.get("activation_checkpointing")
     if ckpt is None:
         ckpt = d.get("gradient_checkpointing")
     if ckpt is None:
         ckpt = defaults.get("gradient_checkpointing", False)
-    ckpt_kwargs = dict(d.get("activation_checkpointing_kwargs") or d.get("gradient_checkpointing_kwargs") or {})
+    ckpt = truthy(ckpt, "gradient_checkpointing")
+    kwargs_key = "activation_checkpointing_kwargs" if d.get("activation_checkpointing_kwargs") is not None \
+        else "gradient_checkpointing_kwargs"
+    ckpt_kwargs = table(d, kwargs_key)
     fsdp_on, fsdp_cfg = _fsdp(d, notes)
-    if fsdp_on and truthy(fsdp_cfg.get("activation_checkpointing")):
-        if truthy(ckpt):
+    if fsdp_on and truthy(fsdp_cfg.get("activation_checkpointing"), "fsdp_config.activation_checkpointing"):
+        if ckpt:
             raise TrainerConfigError("activation_checkpointing and fsdp_config['activation_checkpointing'] are both on: "
                                      "the Trainer refuses that; keep the FSDP one")
         ckpt = True
-    if truthy(ckpt):
-        every_n = int(ckpt_kwargs.pop("every_n_layers", 1))
-        offload = truthy(ckpt_kwargs.pop("offload", False))
+    selective = truthy(ckpt_kwargs.pop("selective", False), "selective")
+    if selective:
+        _check_selective(trl, ckpt, ckpt_kwargs)
+    if ckpt:
+        every_n = whole(ckpt_kwargs, "every_n_layers", 1)
+        offload = truthy(ckpt_kwargs.pop("offload", False), "offload")
+        ckpt_kwargs.pop("every_n_layers", None)
         kind = RegionKind.OFFLOAD if offload else RegionKind.FULL
         if offload:
             notes.append("checkpointing with offload: the Trainer checkpoints each layer and holds its inputs on the host; "
                          "sized as offloading each layer's saved tensors (same device bytes, more host bytes)")
         kw["regions"], more = regions_for(model, kind, every_n)
         notes += more
+        if selective:
+            import torch
+
+            ops = [op for op in SAC_SAVED_OPS if hasattr(torch.ops.aten, op.split(".")[1])]
+            kw["regions"] = {name: RegionPolicy.save(ops) for name in kw["regions"]}
+            notes.append("selective checkpointing (TRL): each checkpointed layer saves its attention op's outputs "
+                         "and recomputes the rest, as trl's SAC policy does")
         ckpt_kwargs.pop("use_reentrant", None)
         if ckpt_kwargs:
-            notes.append(f"checkpoint kwargs {sorted(ckpt_kwargs)}: passed to torch.utils.checkpoint, not sized")
+            notes.append(f"checkpoint kwargs {show(sorted(ckpt_kwargs))}: passed to torch.utils.checkpoint, not sized")
     if fsdp_on:
         kw["parallel"] = parallel_of(fsdp_cfg, world_size, model, notes)
     for key, what in _UNSIZED.items():
@@ -122,16 +166,34 @@ def read_fields(d: Mapping[str, Any], model: nn.Module | None, world_size: int |
     return kw
 
 
+# trl 1.16 models/selective_activation_checkpointing.py: the aten attention ops its policy saves
+SAC_SAVED_OPS = ("aten._scaled_dot_product_flash_attention", "aten._scaled_dot_product_efficient_attention",
+                 "aten._scaled_dot_product_cudnn_attention", "aten._scaled_dot_product_flash_attention_for_cpu")
+
+
+def _check_selective(trl: bool, ckpt: bool, ckpt_kwargs: Mapping[str, Any]) -> None:
+    """TRL's ``selective`` key is refused where TRL (or torch, for TrainingArguments) refuses it."""
+    if not trl:
+        raise TrainerConfigError("gradient_checkpointing_kwargs 'selective' is TRL's (SFTConfig); the Trainer passes it "
+                                 "to torch.utils.checkpoint, which refuses it")
+    if not ckpt:
+        raise TrainerConfigError("gradient_checkpointing_kwargs 'selective' needs gradient_checkpointing=True (TRL refuses it alone)")
+    if truthy(ckpt_kwargs.get("use_reentrant"), "use_reentrant"):
+        raise TrainerConfigError("gradient_checkpointing_kwargs 'selective' needs use_reentrant=False (TRL refuses it)")
+
+
 def _fsdp(d: Mapping[str, Any], notes: list[str]) -> tuple[bool, dict[str, Any]]:
     """FSDP on or off and its settings, from the new form (``fsdp=True`` + ``fsdp_config``) or the
     legacy string/list (``"full_shard auto_wrap offload"``), as ``_process_fsdp_args`` reads them."""
     fsdp = d.get("fsdp")
-    cfg = d.get("fsdp_config") or {}
-    if isinstance(cfg, str):
-        cfg = load_config(cfg)
-    cfg = {k[5:] if k.startswith("fsdp_") else k: v for k, v in dict(cfg).items()}
+    cfg = table(d, "fsdp_config")
+    cfg = {k[5:] if isinstance(k, str) and k.startswith("fsdp_") else k: v for k, v in cfg.items()}
+    if fsdp is not None and not isinstance(fsdp, (bool, str, list, tuple)):
+        raise TrainerConfigError(f"fsdp: must be true/false, a string of options or a list, got {show(fsdp)}")
     items = fsdp.split() if isinstance(fsdp, str) else list(fsdp) if isinstance(fsdp, (list, tuple)) else []
-    for item in (str(getattr(i, "value", i)) for i in items):
+    for item in (getattr(i, "value", i) for i in items):
+        if not isinstance(item, str):
+            raise TrainerConfigError(f"fsdp: options must be names, got {show(item)}")
         if item == "full_shard":
             cfg.setdefault("reshard_after_forward", True)
         elif item == "shard_grad_op":
@@ -141,7 +203,7 @@ def _fsdp(d: Mapping[str, Any], notes: list[str]) -> tuple[bool, dict[str, Any]]
         elif item in ("hybrid_shard", "hybrid_shard_zero2"):
             notes.append(f"fsdp {item!r}: FSDP1-only; sized as FSDP2 over one mesh dimension (set replicate= for HSDP)")
         elif item not in ("auto_wrap", "no_shard"):
-            notes.append(f"fsdp option {item!r}: not sized")
+            notes.append(f"fsdp option {show(item)}: not sized")
     return bool(items) or fsdp is True, cfg
 
 
@@ -149,8 +211,13 @@ def read(config: Any, model: nn.Module | None = None, world_size: int | None = N
     """``TrainingArguments`` (object, dict, JSON/YAML text or path) -> the plan the Trainer runs."""
     d = load_config(config)
     notes: list[str] = []
+    check_fields(config, d, "hf", notes)
     kw = read_fields(d, model, world_size, DEFAULTS, notes)
-    notes.append("sequence length: TrainingArguments has none; the workload's batch keeps its own")
+    smoothing = real(d, "label_smoothing_factor", 0.0, 0.0, 1.0)
+    if smoothing > 0:
+        notes.append(f"label_smoothing_factor={smoothing}: the Trainer's LabelSmoother holds the full log-probabilities "
+                     "(batch x seq x vocab) beside the logits; not sized (the model's own loss is)")
+    notes.append("sequence length: TrainingArguments has none; it comes from your data (the workload's batch keeps its own)")
     plan = Plan(name="hf", **kw)
     return Imported(plan, plan.parallel, tuple(notes))
 
@@ -224,6 +291,7 @@ def _fsdp_fields(spec: ParallelSpec, ckpt: bool, model: nn.Module | None, notes:
     if ckpt:
         cfg["activation_checkpointing"] = True
     classes = wrap_classes(spec, model, notes)
+    root_note(spec, notes)
     if classes:
         cfg["transformer_layer_cls_to_wrap"] = classes
     if spec.replicate > 1:

@@ -19,12 +19,14 @@ from typing import Any
 
 from torch import nn
 
-from memsave_nb.checkpointing import RegionKind
+from memsave_nb.checkpointing import RegionKind, show
 from memsave_nb.parallel_spec import ParallelSpec
 from memsave_nb.plan import Plan
 
 from . import hf
-from ._common import Exported, Imported, TrainerConfigError, dump, every_n_of, load_config, lora_of, regions_for, truthy
+from ._common import (Exported, Imported, TrainerConfigError, dump, every_n_of, load_config, lora_of, name_of, real,
+                      regions_for, truthy, whole)
+from .fields import check_fields
 
 __all__ = ["DEFAULTS", "read", "write"]
 
@@ -48,11 +50,12 @@ def loss_chunk_for(model: nn.Module | None) -> int | None:
 
 
 def _read_loss(d: dict[str, Any], model: nn.Module | None, notes: list[str]) -> dict[str, Any]:
-    loss_type = d.get("loss_type") or DEFAULTS["loss_type"]
+    loss_type = name_of(d, "loss_type") or DEFAULTS["loss_type"]
     if loss_type not in LOSS_TYPES:
-        raise TrainerConfigError(f"loss_type {loss_type!r}: SFTConfig takes one of {', '.join(LOSS_TYPES)}")
-    if float(d.get("label_smoothing_factor") or 0) > 0:
-        notes.append(f"label_smoothing_factor={d['label_smoothing_factor']}: TRL's label smoother needs the full logits; "
+        raise TrainerConfigError(f"loss_type {show(loss_type)}: SFTConfig takes one of {', '.join(LOSS_TYPES)}")
+    smoothing = real(d, "label_smoothing_factor", 0.0, 0.0, 1.0)
+    if smoothing > 0:
+        notes.append(f"label_smoothing_factor={smoothing}: TRL's label smoother needs the full logits; "
                      "sized with loss='full' (the model's own loss, without smoothing)")
         return {"loss": "full"}
     chunk = loss_chunk_for(model)
@@ -67,15 +70,16 @@ def _read_loss(d: dict[str, Any], model: nn.Module | None, notes: list[str]) -> 
 def read(config: Any, model: nn.Module | None = None, world_size: int | None = None) -> Imported:
     """``SFTConfig`` (object, dict, JSON/YAML text or path) -> the plan SFTTrainer runs."""
     d = load_config(config)
-    if d.get("bf16") is None:  # SFTConfig: bf16 unless fp16
-        d["bf16"] = not truthy(d.get("fp16"))
     notes: list[str] = []
-    kw = hf.read_fields(d, model, world_size, DEFAULTS, notes)
-    max_length = d["max_length"] if "max_length" in d else DEFAULTS["max_length"]
+    check_fields(config, d, "trl", notes)
+    if d.get("bf16") is None:  # SFTConfig: bf16 unless fp16
+        d["bf16"] = not truthy(d.get("fp16"), "fp16")
+    kw = hf.read_fields(d, model, world_size, DEFAULTS, notes, trl=True)
+    max_length = DEFAULTS["max_length"] if "max_length" not in d else whole(d, "max_length")  # None: no truncation
     if max_length is not None:
-        kw["seq_len"] = int(max_length)
+        kw["seq_len"] = max_length
         notes.append(f"max_length={max_length}: TRL truncates to it; sized at that length (shorter data is shorter)")
-    if truthy(d.get("activation_offloading")):
+    if truthy(d.get("activation_offloading"), "activation_offloading"):
         if kw.get("regions"):
             notes.append("activation_offloading with checkpointing: TRL offloads the checkpointed layers' inputs; "
                          "sized as the checkpointing alone")
@@ -86,7 +90,7 @@ def read(config: Any, model: nn.Module | None = None, world_size: int | None = N
                          "regions on every layer (the embedding's and head's saved tensors stay on device)")
     kw.update(_read_loss(d, model, notes))
     for key in ("packing", "padding_free"):
-        if truthy(d.get(key)):
+        if truthy(d.get(key), key):
             notes.append(f"{key}: sequences are concatenated into batch rows; sized as the workload's batch shape")
     plan = Plan(name="trl", **kw)
     return Imported(plan, plan.parallel, tuple(notes))

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import html
 import threading
-import time
 import weakref
 from typing import Any, Callable
 
@@ -102,7 +101,7 @@ class Explorer(ExplorerRuns, W.VBox):
         # -- header: numbers, status, controls -------------------------------------------------
         wl = session.workload
         self.title = W.HTML(title_html(getattr(wl, "name", "workload"), type(self.model).__name__, session.mode,
-                                       str(getattr(wl, "device", "cpu")), wl.loop))
+                                       str(getattr(wl, "device", "cpu")), wl.loop, wl.sized_for))
         self.title.add_class("memsave-title")
         self.saved_total = _label("-", "memsave-saved-total")
         self.saved_bytes = _label("-", "memsave-saved-bytes")

@@ -35,7 +35,6 @@ from bokeh.models import (
     HoverTool,
     LabelSet,
     Range1d,
-    TapTool,
 )
 from bokeh.plotting import figure
 

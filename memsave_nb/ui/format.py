@@ -5,7 +5,6 @@ Bytes use binary units (KiB, MiB, GiB), as memory sizes usually are.
 
 from __future__ import annotations
 
-import math
 
 from ..measure.result import subtree_params
 from ..units import _UNITS, format_bytes  # noqa: F401  (re-exported: the UI's formatting lives here)

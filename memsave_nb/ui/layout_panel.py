@@ -110,8 +110,10 @@ class LayoutFinder(W.VBox):
             return
         self.result = result
         lines = result.summary().splitlines()[:3] + [f"starting from the explorer's plan{_from_words(plan) or ' (empty)'}"]
+        # why layouts were left out (a layout the model cannot take, stages not searched): said, not hidden
+        dropped = [f"note: {n}" for n in result.notes if "skipped (" in n or "not searched" in n]
         self.status.value = "<br>".join(("<b>" + html.escape(line) + "</b>") if line.startswith("chosen") else html.escape(line)
-                                        for line in lines)
+                                        for line in lines) + "".join(f"<br><small>{html.escape(n)}</small>" for n in dropped)
         self.figure_box.children = [bokeh_widget(layout_figure(result))]
         self.front.value = layout_front_html(result)
         self.ranks.value = "" if result.remeasured is None else (

@@ -17,7 +17,6 @@ CATEGORY_COLORS = {
     "gradients": "#f58518",
     "optimizer_state": "#e45756",
     "activations": "#54a24b",
-    "outputs": "#eeca3b",
     "temporaries": "#b279a2",
     "outputs": "#a0d98f",  # outputs and caches the step keeps (not saved for backward)
 }

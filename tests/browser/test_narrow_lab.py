@@ -65,7 +65,7 @@ def _canvases_inside(explorer, title: str, *, timeout: float = 60) -> dict:
     """Open ``title`` and wait until its figures are drawn, then return their canvases' extents."""
     _tab(explorer, title)
     deadline = time.monotonic() + timeout
-    while not (got := explorer.evaluate(CANVASES))["canvases"]:
+    while not explorer.evaluate(CANVASES)["canvases"]:
         assert time.monotonic() < deadline, f"no figure drew in the {title!r} tab"
         time.sleep(0.3)
     time.sleep(0.5)  # the figures' relayout to the container's width

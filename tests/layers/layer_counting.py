@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterable
 
-import torch
 from torch import Tensor, nn
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode

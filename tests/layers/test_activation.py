@@ -110,7 +110,7 @@ def test_fake_tensor_run_leaves_no_fake_state_behind() -> None:
         x = torch.randn(64, requires_grad=True)
         with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
             layer(x * 1).sum().backward()
-    stock = run(nn.ReLU(), torch.randn(64), {"input": True})
+    run(nn.ReLU(), torch.randn(64), {"input": True})
     with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
         ours = run(layer, torch.randn(64), {"input": True})
     assert type(ours.grads["input"]) is torch.Tensor

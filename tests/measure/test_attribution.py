@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections import Counter
 
-import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from memsave_nb.measure import CATEGORIES

@@ -17,7 +17,7 @@ import pytest
 
 from memsave_nb import measure
 
-from .cases import CASES, CASE_IDS
+from .cases import CASES
 from .conftest import measured
 from .oracles import memtracker_count, profiler_count, rng_state_bytes
 

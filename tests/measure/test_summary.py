@@ -6,7 +6,6 @@ import json
 
 import pytest
 
-from memsave_nb import zoo
 
 from .cases import CASES
 from .conftest import measured

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import contextlib
 
-import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from memsave_nb import zoo
@@ -42,8 +40,10 @@ def blocks_workload(width: int = 64, hidden: int = 128, out: int = 64, batch: in
     return Workload(model, x, loss=lambda o: o.square().mean(), optimizer=optimizer, name="blocks")
 
 
-def fsdp_mem_tracker_peak(workload: Workload, spec, plan=None, rank: int = 0) -> dict:
-    """PyTorch's FSDPMemTracker on the same fake setup, steady state (step 2 tracked)."""
+def fsdp_mem_tracker_peak(workload: Workload, spec, plan=None, rank: int = 0, shard=None, inputs=()) -> dict:
+    """PyTorch's FSDPMemTracker on the same fake setup, steady state (step 2 tracked). ``shard(model,
+    mesh)``: the user's own ``fully_shard`` calls instead of ``apply_parallel``'s; ``inputs``: more
+    tensors it is handed as inputs (the targets a loss closure holds)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 
@@ -57,7 +57,7 @@ def fsdp_mem_tracker_peak(workload: Workload, spec, plan=None, rank: int = 0) ->
         twin = fake_twin(workload.model, fm)
         w0 = workload.replace(model=twin)
         with (plan.apply(w0) if plan is not None else contextlib.nullcontext(w0)) as w, fm, entries_restored(twin):
-            apply_parallel(twin, spec, mesh)
+            (shard or (lambda m, mesh: apply_parallel(m, spec, mesh)))(twin, mesh)
             batch = _fake_batch(w, fm)
             opt = w.make_optimizer()
 
@@ -82,7 +82,7 @@ def fsdp_mem_tracker_peak(workload: Workload, spec, plan=None, rank: int = 0) ->
 
             step()
             fmt = FSDPMemTracker(twin, opt)
-            fmt.track_inputs(tuple(iter_tensors(batch)))
+            fmt.track_inputs(tuple(iter_tensors(batch)) + tuple(inputs))
             with fmt:
                 step()
             snap = fmt.get_tracker_snapshot("peak")

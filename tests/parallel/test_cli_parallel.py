@@ -92,3 +92,18 @@ def test_report_tp_sequence_parallel_on_a_hub_model_by_name(capsys):
     expected = measure_parallel(from_pretrained("llama-3.2-1b", batch_size=1, seq_len=64), spec)
     assert expected.table() in out
     assert not dist.is_initialized()
+
+
+def test_report_reshard_root_sizes_accelerates_root_and_says_so(capsys):
+    """``--reshard-root``: the root resharded after forward as accelerate does (issue 40); the
+    default keeps it gathered, torch's default."""
+    argv = ["report", "--model", "mlp", "--batch", "8", "--world-size", "2"]
+    assert main([*argv, "--reshard-root"]) == 0
+    out = capsys.readouterr().out
+    assert "root resharded after forward" in out.splitlines()[0]
+    assert measure_parallel(zoo.make("mlp", 8), ParallelSpec(world_size=2, reshard_root=True)).table() in out
+    assert main(argv) == 0
+    assert "root" not in capsys.readouterr().out.splitlines()[0]
+    assert main([*argv, "--reshard-root", "--ddp"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--reshard-root is FSDP2's" in err

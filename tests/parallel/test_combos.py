@@ -13,7 +13,6 @@ import torch.distributed as dist
 
 from memsave_nb import Plan
 from memsave_nb.parallel import ParallelSpec, measure_parallel
-from memsave_nb.workload import iter_tensors
 
 from .conftest import beyond_fsdp_mem_tracker, blocks_workload, fsdp_mem_tracker_peak, tiny_gpt
 

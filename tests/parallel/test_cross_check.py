@@ -76,7 +76,10 @@ def _check(world_size: int) -> None:
     spec = ParallelSpec(world_size=world_size)
     rows = _exact_in_one_of(4, spec)
     assert {r.case for r in rows} == {"my-encoder"}
-    assert all(r.predicted_split["communication"] > 0 and r.staging_bytes > 0 for r in rows)
+    # the peak: the root kept gathered after forward (torch's default) and no collective in flight;
+    # with the root resharded (accelerate's choice, the default before issue 40) the peak held
+    # 529,920 B of all-gather buffers at world size 2. gloo's staging copies are seen either way.
+    assert all(r.predicted_split["communication"] == 0 and r.staging_bytes > 0 for r in rows)
     ours = measure_parallel(make_workload(), spec).worst.peak_bytes
     assert ours == rows[0].predicted_bytes
     theirs = fsdp_mem_tracker_peak(make_workload(), spec)["Total"]

@@ -80,7 +80,7 @@ def test_offload_unseen_copies_are_bounded_by_the_largest_unit():
     assert h2d_mixed.high_bytes == 64 * 128 * 4 // 4
     text = m.table()
     assert "device peak" in text and "host peak" in text and "estimate, upper bound" in text
-    assert f"host memory per rank (worst): " in text
+    assert "host memory per rank (worst): " in text
     plain = measure_parallel(wl, ParallelSpec(world_size=4))
     assert not any(u.name.startswith("CPU offload") for u in plain.unseen)
     assert plain.worst.device_peak_bytes is None and plain.device_peak_bytes == plain.peak_bytes

@@ -83,3 +83,16 @@ def test_report_pp_with_tp_prints_each_stage_of_the_3d_mesh(capsys):
     assert "PP 2 x TP 2 (1F1B, 4 micro-batches)" in out
     assert "0-1 (stage 0)" in out and "2-3 (stage 1)" in out
     assert not dist.is_initialized()
+
+
+def test_pp_x_tp_says_the_head_count_does_not_divide():
+    """Issue 38: a pipeline stage of a Hugging Face decoder holds layers, not the model with its
+    config, so the head check saw no heads and the step failed inside torch's pipeline instead."""
+    from memsave_nb.parallel import ParallelError
+
+    from .test_tp import llama
+
+    with pytest.raises(ParallelError) as err:
+        measure_pipeline(llama(kv_heads=2), ParallelSpec(world_size=8, pipeline_parallel=2, tensor_parallel=4, microbatches=2))
+    assert str(err.value) == "tensor_parallel 4 does not divide num_key_value_heads (2): each rank holds whole heads"
+    assert not dist.is_initialized()

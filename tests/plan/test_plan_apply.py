@@ -175,7 +175,7 @@ def test_restore_keeps_existing_hooks_forward_attrs_and_flags():
     before = ModelSnapshot.capture(model)
     plan = Plan(trainable="*", bn_eval="*", regions={"head": "full", "blocks.0": "save_matmuls"}, memsave="*" if layers_available() else ())
     with pytest.raises(SimulatedOOM):
-        with plan.apply(workload) as w:
+        with plan.apply(workload):
             assert model.stem[0].weight.requires_grad
             assert model.head.forward is not custom
             raise SimulatedOOM("boom")

@@ -1,6 +1,5 @@
 """A model with a ``.model`` attribute of its own (as Hugging Face models have) is taken as it is."""
 
-import torch
 from torch import nn
 
 from memsave_nb import presets

@@ -11,7 +11,7 @@ from memsave_nb.measure import measure
 from memsave_nb.plan import Plan
 from memsave_nb.workload import Workload
 
-from .real_cases import BATCH, HEADS, HIDDEN, LAYERS, SEQ, VOCAB, _ids, _transformers
+from .real_cases import HEADS, HIDDEN, LAYERS, SEQ, VOCAB, _ids, _transformers
 
 GROUPED = "aten._grouped_mm"
 

@@ -14,7 +14,7 @@ from memsave_nb import Plan
 from memsave_nb.checkpointing import RegionKind, RegionPolicy
 from memsave_nb.errors import MemsaveError
 from memsave_nb.parallel_spec import ParallelSpec
-from memsave_nb.trainers import TrainerConfigError, axolotl, detect, from_trainer, hf, to_trainer, trl
+from memsave_nb.trainers import TrainerConfigError, detect, from_trainer, hf, to_trainer, trl
 
 from .conftest import LAYERS, tiny_llama
 
@@ -62,7 +62,8 @@ def test_legacy_fsdp_string_and_sft_object():
     assert any("fused LM head" in n for n in imp.notes)
     legacy = from_trainer({"fsdp": "full_shard auto_wrap offload", "fsdp_config": {"transformer_layer_cls_to_wrap": "LlamaDecoderLayer"}},
                           MODEL, world_size=4)
-    assert legacy.parallel == ParallelSpec(world_size=4, shard_modules=tuple(LAYER_NAMES), cpu_offload=True)
+    # full_shard: accelerate reshards the units and the root after forward
+    assert legacy.parallel == ParallelSpec(world_size=4, shard_modules=tuple(LAYER_NAMES), cpu_offload=True, reshard_root=True)
 
 
 def test_both_checkpointing_switches_are_refused_and_never_written():
@@ -169,8 +170,14 @@ def plans(draw, trainer: str) -> Plan:
     return Plan(**kw)
 
 
+def _as_accelerate_runs(spec):
+    """accelerate's FSDP2 plugin reshards the root as the units: a written spec reads back so."""
+    return spec if spec is None or spec.strategy != "fsdp" else dataclasses.replace(spec, reshard_root=spec.reshard_after_forward)
+
+
 def _same(a: Plan, b: Plan) -> bool:
-    norm = lambda p: dataclasses.replace(p, name="", trainable=tuple(sorted(p.trainable)))  # noqa: E731
+    norm = lambda p: dataclasses.replace(p, name="", trainable=tuple(sorted(p.trainable)),  # noqa: E731
+                                         parallel=_as_accelerate_runs(p.parallel))
     return norm(a) == norm(b)
 
 

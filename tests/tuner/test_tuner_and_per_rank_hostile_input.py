@@ -4,8 +4,6 @@ or careless user tries them. Each test failed on the main branch before its fix.
 from __future__ import annotations
 
 import gc
-import math
-import resource
 import subprocess
 import sys
 import textwrap
@@ -14,7 +12,6 @@ import pytest
 import torch
 from torch import nn
 
-from memsave_nb import zoo
 from memsave_nb.checkpointing import PlanError
 from memsave_nb.errors import MemsaveError
 from memsave_nb.measure import measure
