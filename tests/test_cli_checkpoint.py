@@ -58,14 +58,24 @@ def test_fit_gpus_names_the_gpus_it_fits_and_the_max_batch_on_each(capsys, tiny)
     assert cli.main(argv + ["--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["gpus"]
     wl = memsave_nb.from_pretrained(tiny, seq_len=128)
-    peak = measure(wl, mode="fake").peak_bytes
+    m = measure(wl, mode="fake")
     assert [r["gpu"] for r in rows] == sorted(GPUS, key=lambda k: (GPUS[k].memory_gb, k))
     for r in rows:
         target = Target(GPUS[r["gpu"]].memory_gb, 0.0002)
-        assert r["fits"] == target.fits(peak) and r["usable_bytes"] == target.usable_bytes
+        line = _verdict_line(Target(GPUS[r["gpu"]].memory_gb, 0.0002, name=f"{r['gpu']} {GPUS[r['gpu']].memory_gb:g} GB"), m)
+        assert r["verdict"] == line.split(": ", 1)[1] and r["fits"] == (": fits" in line)
+        assert r["usable_bytes"] == target.usable_bytes
     l4 = next(r for r in rows if r["gpu"] == "L4")
     assert l4["max_batch"] == max_batch(wl, Plan(), Target(24, 0.0002)).value >= 1
     assert rows[-1]["max_batch"] > l4["max_batch"]  # 141 GB holds more than 24 GB
     assert cli.main(argv) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[3].startswith("Fits on: ") and "  L4: " in lines[4] and lines[4].endswith(f"max batch {l4['max_batch']}")
+
+
+def _verdict_line(target, m):
+    """stdout's verdict: the allocator replay's where the step has one, else the 80% rule's."""
+    from memsave_nb.target import reserved_verdict
+
+    r = reserved_verdict(target, m)
+    return r.lines()[0] if r else f"Target {target.label}: {target.verdict(m.peak_bytes)}"

@@ -40,8 +40,10 @@ def test_report_json_is_the_measurement_and_the_target_answer(capsys):
     assert obj["split"] == m.peak_split.as_dict() and sum(obj["split"].values()) == m.peak_bytes
     assert obj["saved_bytes"] == m.saved_bytes
     target = Target(0.1)
-    assert obj["target"] == {"gb": 0.1, "headroom": 0.8, "usable_bytes": target.usable_bytes,
-                             "fits": target.fits(m.peak_bytes), "verdict": target.verdict(m.peak_bytes)}
+    line = _verdict_line(target, m)
+    assert obj["target"]["line"] == line and obj["target"]["verdict"] == line.split(": ", 1)[1]
+    assert obj["target"]["fits"] == line.startswith("Target 0.1 GB: fits")
+    assert (obj["target"]["gb"], obj["target"]["headroom"], obj["target"]["usable_bytes"]) == (0.1, 0.8, target.usable_bytes)
     r = max_batch(zoo.make("mlp", 32), Plan(), target)
     assert obj["max_batch"]["value"] == r.value > 0 and obj["max_batch"]["peak_bytes"] == r.peak_bytes
     assert obj["max_seq"] is None and obj["setup"]["batch"] == 32
@@ -97,3 +99,11 @@ def test_knobs_that_do_not_fit_are_never_under_fit_on_their_own(capsys):
     assert lines[0] == "knobs that fit on their own:"
     assert all(", fits (" in line for line in lines[1:split]) and all("does not fit" in line for line in lines[split + 1:])
     assert len(lines) == len(hints) + 2
+
+
+def _verdict_line(target, m):
+    """stdout's verdict: the allocator replay's where the step has one, else the 80% rule's."""
+    from memsave_nb.target import reserved_verdict
+
+    r = reserved_verdict(target, m)
+    return r.lines()[0] if r else f"Target {target.label}: {target.verdict(m.peak_bytes)}"

@@ -70,6 +70,7 @@ def compare_rows(args: argparse.Namespace, base) -> list[dict]:
     per row (``--json`` prints them)."""
     from ..measure import measure
     from ..target import max_batch
+    from .json_out import verdict_of
     from .target import _same_probe, cli_target
     from .workload import build
 
@@ -87,7 +88,8 @@ def compare_rows(args: argparse.Namespace, base) -> list[dict]:
                        "peak_bytes": m.peak_bytes, "peak_phase": m.peak_phase, "split": dict(m.peak_split.as_dict()),
                        "fits": None, "verdict": None, "max_batch": None}
                 if target is not None:
-                    row["fits"], row["verdict"] = target.fits(m.peak_bytes), target.verdict(m.peak_bytes)
+                    v = verdict_of(target, m)
+                    row["fits"], row["verdict"] = v["fits"], v["verdict"]
                     if args.max_batch:
                         row["max_batch"] = max_batch(cw.workload, plan, target,
                                                      measured=_same_probe(cw.workload, plan, m)).value

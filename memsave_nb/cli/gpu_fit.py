@@ -19,6 +19,7 @@ def gpu_targets(headroom: float | None) -> list[tuple[str, Any]]:
 def gpu_fit_rows(workload, plan, measurement, headroom: float | None) -> list[dict]:
     """Per GPU: the verdict at the measured peak and the largest batch that fits (its peak)."""
     from ..target import max_batch
+    from .json_out import verdict_of
     from .target import _same_probe
 
     rows, known, by_size = [], _same_probe(workload, plan, measurement), {}
@@ -27,7 +28,7 @@ def gpu_fit_rows(workload, plan, measurement, headroom: float | None) -> list[di
             by_size[target.usable_bytes] = max_batch(workload, plan, target, measured=dict(known) if known else None)
         r = by_size[target.usable_bytes]
         rows.append({"gpu": key, "memory_gb": target.gb, "usable_bytes": target.usable_bytes,
-                     "fits": target.fits(measurement.peak_bytes), "verdict": target.verdict(measurement.peak_bytes),
+                     **{k: v for k, v in verdict_of(target, measurement).items() if k in ("fits", "verdict", "rule")},
                      "max_batch": r.value, "max_batch_peak_bytes": r.peak_bytes, "limit": r.limit or None})
     return rows
 

@@ -18,6 +18,22 @@ def dump(obj: dict) -> None:
     sys.stdout.write(json.dumps(obj, indent=2, sort_keys=False) + "\n")
 
 
+def verdict_of(target, measurement) -> dict:
+    """The verdict the text prints: the allocator replay's where the step has one (reserved memory +
+    CUDA context against the whole GPU, no 80% rule), else the headroom line's. ``line`` is stdout's."""
+    from ..target import reserved_verdict
+    from .target import verdict_line
+
+    replayed = reserved_verdict(target, measurement)
+    if replayed is not None:
+        line = replayed.lines()[0]
+        return {"fits": replayed.fits, "rule": "allocator replay", "total_bytes": replayed.total_bytes,
+                "verdict": line.split(": ", 1)[1], "line": line}
+    line = verdict_line(target, measurement.peak_bytes)
+    return {"fits": target.fits(measurement.peak_bytes), "rule": "headroom", "total_bytes": measurement.peak_bytes,
+            "verdict": line.split(": ", 1)[1], "line": line}
+
+
 def target_json(target) -> dict:
     return {"gb": target.gb, "headroom": target.headroom, "usable_bytes": target.usable_bytes}
 
@@ -74,8 +90,7 @@ def report_json(args: Any, cw, plan, measurement, title: str, top: int | None, n
         from .target import _same_probe, cli_target
 
         target = cli_target(args)
-        out["target"] = {**target_json(target), "fits": target.fits(measurement.peak_bytes),
-                         "verdict": target.verdict(measurement.peak_bytes)}
+        out["target"] = {**target_json(target), **verdict_of(target, measurement)}
         if args.max_batch:
             out["max_batch"] = search_json(max_batch(cw.workload, plan, target,
                                                      measured=_same_probe(cw.workload, plan, measurement)))
