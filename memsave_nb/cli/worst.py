@@ -35,6 +35,6 @@ def resolve_worst(args: argparse.Namespace):
                            "demo model (its batch keeps its own length)")
     from ..hub.seq_lengths import lengths_of, read_lengths
 
-    lengths = lengths_of(worst_of, "--worst-of") if worst_of is not None else read_lengths(from_file)
+    lengths = lengths_of(worst_of, "--worst-of") if worst_of is not None else read_lengths(str(from_file))
     args.seq_len = lengths.worst
     return lengths
