@@ -5,24 +5,10 @@ from __future__ import annotations
 
 import json
 
-import pytest
 
 import memsave_nb
 from memsave_nb import Plan, cli, measure
 from memsave_nb.planner.depth import blocks_of
-
-TINY_LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
-              "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512,
-              "max_position_embeddings": 256, "rms_norm_eps": 1e-5, "tie_word_embeddings": False}
-
-
-@pytest.fixture()
-def tiny(tmp_path):
-    path = tmp_path / "tiny-llama" / "config.json"
-    path.parent.mkdir()
-    path.write_text(json.dumps(TINY_LLAMA))
-    return str(path.parent)
-
 
 def test_report_checkpoint_is_every_block_checkpointed(capsys, tiny):
     peaks = {}

@@ -14,19 +14,6 @@ from memsave_nb.errors import WorkloadError
 from memsave_nb.hub.seq_lengths import dataset_lengths, read_lengths, worst_seq_len
 from memsave_nb.units import format_bytes
 
-TINY_LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
-              "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512,
-              "max_position_embeddings": 256, "rms_norm_eps": 1e-5, "tie_word_embeddings": False}
-
-
-@pytest.fixture()
-def tiny(tmp_path):
-    path = tmp_path / "tiny-llama" / "config.json"
-    path.parent.mkdir()
-    path.write_text(json.dumps(TINY_LLAMA))
-    return str(path.parent)
-
-
 def _peak(tiny, seq_len):
     return measure(memsave_nb.from_pretrained(tiny, lora="r=4", seq_len=seq_len, batch_size=2), mode="fake").peak_bytes
 
