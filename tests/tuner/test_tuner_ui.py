@@ -203,10 +203,14 @@ def test_errors_are_one_line_and_cancel_stops_the_search():
     assert panel.error == "searching plans (fake mode): region kind 'sideways': choose from ('full', 'save_matmuls', 'offload')"
     assert "\n" not in panel.error and "Traceback" not in panel.status.value
     # cancel while the planner measures: status "cancelled", no result, the model as it was
-    panel.search(background=True, precisions=(None, "bf16"), micro_batches=(1, 2))
-    _wait_until(lambda: panel.state == "running")
-    time.sleep(0.3)
-    assert panel.cancel()
+    # the test holds the model's lock, so the search is still at its first measurement when cancel
+    # comes (a fixed sleep raced the search: fake-mode searches on this tiny GPT can finish in 0.3 s)
+    from memsave_nb.measure.common import model_lock
+
+    with model_lock(workload.model):
+        panel.search(background=True, precisions=(None, "bf16"), micro_batches=(1, 2))
+        _wait_until(lambda: panel.state == "running")
+        assert panel.cancel()
     assert panel.wait(60)
     assert panel.state == "cancelled" and panel.result is None and panel.candidates == []
     assert panel.cancel_button.disabled and panel.progress_text.value == ""
