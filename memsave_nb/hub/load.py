@@ -30,6 +30,7 @@ _ARCH_SUFFIX = {"ForCausalLM": "causal-lm", "LMHeadModel": "causal-lm", "ForCond
 DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
           "half": torch.float16, "fp32": torch.float32, "float32": torch.float32, "float": torch.float32}
 DEFAULT_SEQ_LEN = 2048
+MAX_TOKENS = 2**27  # batch_size x seq_len: 134M tokens, 16x a 64 x 128k batch; past it a step's shapes overflow
 ATTENTION = ("sdpa", "eager")  # what sizing builds with: transformers' default (sdpa, else eager), never a config's choice
 
 
@@ -186,8 +187,11 @@ def from_pretrained(
         raise HubError(f"unknown quantize {short(quantize, 40)}; choose from {', '.join(QUANT_TYPES)}")
     if quantize is not None and lora is None:
         raise HubError(f"quantize={quantize!r} freezes the base: give lora= too (QLoRA trains the adapters)")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise HubError(f"batch_size must be a whole number >= 1, got {short(batch_size, 40)}")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 1 <= batch_size <= MAX_TOKENS:
+        raise HubError(f"batch_size must be a whole number from 1 to {MAX_TOKENS:,}, got {short(batch_size, 40)}")
+    if not (optimizer is None or callable(optimizer) or isinstance(optimizer, str) and len(optimizer) <= 40):
+        raise HubError(f"optimizer= takes a name like 'adamw', 'sgd' or 'none', or a function of the parameters; "
+                       f"got {short(optimizer, 40)}")
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
         raise HubError(f"seed must be a whole number from 0 to 2**63-1, got {short(seed, 40)}")
     torch_dtype = parse_dtype(dtype)
@@ -198,8 +202,10 @@ def from_pretrained(
     limit = _seq_limit(config)
     if seq_len is None:
         seq_len = min(DEFAULT_SEQ_LEN, limit or DEFAULT_SEQ_LEN)
-    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
-        raise HubError(f"seq_len must be a whole number >= 1, got {short(seq_len, 40)}")
+    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or not 1 <= seq_len <= MAX_TOKENS:
+        raise HubError(f"seq_len must be a whole number from 1 to {MAX_TOKENS:,}, got {short(seq_len, 40)}")
+    if batch_size * seq_len > MAX_TOKENS and task != "image-classification":
+        raise HubError(f"batch_size x seq_len = {batch_size * seq_len:,} tokens; models by name are sized up to {MAX_TOKENS:,}")
     if limit is not None and seq_len > limit and task != "image-classification":
         raise HubError(f"seq_len {seq_len} is longer than the model's {limit} positions")
     peft_config = None if lora is None else lora_config(lora, task)  # bad settings fail before the build

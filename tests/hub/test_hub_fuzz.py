@@ -152,15 +152,16 @@ def mostly(good, bad):
                     st.one_of(st.sampled_from([torch.int64, torch.float64, torch.bool, torch.float8_e4m3fn]), hostile)),
        task=mostly(st.none(), st.one_of(st.sampled_from(["causal-lm", "seq2seq", "masked_lm", "seq-classification"]), hostile)),
        overrides=mostly(st.none(), st.one_of(st.dictionaries(field_names, values, max_size=2), values)),
-       revision=mostly(st.none(), st.one_of(hostile, numbers)), seed=mostly(st.integers(0, 5), numbers))
+       revision=mostly(st.none(), st.one_of(hostile, numbers)), seed=mostly(st.integers(0, 5), numbers),
+       optimizer=mostly(st.sampled_from(["adamw", "sgd", "none", None]), st.one_of(hostile, numbers)))
 def test_any_arguments_are_sized_right_or_refused_in_one_line(name, lora, quantize, batch_size, seq_len, dtype, task,
-                                                              overrides, revision, seed):
+                                                              overrides, revision, seed, optimizer):
     base = "gpt2" if not isinstance(name, str) or name not in ("llama-3.2-1b", "t5-base") else name
     shrink = {"gpt2": TINY["gpt2"], "llama-3.2-1b": TINY["llama"], "t5-base": TINY["t5"]}[base]
     given_overrides = dict(shrink, **overrides) if isinstance(overrides, dict) else overrides
     before = copy.deepcopy((lora, given_overrides))
     result = outcome(name, lora=lora, quantize=quantize, batch_size=batch_size, seq_len=seq_len, dtype=dtype, task=task,
-                     overrides=given_overrides, revision=revision, seed=seed)
+                     overrides=given_overrides, revision=revision, seed=seed, optimizer=optimizer)
     assert (lora, given_overrides) == before or before != before  # NaN inside compares unequal to itself
     if isinstance(result, Workload):
         batch = result.make_batch()
@@ -234,6 +235,9 @@ def test_random_weights_are_refused_over_the_memory_bound():
     (dict(task="x" * 400_000), "unknown task 'xxx"),
     (dict(lora="x" * 400_000), "cannot read LoRA setting 'xxx"),
     (dict(overrides={"attn_implementation": "flash_attention_2"}), "overrides cannot set 'attn_implementation'"),
+    (dict(seq_len=10**5000), "seq_len must be a whole number from 1 to 134,217,728, got <int>"),
+    (dict(batch_size=2**20, seq_len=1024), "batch_size x seq_len = 1,073,741,824 tokens; models by name are sized up to"),
+    (dict(optimizer="x" * 400_000), "optimizer= takes a name like 'adamw'"),
 ])
 def test_the_issue_examples_are_one_short_line(kwargs, message):
     kwargs.setdefault("overrides", TINY["gpt2"])
