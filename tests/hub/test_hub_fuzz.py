@@ -32,7 +32,8 @@ from memsave_nb.workload import Workload
 
 SECONDS = 10.0  # per call, on a loaded 2-core CI machine; typical calls take 5-100 ms
 PY_BYTES = 256 * 2**20  # Python allocations per call (tracemalloc): a config file is read up to 4 MiB
-FUZZ = settings(max_examples=120, deadline=None, derandomize=True,
+DEEP = int(os.environ.get("HUB_FUZZ_EXAMPLES", "0"))  # a longer random search by hand: HUB_FUZZ_EXAMPLES=2000
+FUZZ = settings(max_examples=DEEP or 120, deadline=None, derandomize=not DEEP, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much])
 
 TINY = {"gpt2": dict(n_layer=2, n_embd=32, n_head=4, vocab_size=300, n_positions=64),
