@@ -69,3 +69,18 @@ def test_the_spies_do_catch_a_kernel_request(loader_calls):
     with torch.device("meta"), pytest.raises(RuntimeError, match="kernel loader"):
         AutoModelForCausalLM.from_config(LlamaConfig(**TINY["llama"]), attn_implementation="some-org/some-kernel")
     assert loader_calls and loader_calls[0][0] == "lazy_import_flash_attention"
+
+
+def test_kernels_named_inside_sub_configs_are_not_followed_either(tmp_path, loader_calls):
+    """A multimodal config (Gemma 3: a text and a vision tower) naming kernels in each sub-config."""
+    kernel = {"attn_implementation": "some-org/some-kernel", "_attn_implementation": "some-org/some-kernel"}
+    text = dict(TINY["llama"], head_dim=16, **kernel)
+    vision = dict(num_hidden_layers=1, hidden_size=32, intermediate_size=64, num_attention_heads=4, image_size=32,
+                  patch_size=8, **kernel)
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gemma3", "text_config": text, "vision_config": vision,
+                                                      "mm_tokens_per_image": 4, **kernel}))
+    wl = from_pretrained(str(tmp_path), task="causal-lm")
+    assert loader_calls == []
+    configs = [m.config for m in wl.model.modules() if hasattr(m, "config")]
+    assert len({type(c).__name__ for c in configs}) >= 3  # the model's, the text tower's, the vision tower's
+    assert {c._attn_implementation for c in configs} == {"sdpa"}
