@@ -30,7 +30,7 @@ _ARCH_SUFFIX = {"ForCausalLM": "causal-lm", "LMHeadModel": "causal-lm", "ForCond
 DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
           "half": torch.float16, "fp32": torch.float32, "float32": torch.float32, "float": torch.float32}
 DEFAULT_SEQ_LEN = 2048
-MAX_TOKENS = 2**27  # batch_size x seq_len: 134M tokens, 16x a 64 x 128k batch; past it a step's shapes overflow
+MAX_TOKENS = 2**27  # batch_size x seq_len: 134M tokens, 16x a 64 x 128k batch; a bound, so a typo is one line
 ATTENTION = ("sdpa", "eager")  # what sizing builds with: transformers' default (sdpa, else eager), never a config's choice
 
 
@@ -216,6 +216,7 @@ def from_pretrained(
             model = apply_lora(model, peft_config)
     if quantize is not None:
         quantize_linears(model, quantize, keep=keep)
-    name = str(name_or_path_or_config) if isinstance(name_or_path_or_config, str) else config.name_or_path or config.model_type
+    name = name_or_path_or_config if isinstance(name_or_path_or_config, str) else config.name_or_path or config.model_type
+    name = name if len(name) <= 120 else name[:117] + "..."  # a long path: shown in reports, cut like other quoted values
     return Workload(model, SyntheticBatch.for_config(config, task, batch_size, seq_len, torch_dtype), optimizer=optimizer,
                     name=name)
