@@ -131,7 +131,11 @@ def read_json(path: Path) -> Any:
     if info.st_size > MAX_CONFIG_BYTES:
         raise HubError(f"{where} is {info.st_size:,} bytes; a config.json is read up to {MAX_CONFIG_BYTES:,}")
     try:
-        with open(path, "rb") as f:
+        # non-blocking, and checked again on the open file: a path swapped for a FIFO after the stat cannot hang us
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise HubError(f"{where} is not a regular file: give a config.json file or the folder that holds it")
             raw = f.read(MAX_CONFIG_BYTES + 1)
         if len(raw) > MAX_CONFIG_BYTES:
             raise HubError(f"{where} is over {MAX_CONFIG_BYTES:,} bytes: the limit of a config.json")

@@ -244,3 +244,26 @@ def test_the_issue_examples_are_one_short_line(kwargs, message):
     kwargs.setdefault("overrides", TINY["gpt2"])
     result = outcome("gpt2", **kwargs)
     assert isinstance(result, str) and result.startswith(message) or message in result, result
+
+
+def test_a_path_swapped_for_a_fifo_after_the_check_does_not_hang(tmp_path, monkeypatch):
+    """The file is checked again once open (opened non-blocking): the stat saw a regular file, the
+    open finds a FIFO with no writer, and the answer is one line within a second, not a hang."""
+    import threading
+
+    from memsave_nb.hub import configs
+
+    regular = tmp_path / "regular.json"
+    regular.write_text("{}")
+    fifo = tmp_path / "config.json"
+    os.mkfifo(fifo)
+    monkeypatch.setattr(configs, "_stat", lambda path: os.stat(regular))  # what a stat before the swap saw
+    answer = []
+    reader = threading.Thread(target=lambda: answer.append(outcome(str(fifo))), daemon=True)
+    reader.start()
+    reader.join(timeout=5)
+    if reader.is_alive():  # unblock the reader so the test process can end, then fail
+        with open(fifo, "wb"):
+            pass
+        pytest.fail("reading a FIFO blocked")
+    assert answer and "is not a regular file" in answer[0]
