@@ -154,17 +154,22 @@ def mostly(good, bad):
        task=mostly(st.none(), st.one_of(st.sampled_from(["causal-lm", "seq2seq", "masked_lm", "seq-classification"]), hostile)),
        overrides=mostly(st.none(), st.one_of(st.dictionaries(field_names, values, max_size=2), values)),
        revision=mostly(st.none(), st.one_of(hostile, numbers)), seed=mostly(st.integers(0, 5), numbers),
-       optimizer=mostly(st.sampled_from(["adamw", "sgd", "none", None]), st.one_of(hostile, numbers)))
+       optimizer=mostly(st.sampled_from(["adamw", "sgd", "none", None]), st.one_of(hostile, numbers)),
+       empty_weights=mostly(st.just(True), st.just(False)))
 def test_any_arguments_are_sized_right_or_refused_in_one_line(name, lora, quantize, batch_size, seq_len, dtype, task,
-                                                              overrides, revision, seed, optimizer):
+                                                              overrides, revision, seed, optimizer, empty_weights):
     base = "gpt2" if not isinstance(name, str) or name not in ("llama-3.2-1b", "t5-base") else name
     shrink = {"gpt2": TINY["gpt2"], "llama-3.2-1b": TINY["llama"], "t5-base": TINY["t5"]}[base]
     given_overrides = dict(shrink, **overrides) if isinstance(overrides, dict) else overrides
+    if not empty_weights and overrides is None:
+        given_overrides = shrink  # random weights take time by size (GPT-2 124M with nf4: ~4.5 s here): small ones only
     before = copy.deepcopy((lora, given_overrides))
     result = outcome(name, lora=lora, quantize=quantize, batch_size=batch_size, seq_len=seq_len, dtype=dtype, task=task,
-                     overrides=given_overrides, revision=revision, seed=seed, optimizer=optimizer)
+                     overrides=given_overrides, revision=revision, seed=seed, optimizer=optimizer,
+                     empty_weights=empty_weights)
     assert (lora, given_overrides) == before or before != before  # NaN inside compares unequal to itself
     if isinstance(result, Workload):
+        assert {p.device.type for p in result.model.parameters()} == {"meta" if empty_weights else "cpu"}
         batch = result.make_batch()
         key = "input_ids" if "input_ids" in batch else "pixel_values"
         assert batch[key].shape[0] == batch_size
