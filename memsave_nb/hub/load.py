@@ -10,9 +10,10 @@ from typing import Any
 import torch
 
 from ..workload import Workload
-from .configs import HubError, resolve_config
+from .bounds import check_config
+from .configs import CODE_KEYS, HubError, reason, resolve_config, short
 from .lora import apply_lora, lora_config
-from .quant import QUANT_TYPES, quantize_linears
+from .quant import QUANT_TYPES, quantize_linears, skipped_modules
 
 # task -> transformers' auto class and its mapping of model types; the order is the one tried
 # when neither ``task`` nor ``config.architectures`` says
@@ -29,6 +30,8 @@ _ARCH_SUFFIX = {"ForCausalLM": "causal-lm", "LMHeadModel": "causal-lm", "ForCond
 DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
           "half": torch.float16, "fp32": torch.float32, "float32": torch.float32, "float": torch.float32}
 DEFAULT_SEQ_LEN = 2048
+MAX_TOKENS = 2**27  # batch_size x seq_len: 134M tokens, 16x a 64 x 128k batch; a bound, so a typo is one line
+ATTENTION = ("sdpa", "eager")  # what sizing builds with: transformers' default (sdpa, else eager), never a config's choice
 
 
 def heads(model_type: str) -> list[str]:
@@ -42,9 +45,9 @@ def pick_task(config, task: str | None) -> str:
     """``task`` checked against the model's heads, or the one its config names, or the first it has."""
     available = heads(config.model_type)
     if task is not None:
-        key = task.lower().replace("_", "-")
+        key = task.lower().replace("_", "-") if isinstance(task, str) else None
         if key not in TASKS:
-            raise HubError(f"unknown task {task!r}; choose from {', '.join(TASKS)}")
+            raise HubError(f"unknown task {short(task, 40)}; choose from {', '.join(TASKS)}")
         if key not in available:
             raise HubError(f"{config.model_type} has no head for task {key!r} in this transformers; it has: {', '.join(available) or 'none'}")
         return key
@@ -58,11 +61,12 @@ def pick_task(config, task: str | None) -> str:
 
 
 def parse_dtype(dtype: Any) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
+    """A floating dtype a model can be built and trained in (an integer dtype cannot hold weights)."""
+    if isinstance(dtype, torch.dtype) and dtype in set(DTYPES.values()):
         return dtype
     if isinstance(dtype, str) and dtype.lower().removeprefix("torch.") in DTYPES:
         return DTYPES[dtype.lower().removeprefix("torch.")]
-    raise HubError(f"unknown dtype {dtype!r}; choose from bf16, fp16, fp32")
+    raise HubError(f"unknown dtype {short(dtype, 40)}; choose from bf16, fp16, fp32")
 
 
 def _seq_limit(config) -> int | None:
@@ -114,7 +118,7 @@ class SyntheticBatch:
         elif self.task == "seq2seq":
             out["labels"] = torch.randint(0, self.vocab_size, (b, t))  # the model shifts them into decoder_input_ids
         else:
-            out["labels"] = ids
+            out["labels"] = ids.clone()  # its own tensor, as a real collator makes it (DataCollatorForLanguageModeling)
         return out
 
 
@@ -126,9 +130,32 @@ def build_model(config, task: str, dtype: torch.dtype, empty_weights: bool, seed
     if task == "seq-classification" and getattr(config, "pad_token_id", None) is None:
         config.pad_token_id = 0  # decoders' classification heads need it to find the last token
     place = torch.device("meta") if empty_weights else contextlib.nullcontext()
+    config._attn_implementation = None  # recursive over sub-configs: no kernel a config names is ever looked up
     with place, torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return auto.from_config(config, dtype=dtype)
+        try:
+            model = auto.from_config(config, dtype=dtype, attn_implementation=None)
+        except (ValueError, TypeError, RuntimeError, AttributeError, KeyError, IndexError, ZeroDivisionError,
+                OverflowError, AssertionError) as exc:
+            raise HubError(f"transformers cannot build {config.model_type} from this config "
+                           f"({type(exc).__name__}: {reason(exc)})") from exc
+    if model.config._attn_implementation not in ATTENTION:
+        raise HubError(f"built with attention {short(model.config._attn_implementation, 40)}, not one of {ATTENTION}")
+    return model
+
+
+def _apply_overrides(config, overrides: Any) -> None:
+    if overrides is None:
+        return
+    if not isinstance(overrides, dict):
+        raise HubError(f"overrides= takes a dict of config fields, not {type(overrides).__name__}")
+    for key, value in overrides.items():
+        if not isinstance(key, str) or not key.isidentifier() or key in CODE_KEYS or key.startswith("_"):
+            raise HubError(f"overrides cannot set {short(key, 40)}: give config size fields like num_hidden_layers=2")
+        try:
+            setattr(config, key, value)
+        except Exception as exc:  # noqa: BLE001 - a config property's setter raises anything
+            raise HubError(f"overrides cannot set {key[:40]}={short(value, 40)}: {reason(exc)}") from exc
 
 
 def from_pretrained(
@@ -159,31 +186,40 @@ def from_pretrained(
     default: a model by name is sized for a GPU) makes the step the one torch runs on CUDA where it
     differs from the CPU's (the optimizer's foreach step); None sizes the CPU's step.
     """
-    if quantize is not None and quantize not in QUANT_TYPES:
-        raise HubError(f"unknown quantize {quantize!r}; choose from {', '.join(QUANT_TYPES)}")
+    if quantize is not None and (not isinstance(quantize, str) or quantize not in QUANT_TYPES):
+        raise HubError(f"unknown quantize {short(quantize, 40)}; choose from {', '.join(QUANT_TYPES)}")
     if quantize is not None and lora is None:
         raise HubError(f"quantize={quantize!r} freezes the base: give lora= too (QLoRA trains the adapters)")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise HubError(f"batch_size must be a whole number >= 1, got {batch_size!r}")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 1 <= batch_size <= MAX_TOKENS:
+        raise HubError(f"batch_size must be a whole number from 1 to {MAX_TOKENS:,}, got {short(batch_size, 40)}")
+    if not (optimizer is None or callable(optimizer) or isinstance(optimizer, str) and len(optimizer) <= 40):
+        raise HubError(f"optimizer= takes a name like 'adamw', 'sgd' or 'none', or a function of the parameters; "
+                       f"got {short(optimizer, 40)}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
+        raise HubError(f"seed must be a whole number from 0 to 2**63-1, got {short(seed, 40)}")
     torch_dtype = parse_dtype(dtype)
     config = resolve_config(name_or_path_or_config, revision)
-    for key, value in (overrides or {}).items():
-        setattr(config, key, value)
+    _apply_overrides(config, overrides)
+    check_config(config, torch_dtype.itemsize, bool(empty_weights))
     task = pick_task(config, task)
     limit = _seq_limit(config)
     if seq_len is None:
         seq_len = min(DEFAULT_SEQ_LEN, limit or DEFAULT_SEQ_LEN)
-    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
-        raise HubError(f"seq_len must be a whole number >= 1, got {seq_len!r}")
+    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or not 1 <= seq_len <= MAX_TOKENS:
+        raise HubError(f"seq_len must be a whole number from 1 to {MAX_TOKENS:,}, got {short(seq_len, 40)}")
+    if batch_size * seq_len > MAX_TOKENS and task != "image-classification":
+        raise HubError(f"batch_size x seq_len = {batch_size * seq_len:,} tokens; models by name are sized up to {MAX_TOKENS:,}")
     if limit is not None and seq_len > limit and task != "image-classification":
         raise HubError(f"seq_len {seq_len} is longer than the model's {limit} positions")
     peft_config = None if lora is None else lora_config(lora, task)  # bad settings fail before the build
     model = build_model(config, task, torch_dtype, empty_weights, seed)
+    keep = skipped_modules(model) if quantize is not None else ()  # decided on the model as transformers sees it
     if peft_config is not None:
         with torch.device("meta") if empty_weights else contextlib.nullcontext():  # adapters born on meta: no init work
             model = apply_lora(model, peft_config)
     if quantize is not None:
-        quantize_linears(model, quantize, keep=(model.get_output_embeddings(),))
-    name = str(name_or_path_or_config) if isinstance(name_or_path_or_config, str) else config.name_or_path or config.model_type
+        quantize_linears(model, quantize, keep=keep)
+    name = name_or_path_or_config if isinstance(name_or_path_or_config, str) else config.name_or_path or config.model_type
+    name = name if len(name) <= 120 else name[:117] + "..."  # a long path: shown in reports, cut like other quoted values
     return Workload(model, SyntheticBatch.for_config(config, task, batch_size, seq_len, torch_dtype), optimizer=optimizer,
                     name=name, sized_for=sized_for)

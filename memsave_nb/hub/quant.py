@@ -15,6 +15,11 @@ stand-in with bitsandbytes' storage layout and the same dequantised temporaries:
   scale per row (``SCB``). Its CPU path (``MatMul8bitFp``): the weight dequantised in forward,
   the input kept for backward, the weight dequantised again there.
 
+Which layers: those transformers' bitsandbytes integration replaces (``replace_with_bnb_linear``):
+every ``nn.Linear`` and every ``Conv1D`` (GPT-2's; its ``(in, out)`` weight transposed first, as
+the integration does), except the modules its quantiser skips (tied weights, the last module, the
+output embeddings, the model's ``_keep_in_fp32_modules``, e.g. T5's ``wo``): :func:`skipped_modules`.
+
 Each dequantisation is one custom op, as bitsandbytes' kernels are, so the tracker sees its output
 and no intermediate. The quantised tensors are buffers: the engine counts them as parameters.
 """
@@ -74,6 +79,12 @@ def _(weight, scb, dtype):
 
 
 # -- quantisation of real values (the real-mode path; meta weights get empty tensors) -------------
+def _nearest(values: torch.Tensor, levels: torch.Tensor) -> torch.Tensor:
+    """The index (uint8) of the nearest of the sorted ``levels`` for each value, ties to the lower:
+    a search among the midpoints, with no ``values x levels`` temporary (5 GB for GPT-2's weights)."""
+    return torch.bucketize(values, (levels[1:] + levels[:-1]) / 2).to(torch.uint8)
+
+
 def _nf4_state(weight: torch.Tensor) -> dict[str, torch.Tensor]:
     rows, cols = weight.shape
     n = rows * cols
@@ -89,13 +100,13 @@ def _nf4_state(weight: torch.Tensor) -> dict[str, torch.Tensor]:
                 "code2": code2, "offset": torch.empty((), dtype=torch.float32, device=device), "code": code}
     flat = F.pad(weight.detach().float().reshape(-1), (0, blocks * BLOCK - n)).reshape(blocks, BLOCK)
     absmax = flat.abs().amax(dim=1).clamp_min(1e-12)
-    idx = (flat / absmax[:, None]).unsqueeze(-1).sub(code).abs().argmin(-1).to(torch.uint8).reshape(-1)
+    idx = _nearest(flat / absmax[:, None], code).reshape(-1)
     idx = F.pad(idx, (0, idx.numel() % 2))
     packed = ((idx[0::2] << 4) | idx[1::2])[: -(-n // 2)].clone().reshape(-1, 1)  # (n+1)//2 bytes, as bitsandbytes
     offset = absmax.mean()
     centred = F.pad(absmax - offset, (0, outer * ABSMAX_BLOCK - blocks)).reshape(outer, ABSMAX_BLOCK)
     absmax2 = centred.abs().amax(dim=1).clamp_min(1e-12)
-    absmax_q = (centred / absmax2[:, None]).unsqueeze(-1).sub(code2).abs().argmin(-1).to(torch.uint8).reshape(-1)[:blocks].clone()  # own storage: no padding kept
+    absmax_q = _nearest(centred / absmax2[:, None], code2).reshape(-1)[:blocks].clone()  # own storage: no padding kept
     return {"packed": packed, "absmax_q": absmax_q, "absmax2": absmax2, "code2": code2, "offset": offset, "code": code}
 
 
@@ -140,14 +151,17 @@ class _Int8Matmul(torch.autograd.Function):
 class QuantLinear(nn.Module):
     """A frozen linear layer stored as bitsandbytes stores it (``nf4`` or ``int8``)."""
 
-    def __init__(self, linear: nn.Linear, quant_type: str):
+    def __init__(self, linear: nn.Module, quant_type: str):
         super().__init__()
         if quant_type not in QUANT_TYPES:
             raise ValueError(quant_type)
         self.quant_type = quant_type
-        self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.compute_dtype = linear.weight.dtype
-        state = _nf4_state(linear.weight) if quant_type == "nf4" else _int8_state(linear.weight)
+        weight = linear.weight
+        if not isinstance(linear, nn.Linear):  # transformers' Conv1D: weight (in, out), y = x @ W + b
+            weight = weight.t()
+        self.out_features, self.in_features = weight.shape
+        self.compute_dtype = weight.dtype
+        state = _nf4_state(weight) if quant_type == "nf4" else _int8_state(weight)
         for name, tensor in state.items():
             self.register_buffer(name, tensor)
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach(), requires_grad=False)
@@ -170,16 +184,33 @@ class QuantLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, quant_type={self.quant_type!r}"
 
 
+def _is_conv1d(module: nn.Module) -> bool:
+    from transformers.pytorch_utils import Conv1D
+
+    return isinstance(module, Conv1D)
+
+
+def skipped_modules(model: nn.Module) -> tuple[nn.Module, ...]:
+    """The modules transformers' bitsandbytes quantiser leaves unquantised in ``model`` (a
+    ``PreTrainedModel``, before peft wraps it): its default skips and ``_keep_in_fp32_modules``."""
+    from transformers.quantizers.base import get_keys_to_not_convert
+    from transformers.quantizers.quantizers_utils import should_convert_module
+
+    patterns = list(get_keys_to_not_convert(model)) + list(getattr(model, "_keep_in_fp32_modules", None) or [])
+    return tuple(m for name, m in model.named_modules() if name and not should_convert_module(name, patterns))
+
+
 def quantize_linears(model: nn.Module, quant_type: str, keep: tuple[nn.Module, ...] = ()) -> list[str]:
-    """Replace every frozen ``nn.Linear`` (its weight needs no gradient; not one of ``keep``) by a
-    :class:`QuantLinear`; return the replaced names. Run it after LoRA has frozen the base: the
-    adapters and ``modules_to_save`` train and stay as they are; as in transformers' bitsandbytes
-    integration the output head (pass it in ``keep``) stays in the compute dtype."""
+    """Replace every frozen ``nn.Linear`` and ``Conv1D`` (its weight needs no gradient; not one of
+    ``keep``) by a :class:`QuantLinear`; return the replaced names. Run it after LoRA has frozen the
+    base: the adapters and ``modules_to_save`` train and stay as they are; pass :func:`skipped_modules`
+    as ``keep`` to leave what transformers' integration leaves (the output head, T5's ``wo``)."""
     kept = {id(m) for m in keep}
     replaced = []
     for name, module in list(model.named_modules()):
         for child_name, child in list(module.named_children()):
-            if type(child) is nn.Linear and not child.weight.requires_grad and id(child) not in kept:
+            if ((type(child) is nn.Linear or _is_conv1d(child)) and not child.weight.requires_grad
+                    and id(child) not in kept):
                 setattr(module, child_name, QuantLinear(child, quant_type))
                 replaced.append(f"{name}.{child_name}" if name else child_name)
     return replaced

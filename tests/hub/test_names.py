@@ -95,3 +95,18 @@ def test_hub_id_from_the_cache_without_network(tmp_path, monkeypatch):
     wl = memsave_nb.from_pretrained("someorg/tiny-llama", seq_len=16)
     assert wl.model.config.hidden_size == 64 and wl.name == "someorg/tiny-llama"
     assert type(wl.model).__name__ == "LlamaForCausalLM"
+
+
+def test_labels_are_their_own_tensor_as_a_collator_makes_them():
+    """DataCollatorForLanguageModeling clones input_ids into labels: two int64 tensors, not one
+    (the batch counted 512 B here when labels were input_ids itself; 1,024 B now)."""
+    from memsave_nb import measure
+
+    small = dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=16, vocab_size=1000)
+    wl = from_pretrained("llama-3.2-1b", overrides=small, batch_size=2, seq_len=32)
+    batch = wl.make_batch()
+    assert batch["labels"].untyped_storage().data_ptr() != batch["input_ids"].untyped_storage().data_ptr()
+    torch.testing.assert_close(batch["labels"], batch["input_ids"])
+    m = measure(wl, mode="fake")
+    assert m.peak_split.inputs == m.end_of_forward.inputs == 2 * (2 * 32 * 8)  # input_ids + labels, int64

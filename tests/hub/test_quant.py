@@ -72,3 +72,69 @@ def test_forward_and_backward_use_the_dequantised_weight(quant_type):
     ref.square().sum().backward()
     torch.testing.assert_close(x.grad, x_ref.grad)
     assert not any(p.requires_grad for p in q.parameters())
+
+
+# -- which layers: the ones transformers' own bitsandbytes integration replaces -------------------
+TINY = {"gpt2": dict(n_layer=2, n_embd=64, n_head=4, vocab_size=1000, n_positions=128),
+        "t5-base": dict(num_layers=2, num_decoder_layers=2, d_model=64, d_ff=128, d_kv=16, num_heads=4, vocab_size=1000),
+        "llama-3.2-1b": dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                             num_key_value_heads=2, head_dim=16, vocab_size=1000)}
+
+
+def transformers_bnb_layers(name: str) -> dict[str, tuple[int, int]]:
+    """``{module name: (in, out)}`` of the layers transformers' ``replace_with_bnb_linear`` makes 4-bit,
+    with the skips its 4-bit quantiser passes (its defaults and ``_keep_in_fp32_modules``)."""
+    bnb = pytest.importorskip("bitsandbytes")
+    from transformers import BitsAndBytesConfig
+    from transformers.integrations.bitsandbytes import replace_with_bnb_linear
+    from transformers.quantizers.base import HfQuantizer
+
+    from memsave_nb.hub import from_pretrained
+
+    model = from_pretrained(name, overrides=TINY[name]).model  # the same build, no LoRA
+    skip = HfQuantizer.get_modules_to_not_convert(model, None, model._keep_in_fp32_modules)
+    replace_with_bnb_linear(model, skip, BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4"))
+    return {n: (m.in_features, m.out_features) for n, m in model.named_modules() if isinstance(m, bnb.nn.Linear4bit)}
+
+
+@pytest.mark.parametrize("name", ["gpt2", "t5-base", "llama-3.2-1b"])
+def test_qlora_quantises_the_layers_transformers_quantises(name):
+    from memsave_nb.hub import from_pretrained
+
+    theirs = transformers_bnb_layers(name)
+    wl = from_pretrained(name, overrides=TINY[name], lora="r=4", quantize="nf4")
+    ours = {n.removeprefix("base_model.model.").removesuffix(".base_layer"): (m.in_features, m.out_features)
+            for n, m in wl.model.named_modules() if isinstance(m, QuantLinear)}
+    assert ours == theirs
+    assert len(ours) == {"gpt2": 8, "t5-base": 28, "llama-3.2-1b": 14}[name]  # GPT-2: 4 Conv1D a block; T5: not wo
+
+
+def test_gpt2_conv1d_holds_bitsandbytes_own_storage_and_computes_the_layer():
+    """A Conv1D (weight ``(in, out)``) quantised as transformers does: transposed, then Params4bit."""
+    bnb = pytest.importorskip("bitsandbytes")
+    from transformers.pytorch_utils import Conv1D
+
+    torch.manual_seed(0)
+    conv = Conv1D(96, 160)  # nf=96 outputs, nx=160 inputs: weight (160, 96)
+    params = bnb.nn.Params4bit(conv.weight.detach().T.contiguous().to(torch.bfloat16), requires_grad=False,
+                               quant_type="nf4", compress_statistics=True, blocksize=64)._quantize("cpu")
+    qs = params.quant_state
+    theirs = [params.data, qs.absmax, qs.code, qs.state2.absmax, qs.state2.code, qs.offset]
+    conv.requires_grad_(False)
+    ours = QuantLinear(conv, "nf4")
+    assert (ours.in_features, ours.out_features) == (160, 96)
+    assert ours.storage_bytes() == sum(t.numel() * t.element_size() for t in theirs) == documented_nf4_bytes(96, 160)
+    x = torch.randn(2, 3, 160)
+    w = ours.dequantized(torch.float32)
+    torch.testing.assert_close(ours(x), x @ w.T + conv.bias)
+    assert ((w - conv.weight.T).abs() <= 0.2 * conv.weight.abs().amax()).all()  # within an NF4 step of the layer
+
+
+def test_t5_qlora_measures_in_fake_mode():
+    """Was ``'QuantLinear' object has no attribute 'weight'`` (T5 reads ``wo.weight.dtype``): ``wo``
+    stays as transformers' quantiser leaves it (``_keep_in_fp32_modules``)."""
+    from memsave_nb import measure
+    from memsave_nb.hub import from_pretrained
+
+    m = measure(from_pretrained("t5-base", overrides=TINY["t5-base"], lora="r=4", quantize="nf4", seq_len=32), mode="fake")
+    assert m.peak_bytes > 0
