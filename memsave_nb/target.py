@@ -463,8 +463,9 @@ class Fit:
             from memsave_nb.units import format_bytes as fb
 
             word = "fits" if self.fits else "does not fit"
+            fix = f"; PYTORCH_CUDA_ALLOC_CONF={self.replay.fix} fits" if self.replay.fix else ""
             return (f"{word} ({fb(self.replay.total_bytes)} of {fb(target.total_bytes)}; allocator replay + "
-                    "CUDA context, no 80% rule)")
+                    f"CUDA context, no 80% rule){fix}")
         return f"{target.verdict(self.peak_bytes)}; 80% rule, no allocator replay"
 
 

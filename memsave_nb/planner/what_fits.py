@@ -78,7 +78,7 @@ def what_would_fit(workload: "Workload", plan: "Plan", target: Target, *, mode: 
 
     def add(knob: str, change: str, p: "Plan", m: "Measurement | None") -> None:
         if m is not None:
-            fit = fit_of(target, m, fixes=False)
+            fit = fit_of(target, m)  # with the allocator setting that would fit, where one does
             hints.append(KnobHint(knob, change, m.peak_bytes, fit.fits, p, fit.verdict(target)))
 
     try:
