@@ -48,6 +48,12 @@ __all__ = [
     "max_seq_len",
     "ReservedVerdict",
     "reserved_verdict",
+    "Fit",
+    "fit_of",
+    "RULE_REPLAY",
+    "RULE_80",
+    "replay_line_bytes",
+    "estimate_fits",
 ]
 
 GIB = 2**30
@@ -151,6 +157,8 @@ class SearchResult:
     # caveats the probes' measurements carried (once each): e.g. fake mode ran the optimizer's
     # single-tensor step where a GPU runs foreach, so the boundary may sit lower on that GPU
     notes: tuple[str, ...] = field(default=())
+    # which test decided "fits" (``fit_of``): "allocator replay", "80% rule", or both joined
+    rule: str = ""
 
     @property
     def count(self) -> int:
@@ -202,24 +210,37 @@ def measure_peak(workload: "Workload", plan: "Plan", mode: str = "fake", *,
 
 def _bisect(
     knob: str,
-    probe: Callable[[int], int | None],
-    fits: Callable[[int], bool],
+    probe: "Callable[[int], Measurement | None]",
+    target: Target,
     start: int,
     upper: int,
     limit: str,
 ) -> SearchResult:
+    """Exponential search up from ``start``, then bisection; each probe judged by ``fit_of`` (the
+    verdict's own test), so the value found is one whose verdict says "fits"."""
     probes: list[tuple[int, int | None]] = []
     peaks: dict[int, int | None] = {}
+    fit: dict[int, bool] = {}
+    rules: dict[str, None] = {}
 
     def ok(v: int) -> bool:
         if v not in peaks:
-            peaks[v] = probe(v)
+            m = probe(v)
+            peaks[v] = None if m is None else m.peak_bytes
             probes.append((v, peaks[v]))
-        peak = peaks[v]
-        return peak is not None and fits(peak)
+            if m is None:
+                fit[v] = False
+            else:
+                answer = fit_of(target, m, fixes=False)
+                fit[v] = answer.fits
+                rules[answer.rule] = None
+        return fit[v]
+
+    def done(value: int, why: str) -> SearchResult:
+        return SearchResult(knob, value, peaks[value or 1], tuple(probes), why, rule=" and ".join(rules))
 
     if not ok(1):
-        return SearchResult(knob, 0, peaks[1], tuple(probes), "even 1 does not fit")
+        return done(0, "even 1 does not fit")
     lo, hi = 1, None
     v = max(1, start)
     while hi is None:  # exponential search up from the current value
@@ -228,7 +249,7 @@ def _bisect(
         if ok(v):
             lo = v
             if v >= upper:
-                return SearchResult(knob, upper, peaks[upper], tuple(probes), limit)
+                return done(upper, limit)
             v *= 2
         else:
             hi = v
@@ -238,7 +259,7 @@ def _bisect(
             lo = mid
         else:
             hi = mid
-    return SearchResult(knob, lo, peaks[lo], tuple(probes), "")
+    return done(lo, "")
 
 
 def max_batch(workload: "Workload", plan: "Plan", target: Target, *, mode: str = "fake", upper: int = 1 << 16,
@@ -255,12 +276,12 @@ def max_batch(workload: "Workload", plan: "Plan", target: Target, *, mode: str =
 
     notes: dict[str, None] = {}
 
-    def probe(b: int) -> int | None:
+    def probe(b: int) -> "Measurement | None":
         if measured and b in measured:
-            return _peak_and_notes(measured[b], notes)
-        return _probe_peak(workload, plan.replace(batch_size=b), mode, cancel_event, notes)
+            return _with_notes(measured[b], notes)
+        return _probe(workload, plan.replace(batch_size=b), mode, cancel_event, notes)
 
-    result = _bisect("batch_size", probe, target.fits, current, upper, f"stopped at the search's upper bound {upper}")
+    result = _bisect("batch_size", probe, target, current, upper, f"stopped at the search's upper bound {upper}")
     return dataclasses.replace(result, notes=tuple(notes))
 
 
@@ -279,10 +300,10 @@ def max_seq_len(workload: "Workload", plan: "Plan", target: Target, *, mode: str
 
     notes: dict[str, None] = {}
 
-    def probe(t: int) -> int | None:
-        return _probe_peak(workload, plan.replace(seq_len=t), mode, cancel_event, notes)
+    def probe(t: int) -> "Measurement | None":
+        return _probe(workload, plan.replace(seq_len=t), mode, cancel_event, notes)
 
-    result = _bisect("seq_len", probe, target.fits, current, upper, limit)
+    result = _bisect("seq_len", probe, target, current, upper, limit)
     return dataclasses.replace(result, notes=tuple(notes))
 
 
@@ -290,10 +311,10 @@ def max_seq_len(workload: "Workload", plan: "Plan", target: Target, *, mode: str
 _BOUNDARY_NOTES = ("single-tensor step",)
 
 
-def _probe_peak(workload: "Workload", plan: "Plan", mode: str, cancel_event: threading.Event | None,
-                notes: dict[str, None]) -> int | None:
-    """One probe's peak (None when the step fails with a MemsaveError); its boundary notes are
-    added to ``notes`` (an ordered set)."""
+def _probe(workload: "Workload", plan: "Plan", mode: str, cancel_event: threading.Event | None,
+           notes: dict[str, None]) -> "Measurement | None":
+    """One probe's measurement (None when the step fails with a MemsaveError); its boundary notes
+    are added to ``notes`` (an ordered set)."""
     from memsave_nb.errors import MemsaveError
 
     try:
@@ -302,14 +323,14 @@ def _probe_peak(workload: "Workload", plan: "Plan", mode: str, cancel_event: thr
         raise
     except MemsaveError:
         return None
-    return _peak_and_notes(m, notes)
+    return _with_notes(m, notes)
 
 
-def _peak_and_notes(m: "Measurement", notes: dict[str, None]) -> int:
+def _with_notes(m: "Measurement", notes: dict[str, None]) -> "Measurement":
     for note in m.notes:
         if any(key in note for key in _BOUNDARY_NOTES):
             notes[note] = None
-    return m.peak_bytes
+    return m
 
 
 def _raw_batch(workload: "Workload") -> Any:
@@ -397,9 +418,11 @@ def _replay_fits(ops: Any, conf: str, capacity: int) -> bool:
     return True
 
 
-def reserved_verdict(target: Target, measurement: "Measurement", *, communicators: int = 0) -> ReservedVerdict | None:
+def reserved_verdict(target: Target, measurement: "Measurement", *, communicators: int = 0,
+                     fixes: bool = True) -> ReservedVerdict | None:
     """The verdict from the allocator model, or None where no replay exists (the compiled route,
-    an old result): then the 80% rule (``Target.verdict``) is what there is."""
+    an old result): then the 80% rule (``Target.verdict``) is what there is. ``fixes=False``
+    skips trying other allocator settings when it does not fit (the searches need only the word)."""
     r = getattr(measurement, "reserved", None)
     if r is None or not r.ops:
         return None
@@ -407,7 +430,7 @@ def reserved_verdict(target: Target, measurement: "Measurement", *, communicator
     capacity = target.total_bytes - CUDA_CONTEXT_BYTES - comm
     fits = _replay_fits(r.ops, r.alloc_conf, capacity)
     fix, frag = "", False
-    if not fits:
+    if not fits and fixes:
         frag = 0 < r.max_allocated_bytes <= capacity
         base = r.alloc_conf.strip(", ")
         for knob in ALLOC_KNOBS:
@@ -417,3 +440,52 @@ def reserved_verdict(target: Target, measurement: "Measurement", *, communicator
                 break
     return ReservedVerdict(target, r.max_reserved_bytes, r.max_allocated_bytes, CUDA_CONTEXT_BYTES, comm,
                            communicators, fits, r.alloc_conf, frag, fix)
+
+
+# -- one fit test for the verdict and every search (issue 40, part 3) ---------------------------
+RULE_REPLAY = "allocator replay"
+RULE_80 = "80% rule"
+
+
+@dataclass(frozen=True)
+class Fit:
+    """Whether a measured step fits ``target``, and by which rule: the allocator replay where the
+    measurement carries one (``replay``), else the headroom line ("80% rule", no replay)."""
+
+    fits: bool
+    rule: str
+    peak_bytes: int
+    replay: ReservedVerdict | None = None
+
+    def verdict(self, target: Target) -> str:
+        """``"fits (...)"`` / ``"does not fit (...)"``, saying which rule decided."""
+        if self.replay is not None:
+            from memsave_nb.units import format_bytes as fb
+
+            word = "fits" if self.fits else "does not fit"
+            fix = f"; PYTORCH_CUDA_ALLOC_CONF={self.replay.fix} fits" if self.replay.fix else ""
+            return (f"{word} ({fb(self.replay.total_bytes)} of {fb(target.total_bytes)}; allocator replay + "
+                    f"CUDA context, no 80% rule){fix}")
+        return f"{target.verdict(self.peak_bytes)}; 80% rule, no allocator replay"
+
+
+def fit_of(target: Target, measurement: "Measurement", *, communicators: int = 0, fixes: bool = True) -> Fit:
+    """THE fit test: the report's verdict, the max batch / sequence searches, the planner's
+    re-measured choice and the "what would fit" hints all call this, so one screen gives one
+    answer. The replay's verdict where the step was replayed, the 80% rule otherwise."""
+    replay = reserved_verdict(target, measurement, communicators=communicators, fixes=fixes)
+    if replay is not None:
+        return Fit(replay.fits, RULE_REPLAY, measurement.peak_bytes, replay)
+    return Fit(target.fits(measurement.peak_bytes), RULE_80, measurement.peak_bytes)
+
+
+def replay_line_bytes(target: Target, communicators: int = 0) -> int:
+    """What the replayed step may reserve: the whole GPU less the CUDA context and buffers."""
+    return target.total_bytes - CUDA_CONTEXT_BYTES - COMM_BUFFER_BYTES * communicators
+
+
+def estimate_fits(target: Target, estimated_bytes: int | float) -> bool:
+    """An estimated peak (no step run, so no replay yet) against the line its measured step will
+    face in ``fit_of``: reserved memory is never below the allocations, so an estimate over it
+    cannot fit, and one under it is re-measured before anyone is told it fits."""
+    return estimated_bytes <= replay_line_bytes(target)

