@@ -106,8 +106,8 @@ def _grad_tile_cuda(tile: torch.Tensor, targets: torch.Tensor, log_z: torch.Tens
     tile.sub_(log_z.unsqueeze(-1).to(tile.dtype)).exp_().mul_(-g.unsqueeze(-1).to(tile.dtype))
     local = targets - start
     inside = (local >= 0) & (local < tile.shape[1])
-    rows = torch.arange(tile.shape[0], device=tile.device)[inside]
-    tile.index_put_((rows, local[inside]), g[inside].to(tile.dtype), accumulate=True)
+    picked = torch.where(inside, g, 0).to(tile.dtype).unsqueeze(-1)  # no data-dependent shapes (fake mode)
+    tile.scatter_add_(1, local.clamp(0, tile.shape[1] - 1).unsqueeze(-1), picked)
 
 
 class _TrlHead(torch.autograd.Function):
@@ -193,7 +193,9 @@ def trl_head(hidden: torch.Tensor, labels: torch.Tensor, head: nn.Linear, *, cud
     else:
         if is_fake(labels):  # a gather of the kept rows: as many as the real batch keeps (else all)
             keep = labels.numel() if valid_count is None else valid_count
-            picked, targets = hidden.flatten(0, -2)[:keep].clone(), labels.reshape(-1)[:keep].clone()
+            at = torch.arange(keep, device=labels.device)
+            rows, cols = at // labels.shape[-1], at % labels.shape[-1]  # one gather, as hidden[mask] makes
+            picked, targets = hidden[rows, cols], labels[rows, cols]
         else:
             picked, targets = hidden[mask], labels[mask]
         per_token = _TrlHead.apply(picked, head.weight, head.bias, targets, True)
