@@ -123,14 +123,15 @@ def write(plan: Plan, parallel: ParallelSpec | None = None, model: nn.Module | N
         notes.append("offload regions on every layer: wrote activation_offloading=True (TRL offloads every saved "
                      "tensor of the forward, a little more than the layers')")
     out["loss_type"] = "nll"  # TRL 1.16's name for its chunked loss (also SFTConfig's default)
-    if plan.loss in TRL_LOSSES:
-        pass  # TRL's own head, as TRL runs it
-    elif plan.loss != "chunked":
-        notes.append(f"loss {plan.loss or 'as the workload computes it'}: TRL always computes the loss through its fused, "
-                     "chunked LM head (no full logits); wrote loss_type='nll' (loss='chunked' sizes it)")
-    elif plan.loss_chunk is not None and plan.loss_chunk != loss_chunk_for(model):
-        notes.append(f"loss chunk {plan.loss_chunk} tokens: TRL's tile is fixed ({TILE_TOKENS} tokens x {TILE_VOCAB} "
-                     "vocabulary entries), not a config field")
+    if plan.loss in TRL_LOSSES:  # TRL's own head, as TRL runs it on the device the plan names
+        if plan.loss.endswith("cpu"):
+            out["use_cpu"] = True
+        if "smooth" in plan.loss:
+            out["label_smoothing_factor"] = 0.1
+            notes.append("label smoothing: wrote label_smoothing_factor=0.1 (any factor above 0 runs the same buffers)")
+    else:
+        notes.append(f"loss {plan.loss or 'as the workload computes it'}: TRL always computes the loss through its own "
+                     "fused LM head; wrote loss_type='nll' (loss='trl_cuda', or 'trl_cpu' on the CPU, sizes it)")
     lora = lora_of(model)
     if lora is not None:
         args = ", ".join(f"{k}={v!r}" for k, v in lora.items())
