@@ -111,6 +111,17 @@ class LayoutOptimizer(torch.optim.Optimizer):
         q.copy_(out)
         absmax.copy_(top)
 
+    makes_state_on_zero_grads = True  # the engine's steady-state measurement needs no whole first step
+
+    @torch.no_grad()
+    def init_state_on_zero_grads(self) -> bool:
+        """The state a first step makes (every parameter with a gradient), without its update."""
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None and not self.state.get(p):
+                    self._init(p)
+        return True
+
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:  # noqa: D102
         for group in self.param_groups:
