@@ -27,15 +27,16 @@ from __future__ import annotations
 
 import math
 import types
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
 
 from memsave_nb.checkpointing import PlanError
 
-__all__ = ["TRL_LOSSES", "TOKEN_TILE", "VOCAB_TILE", "TrlHeadOutput", "trl_head", "use_trl_head"]
+__all__ = ["TOKEN_TILE", "TRL_LOSSES", "VOCAB_TILE", "TrlHeadOutput", "trl_head", "use_trl_head"]
 
 TOKEN_TILE, VOCAB_TILE = 4096, 32768  # chunked_logprob.TOKEN_CHUNK_SIZE, utils._CHUNKED_LOGPROB_CHUNK_SIZE
 TRL_LOSSES: dict[str, str] = {

@@ -18,7 +18,8 @@ dynamic maps: the same bytes, close enough values for a measured step.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 
@@ -123,7 +124,7 @@ class LayoutOptimizer(torch.optim.Optimizer):
         return True
 
     @torch.no_grad()
-    def step(self, closure: Any = None) -> Any:  # noqa: D102
+    def step(self, closure: Any = None) -> Any:
         for group in self.param_groups:
             lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
             for p in group["params"]:

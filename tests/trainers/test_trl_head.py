@@ -29,8 +29,8 @@ B, T, VOCAB = 2, 16, 96
 
 def tiny(arch: str) -> torch.nn.Module:
     torch.manual_seed(0)
-    common = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, max_position_embeddings=64, use_cache=False)
+    common = {"vocab_size": VOCAB, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64, "use_cache": False}
     if arch == "qwen2":
         return transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**common, tie_word_embeddings=False))
     return transformers.LlamaForCausalLM(transformers.LlamaConfig(**common))
