@@ -77,7 +77,9 @@ OPTIMIZERS: dict[str, str] = {
     "sgd_momentum": "torch.optim.SGD(lr=1e-2, momentum=0.9)",
     "sgd": "torch.optim.SGD(lr=1e-2)",
     "adafactor": "torch.optim.Adafactor(lr=1e-2): factored second moments",
-    "adamw_8bit": "bitsandbytes.optim.AdamW8bit(lr=1e-3), where bitsandbytes imports",
+    "adamw_8bit": "AdamW in bitsandbytes' blockwise 8-bit state layout (measure/optimizers_extra.py; fake mode runs it)",
+    "lion": "Lion: one float32 moment per parameter (measure/optimizers_extra.py)",
+    "lion_8bit": "Lion in bitsandbytes' blockwise 8-bit state layout (measure/optimizers_extra.py)",
 }
 
 # dict keys of (B, T, ...) tensors that follow the sequence length: Hugging Face's names (the
@@ -424,14 +426,6 @@ def _batch_changes(plan: "KnobValues", workload: "Workload") -> dict[str, Any]:
 # -- optimizers ------------------------------------------------------------------------------
 
 
-def _bitsandbytes_adamw8bit() -> Any:
-    try:
-        import bitsandbytes.optim as bnb_optim  # type: ignore[import-not-found]
-    except Exception as exc:  # noqa: BLE001 - any import failure is the same answer
-        raise PlanError(f"optimizer 'adamw_8bit' needs bitsandbytes, which does not import here ({type(exc).__name__}: {exc})") from None
-    return bnb_optim.AdamW8bit
-
-
 def optimizer_factory(name: str) -> Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]:
     """An optimizer factory ``params -> Optimizer`` for a name in :data:`OPTIMIZERS`."""
     if name == "adamw":
@@ -446,9 +440,11 @@ def optimizer_factory(name: str) -> Callable[[Iterable[nn.Parameter]], torch.opt
         return lambda params: torch.optim.SGD(params, lr=1e-2)
     if name == "adafactor":
         return lambda params: torch.optim.Adafactor(params, lr=1e-2)
-    if name == "adamw_8bit":
-        cls = _bitsandbytes_adamw8bit()
-        return lambda params: cls(params, lr=1e-3)
+    if name in ("adamw_8bit", "lion", "lion_8bit"):  # bitsandbytes' layouts, in plain torch
+        from memsave_nb.measure.optimizers_extra import LayoutOptimizer
+
+        moments, bits = (2, 8) if name == "adamw_8bit" else (1, 8 if name == "lion_8bit" else 32)
+        return lambda params: LayoutOptimizer(params, moments=moments, bits=bits, lr=1e-3)
     raise PlanError(f"optimizer {name!r}: choose one of {sorted(OPTIMIZERS)}")
 
 

@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from memsave_nb.checkpointing import PlanError, show
+from memsave_nb.loss_trl import TRL_LOSSES, use_trl_head
 
 __all__ = ["LOSSES", "DEFAULT_LOSS_CHUNK", "IGNORE_INDEX", "check_loss", "use_chunked_loss", "causal_lm",
            "ChunkedLossOutput", "HeadTransform", "FAMILIES", "apply_loss"]
@@ -37,6 +38,7 @@ LOSSES: dict[str, str] = {
     "full": "the model's own loss over the whole batch x seq x vocab logits",
     "chunked": "cross-entropy through the LM head in chunks of tokens (TRL's SFTTrainer default): no full logits",
 }
+LOSSES.update(TRL_LOSSES)  # TRL's fused head as TRL runs it, per device (memsave_nb.loss_trl)
 DEFAULT_LOSS_CHUNK = 1024  # tokens per chunk
 IGNORE_INDEX = -100
 
@@ -257,6 +259,11 @@ def use_chunked_loss(model: nn.Module, chunk: int = DEFAULT_LOSS_CHUNK, *,
 def apply_loss(loss: str | None, chunk: int | None, workload: Any, batch: Any) -> list[Callable[[], None]]:
     """The undo callbacks of the loss knob on ``workload.model`` (``batch``: the step's batch, after
     the other knobs). ``Plan.apply`` calls it through ``knobs.apply_knobs``."""
+    if loss in TRL_LOSSES:
+        if workload.loss is not None:
+            raise PlanError(f"loss={loss!r} computes TRL's loss in the model's forward: leave Workload.loss unset")
+        return [use_trl_head(workload.model, cuda=loss.endswith("cuda"), smoothing=0.1 if "smooth" in loss else 0.0,
+                             valid_hint=_valid_hint(batch))]
     if loss != "chunked":
         return []
     if workload.loss is not None:

@@ -93,7 +93,7 @@ PLAN = [
     (["--target-gb", "80", "--gpus", "8", "--precision", "bf16", "--precisions", "fp32"], "not both"),
     (["--target-gb", "80", "--gpus", "8", "--loss-chunk", "8"], "--loss-chunk needs --loss chunked"),
     (["--target-gb", "80", "--gpus", "8", "--accumulate", "2", "--global-batch", "8"], "drop --accumulate"),
-    (["--target-gb", "80", "--gpus", "8", "--optimizer", "lion"], "--optimizer"),
+    (["--target-gb", "80", "--gpus", "8", "--optimizer", "sophia"], "--optimizer"),
     (["--target-gb", "24", "--accumulate", "2"], "give --micro-batches K,K instead"),
 ]
 

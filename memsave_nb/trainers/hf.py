@@ -47,9 +47,13 @@ OPTIM: dict[str, str] = {
     "adamw_bnb_8bit": "adamw_8bit",
     "adamw_8bit": "adamw_8bit",
     "sgd": "sgd",
+    # bitsandbytes' layouts (measure/optimizers_extra.py); paged ones sized on the device (an upper bound)
+    "paged_adamw_8bit": "adamw_8bit", "lion_32bit": "lion", "paged_lion_32bit": "lion",
+    "lion_8bit": "lion_8bit", "paged_lion_8bit": "lion_8bit",
 }
 _OPTIM_OUT = {"adamw": "adamw_torch", "adamw_foreach": "adamw_torch", "adamw_fused": "adamw_torch_fused",
-              "adafactor": "adafactor", "adamw_8bit": "adamw_bnb_8bit", "sgd": "sgd"}
+              "adafactor": "adafactor", "adamw_8bit": "adamw_bnb_8bit", "sgd": "sgd", "lion": "lion_32bit",
+              "lion_8bit": "lion_8bit"}
 
 # fields that change memory and that no plan field sizes: reported when set
 _UNSIZED = {
@@ -91,6 +95,9 @@ def optim_of(optim: str, notes: list[str]) -> dict[str, Any]:
     if optim in OPTIM:
         if optim == "adafactor":
             notes.append("optim='adafactor': transformers' Adafactor sized as torch.optim.Adafactor (both factored second moments)")
+        if optim.startswith("paged_"):
+            notes.append(f"optim={optim!r}: bitsandbytes pages the state of parameters of 1e5+ elements to host memory "
+                         "under pressure; sized on the device (an upper bound)")
         if optim == "sgd":
             notes.append("optim='sgd': sized without momentum (momentum in optim_args adds one buffer per parameter)")
         return {"optimizer": OPTIM[optim]}

@@ -8,9 +8,10 @@ The loss (trl 1.16, ``SFTTrainer.compute_loss`` and ``trainer/utils.py``'s ``add
 ``loss_type='nll'`` (the default) and ``'dft'`` both run the backbone and then a fused LM head that
 projects tiles of 4096 tokens x 32768 vocabulary entries, never the ``batch x seq x vocab`` logits;
 ``'chunked_nll'`` is a deprecated alias that ``SFTConfig.__post_init__`` rewrites to ``'nll'``. So
-every ``loss_type`` reads as the plan's ``loss='chunked'`` (chunks of the tokens that make one TRL
-tile's elements), except ``label_smoothing_factor > 0``, whose smoother needs the full logits
-(``loss='full'``). Export writes ``loss_type='nll'``.
+every ``loss_type`` reads as TRL's head as TRL runs it (:mod:`memsave_nb.loss_trl`): ``loss='trl_cpu'``
+with ``use_cpu`` (no Triton), else ``'trl_cuda'``; ``label_smoothing_factor > 0`` as
+``'trl_smooth_cpu'``/``'trl_smooth_cuda'`` (full logits through the smoother, then a no-grad fused
+pass for the metrics). Export writes ``loss_type='nll'``.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 from torch import nn
 
 from memsave_nb.checkpointing import RegionKind, show
+from memsave_nb.loss_trl import TRL_LOSSES
 from memsave_nb.parallel_spec import ParallelSpec
 from memsave_nb.plan import Plan
 
@@ -53,18 +55,18 @@ def _read_loss(d: dict[str, Any], model: nn.Module | None, notes: list[str]) -> 
     loss_type = name_of(d, "loss_type") or DEFAULTS["loss_type"]
     if loss_type not in LOSS_TYPES:
         raise TrainerConfigError(f"loss_type {show(loss_type)}: SFTConfig takes one of {', '.join(LOSS_TYPES)}")
+    device = "cpu" if truthy(d.get("use_cpu"), "use_cpu") else "cuda"  # TRL's head runs another path with Triton (CUDA)
+    path = "torch folds, every position" if device == "cpu" else "Triton folds, valid positions only"
     smoothing = real(d, "label_smoothing_factor", 0.0, 0.0, 1.0)
     if smoothing > 0:
-        notes.append(f"label_smoothing_factor={smoothing}: TRL's label smoother needs the full logits; "
-                     "sized with loss='full' (the model's own loss, without smoothing)")
-        return {"loss": "full"}
-    chunk = loss_chunk_for(model)
+        notes.append(f"label_smoothing_factor={smoothing}: TRL runs the full logits through the label "
+                     f"smoother, then a no-grad fused pass for its metrics ({path}); sized as loss='trl_smooth_{device}'")
+        return {"loss": f"trl_smooth_{device}"}
     alias = " ('chunked_nll' is TRL's deprecated alias of 'nll')" if loss_type == "chunked_nll" else ""
     dft = "; DFT weights each token's loss by its detached probability (same buffers)" if loss_type == "dft" else ""
     notes.append(f"loss_type={loss_type!r}{alias}: TRL's fused LM head projects {TILE_TOKENS} tokens x {TILE_VOCAB} vocabulary "
-                 f"entries at a time; sized as loss='chunked' in chunks of "
-                 f"{chunk if chunk else 'the default number of'} tokens x the whole vocabulary (as many elements){dft}")
-    return {"loss": "chunked", "loss_chunk": chunk}
+                 f"entries at a time ({path}); sized as loss='trl_{device}'{dft}")
+    return {"loss": f"trl_{device}"}
 
 
 def read(config: Any, model: nn.Module | None = None, world_size: int | None = None) -> Imported:
@@ -125,12 +127,15 @@ def write(plan: Plan, parallel: ParallelSpec | None = None, model: nn.Module | N
         notes.append("offload regions on every layer: wrote activation_offloading=True (TRL offloads every saved "
                      "tensor of the forward, a little more than the layers')")
     out["loss_type"] = "nll"  # TRL 1.16's name for its chunked loss (also SFTConfig's default)
-    if plan.loss != "chunked":
-        notes.append(f"loss {plan.loss or 'as the workload computes it'}: TRL always computes the loss through its fused, "
-                     "chunked LM head (no full logits); wrote loss_type='nll' (loss='chunked' sizes it)")
-    elif plan.loss_chunk is not None and plan.loss_chunk != loss_chunk_for(model):
-        notes.append(f"loss chunk {plan.loss_chunk} tokens: TRL's tile is fixed ({TILE_TOKENS} tokens x {TILE_VOCAB} "
-                     "vocabulary entries), not a config field")
+    if plan.loss in TRL_LOSSES:  # TRL's own head, as TRL runs it on the device the plan names
+        if plan.loss.endswith("cpu"):
+            out["use_cpu"] = True
+        if "smooth" in plan.loss:
+            out["label_smoothing_factor"] = 0.1
+            notes.append("label smoothing: wrote label_smoothing_factor=0.1 (any factor above 0 runs the same buffers)")
+    else:
+        notes.append(f"loss {plan.loss or 'as the workload computes it'}: TRL always computes the loss through its own "
+                     "fused LM head; wrote loss_type='nll' (loss='trl_cuda', or 'trl_cpu' on the CPU, sizes it)")
     lora = lora_of(model)
     if lora is not None:
         args = ", ".join(f"{k}={v!r}" for k, v in lora.items())

@@ -30,8 +30,8 @@ def test_every_case_equals_torchs_path(case, monkeypatch):
     assert quick == _torch_path(case.build, monkeypatch)  # every field: peak, split, rows, ops, timeline
 
 
-# adamw_8bit (bitsandbytes) reads values while it makes its state: fake mode cannot run it on either path
-@pytest.mark.parametrize("optimizer", sorted(set(OPTIMIZERS) - {"adamw_8bit"}))
+# adamw_8bit / lion_8bit: bitsandbytes' layout in plain torch (optimizers_extra), so fake mode runs them too
+@pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
 def test_every_optimizer_knob_first_step_and_plan_equals_torchs_path(optimizer, monkeypatch):
     plan = Plan(optimizer=optimizer, precision="bf16", frozen=("blocks.0.*",),
                 regions={"blocks.1": "save_matmuls"}, accumulation_steps=2, set_to_none=False)

@@ -58,7 +58,7 @@ def test_legacy_fsdp_string_and_sft_object():
     p = imp.plan
     assert (p.batch_size, p.seq_len, p.accumulation_steps, p.optimizer, p.precision) == (3, 128, 4, "adafactor", "autocast_bf16")
     assert sorted(p.regions) == LAYER_NAMES  # SFTConfig checkpoints by default
-    assert (p.loss, p.loss_chunk) == ("chunked", 4096)  # TRL's default loss_type: a tile of 4096 tokens x 64 here
+    assert (p.loss, p.loss_chunk) == ("trl_cpu", None)  # TRL's default loss_type, its head as it runs on the CPU
     assert any("fused LM head" in n for n in imp.notes)
     legacy = from_trainer({"fsdp": "full_shard auto_wrap offload", "fsdp_config": {"transformer_layer_cls_to_wrap": "LlamaDecoderLayer"}},
                           MODEL, world_size=4)
@@ -105,8 +105,9 @@ def test_detect():
 
 
 def test_trl_loss_types_map_to_the_loss_knob_and_back():
-    """trl 1.16: 'nll' (the default) and 'dft' run the fused chunked head; 'chunked_nll' is its
-    deprecated alias (SFTConfig rewrites it to 'nll'); label smoothing needs the full logits."""
+    """trl 1.16: 'nll' (the default) and 'dft' run the fused chunked head, on the CPU (use_cpu) by
+    torch folds, else by Triton; 'chunked_nll' is its deprecated alias (SFTConfig rewrites it to
+    'nll'); label smoothing runs the full logits and a no-grad fused pass."""
     trl_pkg = pytest.importorskip("trl")
     with pytest.warns(FutureWarning, match="chunked_nll"):
         alias = trl_pkg.SFTConfig(output_dir="/tmp/x", use_cpu=True, loss_type="chunked_nll")
@@ -116,23 +117,24 @@ def test_trl_loss_types_map_to_the_loss_knob_and_back():
     for cfg in (trl_pkg.SFTConfig(output_dir="/tmp/x", use_cpu=True), alias, {"loss_type": "chunked_nll"},
                 trl_pkg.SFTConfig(output_dir="/tmp/x", use_cpu=True, loss_type="dft")):
         p = from_trainer(cfg, big).plan
-        assert (p.loss, p.loss_chunk) == ("chunked", 4096 * 32768 // 151_936)  # 883 tokens
+        assert (p.loss, p.loss_chunk) == ("trl_cuda" if isinstance(cfg, dict) else "trl_cpu", None)
     smoothed = from_trainer(trl_pkg.SFTConfig(output_dir="/tmp/x", use_cpu=True, label_smoothing_factor=0.1), big)
-    assert smoothed.plan.loss == "full" and smoothed.plan.loss_chunk is None
-    assert any("label smoother needs the full logits" in n for n in smoothed.notes)
+    assert smoothed.plan.loss == "trl_smooth_cpu" and smoothed.plan.loss_chunk is None
+    assert any("through the label smoother" in n for n in smoothed.notes)
     with pytest.raises(TrainerConfigError, match="loss_type 'focal'"):
         from_trainer({"loss_type": "focal"}, big)
     # export writes TRL's name back; SFTConfig takes it and it reads back as the same plan
     plan = Plan(batch_size=2, seq_len=64, precision="autocast_bf16", optimizer="adamw_fused", accumulation_steps=1,
-                loss="chunked", loss_chunk=883)
+                loss="trl_cpu")
     exp = to_trainer(plan, "trl", model=big)
-    assert exp.fields["loss_type"] == "nll" and exp.notes == ()
-    back = from_trainer(trl_pkg.SFTConfig(output_dir="/tmp/x", use_cpu=True, **exp.fields), big)
+    assert exp.fields["loss_type"] == "nll" and exp.fields["use_cpu"] is True and exp.notes == ()
+    back = from_trainer(trl_pkg.SFTConfig(output_dir="/tmp/x", **exp.fields), big)
     assert back.plan == plan.replace(name="trl")
     # a loss TRL does not run is said, and the knob's chunk is not a field
     assert any("TRL always computes the loss" in n for n in to_trainer(plan.replace(loss=None, loss_chunk=None), "trl", model=big).notes)
-    assert any("tile is fixed" in n for n in to_trainer(plan.replace(loss_chunk=100), "trl", model=big).notes)
-    assert any("chunked loss: not a TrainingArguments field" in n for n in to_trainer(plan, "hf", model=big).notes)
+    chunked = plan.replace(loss="chunked", loss_chunk=883)
+    assert any("TRL always computes the loss" in n for n in to_trainer(chunked, "trl", model=big).notes)
+    assert any("chunked loss: not a TrainingArguments field" in n for n in to_trainer(chunked, "hf", model=big).notes)
 
 
 # -- round trips: export then import gives back every choice the trainer can express --------------
@@ -156,8 +158,8 @@ def plans(draw, trainer: str) -> Plan:
         kw["seq_len"] = draw(st.integers(1, 4096))
     if trainer == "trl" and kw["precision"] == "fp32":
         kw["precision"] = "autocast_bf16"  # SFTConfig's defaults always write a precision; fp32 round-trips too
-    if trainer == "trl":  # every TRL loss_type is chunked (its tile: as many elements as loss_chunk_for's chunk)
-        kw["loss"], kw["loss_chunk"] = "chunked", trl.loss_chunk_for(MODEL)
+    if trainer == "trl":  # every TRL loss_type runs TRL's fused head, by the path of the device
+        kw["loss"] = draw(st.sampled_from(["trl_cpu", "trl_cuda", "trl_smooth_cpu", "trl_smooth_cuda"]))
     if n is not None:
         kw["regions"] = {name: RegionPolicy(kind) for i, name in enumerate(LAYER_NAMES) if i % n == 0}
     if draw(st.booleans()):

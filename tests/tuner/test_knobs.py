@@ -65,7 +65,7 @@ def test_knobs_round_trip_json_and_describe():
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"batch_size": 0}, {"seq_len": -1}, {"precision": "fp8"}, {"optimizer": "lion"},
+    [{"batch_size": 0}, {"seq_len": -1}, {"precision": "fp8"}, {"optimizer": "sophia"},
      {"accumulation_steps": 1.5}, {"set_to_none": "yes"}, {"batch_size": True}],
 )
 def test_bad_knobs_are_one_line_plan_errors(kwargs):

@@ -65,7 +65,7 @@ knob_fields = st.fixed_dictionaries({}, optional={
     "seq_len": small([None, 1, 16]),
     "accumulation_steps": small([None, 1, 2]),
     "precision": small([None, *PRECISIONS, "BF16", "auto-cast_bf16", "fp64"]),
-    "optimizer": small([None, *OPTIMIZERS, "ADAMW", "lion"]),
+    "optimizer": small([None, *OPTIMIZERS, "ADAMW", "sophia"]),
     "set_to_none": small([None, True, False]),
     "loss": small([None, "full", "chunked", "CHUNKED", "fused", 1]),
     "loss_chunk": small([None, 1, 1024, 0, -1, 2**31, True, 2.0]),
