@@ -23,14 +23,11 @@ import torch
 from torch import nn
 
 from memsave_nb.checkpointing import PlanError, show
+from memsave_nb.vocabulary import LOSSES
 
 __all__ = ["LOSSES", "DEFAULT_LOSS_CHUNK", "IGNORE_INDEX", "check_loss", "use_chunked_loss", "causal_lm",
            "ChunkedLossOutput", "apply_loss"]
 
-LOSSES: dict[str, str] = {
-    "full": "the model's own loss over the whole batch x seq x vocab logits",
-    "chunked": "cross-entropy through the LM head in chunks of tokens (TRL's SFTTrainer default): no full logits",
-}
 DEFAULT_LOSS_CHUNK = 1024  # tokens per chunk
 IGNORE_INDEX = -100
 

@@ -12,7 +12,7 @@ import sys
 from ..errors import MemsaveError
 from .args import MAX_COUNT
 
-PRECISIONS = ("fp32", "autocast_bf16", "autocast_fp16", "bf16", "bf16_master")
+from ..vocabulary import PRECISIONS
 
 
 def _csv_ints(text: str) -> tuple[int, ...]:
