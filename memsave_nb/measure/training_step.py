@@ -18,7 +18,7 @@ import torch
 from ..errors import WorkloadError
 from ..workload import Workload, output_dropped
 
-__all__ = ["training_step", "CALLS"]
+__all__ = ["training_step", "optimizer_step", "CALLS"]
 
 CALLS: collections.Counter[str] = collections.Counter()  # runner name -> steps run through here
 
@@ -75,6 +75,14 @@ def training_step(workload: Workload, next_batch: Callable[[bool], Any], optimiz
             batch = output = loss = None  # a micro-step's batch, output and loss die with it
         elif output_dropped(workload.loop, "step"):
             output = None
+    optimizer_step(optimizer, on_phase=on_phase, context=context)
+    return batch, output, loss
+
+
+def optimizer_step(optimizer: Any, *, on_phase: Callable[[str, bool], None] = _no_phase,
+                   context: Callable[[str, bool], ContextManager[Any]] = _no_context) -> None:
+    """The step's end: ``optimizer.step()`` (when there is one), then "done". The pipeline runner
+    calls it after torch's schedule, which runs the micro-batches' forwards and backwards itself."""
     if callable(optimizer) and not isinstance(optimizer, torch.optim.Optimizer):
         optimizer = optimizer()
     if optimizer is not None:
@@ -82,4 +90,3 @@ def training_step(workload: Workload, next_batch: Callable[[bool], Any], optimiz
         with context("optimizer", True):
             optimizer.step()
     on_phase("done", True)
-    return batch, output, loss
