@@ -17,8 +17,9 @@ from typing import Any, Mapping
 from memsave_nb.checkpointing import show
 from memsave_nb.errors import PlanError, WorkloadError
 from memsave_nb.vocabulary import SCHEDULES as _SCHEDULES
+from memsave_nb.vocabulary import STRATEGIES as _STRATEGIES
 
-STRATEGIES = ("fsdp", "ddp")
+STRATEGIES = tuple(_STRATEGIES)
 # Tensor-parallel styles a plan names (``parallel/tp.py`` maps each to PyTorch's ParallelStyle):
 # colwise / rowwise Linear (or Embedding), the input embedding (rowwise, token ids replicated),
 # the output head (colwise, logits gathered), a norm and a module that gathers its sequence-sharded

@@ -11,7 +11,7 @@ in menu order.
 from __future__ import annotations
 
 __all__ = ["OPTIMIZERS", "NO_OPTIMIZER", "OPTIMIZER_ALIASES", "PRECISIONS", "REGION_KINDS", "SEARCHED_REGION_KINDS",
-           "LOOPS", "DEFAULT_LOOP", "LOSSES", "SCHEDULES"]
+           "LOOPS", "DEFAULT_LOOP", "LOSSES", "STRATEGIES", "SCHEDULES"]
 
 # Optimizers: how each is built and what state it keeps per trainable parameter (its layout).
 OPTIMIZERS: dict[str, str] = {
@@ -64,6 +64,12 @@ DEFAULT_LOOP = "loss_only"
 LOSSES: dict[str, str] = {
     "full": "the model's own loss over the whole batch x seq x vocab logits",
     "chunked": "cross-entropy through the LM head in chunks of tokens (TRL's SFTTrainer default): no full logits",
+}
+
+# Data-parallel strategies (parallel/apply.py applies them; a new style is one entry here and its branch there)
+STRATEGIES: dict[str, str] = {
+    "fsdp": "FSDP2 fully_shard: parameters, gradients and optimizer state sharded over the ranks",
+    "ddp": "DistributedDataParallel: a whole replica per rank, gradients all-reduced in buckets",
 }
 
 # Pipeline schedules -> the torch.distributed.pipelining class that runs them

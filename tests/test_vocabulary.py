@@ -69,6 +69,7 @@ def test_other_lists_are_the_registrys():
     assert [key for _, key in REGION_CHOICES if key != "custom"] == list(V.REGION_KINDS)
     assert search.REGION_KINDS == V.SEARCHED_REGION_KINDS
     assert set(layout.REGION_KINDS) - {None} <= set(V.SEARCHED_REGION_KINDS)
+    assert parallel_spec.STRATEGIES == tuple(V.STRATEGIES)
     assert parallel_spec.SCHEDULES == tuple(V.SCHEDULES) and export_pipeline.SCHEDULES is V.SCHEDULES
     for name in V.PRECISIONS:
         assert Plan(precision=name).precision == name
@@ -99,3 +100,10 @@ def test_no_module_but_the_registry_spells_out_a_choice_list():
                 names = _literal_names(node.value)
                 copies += [f"{rel}:{node.lineno} {kind}" for kind, members in lists.items() if len(names & members) >= 3]
     assert not copies, copies
+
+
+def test_the_registry_sits_at_the_bottom():
+    """vocabulary.py imports nothing (but ``__future__``): any module may read it, no circle."""
+    tree = ast.parse((PACKAGE / "vocabulary.py").read_text())
+    imported = [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
+    assert [getattr(n, "module", None) for n in imported] == ["__future__"]
