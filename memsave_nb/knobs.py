@@ -41,7 +41,10 @@ from torch import nn
 
 from memsave_nb.checkpointing import PlanError, show
 from memsave_nb.loss import DEFAULT_LOSS_CHUNK, apply_loss, check_loss
+from memsave_nb.vocabulary import NO_OPTIMIZER, OPTIMIZERS, PRECISIONS
+from memsave_nb.errors import WorkloadError
 from memsave_nb.workload import iter_tensors, map_tensors
+from memsave_nb.workload import optimizer_factory as _workload_optimizer
 
 if TYPE_CHECKING:  # pragma: no cover
     from memsave_nb.workload import Workload
@@ -61,26 +64,6 @@ __all__ = [
     "optimizer_factory",
     "MasterWeightsOptimizer",
 ]
-
-PRECISIONS: dict[str, str] = {
-    "fp32": "float32 parameters, no autocast",
-    "autocast_bf16": "fp32 parameters, forward under torch.autocast(bfloat16)",
-    "autocast_fp16": "fp32 parameters, forward under torch.autocast(float16)",
-    "bf16": "parameters, buffers and batch held in bfloat16 (optimizer state follows)",
-    "bf16_master": "bf16 parameters and gradients + fp32 master weights kept by the optimizer",
-}
-
-OPTIMIZERS: dict[str, str] = {
-    "adamw": "torch.optim.AdamW(lr=1e-3): torch picks foreach/fused",
-    "adamw_foreach": "torch.optim.AdamW(lr=1e-3, foreach=True)",
-    "adamw_fused": "torch.optim.AdamW(lr=1e-3, fused=True)",
-    "sgd_momentum": "torch.optim.SGD(lr=1e-2, momentum=0.9)",
-    "sgd": "torch.optim.SGD(lr=1e-2)",
-    "adafactor": "torch.optim.Adafactor(lr=1e-2): factored second moments",
-    "adamw_8bit": "AdamW in bitsandbytes' blockwise 8-bit state layout (measure/optimizers_extra.py; fake mode runs it)",
-    "lion": "Lion: one float32 moment per parameter (measure/optimizers_extra.py)",
-    "lion_8bit": "Lion in bitsandbytes' blockwise 8-bit state layout (measure/optimizers_extra.py)",
-}
 
 # dict keys of (B, T, ...) tensors that follow the sequence length: Hugging Face's names (the
 # embeddings a model takes instead of ids, the decoder's of an encoder-decoder) and the zoo's
@@ -427,25 +410,14 @@ def _batch_changes(plan: "KnobValues", workload: "Workload") -> dict[str, Any]:
 
 
 def optimizer_factory(name: str) -> Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]:
-    """An optimizer factory ``params -> Optimizer`` for a name in :data:`OPTIMIZERS`."""
-    if name == "adamw":
-        return lambda params: torch.optim.AdamW(params, lr=1e-3)
-    if name == "adamw_foreach":
-        return lambda params: torch.optim.AdamW(params, lr=1e-3, foreach=True)
-    if name == "adamw_fused":
-        return lambda params: torch.optim.AdamW(params, lr=1e-3, fused=True)
-    if name == "sgd_momentum":
-        return lambda params: torch.optim.SGD(params, lr=1e-2, momentum=0.9)
-    if name == "sgd":
-        return lambda params: torch.optim.SGD(params, lr=1e-2)
-    if name == "adafactor":
-        return lambda params: torch.optim.Adafactor(params, lr=1e-2)
-    if name in ("adamw_8bit", "lion", "lion_8bit"):  # bitsandbytes' layouts, in plain torch
-        from memsave_nb.measure.optimizers_extra import LayoutOptimizer
-
-        moments, bits = (2, 8) if name == "adamw_8bit" else (1, 8 if name == "lion_8bit" else 32)
-        return lambda params: LayoutOptimizer(params, moments=moments, bits=bits, lr=1e-3)
-    raise PlanError(f"optimizer {name!r}: choose one of {sorted(OPTIMIZERS)}")
+    """An optimizer factory ``params -> Optimizer`` for a name in :data:`OPTIMIZERS` (built where
+    a Workload builds it, so the knob and the Workload mean the same optimizer)."""
+    if name not in OPTIMIZERS:
+        raise PlanError(f"optimizer {show(name)}: choose one of {sorted(OPTIMIZERS)}")
+    try:
+        return _workload_optimizer(name)
+    except WorkloadError as exc:  # adamw_8bit without bitsandbytes
+        raise PlanError(str(exc)) from None
 
 
 class MasterWeightsOptimizer(torch.optim.Optimizer):
@@ -509,12 +481,10 @@ def _optimizer_spec(plan: "KnobValues", workload: "Workload") -> Any:
     base: Any = optimizer_factory(plan.optimizer) if plan.optimizer is not None else workload.optimizer
     if plan.precision != "bf16_master":
         return base
-    if base is None or (isinstance(base, str) and base.lower() == "none"):
+    if base is None or (isinstance(base, str) and base.lower() == NO_OPTIMIZER):
         return base
     if isinstance(base, str):
-        from memsave_nb.workload import _OPTIMIZERS
-
-        inner = _OPTIMIZERS[base.lower()]
+        inner = _workload_optimizer(base)
     else:
         inner = base
     return lambda params, inner=inner: MasterWeightsOptimizer(params, inner)

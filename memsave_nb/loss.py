@@ -30,15 +30,11 @@ from torch import nn
 
 from memsave_nb.checkpointing import PlanError, show
 from memsave_nb.loss_trl import TRL_LOSSES, use_trl_head
+from memsave_nb.vocabulary import LOSSES
 
 __all__ = ["LOSSES", "DEFAULT_LOSS_CHUNK", "IGNORE_INDEX", "check_loss", "use_chunked_loss", "causal_lm",
            "ChunkedLossOutput", "HeadTransform", "FAMILIES", "apply_loss"]
 
-LOSSES: dict[str, str] = {
-    "full": "the model's own loss over the whole batch x seq x vocab logits",
-    "chunked": "cross-entropy through the LM head in chunks of tokens (TRL's SFTTrainer default): no full logits",
-}
-LOSSES.update(TRL_LOSSES)  # TRL's fused head as TRL runs it, per device (memsave_nb.loss_trl)
 DEFAULT_LOSS_CHUNK = 1024  # tokens per chunk
 IGNORE_INDEX = -100
 

@@ -35,16 +35,12 @@ import torch
 from torch import nn
 
 from memsave_nb.checkpointing import PlanError
+from memsave_nb.vocabulary import LOSSES
 
 __all__ = ["TOKEN_TILE", "TRL_LOSSES", "VOCAB_TILE", "TrlHeadOutput", "trl_head", "use_trl_head"]
 
 TOKEN_TILE, VOCAB_TILE = 4096, 32768  # chunked_logprob.TOKEN_CHUNK_SIZE, utils._CHUNKED_LOGPROB_CHUNK_SIZE
-TRL_LOSSES: dict[str, str] = {
-    "trl_cpu": "TRL's fused LM head as it runs without Triton (CPU): every position, torch folds, a tokens x 32768 tile",
-    "trl_cuda": "TRL's fused LM head as it runs with Triton (CUDA): valid positions only, tiles folded in place",
-    "trl_smooth_cpu": "TRL with label smoothing (CPU): full logits through the smoother, then a no-grad fused pass",
-    "trl_smooth_cuda": "TRL with label smoothing (CUDA): full logits through the smoother, then a no-grad fused pass",
-}
+TRL_LOSSES: dict[str, str] = {k: v for k, v in LOSSES.items() if k.startswith("trl_")}  # named in vocabulary
 IGNORE_INDEX = -100
 
 
@@ -207,7 +203,8 @@ def trl_head(hidden: torch.Tensor, labels: torch.Tensor, head: nn.Linear, *, cud
 
 
 def _parts(model: nn.Module) -> tuple[nn.Module, nn.Linear]:
-    lm = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
+    get_base: Any = getattr(model, "get_base_model", None)
+    lm = get_base() if callable(get_base) else model
     get_head = getattr(lm, "get_output_embeddings", None)
     head = get_head() if callable(get_head) else None
     if head is None or getattr(lm, "base_model", lm) is lm:
@@ -231,7 +228,8 @@ def use_trl_head(model: nn.Module, *, cuda: bool, smoothing: float = 0.0,
 
     def fused(self: nn.Module, args: tuple, kwargs: dict[str, Any], labels: torch.Tensor) -> TrlHeadOutput:
         _, head = _parts(self)
-        hidden = self.base_model(*args, **{**kwargs, "use_cache": False}).last_hidden_state[:, :-1]
+        backbone: Any = self.base_model
+        hidden = backbone(*args, **{**kwargs, "use_cache": False}).last_hidden_state[:, :-1]
         shifted = labels[:, 1:]
         count = valid_hint[1] if valid_hint is not None and valid_hint[0] == tuple(shifted.shape) else None
         return trl_head(hidden, shifted.to(head.weight.device), head, cuda=cuda, valid_count=count)

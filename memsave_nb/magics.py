@@ -35,8 +35,10 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 from .errors import MemsaveError, WorkloadError
+from .vocabulary import NO_OPTIMIZER
+from .vocabulary import OPTIMIZERS as _REGISTERED_OPTIMIZERS
 
-OPTIMIZERS = ("adamw", "adam", "sgd", "sgd_momentum", "none")
+OPTIMIZERS = (*_REGISTERED_OPTIMIZERS, NO_OPTIMIZER)
 DEFAULT_REPORT = "memsave_report.html"
 CELL_FILENAME = "<%%memsave cell>"
 

@@ -16,8 +16,10 @@ from typing import Any, Mapping
 
 from memsave_nb.checkpointing import show
 from memsave_nb.errors import PlanError, WorkloadError
+from memsave_nb.vocabulary import SCHEDULES as _SCHEDULES
+from memsave_nb.vocabulary import STRATEGIES as _STRATEGIES
 
-STRATEGIES = ("fsdp", "ddp")
+STRATEGIES = tuple(_STRATEGIES)
 # Tensor-parallel styles a plan names (``parallel/tp.py`` maps each to PyTorch's ParallelStyle):
 # colwise / rowwise Linear (or Embedding), the input embedding (rowwise, token ids replicated),
 # the output head (colwise, logits gathered), a norm, a module that gathers its sequence-sharded
@@ -25,7 +27,7 @@ STRATEGIES = ("fsdp", "ddp")
 TP_STYLES = ("colwise", "rowwise", "embedding", "head", "norm", "gather_input", "gather_hidden_states", "positions")
 DTYPES = ("float32", "bfloat16", "float16")
 # torch.distributed.pipelining schedules (ScheduleGPipe, Schedule1F1B, ScheduleInterleaved1F1B)
-SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
+SCHEDULES = tuple(_SCHEDULES)
 MAX_MICROBATCHES = 1024
 MAX_WORLD_SIZE = 1 << 16
 

@@ -14,34 +14,36 @@ import torch
 from torch import nn
 
 from .errors import WorkloadError
+from .vocabulary import DEFAULT_LOOP, LOOPS, NO_OPTIMIZER, OPTIMIZER_ALIASES, OPTIMIZERS
 
 AUTOCAST_DTYPES = (torch.bfloat16, torch.float16)
 
 OptimizerSpec = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer] | str | None
 
-# Names mean what the plan's optimizer knob (knobs.OPTIMIZERS) and Hugging Face's ``optim`` mean:
-# "sgd" is plain SGD (no state), "sgd_momentum" keeps a momentum buffer per parameter.
-# "sgd-nomomentum" is the old name of plain SGD, still accepted.
-_OPTIMIZERS: dict[str, Callable[[list[nn.Parameter]], torch.optim.Optimizer]] = {
+# Built for each name of vocabulary.OPTIMIZERS (the plan's optimizer knob reads the same list), so
+# every registered optimizer is one a Workload takes. Old spellings: vocabulary.OPTIMIZER_ALIASES.
+def optimizer_factory(name: str) -> Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]:
+    """A factory ``params -> Optimizer`` for a registered optimizer name (or an old alias)."""
+    key = OPTIMIZER_ALIASES.get(name.lower(), name.lower())
+    if key not in OPTIMIZERS:
+        raise WorkloadError(f"unknown optimizer {str(name)[:40]!r}; choose from {sorted(OPTIMIZERS)} or 'none'")
+    if key in ("adamw_8bit", "lion", "lion_8bit"):  # bitsandbytes' layouts, in plain torch (fake mode runs them)
+        from .optimizers_extra import LayoutOptimizer
+
+        moments, bits = (2, 8) if key == "adamw_8bit" else (1, 8 if key == "lion_8bit" else 32)
+        return lambda params: LayoutOptimizer(params, moments=moments, bits=bits, lr=1e-3)
+    return _TORCH_OPTIMIZERS[key]
+
+
+_TORCH_OPTIMIZERS: dict[str, Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]] = {
     "adamw": lambda params: torch.optim.AdamW(params, lr=1e-3),
+    "adamw_foreach": lambda params: torch.optim.AdamW(params, lr=1e-3, foreach=True),
+    "adamw_fused": lambda params: torch.optim.AdamW(params, lr=1e-3, fused=True),
     "adam": lambda params: torch.optim.Adam(params, lr=1e-3),
-    "sgd": lambda params: torch.optim.SGD(params, lr=1e-2),
     "sgd_momentum": lambda params: torch.optim.SGD(params, lr=1e-2, momentum=0.9),
-    "sgd-nomomentum": lambda params: torch.optim.SGD(params, lr=1e-2),
+    "sgd": lambda params: torch.optim.SGD(params, lr=1e-2),
+    "adafactor": lambda params: torch.optim.Adafactor(params, lr=1e-2),
 }
-
-
-# How long the model's output lives in the training loop (the loss always lives to the end of the
-# step: a trainer keeps it to log it). The output of a causal LM holds its logits and KV cache, which
-# autograd did not save: dropping it before backward frees them for the whole backward pass.
-LOOPS: dict[str, str] = {
-    "loss_only": "the output is dropped once the loss is computed: only the loss goes into backward "
-                 "(Hugging Face's Trainer, TRL, the exported code)",
-    "keep_output_backward": "the output is kept through backward and dropped before the optimizer step",
-    "keep_output_step": "the output is kept through backward and the optimizer step "
-                        "(out = model(**batch); out.loss.backward(); opt.step())",
-}
-DEFAULT_LOOP = "loss_only"
 
 
 def output_dropped(loop: str, point: str) -> bool:
@@ -191,8 +193,10 @@ class Workload:
             raise WorkloadError(f"unknown loop {self.loop!r}; choose from {', '.join(LOOPS)}")
         if self.sized_for not in SIZED_FOR:
             raise WorkloadError(f"sized_for must be one of {', '.join(map(str, SIZED_FOR))}, got {str(self.sized_for)[:40]!r}")
-        if isinstance(self.optimizer, str) and self.optimizer.lower() not in _OPTIMIZERS and self.optimizer.lower() != "none":
-            raise WorkloadError(f"unknown optimizer {self.optimizer!r}; choose from {sorted(_OPTIMIZERS)} or 'none'")
+        if isinstance(self.optimizer, str) and self.optimizer.lower() != NO_OPTIMIZER:
+            key = self.optimizer.lower()
+            if OPTIMIZER_ALIASES.get(key, key) not in OPTIMIZERS:
+                raise WorkloadError(f"unknown optimizer {self.optimizer[:40]!r}; choose from {sorted(OPTIMIZERS)} or 'none'")
         self.device = check_device(self.device)
 
     # -- batch ------------------------------------------------------------------------------
@@ -247,12 +251,12 @@ class Workload:
     def make_optimizer(self) -> torch.optim.Optimizer | None:
         """An optimizer over the trainable parameters; None when there is none or none is asked for."""
         spec = self.optimizer
-        if spec is None or (isinstance(spec, str) and spec.lower() == "none"):
+        if spec is None or (isinstance(spec, str) and spec.lower() == NO_OPTIMIZER):
             return None
         params = self.trainable_parameters()
         if not params:
             return None
-        factory = _OPTIMIZERS[spec.lower()] if isinstance(spec, str) else spec
+        factory = optimizer_factory(spec) if isinstance(spec, str) else spec
         optimizer = factory(params)
         if self.sized_for == "cuda":
             follow_cuda_default(optimizer)

@@ -26,7 +26,7 @@ def add_model_arguments(p: argparse.ArgumentParser, default: str) -> None:
                    "r=16,alpha=32,target_modules=q_proj+v_proj")
     p.add_argument("--quantize", choices=QUANT_TYPES, default=None, help="Hugging Face models: QLoRA base weights (needs --lora)")
     p.add_argument("--task", choices=tuple(TASKS), default=None, help="Hugging Face models: the head (default: the config's)")
-    from ..workload import DEFAULT_LOOP, LOOPS
+    from ..vocabulary import DEFAULT_LOOP, LOOPS
 
     p.add_argument("--loop", choices=list(LOOPS), default=DEFAULT_LOOP,
                    help="how long the model's output lives: loss_only (dropped before backward, as Hugging Face's "
@@ -35,13 +35,13 @@ def add_model_arguments(p: argparse.ArgumentParser, default: str) -> None:
 
 def add_knob_arguments(p: argparse.ArgumentParser) -> None:
     """The plan's knob flags (``knob_plan`` turns them into a Plan): ``report`` and ``plan --gpus``."""
-    from ..knobs import OPTIMIZERS, PRECISIONS
+    from ..vocabulary import LOSSES, OPTIMIZERS, PRECISIONS
 
     p.add_argument("--precision", choices=sorted(PRECISIONS), default=None, help="precision knob (default: the model's)")
     p.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default=None, help="optimizer knob (default: AdamW)")
     p.add_argument("--accumulate", type=_accumulate, default=None, metavar="K", help="K micro-batches per optimizer step")
     p.add_argument("--keep-grads", action="store_true", help="zero_grad(set_to_none=False): gradients stay allocated")
-    p.add_argument("--loss", choices=("full", "chunked"), default=None,
+    p.add_argument("--loss", choices=tuple(LOSSES), default=None,
                    help="causal LMs: 'chunked' runs cross-entropy through the LM head a chunk of tokens at a time "
                         "(TRL's default, Liger's fused loss): the whole batch's logits are never built")
     p.add_argument("--loss-chunk", type=_positive_int, default=None, metavar="TOKENS",

@@ -14,6 +14,7 @@ _OPTIMIZER_CODE = {
     "adamw": "torch.optim.AdamW(params, lr=1e-3)",
     "adamw_foreach": "torch.optim.AdamW(params, lr=1e-3, foreach=True)",
     "adamw_fused": "torch.optim.AdamW(params, lr=1e-3, fused=True)",
+    "adam": "torch.optim.Adam(params, lr=1e-3)",
     "sgd_momentum": "torch.optim.SGD(params, lr=1e-2, momentum=0.9)",
     "sgd": "torch.optim.SGD(params, lr=1e-2)",
     "adafactor": "torch.optim.Adafactor(params, lr=1e-2)",

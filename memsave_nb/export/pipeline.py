@@ -15,7 +15,7 @@ import textwrap
 from memsave_nb.parallel_spec import ParallelSpec
 
 # the schedule's class in torch.distributed.pipelining, per ParallelSpec.schedule
-SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved_1f1b": "ScheduleInterleaved1F1B"}
+from memsave_nb.vocabulary import SCHEDULES
 INTERLEAVED_STAGES_PER_RANK = 2  # as parallel/pipeline.py measures it
 
 _EXAMPLES = textwrap.dedent('''\

@@ -156,15 +156,15 @@ class QuantLinear(nn.Module):
         if quant_type not in QUANT_TYPES:
             raise ValueError(quant_type)
         self.quant_type = quant_type
-        weight = linear.weight
+        weight: torch.Tensor = linear.weight  # type: ignore[assignment]
         if not isinstance(linear, nn.Linear):  # transformers' Conv1D: weight (in, out), y = x @ W + b
             weight = weight.t()
-        self.out_features, self.in_features = weight.shape
+        self.out_features, self.in_features = int(weight.shape[0]), int(weight.shape[1])
         self.compute_dtype = weight.dtype
         state = _nf4_state(weight) if quant_type == "nf4" else _int8_state(weight)
         for name, tensor in state.items():
             self.register_buffer(name, tensor)
-        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach(), requires_grad=False)
+        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach(), requires_grad=False)  # type: ignore[operator]
 
     def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
         if self.quant_type == "int8":

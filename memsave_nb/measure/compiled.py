@@ -41,8 +41,9 @@ from torch import nn
 
 from ..errors import Cancelled, MemsaveError, StepError, WorkloadError
 from ..model_state import ModelSnapshot
-from ..workload import Workload, iter_output_tensors, iter_tensors, output_dropped
+from ..workload import Workload, iter_output_tensors, iter_tensors
 from .common import clear_grads
+from .training_step import training_step
 from .result import CATEGORIES, Measurement, MemorySplit, ModuleStats, Timeline
 
 __all__ = ["measure_compiled", "original_model"]
@@ -140,7 +141,6 @@ class _Loop:
 
         workload, model, optimizer = self.workload, self.model, self.optimizer
         on_cuda = torch.device(workload.device).type == "cuda"
-        k = workload.accumulation_steps
         # what exists before the step: parameters, the optimizer's state, grads kept as zeros
         static = _static_bytes(model, optimizer)
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_cuda else [])
@@ -157,37 +157,33 @@ class _Loop:
             if prof is not None:
                 prof.__enter__()
             try:
-                for micro in range(k):
+                def next_batch(last: bool) -> Any:
+                    nonlocal batch_storages
                     # the batch exists before its micro-step in a loop: made outside the marks
                     with record_function(_MARK + "batch"):
                         batch = workload.make_batch()
-                    if micro == k - 1:
+                    if last:
                         batch_storages = {_ptr(t): t.untyped_storage().nbytes() for t in iter_tensors(batch)}
-                    phase = "forward"
-                    with record_function(_MARK + ("forward" if micro == k - 1 else "micro")):
-                        output = workload.forward(batch)
-                        loss = workload.compute_loss(output)
-                        if k > 1:
-                            loss = loss / k
-                    if micro == k - 1:
-                        out_ptrs = {_ptr(t) for t in iter_output_tensors((output, loss))}
-                    if not loss.requires_grad:
-                        raise WorkloadError("the loss does not depend on anything that requires grad")
-                    _check(self.cancel_event)
-                    if output_dropped(workload.loop, "backward"):
-                        output = None  # the workload's loop, as the eager engine runs it
-                    phase = "backward"
-                    with record_function(_MARK + ("backward" if micro == k - 1 else "micro")):
-                        loss.backward()
-                    _check(self.cancel_event)
-                    if micro < k - 1:
-                        del output, loss, batch
-                    elif output_dropped(workload.loop, "step"):
-                        output = None
-                if optimizer is not None:
-                    phase = "optimizer"
-                    with record_function(_MARK + "optimizer"):
-                        optimizer.step()
+                    return batch
+
+                def on_phase(name: str, last: bool) -> None:
+                    nonlocal phase
+                    if name in ("backward", "optimizer", "done") or not first_forward:
+                        _check(self.cancel_event)  # after each forward and each backward
+                    first_forward.clear()
+                    phase = "forward" if name == "loss" else name
+
+                def context(name: str, last: bool) -> Any:
+                    return record_function(_MARK + (name if last else "micro"))
+
+                def forward_end(output: Any, loss: torch.Tensor) -> None:
+                    nonlocal out_ptrs
+                    out_ptrs = {_ptr(t) for t in iter_output_tensors((output, loss))}
+
+                first_forward = [True]
+                # the last batch, output and loss live on to the end of the profile, as in the loop
+                left = training_step(workload, next_batch, optimizer, runner="compiled", on_phase=on_phase,  # noqa: F841 (held)
+                                     context=context, on_forward_end=forward_end)
                 if on_cuda:
                     torch.cuda.synchronize()
                     cuda["peak"] = torch.cuda.max_memory_allocated()

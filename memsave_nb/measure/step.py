@@ -14,12 +14,13 @@ import torch
 from torch import nn
 
 from ..errors import Cancelled, MemsaveError, StepError, WorkloadError
-from ..workload import Workload, iter_tensors, map_tensors, output_dropped, output_parts
+from ..workload import Workload, iter_tensors, map_tensors, output_parts
 from . import fake_compat
 from .common import clear_grads, single_tensor_default
 from .fake_model import _fake_twin, _is_fake
 from .optimizer_state import make_state_on_zero_grads, makes_state_without_a_step
 from .tracker import INPUT, PARAMETER, MemoryTracker
+from .training_step import training_step
 
 class _Step:
     """Training steps with phase bookkeeping, shared by tracked and timed runs.
@@ -94,47 +95,31 @@ class _Step:
 
         Returns the batches it used (the caller drops them)."""
         wl = self.workload
-        k = wl.accumulation_steps
-        batches = []
-        for micro in range(k):
+        held: list[Any] = []  # the micro-step's batch, alive until the next one is made, as in a loop
+
+        def next_batch(last: bool) -> Any:
             batch = make_batch()
-            batches = [batch]  # a micro-step's batch dies with the micro-step, as in a loop
+            held[:] = [batch]
             self._batch_grad = any(t.requires_grad for t in iter_tensors(batch))
             self.make_optimizer()
-            last = micro == k - 1
             if self.tracker is not None:
                 self.tracker.count_calls = last
-            self.set_phase("forward")
-            if saved_hook is not None and last:
-                with torch.autograd.graph.saved_tensors_hooks(_packer(saved_hook, self.tracker), _unpack):
-                    output = wl.forward(batch)
-                    self.set_phase("loss")
-                    loss = wl.compute_loss(output)
-            else:
-                output = wl.forward(batch)
-                self.set_phase("loss")
-                loss = wl.compute_loss(output)
-            if not loss.requires_grad:
-                raise WorkloadError("the loss does not depend on anything that requires grad")
-            if k > 1:
-                loss = loss / k
-            if on_forward_end is not None and last:
-                on_forward_end(output, loss)
-            if output_dropped(wl.loop, "backward"):
-                output = None  # the workload's loop: only the loss goes into backward
-            self.set_phase("backward")
-            loss.backward()
-            if not last:
-                output = loss = None
-            elif output_dropped(wl.loop, "step"):
-                output = None
-        if self.optimizer is not None:
-            self.set_phase("optimizer")
-            with fake_compat.optimizer_numbers() if self.fake else contextlib.nullcontext():
-                self.optimizer.step()
-        self.set_phase("done")
-        del output, loss  # the loss lives to the end of the step in every loop (a trainer logs it)
-        return batches
+            return batch
+
+        def on_phase(phase: str, last: bool) -> None:
+            self.set_phase(phase)
+
+        def context(phase: str, last: bool) -> Any:
+            if phase == "forward" and last and saved_hook is not None:
+                return torch.autograd.graph.saved_tensors_hooks(_packer(saved_hook, self.tracker), _unpack)
+            if phase == "optimizer" and self.fake:
+                return fake_compat.optimizer_numbers()
+            return contextlib.nullcontext()
+
+        left = training_step(wl, next_batch, lambda: self.optimizer, runner="engine", on_phase=on_phase,
+                             context=context, on_forward_end=on_forward_end)
+        del left  # the loss lives to the end of the step in every loop (a trainer logs it)
+        return held
 
     def grads(self) -> list[torch.Tensor]:
         return [p.grad for p in self.workload.model.parameters() if p.grad is not None]

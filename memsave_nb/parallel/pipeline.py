@@ -28,6 +28,7 @@ from torch import nn
 from ..errors import MemsaveError
 from ..measure.fake_dispatch import quick_dispatch
 from ..measure.tracker import INPUT
+from ..measure.training_step import CALLS, optimizer_step
 from ..parallel_spec import ParallelError, ParallelSpec
 from ..workload import Workload, iter_tensors, output_dropped
 from ..checkpointing import show
@@ -190,14 +191,15 @@ class StageRank:
         with _phases(self.stages, tracker, marks), held:
             self.schedule.step(*(self.args if self.first else ()), target=self.target if self.last else None,
                                return_outputs=self.keep_outputs)
-        if self.optimizer is not None:
+        CALLS["pipeline"] += 1
+
+        def on_phase(phase: str, last: bool) -> None:
             if tracker is not None:
-                tracker.phase = "optimizer"
-                if marks is not None:
+                tracker.phase = phase
+                if phase == "optimizer" and marks is not None:
                     marks.setdefault("segments", []).append((len(tracker.events), "optimizer"))
-            self.optimizer.step()
-        if tracker is not None:
-            tracker.phase = "done"
+
+        optimizer_step(self.optimizer, on_phase=on_phase)  # the schedule ran forwards and backwards
 
     def optimizer_state(self) -> list[torch.Tensor]:
         return [t for s in self.optimizer.state.values() for t in iter_tensors(s)] if self.optimizer is not None else []

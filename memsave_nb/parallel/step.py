@@ -9,17 +9,18 @@ training's peak is reached from step 2 on.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from typing import Any
 
 import torch
 from torch import nn
 
-from ..errors import WorkloadError
 from ..measure.engine import single_tensor_default
 from ..measure.optimizer_state import init_optimizer_state, make_state_on_zero_grads  # noqa: F401 - re-exported
 from ..measure.tracker import INPUT
-from ..workload import Workload, iter_tensors, output_dropped
+from ..measure.training_step import training_step
+from ..workload import Workload, iter_tensors
 from .apply import unsharded_tensors
 from .host import copy_bounds, host_records
 from .ddp import rebuild_buckets, reducer_storages
@@ -30,35 +31,22 @@ _local = local_shard  # the name pipeline.py imports
 
 
 def _run(workload: Workload, model: nn.Module, batch: Any, optimizer, tracker: ShardTracker | None, marks: dict) -> None:
-    def phase(p: str) -> None:
-        if tracker is not None:
-            tracker.phase = p
+    """The engine's training step (``training_step``) on this rank's model, the same batch for
+    each micro-step, the tracker's phase following the step's."""
 
-    k = workload.accumulation_steps
-    for micro in range(k):  # k micro-steps (forward, loss / k, backward) and the output's life, as the engine runs them
-        phase("forward")
-        output = workload.forward(batch) if model is workload.model else _call(workload, model, batch)
-        loss = workload.compute_loss(output)
-        if not loss.requires_grad:
-            raise WorkloadError("the loss does not depend on anything that requires grad")
-        if k > 1:
-            loss = loss / k
-        if tracker is not None and micro == k - 1:
+    def on_phase(phase: str, last: bool) -> None:
+        if tracker is not None:
+            tracker.phase = "forward" if phase == "loss" else phase
+
+    def forward_end(output: Any, loss: torch.Tensor) -> None:
+        if tracker is not None:
             marks["forward_end"] = len(tracker.events)
             marks["live"] = set(tracker.live_records())
-        if output_dropped(workload.loop, "backward"):
-            output = None  # the workload's loop, as the engine runs it: only the loss goes into backward
-        phase("backward")
-        loss.backward()
-        if micro < k - 1:
-            output = loss = None
-        elif output_dropped(workload.loop, "step"):
-            output = None
-    if optimizer is not None:
-        phase("optimizer")
-        optimizer.step()
-    phase("done")
-    del output, loss  # the loss lives to the end of the step in every loop (a trainer logs it)
+
+    forward = workload.forward if model is workload.model else functools.partial(_call, workload, model)
+    left = training_step(workload, lambda last: batch, optimizer, runner="per_rank", forward=forward,
+                         on_phase=on_phase, on_forward_end=forward_end)
+    del left  # the loss lives to the end of the step in every loop (a trainer logs it)
 
 
 def _fsdp_lazy_init(model: nn.Module) -> None:

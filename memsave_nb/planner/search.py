@@ -44,6 +44,7 @@ from memsave_nb.planner.cost import StepCost, step_cost
 from memsave_nb.planner.pareto import pareto_front
 from memsave_nb.planner.roofline import Device, device_named
 from memsave_nb.target import Target, check_search_args, estimate_fits, fit_of, measure_peak, replay_line_bytes
+from memsave_nb.vocabulary import SEARCHED_REGION_KINDS
 
 if TYPE_CHECKING:  # pragma: no cover
     from memsave_nb.measure.result import Measurement
@@ -51,7 +52,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["Candidate", "PlannerResult", "plan_for", "REGION_KINDS"]
 
-REGION_KINDS = ("full", "save_matmuls", "offload")
+REGION_KINDS = SEARCHED_REGION_KINDS
 
 
 @dataclass(frozen=True)

@@ -47,7 +47,7 @@ OPTIM: dict[str, str] = {
     "adamw_bnb_8bit": "adamw_8bit",
     "adamw_8bit": "adamw_8bit",
     "sgd": "sgd",
-    # bitsandbytes' layouts (measure/optimizers_extra.py); paged ones sized on the device (an upper bound)
+    # bitsandbytes' layouts (optimizers_extra.py); paged ones sized on the device (an upper bound)
     "paged_adamw_8bit": "adamw_8bit", "lion_32bit": "lion", "paged_lion_32bit": "lion",
     "lion_8bit": "lion_8bit", "paged_lion_8bit": "lion_8bit",
 }

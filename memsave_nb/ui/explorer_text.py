@@ -6,7 +6,7 @@ from __future__ import annotations
 import html
 from typing import Any
 
-from memsave_nb.workload import DEFAULT_LOOP, LOOPS
+from memsave_nb.vocabulary import DEFAULT_LOOP, LOOPS
 
 from .format import format_delta_bytes
 

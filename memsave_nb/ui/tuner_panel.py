@@ -92,8 +92,7 @@ class TunerPanel(W.VBox):
     TITLE = "Fit a GPU"
 
     def __init__(self, explorer: TunerHost, *, device: str = "H100"):
-        from memsave_nb.knobs import OPTIMIZERS, PRECISIONS
-        from memsave_nb.loss import LOSSES
+        from memsave_nb.vocabulary import LOSSES, OPTIMIZERS, PRECISIONS
         from memsave_nb.planner import GPUS
 
         self.explorer = explorer

@@ -1,4 +1,4 @@
-"""Optimizers by their own state layout (``memsave_nb/measure/optimizers_extra.py``) against the real
+"""Optimizers by their own state layout (``memsave_nb/optimizers_extra.py``) against the real
 bitsandbytes 0.50 optimizers, which run on this CPU: the same state tensors (names, shapes,
 dtypes, bytes), the same step's allocator peak on the CPU, and fake mode runs ours."""
 
@@ -10,7 +10,7 @@ import torch
 from measure.allocator_oracle import allocator_peak  # tests/ is on sys.path (rootdir-relative packages)
 from memsave_nb import Plan, Workload, measure
 from memsave_nb.knobs import optimizer_factory
-from memsave_nb.measure.optimizers_extra import LayoutOptimizer, state_bytes_per_parameter
+from memsave_nb.optimizers_extra import LayoutOptimizer, state_bytes_per_parameter
 
 # knob name -> (moments, bits, bitsandbytes' class); paged falls back to unpaged on the CPU
 CASES = {"adamw_8bit": (2, 8, "AdamW8bit"), "lion": (1, 32, "Lion"), "lion_8bit": (1, 8, "Lion8bit"),

@@ -1,5 +1,5 @@
 """``optim`` names of bitsandbytes' optimizers read as the knobs that size their own layout
-(``memsave_nb/measure/optimizers_extra.py``), through the installed ``SFTConfig``, and back."""
+(``memsave_nb/optimizers_extra.py``), through the installed ``SFTConfig``, and back."""
 
 from __future__ import annotations
 

@@ -61,7 +61,7 @@ class LayoutOptimizer(torch.optim.Optimizer):
         for i in range(1, self.moments + 1):
             st[f"state{i}"] = torch.zeros_like(p, dtype=torch.uint8 if eight else torch.float32,
                                              memory_format=torch.contiguous_format)
-            if eight:
+            if qmaps is not None:
                 st[f"qmap{i}"] = qmaps[i - 1]
                 st[f"absmax{i}"] = torch.zeros(blocks, dtype=torch.float32, device=p.device)
         return st
