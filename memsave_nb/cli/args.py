@@ -12,6 +12,7 @@ import re
 from typing import NoReturn
 
 from ..errors import MemsaveError
+from ..vocabulary import PRECISIONS
 
 # the largest count a flag takes: torch sizes are int64, and anything past int32 is a typo here
 MAX_COUNT = 2**31 - 1
@@ -96,7 +97,6 @@ def check_writable(path: str, flag: str) -> None:
 
 
 # -- lists of values (plan, --compare, --worst-of) ----------------------------------------------
-PRECISIONS = ("fp32", "autocast_bf16", "autocast_fp16", "bf16", "bf16_master")
 
 
 def _csv_ints(text: str) -> tuple[int, ...]:

@@ -9,27 +9,7 @@ import argparse
 import sys
 
 from ..errors import MemsaveError
-from .args import MAX_COUNT
-
-from ..vocabulary import PRECISIONS
-
-
-def _csv_ints(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(v) for v in text.split(",") if v.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected numbers separated by commas, got {text!r}") from None
-    if not values or min(values) < 1 or max(values) > MAX_COUNT:
-        raise argparse.ArgumentTypeError(f"expected positive numbers up to {MAX_COUNT} separated by commas, got {text[:40]!r}")
-    return values
-
-
-def _csv_precisions(text: str) -> tuple[str, ...]:
-    values = tuple(v.strip() for v in text.split(",") if v.strip())
-    bad = [v for v in values if v not in PRECISIONS]
-    if bad or not values:
-        raise argparse.ArgumentTypeError(f"precisions are {', '.join(PRECISIONS)}; got {text!r}")
-    return values
+from .args import PRECISIONS, _csv_ints, _csv_precisions  # kept importable here: their old home
 
 
 def add_parser(sub, positive_int) -> None:
