@@ -119,7 +119,7 @@ def check_knobs(plan: "KnobValues") -> dict[str, Any]:
     optimizer = plan.optimizer
     if optimizer is not None:
         if not isinstance(optimizer, str) or optimizer.lower().replace("-", "_") not in OPTIMIZERS:
-            raise PlanError(f"optimizer {show(optimizer)}: choose one of {sorted(OPTIMIZERS)} or None")
+            raise PlanError(f"optimizer {show(optimizer)}: choose one of {', '.join(sorted(OPTIMIZERS))} or None")
         optimizer = optimizer.lower().replace("-", "_")
     out["optimizer"] = optimizer
     if plan.set_to_none is not None and not isinstance(plan.set_to_none, bool):
@@ -413,7 +413,7 @@ def optimizer_factory(name: str) -> Callable[[Iterable[nn.Parameter]], torch.opt
     """An optimizer factory ``params -> Optimizer`` for a name in :data:`OPTIMIZERS` (built where
     a Workload builds it, so the knob and the Workload mean the same optimizer)."""
     if name not in OPTIMIZERS:
-        raise PlanError(f"optimizer {show(name)}: choose one of {sorted(OPTIMIZERS)}")
+        raise PlanError(f"optimizer {show(name)}: choose one of {', '.join(sorted(OPTIMIZERS))}")
     try:
         return _workload_optimizer(name)
     except WorkloadError as exc:  # adamw_8bit without bitsandbytes

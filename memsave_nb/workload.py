@@ -26,7 +26,7 @@ def optimizer_factory(name: str) -> Callable[[Iterable[nn.Parameter]], torch.opt
     """A factory ``params -> Optimizer`` for a registered optimizer name (or an old alias)."""
     key = OPTIMIZER_ALIASES.get(name.lower(), name.lower())
     if key not in OPTIMIZERS:
-        raise WorkloadError(f"unknown optimizer {str(name)[:40]!r}; choose from {sorted(OPTIMIZERS)} or 'none'")
+        raise WorkloadError(f"unknown optimizer {str(name)[:40]!r}; choose from {', '.join(sorted(OPTIMIZERS))} or 'none'")
     if key in ("adamw_8bit", "lion", "lion_8bit"):  # bitsandbytes' layouts, in plain torch (fake mode runs them)
         from .optimizers_extra import LayoutOptimizer
 
@@ -196,7 +196,7 @@ class Workload:
         if isinstance(self.optimizer, str) and self.optimizer.lower() != NO_OPTIMIZER:
             key = self.optimizer.lower()
             if OPTIMIZER_ALIASES.get(key, key) not in OPTIMIZERS:
-                raise WorkloadError(f"unknown optimizer {self.optimizer[:40]!r}; choose from {sorted(OPTIMIZERS)} or 'none'")
+                raise WorkloadError(f"unknown optimizer {self.optimizer[:40]!r}; choose from {', '.join(sorted(OPTIMIZERS))} or 'none'")
         self.device = check_device(self.device)
 
     # -- batch ------------------------------------------------------------------------------
