@@ -79,7 +79,7 @@ ERRORS = {
     ),
     "unknown_zoo_name": (lambda: zoo.make("resnet-9000"), WorkloadError, ["unknown demo model 'resnet-9000'", "cnn, gpt, mlp, gpt-7b"]),
     "unknown_mode": (lambda: measure(zoo.make("mlp", 4), mode="fast"), WorkloadError, ["unknown mode 'fast'"]),
-    "unknown_optimizer": (lambda: Workload(_small(), torch.randn(4, 4), optimizer="lion"), WorkloadError, ["unknown optimizer 'lion'"]),
+    "unknown_optimizer": (lambda: Workload(_small(), torch.randn(4, 4), optimizer="sophia"), WorkloadError, ["unknown optimizer 'sophia'"]),
     "batch_without_tensor": (lambda: measure(Workload(_small(), "hello"), repeats=0), WorkloadError, ["the batch holds no tensor"]),
     "model_not_a_module": (lambda: Workload(lambda x: x, torch.randn(2)), WorkloadError, ["model must be a torch.nn.Module"]),
     "fake_model_in_real_mode": (lambda: measure(zoo.make("gpt-7b"), repeats=0), WorkloadError, ["measure it with mode='fake'"]),
