@@ -136,6 +136,8 @@ def read_fields(d: Mapping[str, Any], model: nn.Module | None, world_size: int |
     if optim == "sgd" and "momentum" in optim_args:
         momentum = _number_in(optim_args, "momentum")
     kw.update(optim_of(optim, notes, momentum))
+    if kw.get("optimizer") in ("adamw_8bit", "lion_8bit"):
+        embedding_note(kw["optimizer"], model, notes)
     ckpt = d.get("activation_checkpointing")
     if ckpt is None:
         ckpt = d.get("gradient_checkpointing")
@@ -180,6 +182,28 @@ def read_fields(d: Mapping[str, Any], model: nn.Module | None, world_size: int |
         if d.get(key) and not (key == "optim_args" and kw.get("optimizer") == "sgd_momentum" and set(optim_args) <= _SGD_SIZED):
             notes.append(f"{key}: {what}")
     return kw
+
+
+def embedding_gap(knob: str, model: nn.Module | None) -> int:
+    """Bytes the Trainer's 8-bit bitsandbytes optimizer keeps above the knob's layout: ``create_optimizer``
+    registers every ``nn.Embedding`` weight for 32-bit state (``GlobalOptimManager.register_module_override``)."""
+    from memsave_nb.optimizers_extra import state_bytes_per_parameter
+
+    if model is None:
+        return 0
+    moments = 2 if knob == "adamw_8bit" else 1
+    weights = {id(m.weight): m.weight for m in model.modules()
+               if isinstance(m, nn.Embedding) and m.weight.requires_grad}
+    return sum(state_bytes_per_parameter(w.numel(), moments, 32) - state_bytes_per_parameter(w.numel(), moments, 8)
+               for w in weights.values())
+
+
+def embedding_note(knob: str, model: nn.Module | None, notes: list[str]) -> None:
+    gap = embedding_gap(knob, model)
+    if model is None or gap:
+        size = f"{gap:,} B" if model is not None else "pass model= to count them"
+        notes.append(f"{knob}: the Trainer keeps nn.Embedding weights' optimizer state in 32 bits (bitsandbytes' "
+                     f"module override), above the 8-bit layout sized here: {size}")
 
 
 _SGD_SIZED = {"momentum", "dampening", "weight_decay", "nesterov"}  # no state beyond the momentum buffer
