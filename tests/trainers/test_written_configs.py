@@ -154,3 +154,11 @@ def _running(deltas: list[int]) -> list[int]:
         live += d
         out.append(live)
     return out
+
+
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_axolotl_writes_each_optimizer_as_itself_or_says_so(name):
+    exported = to_trainer(Plan(optimizer=name), "axolotl")
+    back = from_trainer(exported.text, trainer="axolotl").plan.optimizer
+    assert back == name or sum(f"{name!r}" in n or "momentum" in n for n in exported.notes) == 1, exported
+    assert back is not None and (back.startswith("sgd") == name.startswith("sgd"))
