@@ -162,3 +162,10 @@ def test_axolotl_writes_each_optimizer_as_itself_or_says_so(name):
     back = from_trainer(exported.text, trainer="axolotl").plan.optimizer
     assert back == name or sum(f"{name!r}" in n or "momentum" in n for n in exported.notes) == 1, exported
     assert back is not None and (back.startswith("sgd") == name.startswith("sgd"))
+
+
+def test_hf_sequence_length_is_said_to_come_from_the_data():
+    imported = from_trainer({"per_device_train_batch_size": 2}, trainer="hf")
+    assert imported.plan.seq_len is None and sum("comes from your data" in n for n in imported.notes) == 1
+    exported = to_trainer(Plan(batch_size=2, seq_len=32), "hf")
+    assert "max_length" not in exported.fields and sum("sequence length 32: set by your data" in n for n in exported.notes) == 1
