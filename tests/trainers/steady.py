@@ -23,8 +23,16 @@ ARCHS = ("llama", "qwen2")
 def tiny(arch: str, vocab: int, layers: int = 2, hidden: int = 32) -> torch.nn.Module:
     """A small causal LM of ``arch`` from a config (random weights, nothing downloaded)."""
     torch.manual_seed(0)
-    common = {"vocab_size": vocab, "hidden_size": hidden, "intermediate_size": 2 * hidden, "num_hidden_layers": layers,
-              "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64, "use_cache": False}
+    common = {
+        "vocab_size": vocab,
+        "hidden_size": hidden,
+        "intermediate_size": 2 * hidden,
+        "num_hidden_layers": layers,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 64,
+        "use_cache": False,
+    }
     if arch == "qwen2":
         return transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**common, tie_word_embeddings=False))
     return transformers.LlamaForCausalLM(transformers.LlamaConfig(**common))
@@ -43,8 +51,9 @@ class SteadyStep(transformers.TrainerCallback):
             alive += [t for s in optimizer.state.values() for t in s.values()]
             self.baseline = storage_bytes(alive)
             gc.collect()
-            self.prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True,
-                                               record_shapes=True)
+            self.prof = torch.profiler.profile(
+                activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True, record_shapes=True
+            )
             self.prof.__enter__()
 
     def on_step_end(self, args, state, control, **kw):

@@ -16,8 +16,11 @@ HEADING = "## Every field that changes memory, how it is sized, and the test tha
 def _rows() -> list[list[str]]:
     text = (ROOT / "docs" / "trainers.md").read_text()
     section = text.split(HEADING, 1)[1].split("\n## ", 1)[0]
-    rows = [[c.strip() for c in line.strip().strip("|").split(" | ")] for line in section.splitlines()
-            if line.startswith("| ") and not line.startswith("| field")]
+    rows = [
+        [c.strip() for c in line.strip().strip("|").split(" | ")]
+        for line in section.splitlines()
+        if line.startswith("| ") and not line.startswith("| field")
+    ]
     assert rows and all(len(r) == 3 for r in rows), rows
     return rows
 

@@ -30,10 +30,19 @@ def _batch() -> dict[str, torch.Tensor]:
 
 
 def _args(tmp_path, **fields):
-    return transformers.TrainingArguments(output_dir=str(tmp_path), max_steps=2, report_to="none", use_cpu=True,
-                                          save_strategy="no", logging_strategy="no", disable_tqdm=True,
-                                          dataloader_num_workers=0, per_device_train_batch_size=B,
-                                          optim="adamw_torch", **fields)
+    return transformers.TrainingArguments(
+        output_dir=str(tmp_path),
+        max_steps=2,
+        report_to="none",
+        use_cpu=True,
+        save_strategy="no",
+        logging_strategy="no",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        per_device_train_batch_size=B,
+        optim="adamw_torch",
+        **fields,
+    )
 
 
 def run_trainer(model: torch.nn.Module, args) -> int:

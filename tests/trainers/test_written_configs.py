@@ -32,8 +32,12 @@ def _args(cls=None, **fields):
 
 
 def _state_bytes(opt: torch.optim.Optimizer) -> int:
-    seen = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
-            for s in opt.state.values() for t in s.values() if torch.is_tensor(t)}
+    seen = {
+        t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+        for s in opt.state.values()
+        for t in s.values()
+        if torch.is_tensor(t)
+    }
     return sum(seen.values())
 
 
@@ -68,7 +72,9 @@ def test_every_optimizer_is_written_as_one_the_trainer_builds_with_our_state(nam
 def test_sgd_momentum_in_optim_args_reads_as_sgd_momentum_and_bad_args_are_one_line():
     from memsave_nb.trainers import TrainerConfigError
 
-    assert from_trainer({"optim": "sgd", "optim_args": "momentum = 0.9, nesterov=true"}).plan.optimizer == "sgd_momentum"
+    assert (
+        from_trainer({"optim": "sgd", "optim_args": "momentum = 0.9, nesterov=true"}).plan.optimizer == "sgd_momentum"
+    )
     notes = from_trainer({"optim": "sgd", "optim_args": "momentum=0.9"}).notes
     assert not any(n.startswith("optim") for n in notes)
     assert from_trainer({"optim": "sgd", "optim_args": "momentum=0"}).plan.optimizer == "sgd"
@@ -81,12 +87,29 @@ def test_sgd_momentum_in_optim_args_reads_as_sgd_momentum_and_bad_args_are_one_l
 LAYERS = [f"model.layers.{i}" for i in range(2)]
 PLANS = [
     Plan(batch_size=2, precision="fp32", optimizer="adamw", accumulation_steps=1),
-    Plan(batch_size=2, precision="autocast_bf16", optimizer="sgd_momentum", accumulation_steps=2,
-         regions={n: "full" for n in LAYERS}),
-    Plan(batch_size=2, precision="autocast_fp16", optimizer="adam", regions={LAYERS[0]: "offload"}, seq_len=16,
-         loss="hf_smooth"),
-    Plan(batch_size=2, precision="fp32", optimizer="lion", regions={n: "offload" for n in LAYERS}, seq_len=16,
-         loss="trl_smooth_cpu"),
+    Plan(
+        batch_size=2,
+        precision="autocast_bf16",
+        optimizer="sgd_momentum",
+        accumulation_steps=2,
+        regions={n: "full" for n in LAYERS},
+    ),
+    Plan(
+        batch_size=2,
+        precision="autocast_fp16",
+        optimizer="adam",
+        regions={LAYERS[0]: "offload"},
+        seq_len=16,
+        loss="hf_smooth",
+    ),
+    Plan(
+        batch_size=2,
+        precision="fp32",
+        optimizer="lion",
+        regions={n: "offload" for n in LAYERS},
+        seq_len=16,
+        loss="trl_smooth_cpu",
+    ),
 ]
 
 
@@ -168,4 +191,7 @@ def test_hf_sequence_length_is_said_to_come_from_the_data():
     imported = from_trainer({"per_device_train_batch_size": 2}, trainer="hf")
     assert imported.plan.seq_len is None and sum("comes from your data" in n for n in imported.notes) == 1
     exported = to_trainer(Plan(batch_size=2, seq_len=32), "hf")
-    assert "max_length" not in exported.fields and sum("sequence length 32: set by your data" in n for n in exported.notes) == 1
+    assert (
+        "max_length" not in exported.fields
+        and sum("sequence length 32: set by your data" in n for n in exported.notes) == 1
+    )
