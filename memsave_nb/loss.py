@@ -310,7 +310,10 @@ def use_label_smoother(model: nn.Module, epsilon: float = 0.1) -> Callable[[], N
         if items is None:  # the Trainer counts the kept labels of the batch before its step
             items = (labels[..., 1:] if shift else labels).ne(IGNORE_INDEX).sum()
         out = own_forward(self, *args, **kwargs)
-        logits = out["logits"] if isinstance(out, Mapping) else out[0]
+        logits = out.get("logits") if isinstance(out, Mapping) else None
+        if not isinstance(logits, torch.Tensor):  # the Trainer reads output["logits"] (or output[0] of a tuple)
+            raise PlanError(f"loss='hf_smooth' smooths the output's logits: {type(lm).__name__[:60]} returned none "
+                            "(a Hugging Face model's output with 'logits' is needed)")
         out["loss"] = label_smoother(logits, labels, epsilon, shift=shift, num_items=items)
         return out
 

@@ -195,3 +195,16 @@ def test_hf_sequence_length_is_said_to_come_from_the_data():
         "max_length" not in exported.fields
         and sum("sequence length 32: set by your data" in n for n in exported.notes) == 1
     )
+
+
+def test_hf_smooth_on_a_model_without_logits_is_one_line_and_the_model_is_left_as_it_was():
+    from memsave_nb.errors import MemsaveError
+
+    model = torch.nn.Sequential(torch.nn.Embedding(VOCAB, 8), torch.nn.Linear(8, VOCAB))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    ids = torch.randint(0, VOCAB, (2, 8))
+    with pytest.raises(MemsaveError) as err:
+        with Plan(loss="hf_smooth").apply(Workload(model, batch={"input": ids, "labels": ids})) as w:
+            w.compute_loss(w.forward(w.make_batch()))
+    assert "\n" not in str(err.value) and len(str(err.value)) <= 200
+    assert "forward" not in model.__dict__ and all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
