@@ -17,6 +17,13 @@ on an allow-list of families whose forward was read: what each does between the 
 and the loss (Gemma 2's soft-capping, Cohere's and Granite's logit scaling, Mixtral's router loss)
 is a :class:`HeadTransform` run per chunk; anything else (masked LMs, encoder-decoders, unknown
 causal LMs) is refused in one line before the step runs.
+
+``loss="hf_smooth"`` is what Hugging Face's ``Trainer`` runs when ``label_smoothing_factor > 0``
+(``trainer.py`` ``compute_loss`` and ``trainer_pt_utils.py`` ``LabelSmoother``, transformers 5.25):
+the labels are taken out of the batch, the model runs without them (full logits, no loss of its
+own), and the smoother holds the negated log-softmax of the logits (two ``batch x seq x vocab``
+tensors beside them) while it gathers and sums. :func:`use_label_smoother` runs those ops in that
+order; the factor does not change a byte, so the plan holds no factor.
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ from memsave_nb.loss_trl import TRL_LOSSES, use_trl_head
 from memsave_nb.vocabulary import LOSSES
 
 __all__ = ["LOSSES", "DEFAULT_LOSS_CHUNK", "IGNORE_INDEX", "check_loss", "use_chunked_loss", "causal_lm",
-           "ChunkedLossOutput", "HeadTransform", "FAMILIES", "apply_loss"]
+           "ChunkedLossOutput", "HeadTransform", "FAMILIES", "apply_loss", "use_label_smoother", "label_smoother"]
 
 DEFAULT_LOSS_CHUNK = 1024  # tokens per chunk
 IGNORE_INDEX = -100
@@ -252,6 +259,72 @@ def use_chunked_loss(model: nn.Module, chunk: int = DEFAULT_LOSS_CHUNK, *,
     return undo
 
 
+def label_smoother(logits: torch.Tensor, labels: torch.Tensor, epsilon: float = 0.1, *, shift: bool = True,
+                   num_items: Any = None) -> torch.Tensor:
+    """Hugging Face's ``LabelSmoother.__call__`` (transformers 5.25), op by op so that it allocates
+    what it allocates: ``shift`` for causal LMs (the Trainer's ``shift_labels=True``), ``num_items``
+    the Trainer's ``num_items_in_batch`` (else the batch's own count of kept labels)."""
+    if shift:
+        logits, labels = logits[..., :-1, :].contiguous(), labels[..., 1:].contiguous()
+    log_probs = -nn.functional.log_softmax(logits, dim=-1)
+    if labels.dim() == log_probs.dim() - 1:
+        labels = labels.unsqueeze(-1)
+    pad = labels.eq(IGNORE_INDEX)
+    labels = torch.clamp(labels, min=0)
+    nll = log_probs.gather(dim=-1, index=labels)
+    smoothed = log_probs.sum(dim=-1, keepdim=True, dtype=torch.float32)
+    nll.masked_fill_(pad, 0.0)
+    smoothed.masked_fill_(pad, 0.0)
+    if num_items is None:
+        denominator = pad.numel() - pad.long().sum()
+    else:
+        denominator = num_items.to(nll.device) if torch.is_tensor(num_items) else num_items
+    nll = nll.sum() / denominator
+    smoothed = smoothed.sum() / (denominator * log_probs.shape[-1])
+    return (1 - epsilon) * nll + epsilon * smoothed
+
+
+def _shifts_labels(lm: nn.Module) -> bool:
+    """The Trainer shifts the labels for the model classes transformers maps as causal LMs."""
+    try:
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    except ImportError:  # not a transformers model then: a causal LM by its class name
+        return type(lm).__name__.endswith(("ForCausalLM", "LMHeadModel"))
+    return _model_class(lm).__name__ in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()
+
+
+def use_label_smoother(model: nn.Module, epsilon: float = 0.1) -> Callable[[], None]:
+    """Make ``model(**batch)`` run as the Trainer runs it with ``label_smoothing_factor``: the
+    forward without the labels, then :func:`label_smoother` over the output's logits, the loss
+    divided by the batch's count of kept labels (the Trainer's ``num_items_in_batch``) as
+    ``output.loss``. Returns the undo."""
+    lm = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
+    if "forward" in lm.__dict__:
+        raise PlanError(f"loss='hf_smooth' replaces {type(lm).__name__}.forward, which is already replaced")
+    own_forward, shift = type(lm).forward, _shifts_labels(lm)
+
+    def forward(self: nn.Module, *args: Any, labels: torch.Tensor | None = None, **kwargs: Any) -> Any:
+        if labels is None:
+            raise PlanError("loss='hf_smooth' needs labels in the batch (the Trainer smooths them)")
+        items = kwargs.pop("num_items_in_batch", None)
+        if items is None:  # the Trainer counts the kept labels of the batch before its step
+            items = (labels[..., 1:] if shift else labels).ne(IGNORE_INDEX).sum()
+        out = own_forward(self, *args, **kwargs)
+        logits = out.get("logits") if isinstance(out, Mapping) else None
+        if not isinstance(logits, torch.Tensor):  # the Trainer reads output["logits"] (or output[0] of a tuple)
+            raise PlanError(f"loss='hf_smooth' smooths the output's logits: {type(lm).__name__[:60]} returned none "
+                            "(a Hugging Face model's output with 'logits' is needed)")
+        out["loss"] = label_smoother(logits, labels, epsilon, shift=shift, num_items=items)
+        return out
+
+    lm.forward = types.MethodType(forward, lm)
+
+    def undo() -> None:
+        lm.__dict__.pop("forward", None)
+
+    return undo
+
+
 def apply_loss(loss: str | None, chunk: int | None, workload: Any, batch: Any) -> list[Callable[[], None]]:
     """The undo callbacks of the loss knob on ``workload.model`` (``batch``: the step's batch, after
     the other knobs). ``Plan.apply`` calls it through ``knobs.apply_knobs``."""
@@ -260,6 +333,11 @@ def apply_loss(loss: str | None, chunk: int | None, workload: Any, batch: Any) -
             raise PlanError(f"loss={loss!r} computes TRL's loss in the model's forward: leave Workload.loss unset")
         return [use_trl_head(workload.model, cuda=loss.endswith("cuda"), smoothing=0.1 if "smooth" in loss else 0.0,
                              valid_hint=_valid_hint(batch))]
+    if loss == "hf_smooth":
+        if workload.loss is not None:
+            raise PlanError("loss='hf_smooth' smooths the model's logits against the batch's labels as the Trainer "
+                            "does: leave Workload.loss unset")
+        return [use_label_smoother(workload.model)]
     if loss != "chunked":
         return []
     if workload.loss is not None:

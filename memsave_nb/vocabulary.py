@@ -72,6 +72,8 @@ LOSSES: dict[str, str] = {
     "trl_cuda": "TRL's fused LM head as it runs with Triton (CUDA): valid positions only, tiles folded in place",
     "trl_smooth_cpu": "TRL with label smoothing (CPU): full logits through the smoother, then a no-grad fused pass",
     "trl_smooth_cuda": "TRL with label smoothing (CUDA): full logits through the smoother, then a no-grad fused pass",
+    # Hugging Face Trainer's label_smoothing_factor > 0 (memsave_nb.loss)
+    "hf_smooth": "Hugging Face Trainer's label smoother: the model's full logits, their log-softmax, gather and sum",
 }
 
 # Data-parallel strategies (parallel/apply.py applies them; a new style is one entry here and its branch there)

@@ -135,9 +135,18 @@ def write(plan: Plan, parallel: ParallelSpec | None = None, model: nn.Module | N
         if plan.precision in ("bf16", "bf16_master"):
             notes.append(f"precision {plan.precision!r}: axolotl runs bf16 autocast; written as bf16: true")
     if plan.optimizer is not None:
-        out["optimizer"] = hf._OPTIM_OUT.get(plan.optimizer, "adamw_torch")
-        if plan.optimizer == "sgd_momentum":
+        if plan.optimizer == "sgd_momentum":  # was written as adamw_torch under this note
+            out["optimizer"] = "sgd"
             notes.append("sgd with momentum: written as optimizer: sgd (set momentum in optim_args)")
+        elif plan.optimizer == "adam":
+            out["optimizer"] = "adamw_torch"
+            notes.append("optimizer 'adam': written as adamw_torch (with weight_decay 0 it is Adam, same state bytes)")
+        elif plan.optimizer in hf._OPTIM_OUT:
+            out["optimizer"] = hf._OPTIM_OUT[plan.optimizer]
+            if plan.optimizer == "adamw_foreach":
+                notes.append("optimizer 'adamw_foreach': written as adamw_torch (torch picks foreach)")
+        else:
+            notes.append(f"optimizer {plan.optimizer!r}: no axolotl optimizer runs it; not written")
     kinds = {p.kind for p in plan.regions.values()}
     if RegionKind.SELECTIVE in kinds:
         saves = {frozenset(p.saved_ops) for p in plan.regions.values() if p.kind is RegionKind.SELECTIVE}

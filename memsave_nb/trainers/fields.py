@@ -26,7 +26,7 @@ SIZED = frozenset({
     "gradient_checkpointing", "gradient_checkpointing_kwargs", "activation_checkpointing",
     "activation_checkpointing_kwargs", "fsdp", "fsdp_config", "label_smoothing_factor", "torch_compile",
     "use_liger_kernel", "deepspeed", "optim_args", "max_length", "activation_offloading", "loss_type",
-    "packing", "padding_free"})
+    "packing", "padding_free", "use_cpu"})  # use_cpu: TRL's head runs its CPU path (trl.py)
 
 
 @functools.lru_cache(maxsize=None)

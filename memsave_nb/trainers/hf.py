@@ -8,8 +8,9 @@ parameters are already bf16), ``optim`` -> the optimizers the knobs size,
 in its kwargs -> full (or offload) regions on every n-th ``GradientCheckpointingLayer``, ``fsdp`` +
 ``fsdp_config`` -> an FSDP2 ``ParallelSpec``. Every value is typed as the Trainer types it (one
 line for ``"abc"``, 2.5, True, inf, 0), and a name ``TrainingArguments`` does not take is refused
-(:mod:`.fields`); ``label_smoothing_factor`` is a note (its smoother's log-probabilities are not
-sized). The Trainer checkpoints every n-th layer or none:
+(:mod:`.fields`); ``label_smoothing_factor > 0`` -> ``loss='hf_smooth'`` (the Trainer's
+``LabelSmoother`` over the full logits, :func:`memsave_nb.loss.use_label_smoother`); ``optim='sgd'``
+with ``optim_args`` momentum -> ``sgd_momentum``. The Trainer checkpoints every n-th layer or none:
 other region choices, selective (per-op) regions, frozen parameters, memory-saving layers and a
 compile budget are not arguments, and come back as notes.
 """
@@ -21,6 +22,7 @@ from typing import Any, Mapping
 from torch import nn
 
 from memsave_nb.checkpointing import RegionKind, RegionPolicy, show
+from memsave_nb.loss_trl import TRL_LOSSES
 from memsave_nb.parallel_spec import ParallelSpec
 from memsave_nb.plan import Plan
 
@@ -86,9 +88,10 @@ def precision_of(bf16: bool, fp16: bool, dtype: Any, notes: list[str]) -> str:
     return "fp32"
 
 
-def optim_of(optim: str, notes: list[str]) -> dict[str, Any]:
+def optim_of(optim: str, notes: list[str], momentum: float = 0.0) -> dict[str, Any]:
     """The knob that sizes a Trainer ``optim`` value, or a one-line note that none does; a name
-    the installed transformers does not know is refused, as ``TrainingArguments`` refuses it."""
+    the installed transformers does not know is refused, as ``TrainingArguments`` refuses it.
+    ``momentum``: ``optim_args``' for SGD (the Trainer's ``_get_sgd`` passes it to torch's SGD)."""
     names = optim_names()
     if names is not None and optim not in names:
         raise TrainerConfigError(f"optim {show(optim)}: not a TrainingArguments optimizer name")
@@ -99,6 +102,8 @@ def optim_of(optim: str, notes: list[str]) -> dict[str, Any]:
             notes.append(f"optim={optim!r}: bitsandbytes pages the state of parameters of 1e5+ elements to host memory "
                          "under pressure; sized on the device (an upper bound)")
         if optim == "sgd":
+            if momentum:
+                return {"optimizer": "sgd_momentum"}
             notes.append("optim='sgd': sized without momentum (momentum in optim_args adds one buffer per parameter)")
         return {"optimizer": OPTIM[optim]}
     notes.append(f"optim={optim!r}: no knob sizes its state; the workload's own optimizer (AdamW) is measured instead")
@@ -126,7 +131,13 @@ def read_fields(d: Mapping[str, Any], model: nn.Module | None, world_size: int |
         raise TrainerConfigError("bf16 and fp16 are both set: TrainingArguments refuses that")
     kw["precision"] = precision_of(bf16, fp16, _model_dtype(model), notes)
     optim = name_of(d, "optim", defaults["optim"])
-    kw.update(optim_of(optim, notes))
+    optim_args = optim_args_of(d)
+    momentum = 0.0
+    if optim == "sgd" and "momentum" in optim_args:
+        momentum = _number_in(optim_args, "momentum")
+    kw.update(optim_of(optim, notes, momentum))
+    if kw.get("optimizer") in ("adamw_8bit", "lion_8bit"):
+        embedding_note(kw["optimizer"], model, notes)
     ckpt = d.get("activation_checkpointing")
     if ckpt is None:
         ckpt = d.get("gradient_checkpointing")
@@ -168,9 +179,62 @@ def read_fields(d: Mapping[str, Any], model: nn.Module | None, world_size: int |
     if fsdp_on:
         kw["parallel"] = parallel_of(fsdp_cfg, world_size, model, notes)
     for key, what in _UNSIZED.items():
-        if d.get(key):
+        if d.get(key) and not (key == "optim_args" and kw.get("optimizer") == "sgd_momentum" and set(optim_args) <= _SGD_SIZED):
             notes.append(f"{key}: {what}")
     return kw
+
+
+def embedding_gap(knob: str, model: nn.Module | None) -> int:
+    """Bytes the Trainer's 8-bit bitsandbytes optimizer keeps above the knob's layout: ``create_optimizer``
+    registers every ``nn.Embedding`` weight for 32-bit state (``GlobalOptimManager.register_module_override``)."""
+    from memsave_nb.optimizers_extra import state_bytes_per_parameter
+
+    if model is None:
+        return 0
+    moments = 2 if knob == "adamw_8bit" else 1
+    weights = {id(m.weight): m.weight for m in model.modules()
+               if isinstance(m, nn.Embedding) and m.weight.requires_grad}
+    return sum(state_bytes_per_parameter(w.numel(), moments, 32) - state_bytes_per_parameter(w.numel(), moments, 8)
+               for w in weights.values())
+
+
+def embedding_note(knob: str, model: nn.Module | None, notes: list[str]) -> None:
+    gap = embedding_gap(knob, model)
+    if model is None or gap:
+        size = f"{gap:,} B" if model is not None else "pass model= to count them"
+        notes.append(f"{knob}: the Trainer keeps nn.Embedding weights' optimizer state in 32 bits (bitsandbytes' "
+                     f"module override), above the 8-bit layout sized here: {size}")
+
+
+_SGD_SIZED = {"momentum", "dampening", "weight_decay", "nesterov"}  # no state beyond the momentum buffer
+
+
+def optim_args_of(d: Mapping[str, Any]) -> dict[str, str]:
+    """``optim_args`` as the Trainer parses it (``_parse_optim_args``: ``"k=v,k=v"``, spaces dropped)."""
+    text = d.get("optim_args")
+    if text is None or text == "":
+        return {}
+    if not isinstance(text, str) or len(text) > 500:
+        raise TrainerConfigError(f"optim_args: must be text like 'momentum=0.9', got {show(text)}")
+    out = {}
+    for item in text.replace(" ", "").split(","):
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise TrainerConfigError(f"optim_args: {show(item)} is not key=value (the Trainer fails on it)")
+        out[key] = value
+    return out
+
+
+def _number_in(args: Mapping[str, str], key: str) -> float:
+    import math
+
+    try:
+        value = float(args[key])
+    except ValueError:
+        value = math.nan
+    if not 0 <= value < 1e6:
+        raise TrainerConfigError(f"optim_args {key}: must be a number of 0 or more, got {show(args[key])}")
+    return value
 
 
 # trl 1.16 models/selective_activation_checkpointing.py: the aten attention ops its policy saves
@@ -222,8 +286,9 @@ def read(config: Any, model: nn.Module | None = None, world_size: int | None = N
     kw = read_fields(d, model, world_size, DEFAULTS, notes)
     smoothing = real(d, "label_smoothing_factor", 0.0, 0.0, 1.0)
     if smoothing > 0:
-        notes.append(f"label_smoothing_factor={smoothing}: the Trainer's LabelSmoother holds the full log-probabilities "
-                     "(batch x seq x vocab) beside the logits; not sized (the model's own loss is)")
+        kw["loss"] = "hf_smooth"
+        notes.append(f"label_smoothing_factor={smoothing}: the Trainer's LabelSmoother holds the negated log-softmax "
+                     "of the full logits (batch x seq x vocab, twice) beside them; sized as loss='hf_smooth'")
     notes.append("sequence length: TrainingArguments has none; it comes from your data (the workload's batch keeps its own)")
     plan = Plan(name="hf", **kw)
     return Imported(plan, plan.parallel, tuple(notes))
@@ -249,11 +314,17 @@ def write_fields(plan: Plan, parallel: ParallelSpec | None, model: nn.Module | N
             notes.append("precision 'bf16_master': the Trainer keeps no fp32 master copy; wrote bf16=True "
                          "(load the model in float32 for autocast, or in bfloat16 for pure bf16)")
     if plan.optimizer is not None:
-        out["optim"] = _OPTIM_OUT.get(plan.optimizer, "adamw_torch")
-        if plan.optimizer == "sgd_momentum":
-            out["optim"] = "sgd"
-            out["optim_args"] = "momentum=0.9"
-        elif plan.optimizer == "adamw_foreach":
+        if plan.optimizer == "sgd_momentum":  # the Trainer's _get_sgd passes optim_args' momentum to torch's SGD
+            out["optim"], out["optim_args"] = "sgd", "momentum=0.9"
+        elif plan.optimizer in _OPTIM_OUT:
+            out["optim"] = _OPTIM_OUT[plan.optimizer]
+        elif plan.optimizer == "adam":
+            out["optim"] = "adamw_torch"
+            notes.append("optimizer 'adam': the Trainer has no Adam; wrote optim='adamw_torch' (AdamW with the Trainer's "
+                         "default weight_decay=0 is Adam, same state bytes; reads back as 'adamw')")
+        else:
+            notes.append(f"optimizer {show(plan.optimizer)}: no Trainer optim runs it; not written (set optim yourself)")
+        if plan.optimizer == "adamw_foreach":
             notes.append("optimizer 'adamw_foreach': written as optim='adamw_torch' (torch picks foreach)")
     spec = parallel if parallel is not None else plan.parallel
     fsdp_ckpt = spec is not None and spec.strategy == "fsdp"
@@ -313,6 +384,11 @@ def write(plan: Plan, parallel: ParallelSpec | None = None, model: nn.Module | N
     """A plan -> ``TrainingArguments`` fields as JSON (``TrainingArguments(**json.loads(text))``)."""
     notes: list[str] = []
     out = write_fields(plan, parallel, model, notes)
+    if plan.loss == "hf_smooth":
+        out["label_smoothing_factor"] = 0.1
+        notes.append("label smoothing: wrote label_smoothing_factor=0.1 (any factor above 0 allocates the same)")
+    elif plan.loss in TRL_LOSSES:
+        notes.append(f"loss {plan.loss!r} is TRL's fused LM head: not a TrainingArguments field (export 'trl')")
     if plan.loss == "chunked":
         notes.append("chunked loss: not a TrainingArguments field (the Trainer computes the model's own loss over the "
                      "full logits); TRL's SFTTrainer chunks it (export 'trl'), or call memsave_nb.loss.use_chunked_loss(model)")

@@ -107,14 +107,14 @@ def write(plan: Plan, parallel: ParallelSpec | None = None, model: nn.Module | N
     if offload_only:  # TRL's own switch for offloading activations
         plan = Plan(**{**_plan_kwargs(plan), "regions": {k: v for k, v in plan.regions.items() if v.kind is not RegionKind.OFFLOAD}})
     out = hf.write_fields(plan, parallel, model, notes, seq_field=True)
-    ckpt = out.pop("activation_checkpointing", False)
+    # transformers 5.25's names (gradient_checkpointing* are deprecated aliases it warns about);
+    # SFTConfig defaults checkpointing to True, so it is always said
     kwargs = out.pop("activation_checkpointing_kwargs", None)
-    fsdp_ckpt = bool(out.get("fsdp_config", {}).get("activation_checkpointing"))
-    out["gradient_checkpointing"] = bool(ckpt)  # SFTConfig defaults it to True: always say
+    out["activation_checkpointing"] = bool(out.pop("activation_checkpointing", False))
     if kwargs:
-        out["gradient_checkpointing_kwargs"] = kwargs
-    if fsdp_ckpt:
-        out["gradient_checkpointing"] = False
+        out["activation_checkpointing_kwargs"] = kwargs
+    if out.get("fsdp_config", {}).get("activation_checkpointing"):
+        out["activation_checkpointing"] = False
     if "bf16" not in out:
         out["bf16"], out["fp16"] = True, False
         notes.append("precision not set: wrote SFTConfig's default bf16=True")

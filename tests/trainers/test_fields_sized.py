@@ -48,10 +48,13 @@ def test_trl_selective_checkpointing_saves_what_trls_policy_saves():
         from_trainer({"gradient_checkpointing": True, "gradient_checkpointing_kwargs": {"selective": True}}, MODEL, trainer="hf")
 
 
-def test_label_smoothing_is_said_in_one_note():
+def test_label_smoothing_is_sized_as_the_trainers_smoother_and_written_back():
     imp = from_trainer({"label_smoothing_factor": 0.1}, MODEL)
-    assert sum("LabelSmoother" in n for n in imp.notes) == 1
-    assert not any("LabelSmoother" in n for n in from_trainer({}, MODEL).notes)
+    assert imp.plan.loss == "hf_smooth" and sum("sized as loss='hf_smooth'" in n for n in imp.notes) == 1
+    plain = from_trainer({"label_smoothing_factor": 0.0}, MODEL)
+    assert plain.plan.loss is None and not any("LabelSmoother" in n for n in plain.notes)
+    written = to_trainer(imp.plan, "hf", model=MODEL).fields
+    assert written["label_smoothing_factor"] > 0 and from_trainer(written, MODEL).plan == imp.plan
 
 
 def test_max_length_none_is_no_truncation_and_bf16_false_over_fp32_is_fp32():

@@ -146,7 +146,10 @@ every_n = st.sampled_from([None, 1, 2, 3])
 def plans(draw, trainer: str) -> Plan:
     kw: dict = {"batch_size": draw(st.integers(1, 64)), "accumulation_steps": draw(st.integers(1, 8))}
     kw["precision"] = draw(st.sampled_from(["fp32", "autocast_bf16", "autocast_fp16"]))
-    kw["optimizer"] = draw(st.sampled_from(["adamw", "adamw_fused", "adafactor", "adamw_8bit", "sgd"]))
+    kw["optimizer"] = draw(st.sampled_from(["adamw", "adamw_fused", "adafactor", "adamw_8bit", "sgd", "lion", "lion_8bit"]
+                                           + (["sgd_momentum"] if trainer != "axolotl" else [])))
+    if trainer == "hf":
+        kw["loss"] = draw(st.sampled_from([None, "hf_smooth"]))
     n = draw(every_n)
     kind = draw(st.sampled_from([RegionKind.FULL, RegionKind.OFFLOAD]))
     if trainer == "axolotl":

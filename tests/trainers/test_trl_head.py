@@ -18,7 +18,8 @@ import torch
 from memsave_nb import Workload, measure
 from memsave_nb.trainers import from_trainer
 
-from measure.allocator_oracle import allocation_events, storage_bytes  # tests/ is on sys.path (rootdir-relative packages)
+from . import steady
+from .steady import SteadyStep
 
 transformers = pytest.importorskip("transformers")
 trl = pytest.importorskip("trl")
@@ -28,12 +29,7 @@ B, T, VOCAB = 2, 16, 96
 
 
 def tiny(arch: str) -> torch.nn.Module:
-    torch.manual_seed(0)
-    common = {"vocab_size": VOCAB, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-              "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64, "use_cache": False}
-    if arch == "qwen2":
-        return transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**common, tie_word_embeddings=False))
-    return transformers.LlamaForCausalLM(transformers.LlamaConfig(**common))
+    return steady.tiny(arch, VOCAB)
 
 
 def _tokenizer():
@@ -47,35 +43,6 @@ def _tokenizer():
 def _ids() -> torch.Tensor:
     g = torch.Generator().manual_seed(1)
     return torch.randint(3, VOCAB, (B, T), generator=g)  # max_length: TRL keeps them whole, adds no EOS
-
-
-class SteadyStep(transformers.TrainerCallback):
-    """The allocator's peak over the trainer's second optimizer step (all its micro-steps), plus
-    what was alive when it began (parameters, gradients, optimizer state)."""
-
-    def __init__(self) -> None:
-        self.peak_bytes: int | None = None
-
-    def on_step_begin(self, args, state, control, model=None, optimizer=None, **kw):
-        if state.global_step == 1 and not hasattr(self, "prof"):
-            import gc
-
-            alive = list(model.parameters()) + [p.grad for p in model.parameters()]
-            alive += [t for s in optimizer.state.values() for t in s.values()]
-            self.baseline = storage_bytes(alive)
-            gc.collect()
-            self.prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True,
-                                               record_shapes=True)
-            self.prof.__enter__()
-
-    def on_step_end(self, args, state, control, **kw):
-        if state.global_step == 2:
-            self.prof.__exit__(None, None, None)
-            live = rise = 0
-            for _t, delta in allocation_events(self.prof):
-                live += delta
-                rise = max(rise, live)
-            self.peak_bytes = self.baseline + rise
 
 
 def _config(tmp_path, **fields):
