@@ -356,7 +356,7 @@ def timeline(measurement: Measurement, max_points: int = MAX_TIMELINE_POINTS, *,
                             legend_label=[c.replace("_", " ") for c in CATEGORIES], fill_alpha=0.85)
     total_line = fig.line(x="x", y="total", source=sources["main"], color="#333333", line_width=1, name="total_line")
     fig.step(x="x", y="reserved", source=sources["main"], mode="after", color="#9467bd", line_width=1.5,
-             line_dash="dashed", legend_label="predicted reserved (allocator model)", name="reserved_line")
+             line_dash="dashed", legend_label="reserved (allocator model)", name="reserved_line")
     fig.scatter(x="x", y="y", source=sources["peak"], marker="inverted_triangle", size=12, color="#d62728",
                 name="peak_marker")
     fig.add_layout(LabelSet(x="x", y="y", text="label", source=sources["peak"], x_offset=8, y_offset=2,
