@@ -1,5 +1,7 @@
-"""The "Fit a GPU" panel: a target (presets or a free value) with its headroom line, fits / does
-not fit for the plan on display, the workload knobs of the plan on display, the largest batch that
+"""The "Fit a GPU" panel: a target (presets or a free value), fits / does not fit for the plan on
+display by ``target.fit_of`` (``ui/verdict.py``: the allocator replay's predicted reserved memory +
+CUDA context against the GPU, each part shown with its source; the headroom line only where a step
+has no replay, and the panel says which rule decided), the workload knobs of the plan on display, the largest batch that
 fits, and the planner's Pareto front (estimated peak vs estimated step time) as a scatter and as a
 list; clicking a point (or an entry's "load") loads that plan into the explorer, which reruns it,
 and the knob controls follow.
@@ -14,7 +16,8 @@ The target is also the explorer's (``Explorer.set_target``): its header and the 
 say fits / does not fit for every peak shown.
 
 DOM hooks for browser tests: ``.memsave-target`` (dropdown), ``.memsave-target-gb`` (free value),
-``.memsave-verdict`` (fits / does not fit), ``.memsave-max-batch`` (button) and
+``.memsave-verdict`` (fits / does not fit; inside it ``.memsave-verdict-parts`` and
+``.memsave-verdict-reserved``), ``.memsave-rule`` (the line and its rule), ``.memsave-max-batch`` (button) and
 ``.memsave-max-batch-result``, ``.memsave-plan-search`` (button), ``.memsave-tuner-cancel``,
 ``.memsave-tuner-status``, ``.memsave-tuner-progress`` (what runs, elapsed seconds),
 ``.memsave-tuner-code``, ``.memsave-knob-batch`` / ``-seq`` / ``-precision`` / ``-optimizer`` /
@@ -47,6 +50,7 @@ from .verdict import fit_for, opening_gb, parts_html, rule_html, verdict_text
 
 if TYPE_CHECKING:  # pragma: no cover
     from memsave_nb.planner import Candidate, PlannerResult
+    from memsave_nb.target import Fit
 
 FREE = "other…"
 
@@ -87,7 +91,7 @@ class TunerPanel(W.VBox):
         self._picking = False
         self._syncing = False
         self._drawn_for: Target | None = None  # the target the scatter was last drawn for
-        self.fit = None  # target.fit_of for the measurement on display (ui/verdict.py), after refresh
+        self.fit: "Fit | None" = None  # target.fit_of for the measurement on display (ui/verdict.py), after refresh
         self._planner_fits: list[bool] = []  # the planner's own fits per candidate, for its own target
         # background work: the newest request wins (ui/runner.py); a generation marks stale results
         self.runner = Runner(0.0, name="memsave-tuner")

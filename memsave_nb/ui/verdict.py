@@ -7,6 +7,7 @@ so no two of them can disagree (issue 40)."""
 from __future__ import annotations
 
 import html
+import threading
 from collections import OrderedDict
 from typing import Any
 
@@ -31,20 +32,23 @@ __all__ = ["fit_for", "line_bytes", "verdict_text", "parts_html", "rule_html", "
 # (id(measurement), target) -> (measurement, Fit): a refresh asks for the same verdict several times
 _CACHE: "OrderedDict[tuple[int, Target], tuple[Any, Fit]]" = OrderedDict()
 _CACHE_SIZE = 32
+_LOCK = threading.Lock()
 
 
 def fit_for(target: Target, measurement: Any) -> Fit:
     """``fit_of(target, measurement)`` (with the allocator setting that would fit, where one does),
     remembered for the last few (measurement, target) pairs: one replay per pair, not per widget."""
     key = (id(measurement), target)
-    hit = _CACHE.get(key)
-    if hit is not None and hit[0] is measurement:
-        _CACHE.move_to_end(key)
-        return hit[1]
+    with _LOCK:  # explorers' worker threads and the kernel's share it
+        hit = _CACHE.get(key)
+        if hit is not None and hit[0] is measurement:
+            _CACHE.move_to_end(key)
+            return hit[1]
     fit = fit_of(target, measurement)
-    _CACHE[key] = (measurement, fit)
-    while len(_CACHE) > _CACHE_SIZE:
-        _CACHE.popitem(last=False)
+    with _LOCK:
+        _CACHE[key] = (measurement, fit)
+        while len(_CACHE) > _CACHE_SIZE:
+            _CACHE.popitem(last=False)
     return fit
 
 
