@@ -51,6 +51,7 @@ from .results_panel import ResultsPanel
 from .runner import Runner
 from .sac_panel import SacPanel
 from .styles import explorer_style
+from .verdict import show_header_verdict, show_reserved
 
 __all__ = ["Explorer", "explore", "last_explorer"]
 
@@ -111,6 +112,7 @@ class Explorer(ExplorerRuns, W.VBox):
         self.peak_delta = _label("", "memsave-peak-delta")
         self.output_kept = _label("", "memsave-output-bytes", display="none")
         self.first_step = _label("", "memsave-first-step-peak", display="none")
+        self.reserved = _label("", "memsave-reserved", display="none")  # the allocator model's, ui/verdict.py
         self.step_time = _label("-", "memsave-step-time")
         self.cuda_peak = _label("", "memsave-cuda-peak", display="none")
         # fits / does not fit the target GPU (set in the "Fit a GPU" tab), and its max batch when found
@@ -122,7 +124,7 @@ class Explorer(ExplorerRuns, W.VBox):
             W.HTML("<b>saved</b>", layout=W.Layout(flex="0 0 auto", margin="0 6px 0 0")), self.saved_total, self.saved_bytes,
             self.saved_delta, self.output_kept,
             W.HTML("<b>peak</b>", layout=W.Layout(flex="0 0 auto", margin="0 6px 0 8px")), self.peak_total,
-            self.peak_bytes, self.peak_delta, self.first_step,
+            self.peak_bytes, self.peak_delta, self.first_step, self.reserved,
         ], layout=W.Layout(flex_flow="row wrap", align_items="center"))
         time_row = W.HBox([W.HTML("<b>step</b>", layout=W.Layout(flex="0 0 auto", margin="0 6px 0 0")), self.step_time, self.cuda_peak,
                            self.target_verdict],
@@ -299,22 +301,7 @@ class Explorer(ExplorerRuns, W.VBox):
         return mb[2] if mb[0].replace(name="") == shown.replace(name="") else None
 
     def _show_target(self) -> None:
-        target, label = self.target, self.target_verdict
-        for cls in ("memsave-fits", "memsave-nofit"):
-            label.remove_class(cls)
-        if target is None:
-            label.value, label.tooltip, label.layout.display = "", None, "none"
-            return
-        peak = self.measurement.peak_bytes
-        ok = target.fits(peak)
-        label.add_class("memsave-fits" if ok else "memsave-nofit")
-        mb = self.max_batch_shown()
-        label.value = (f"{'✔' if ok else '✘'} {target.verdict(peak)}"
-                       + (f" · max batch {mb}" if mb is not None else ""))
-        label.tooltip = (f"peak {peak:,} B against the headroom line {target.usable_bytes:,} B "
-                         f"({target.headroom:.0%} of {target.label})")
-        label.style.text_color = "#2ca02c" if ok else "#d62728"
-        label.layout.display = ""
+        show_header_verdict(self.target_verdict, self.target, self.measurement, self.max_batch_shown())
 
     def run_now(self, *, raise_errors: bool = False) -> Entry | None:
         """Measure the current plan in this thread and show it; returns the Entry (None when it
@@ -483,6 +470,7 @@ class Explorer(ExplorerRuns, W.VBox):
                 f"CUDA allocator peak {format_bytes(m.cuda_peak_bytes)}" if m.cuda_peak_bytes is not None else ""
             )
             self.cuda_peak.layout.display = "" if m.cuda_peak_bytes is not None else "none"
+            show_reserved(self.reserved, m)
             self._show_target()
             self.table.show(m, base)
             self.sac.show(m, base)
@@ -556,6 +544,7 @@ def explore(
     debounce_s: float = 0.3,
     repeats: int = 3,
     tab: str | None = None,
+    target_gb: float | None = None,
     **hub_kwargs: Any,
 ) -> Explorer:
     """Open the explorer on a model and batch, a :class:`~memsave_nb.workload.Workload`, a
@@ -564,7 +553,10 @@ def explore(
     ``mode="fake"`` measures with fake tensors (sizes without memory or compute, for models too
     large to run here); ``device="cuda"`` runs on the GPU and also shows the allocator's peak.
     ``tab`` opens that tab first (``"Fit a GPU"``, ``"GPUs"``; default: ``"Layers"``).
-    ``repeats``: steps timed per real-mode run (3 let a time change be judged against noise; 1 clicks faster)."""
+    ``repeats``: steps timed per real-mode run (3 let a time change be judged against noise; 1 clicks faster).
+    ``target_gb``: the GPU the question is about (the "Fit a GPU" target; default: the smallest preset that fits)."""
+    if target_gb is not None:
+        Target(target_gb)  # a bad size is one line before anything is measured
     if hub_kwargs and not isinstance(model_or_workload, str):
         raise WorkloadError(f"{', '.join(sorted(hub_kwargs))}: only with a model given by name")
     if isinstance(model_or_workload, Session):
@@ -593,6 +585,8 @@ def explore(
             )
         session = Session(workload, mode, repeats=repeats)
     explorer = Explorer(session, live=live, debounce_s=debounce_s)
+    if target_gb is not None:
+        explorer.tuner.set_target(target_gb)
     if tab is not None:
         explorer.show_tab(tab)
     return explorer

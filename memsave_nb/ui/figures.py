@@ -267,7 +267,18 @@ def timeline_indices(measurement: Measurement, max_points: int = MAX_TIMELINE_PO
     """The event indices the timeline figure shows (the peak and each phase start always)."""
     t = measurement.timeline
     keep = [measurement.peak_index, *t.phase_starts.values()]
+    reserved = reserved_series(measurement)
+    if reserved:  # the reserved line's own maximum is drawn exactly too
+        keep.append(max(range(len(reserved)), key=reserved.__getitem__))
     return downsample_indices(t.total(), max_points, keep)
+
+
+def reserved_series(measurement: Measurement) -> tuple[int, ...]:
+    """The allocator model's reserved bytes after each timeline event (``Measurement.reserved``),
+    or () where the step has no replay (or one that does not match its timeline)."""
+    r = getattr(measurement, "reserved", None)
+    series = tuple(r.reserved) if r is not None else ()
+    return series if len(series) == len(measurement.timeline) else ()
 
 
 def timeline_data(measurement: Measurement, max_points: int = MAX_TIMELINE_POINTS) -> Data:
@@ -282,6 +293,9 @@ def timeline_data(measurement: Measurement, max_points: int = MAX_TIMELINE_POINT
         data[c] = [col[i] if col else 0 for i in idx]
     data["total"] = [totals[i] for i in idx]
     data["total_label"] = [format_bytes(v) for v in data["total"]]
+    reserved = reserved_series(measurement)  # NaN draws nothing: no replay, no second line
+    data["reserved"] = [reserved[i] if reserved else float("nan") for i in idx]
+    data["reserved_label"] = [format_bytes(reserved[i]) if reserved else "no replay" for i in idx]
     return data
 
 
@@ -306,7 +320,7 @@ def timeline_phases_data(measurement: Measurement) -> Data:
 
 def _timeline_top(measurement: Measurement) -> float:
     totals = measurement.timeline.total()
-    return float(max(max(totals) if totals else 0, measurement.peak_bytes, 1))
+    return float(max(max(totals) if totals else 0, max(reserved_series(measurement), default=0), measurement.peak_bytes, 1))
 
 
 def timeline_peak_data(measurement: Measurement) -> Data:
@@ -321,7 +335,9 @@ def timeline_peak_data(measurement: Measurement) -> Data:
 def timeline(measurement: Measurement, max_points: int = MAX_TIMELINE_POINTS, *, width: int = 760, height: int = 320,
              title: str = "Live memory over the step") -> Plot:
     """Live bytes per category over the step's allocation events (stacked areas), the forward,
-    backward and optimizer phases as shaded bands, and the peak marked with its value."""
+    backward and optimizer phases as shaded bands, the peak marked with its value, and the
+    allocator model's predicted reserved bytes as a second line (``reserved_line``) where the step
+    was replayed."""
 
     def data_fn(m: Measurement, points: int = max_points) -> dict[str, Data]:
         return {"main": timeline_data(m, points), "phases": timeline_phases_data(m), "peak": timeline_peak_data(m)}
@@ -339,12 +355,14 @@ def timeline(measurement: Measurement, max_points: int = MAX_TIMELINE_POINTS, *,
                             color=[category_color(c) for c in CATEGORIES],
                             legend_label=[c.replace("_", " ") for c in CATEGORIES], fill_alpha=0.85)
     total_line = fig.line(x="x", y="total", source=sources["main"], color="#333333", line_width=1, name="total_line")
+    fig.step(x="x", y="reserved", source=sources["main"], mode="after", color="#9467bd", line_width=1.5,
+             line_dash="dashed", legend_label="reserved (allocator model)", name="reserved_line")
     fig.scatter(x="x", y="y", source=sources["peak"], marker="inverted_triangle", size=12, color="#d62728",
                 name="peak_marker")
     fig.add_layout(LabelSet(x="x", y="y", text="label", source=sources["peak"], x_offset=8, y_offset=2,
                             text_font_size="9pt", text_font_style="bold", text_color="#d62728"))
     fig.add_tools(HoverTool(renderers=[total_line], mode="vline", tooltips=[
-        ("event", "@x"), ("phase", "@phase"), ("total", "@total_label"),
+        ("event", "@x"), ("phase", "@phase"), ("total", "@total_label"), ("reserved", "@reserved_label"),
     ]))
     _bytes_axis(fig.yaxis[0])
     fig.xaxis.axis_label = "allocation / free events"
@@ -352,7 +370,7 @@ def timeline(measurement: Measurement, max_points: int = MAX_TIMELINE_POINTS, *,
     legend_below(fig, rows=2)
 
     def after(plot: Plot, new: dict[str, Data]) -> None:
-        top = max(new["peak"]["y"] + new["main"]["total"] + [1]) * 1.15
+        top = max(new["peak"]["y"] + new["main"]["total"] + [r for r in new["main"]["reserved"] if r == r] + [1]) * 1.15
         plot.figure.y_range.start, plot.figure.y_range.end = 0, top
 
     return Plot(fig, sources, data_fn, after)

@@ -4,7 +4,7 @@ above it, the GPU's usable line, a fits / does not fit verdict against the Fit-a
 a table with units chosen per value.
 
 Bokeh names: figure ``gpus_figure``, stacks ``gpus_bar_<category>``, ``gpus_unseen`` (hatched),
-``gpus_usable_line``.
+``gpus_usable_line``; ``.memsave-parallel-rule`` says the verdict is the 80% rule (no allocator replay per rank).
 
 The layout planner's answer (``planner.plan_layout``) has its picture here too: every candidate as
 estimated peak per GPU against estimated step time, the front and the chosen layout
@@ -125,7 +125,13 @@ def verdict_html(result: Any, target: Target | None) -> str:
              f"{'within' if whole else 'over'} the whole {html.escape(target.label)}")
     return (f"<b class='memsave-parallel-verdict {'memsave-fits' if ok else 'memsave-nofit'}' "
             f"style='color:{FITS_COLOR if ok else MISS_COLOR}'>worst {rank_label(worst.ranks, result.spec)}: "
-            f"{format_bytes(counted)}{where} {html.escape(target.verdict(counted))}</b><small>{extra}</small>")
+            f"{format_bytes(counted)}{where} {html.escape(target.verdict(counted))}</b><small>{extra}</small>"
+            f"<br><small class='memsave-parallel-rule'>{NO_RANK_REPLAY}</small>")
+
+
+# the per-rank measurements carry no allocator replay (parallel/result.py): said, not invented
+NO_RANK_REPLAY = ("80% rule: the per-rank steps are not replayed through the allocator model yet, so no predicted "
+                  "reserved memory per rank; the Fit a GPU tab's single-GPU verdict is the replay's")
 
 
 def table_html(result: Any) -> str:

@@ -1,7 +1,8 @@
 """The planner's scatter (pure: candidates in, Bokeh out): estimated peak against estimated step
 time, one point per candidate plan, front points larger, green fits and red does not.
 
-The headroom line is a line *glyph* (renderer ``headroom_line``), not a ``Span``: a data range
+The line the estimates face (renderer ``headroom_line``: the GPU less the CUDA context, as
+``target.estimate_fits`` judges a plan before its step is replayed) is a line *glyph*, not a ``Span``: a data range
 only widens for glyphs, so when every point lies above the line a Span sat off-screen. Candidates
 that land on the same (time, peak) stack under one point: the point says how many (``×N`` beside
 it, and ``plans here`` in its hover).
@@ -77,7 +78,7 @@ def pareto(candidates: Sequence["Candidate"], front: Sequence["Candidate"] = (),
                  tools="pan,wheel_zoom,box_zoom,save,reset", toolbar_location="above",
                  x_range=DataRange1d(range_padding=0.1), y_range=DataRange1d(range_padding=0.1), name="pareto_figure")
     line = fig.line(x="ms", y="peak_bytes", source=line_source, line_color=LINE_COLOR, line_dash="dashed",
-                    line_width=1.5, name="headroom_line", legend_label="headroom line")
+                    line_width=1.5, name="headroom_line", legend_label="GPU less CUDA context")
     points = fig.scatter(x="ms", y="peak_bytes", source=source, size="size", color="color", alpha=0.7,
                          selection_color="#1f77b4", nonselection_alpha=0.3, name="pareto_points")
     fig.text(x="ms", y="peak_bytes", text="stack_text", source=source, x_offset=7, y_offset=-4,

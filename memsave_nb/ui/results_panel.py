@@ -2,10 +2,13 @@
 timeline, saved activations per layer, and the history of plans tried (click a point to
 restore that plan).
 
-With a target GPU set (the "Fit a GPU" tab), the table's first rows say whether this plan's and
-the baseline's peaks fit under the target's headroom line (``.memsave-row-fits``, each verdict a
-``.memsave-fits`` or ``.memsave-nofit`` span), and the timeline draws that line (Bokeh ``Span``
-named ``target_line``: green when the peak fits, red when not; off the chart when far above).
+With a target GPU set (the "Fit a GPU" tab), the table's first row says whether this plan and the
+baseline fit it by the panel's one verdict (``target.fit_of`` through ``ui/verdict.py``:
+``.memsave-row-fits``, each verdict a ``.memsave-fits`` or ``.memsave-nofit`` span), and the
+timeline draws the line that verdict faces (Bokeh ``Span`` named ``target_line``: what the replayed
+step may reserve, or the 80% line without a replay; green when it fits, red when not) beside the
+predicted reserved memory (``reserved_line``) and the live tensors (``.memsave-row-reserved`` in
+the table).
 
 DOM hooks: ``.memsave-results-table`` (the split table), and the Bokeh figures named
 ``peak_split_figure``, ``timeline_figure``, ``layer_bars_figure``, ``history_figure``.
@@ -25,6 +28,7 @@ from memsave_nb.target import Target
 from . import figures
 from .format import format_bytes, format_delta_bytes, format_time_spread, time_change
 from .plots import bokeh_widget
+from .verdict import fit_for, line_bytes, verdict_text
 
 
 def _ratio(a: float | None, b: float | None) -> str:
@@ -33,13 +37,13 @@ def _ratio(a: float | None, b: float | None) -> str:
     return f" ({a / b:.2f}x)"
 
 
-def fits_html(target: Target, peak_bytes: int) -> str:
-    """``fits`` / ``does not fit`` (share of the headroom line) as a span with class
-    ``memsave-fits`` or ``memsave-nofit``."""
-    ok = target.fits(peak_bytes)
-    color = "#2ca02c" if ok else "#d62728"
-    return (f"<span class='{'memsave-fits' if ok else 'memsave-nofit'}' style='color:{color};font-weight:bold'>"
-            f"{html.escape(target.verdict(peak_bytes))}</span>")
+def fits_html(target: Target, m: Measurement) -> str:
+    """``fits`` / ``does not fit`` (``target.fit_of``, naming its rule: the panel's verdict) as a
+    span with class ``memsave-fits`` or ``memsave-nofit``."""
+    fit = fit_for(target, m)
+    color = "#2ca02c" if fit.fits else "#d62728"
+    return (f"<span class='{'memsave-fits' if fit.fits else 'memsave-nofit'}' style='color:{color};font-weight:bold'>"
+            f"{html.escape(verdict_text(target, fit))}</span>")
 
 
 def results_html(m: Measurement, base: Measurement, target: Target | None = None) -> str:
@@ -67,6 +71,9 @@ def results_html(m: Measurement, base: Measurement, target: Target | None = None
     outputs, outputs_base = int(getattr(m, "output_bytes", 0) or 0), int(getattr(base, "output_bytes", 0) or 0)
     if outputs or outputs_base:
         rows.append(row("outputs and caches kept (not for backward)", outputs, outputs_base, "memsave-row-outputs"))
+    reserved = [getattr(getattr(x, "reserved", None), "max_reserved_bytes", None) for x in (m, base)]
+    if reserved != [None, None]:  # the allocator model's prediction beside the tensors' peak
+        rows.append(row("predicted reserved (allocator model)", *reserved, "memsave-row-reserved"))
     if m.cuda_peak_bytes is not None or base.cuda_peak_bytes is not None:
         rows.append(row("CUDA allocator peak", m.cuda_peak_bytes, base.cuda_peak_bytes, "memsave-row-cuda"))
     step = (
@@ -81,10 +88,9 @@ def results_html(m: Measurement, base: Measurement, target: Target | None = None
     )
     if target is not None:
         rows.insert(0, (
-            f"<tr class='memsave-row-fits'><td>{html.escape(target.label)} GPU, under "
-            f"{format_bytes(target.usable_bytes)} ({target.headroom:.0%} line)</td>"
-            f"<td style='text-align:right'>{fits_html(target, m.peak_bytes)}</td>"
-            f"<td style='text-align:right'>{fits_html(target, base.peak_bytes)}</td><td></td></tr>"
+            f"<tr class='memsave-row-fits'><td>{html.escape(target.label)} GPU</td>"
+            f"<td style='text-align:right'>{fits_html(target, m)}</td>"
+            f"<td style='text-align:right'>{fits_html(target, base)}</td><td></td></tr>"
         ))
     head = "<tr><th></th><th>this plan</th><th>baseline</th><th>change</th></tr>"
     notes = "".join(f"<li>{html.escape(n)}</li>" for n in m.notes)
@@ -162,9 +168,10 @@ class ResultsPanel(W.VBox):
         self.table.value = results_html(m, base, self.target)
         if self.target is None:
             self.target_line.visible = False
-        else:
-            self.target_line.location = self.target.usable_bytes
-            self.target_line.line_color = "#2ca02c" if self.target.fits(m.peak_bytes) else "#d62728"
+        else:  # the line the verdict faces: reserved memory's (the GPU less the context) or the 80% line
+            fit = fit_for(self.target, m)
+            self.target_line.location = line_bytes(self.target, fit)
+            self.target_line.line_color = "#2ca02c" if fit.fits else "#d62728"
             self.target_line.visible = True
 
     def set_target(self, target: Target | None) -> None:

@@ -1,5 +1,7 @@
-"""The "Fit a GPU" panel: a target (presets or a free value) with its headroom line, fits / does
-not fit for the plan on display, the workload knobs of the plan on display, the largest batch that
+"""The "Fit a GPU" panel: a target (presets or a free value), fits / does not fit for the plan on
+display by ``target.fit_of`` (``ui/verdict.py``: the allocator replay's predicted reserved memory +
+CUDA context against the GPU, each part shown with its source; the headroom line only where a step
+has no replay, and the panel says which rule decided), the workload knobs of the plan on display, the largest batch that
 fits, and the planner's Pareto front (estimated peak vs estimated step time) as a scatter and as a
 list; clicking a point (or an entry's "load") loads that plan into the explorer, which reruns it,
 and the knob controls follow.
@@ -14,7 +16,8 @@ The target is also the explorer's (``Explorer.set_target``): its header and the 
 say fits / does not fit for every peak shown.
 
 DOM hooks for browser tests: ``.memsave-target`` (dropdown), ``.memsave-target-gb`` (free value),
-``.memsave-verdict`` (fits / does not fit), ``.memsave-max-batch`` (button) and
+``.memsave-verdict`` (fits / does not fit; inside it ``.memsave-verdict-parts`` and
+``.memsave-verdict-reserved``), ``.memsave-rule`` (the line and its rule), ``.memsave-max-batch`` (button) and
 ``.memsave-max-batch-result``, ``.memsave-plan-search`` (button), ``.memsave-tuner-cancel``,
 ``.memsave-tuner-status``, ``.memsave-tuner-progress`` (what runs, elapsed seconds),
 ``.memsave-tuner-code``, ``.memsave-knob-batch`` / ``-seq`` / ``-precision`` / ``-optimizer`` /
@@ -30,11 +33,11 @@ from __future__ import annotations
 import html
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable
 
 import ipywidgets as W
 from memsave_nb.errors import Cancelled, MemsaveError
-from memsave_nb.target import DEFAULT_HEADROOM, HEADROOM_SOURCE, HEADROOM_WHY, PRESETS_GB, Target, plausible_preset_gb
+from memsave_nb.target import DEFAULT_HEADROOM, HEADROOM_SOURCE, MAX_GB, PRESETS_GB, Target, estimate_fits, replay_line_bytes
 
 from .format import format_bytes
 from .front_list import FrontList
@@ -42,9 +45,12 @@ from .pareto_figure import FITS_COLOR, MISS_COLOR, pareto, pareto_data  # noqa: 
 from .plots import bokeh_widget
 from .runner import Runner
 from .tuner_host import TunerHost
+from .tuner_text import _floor, _hints_count, _hints_html, _notes_html, no_seq_reason  # noqa: F401 - public here too
+from .verdict import fit_for, opening_gb, parts_html, rule_html, verdict_text
 
 if TYPE_CHECKING:  # pragma: no cover
     from memsave_nb.planner import Candidate, PlannerResult
+    from memsave_nb.target import Fit
 
 FREE = "other…"
 
@@ -54,27 +60,6 @@ FREE = "other…"
 AS_GIVEN = ""
 ZERO_GRAD_CHOICES = (("as given", AS_GIVEN), ("set to None", "none"), ("zero in place", "zero"))
 _ZERO_GRAD = {AS_GIVEN: None, "none": True, "zero": False}
-
-
-def no_seq_reason(workload: Any) -> str:
-    """Why "max seq len" cannot run for this workload ("" when it can: token inputs whose length
-    ``seq_len`` can change)."""
-    from memsave_nb.knobs import seq_len_of
-
-    if callable(workload.batch):
-        return ("max seq len: the batch is a function, so its sequence length cannot be changed from here; "
-                "pass the batch itself (a dict or tensor of token ids) to search it")
-    try:
-        seq_len_of(workload.batch)
-    except MemsaveError:  # no token tensors: the knob does not apply
-        return "max seq len: the batch has no token-id inputs (no sequence length to change)"
-    return ""
-
-
-def _floor(m: Any) -> int:
-    """What no checkpointing removes from the peak: parameters, gradients and optimizer state."""
-    s = m.peak_split
-    return s.parameters + s.gradients + s.optimizer_state
 
 
 def one_line(exc: BaseException) -> str:
@@ -105,7 +90,9 @@ class TunerPanel(W.VBox):
         self.state = "idle"
         self._picking = False
         self._syncing = False
-        self._drawn_for: int | None = None  # the headroom line (bytes) the scatter was last drawn for
+        self._drawn_for: Target | None = None  # the target the scatter was last drawn for
+        self.fit: "Fit | None" = None  # target.fit_of for the measurement on display (ui/verdict.py), after refresh
+        self._planner_fits: list[bool] = []  # the planner's own fits per candidate, for its own target
         # background work: the newest request wins (ui/runner.py); a generation marks stale results
         self.runner = Runner(0.0, name="memsave-tuner")
         self._generation = 0
@@ -114,9 +101,9 @@ class TunerPanel(W.VBox):
         self._label = ""
         self._ticker: threading.Thread | None = None
 
-        # the target starts at the smallest preset the step could plausibly fit; none when no preset
+        # the target starts at the smallest preset the step fits (target.fit_of); none when no preset
         # holds even its weights, gradients and optimizer state (a 70B opened at "24 GB: 2685%")
-        start_gb = plausible_preset_gb(explorer.measurement)
+        start_gb = opening_gb(explorer.measurement)
         self.no_target: str | None = None if start_gb is not None else (
             f"no target yet: no single GPU of the presets holds this step's parameters, gradients and optimizer "
             f"state ({format_bytes(_floor(explorer.measurement))}); shard it (GPUs tab) or freeze most of it, "
@@ -125,7 +112,7 @@ class TunerPanel(W.VBox):
         options = [(f"{g:g} GB", float(g)) for g in PRESETS_GB] + [(FREE, 0.0)]
         self.target_menu = W.Dropdown(options=options, value=start_gb, description="my GPU", layout=W.Layout(width="200px"))
         self.target_menu.add_class("memsave-target")
-        self.target_gb = W.BoundedFloatText(value=start_gb, min=1e-6, max=10000.0, step=1.0, description="GB",
+        self.target_gb = W.BoundedFloatText(value=start_gb, min=1e-6, max=MAX_GB, step=1.0, description="GB",
                                             layout=W.Layout(width="160px"))
         self.target_gb.add_class("memsave-target-gb")
         self.headroom = W.BoundedFloatText(value=DEFAULT_HEADROOM, min=0.05, max=1.0, step=0.05, description="headroom",
@@ -183,9 +170,12 @@ class TunerPanel(W.VBox):
         self.plot = pareto([], [], None)
         self.plot.source.selected.on_change("indices", self._tapped)
         self.front_list = FrontList(self.pick)
-        note = W.HTML(f"<small>Fits means the measured peak stays under the headroom line: {html.escape(HEADROOM_WHY)}. "
-                      f"Source of the 80% rule: {html.escape(HEADROOM_SOURCE)}. The planner works in fake mode; "
-                      "click a point, or <i>load</i> in the list, to load that plan into the explorer.</small>")
+        note = W.HTML("<small>Fits means the step's allocations, replayed through a model of PyTorch's CUDA caching "
+                      "allocator, plus the CUDA context stay within the GPU's memory (docs/allocator.md); a step "
+                      f"without a replay is held to 80% of it ({html.escape(HEADROOM_SOURCE)}). The same test "
+                      "answers the CLI, the searches and the planner. The planner's points are estimates (under the "
+                      "GPU less the CUDA context) until re-measured. The planner works in fake mode; click a point, "
+                      "or <i>load</i> in the list, to load that plan into the explorer.</small>")
         self.target_menu.observe(self._menu_changed, "value")
         self.target_gb.observe(self._gb_changed, "value")
         self.headroom.observe(lambda _ch: self._target_chosen(), "value")
@@ -289,21 +279,19 @@ class TunerPanel(W.VBox):
                     self.explorer.set_target(None)
             return
         with self.explorer._ui_lock:
-            self.line.value = (f"<small>plans must stay under <b>{format_bytes(target.usable_bytes)}</b> "
-                               f"({target.headroom:.0%} of {target.label})</small>")
-            peak = self.explorer.measurement.peak_bytes
-            ok = target.fits(peak)
-            self.verdict.value = (f"<b class='{'memsave-fits' if ok else 'memsave-nofit'}' "
-                                  f"style='color:{FITS_COLOR if ok else MISS_COLOR}'>"
-                                  f"peak {format_bytes(peak)}: {html.escape(target.verdict(peak))}</b>")
+            fit = self.fit = fit_for(target, self.explorer.measurement)
+            self.line.value = rule_html(target, fit)
+            self.verdict.value = (f"<b class='{'memsave-fits' if fit.fits else 'memsave-nofit'}' "
+                                  f"style='color:{FITS_COLOR if fit.fits else MISS_COLOR}'>"
+                                  f"{html.escape(target.label)}: {html.escape(verdict_text(target, fit))}</b><br>"
+                                  + parts_html(fit))
             if self.explorer.target != target:
                 self.explorer.set_target(target)
-            # the scatter is redrawn only when the line moved: a redraw after every run made the
+            # the scatter is redrawn only when the target moved: a redraw after every run made the
             # browser echo the selection back, and a second run followed each click
-            if self._drawn_for != target.usable_bytes:
-                self._drawn_for = target.usable_bytes
-                for c in self.candidates:
-                    object.__setattr__(c, "fits", target.fits(c.est_peak_bytes))
+            if self._drawn_for != target:
+                self._drawn_for = target
+                self._judge_candidates(target)
                 self._redraw()
                 self._show_front()
             self._show_max_batch()
@@ -319,7 +307,8 @@ class TunerPanel(W.VBox):
             return
         extra = f"; {r.limit}" if r.limit else ""
         self.max_batch_result.value = (f"max batch that fits: <b>{r.value}</b> (peak {format_bytes(r.peak_bytes or 0)}, "
-                                       f"{r.count} fake-mode probes{html.escape(extra)})" + _notes_html(r))
+                                       f"{r.count} fake-mode probes, {html.escape(r.rule or 'no probe measured')}{html.escape(extra)})"
+                                       + _notes_html(r))
 
     # -- background work -------------------------------------------------------------------------
     def _set_status(self, state: str, text: str = "") -> None:
@@ -439,7 +428,8 @@ class TunerPanel(W.VBox):
             if self.explorer.max_batch_shown() is None:  # the plan on display is not the one searched
                 extra = f"; {r.limit}" if r.limit else ""
                 self.max_batch_result.value = (f"max batch that fits: <b>{r.value}</b> (peak {format_bytes(r.peak_bytes or 0)}, "
-                                               f"{r.count} fake-mode probes{html.escape(extra)}; for "
+                                               f"{r.count} fake-mode probes, {html.escape(r.rule or 'no probe measured')}"
+                                               f"{html.escape(extra)}; for "
                                                f"{html.escape(plan.describe())}, not yet measured)" + _notes_html(r))
             return f"max batch {r.value} at {target.label} ({r.count} probes)"
 
@@ -461,7 +451,8 @@ class TunerPanel(W.VBox):
             self.max_seq = (plan, target, r)
             extra = f"; {r.limit}" if r.limit else ""
             self.max_seq_result.value = (f"max sequence length that fits: <b>{r.value}</b> (peak "
-                                         f"{format_bytes(r.peak_bytes or 0)}, {r.count} fake-mode probes{html.escape(extra)}; "
+                                         f"{format_bytes(r.peak_bytes or 0)}, {r.count} fake-mode probes, "
+                                         f"{html.escape(r.rule or 'no probe measured')}{html.escape(extra)}; "
                                          f"for {html.escape(plan.describe() or 'the workload as given')} at "
                                          f"{html.escape(target.label)})" + _notes_html(r))
             return f"max sequence length {r.value} at {target.label} ({r.count} probes)"
@@ -494,6 +485,7 @@ class TunerPanel(W.VBox):
     def _show_result(self, result: "PlannerResult") -> str:
         self.result = result
         self.candidates = list(result.candidates)
+        self._planner_fits = [c.fits for c in self.candidates]
         self.picked = None
         self._picking = True
         try:
@@ -518,9 +510,19 @@ class TunerPanel(W.VBox):
         """One list row per front plan, in the front's order (lowest estimated peak first)."""
         return self.front_list.rows
 
+    def _judge_candidates(self, target: Target) -> None:
+        """Each candidate's fits for ``target``: the planner's own answer for the target it searched
+        (its re-measured plans judged by ``fit_of``), else the estimate against the line the replay
+        faces (``estimate_fits``, as the planner judges an estimate)."""
+        same = self.result is not None and self.result.target == target
+        for i, c in enumerate(self.candidates):
+            ok = self._planner_fits[i] if same and i < len(self._planner_fits) else estimate_fits(target, c.est_peak_bytes)
+            object.__setattr__(c, "fits", ok)
+
     def _redraw(self) -> None:
-        self._drawn_for = None if self.no_target else self.target.usable_bytes
-        self.plot.update(self.candidates, self.result.front if self.result else (), self._drawn_for)
+        self._drawn_for = None if self.no_target else self.target
+        line = None if self._drawn_for is None else replay_line_bytes(self._drawn_for)
+        self.plot.update(self.candidates, self.result.front if self.result else (), line)
 
     def _show_front(self) -> None:
         """Each front entry's text and fits / does not fit class (after a search or a new target)."""
@@ -561,32 +563,5 @@ class TunerPanel(W.VBox):
         self.pick(index)
 
 
-def _hints_html(hints: Sequence[Any], target: Target) -> str:
-    """None fits: the knobs that would on their own (green) or come closest, each with its peak."""
-    if not hints:
-        return ""
-    rows = []
-    for h in sorted(hints, key=lambda h: (not h.fits, h.peak_bytes)):
-        cls, color = ("memsave-fits", FITS_COLOR) if h.fits else ("memsave-nofit", MISS_COLOR)
-        rows.append(f"<li class='memsave-hint {cls}'><b>{html.escape(h.knob)}</b>: {html.escape(h.change)} &rarr; peak "
-                    f"<b>{format_bytes(h.peak_bytes)}</b>, <span style='color:{color}'>"
-                    f"{html.escape(target.verdict(h.peak_bytes))}</span></li>")
-    head = ("None of the plans fits, but these knobs do on their own (each measured in fake mode):"
-            if any(h.fits for h in hints) else "Nothing fits, not even one knob on its own; the closest each reaches:")
-    return f"<div><b>{head}</b><ul style='margin:2px 0'>{''.join(rows)}</ul></div>"
-
-
-def _hints_count(hints: Sequence[Any]) -> str:
-    n = sum(h.fits for h in hints)
-    return f"; {n} knob{'s' if n != 1 else ''} would on {'their' if n != 1 else 'its'} own (below)" if n else ""
-
-
 def _same(a: Any, b: Any) -> bool:
     return a.replace(name="") == b.replace(name="")
-
-
-def _notes_html(result: Any) -> str:
-    """A search result's caveats (e.g. the optimizer's single-tensor step in fake mode, where a GPU
-    runs foreach and needs more), one small line each under the result."""
-    return "".join(f"<br><small class='memsave-search-note' style='color:#b8860b'>note: {html.escape(n)}</small>"
-                   for n in result.notes)

@@ -90,7 +90,8 @@ def test_legends_of_the_categories_take_two_rows_and_the_zoom_buttons_keep_their
     for plot in (cnn.results.peak_plot, cnn.results.timeline_plot):
         (legend,) = plot.figure.below[-1:]
         assert legend.nrows == 2 and legend.orientation == "horizontal"
-        assert len(legend.items) == 7  # the categories
+        # the categories, and on the timeline the allocator model's reserved line
+        assert len(legend.items) == (8 if plot is cnn.results.timeline_plot else 7)
     # the peak split's labels ("11.9 MiB (backward)") have room right of the longest bar
     assert cnn.results.peak_plot.figure.x_range.range_padding >= 0.8
     assert cnn.results.zoom.style.button_width == "110px"  # "whole step" was cut at 90 px
