@@ -14,6 +14,7 @@ the CPU columns; wall time is the CPU time stretched by the load.
 
     python bench/edit_speed.py                # qwen2.5-0.5b + LoRA r=8, seq 2048, 10 edits x 3 rounds
     python bench/edit_speed.py --rounds 5     # more rounds
+    python bench/edit_speed.py --only "subtree parameter counts in one pass"   # one cut alone
     python bench/edit_speed.py --quick --out /tmp/edit.json   # 2 layers, seq 128, 3 edits, 1 round
 
 Prints a table and writes ``bench/results/edit_speed.json`` (not with ``--quick`` unless ``--out``).
@@ -47,17 +48,18 @@ RESULTS = ROOT / "bench" / "results" / "edit_speed.json"
 # cut -> (module, switch): each a module-level bool, True = the cut is on
 CUTS = {
     "collector held off in fake runs": ("memsave_nb.measure.gc_pause", "ENABLED"),
+    "subtree parameter counts in one pass": ("memsave_nb.measure.summary", "ONE_PASS_SUBTREES"),
 }
 
 
 @contextlib.contextmanager
-def cuts(on: bool) -> Iterator[None]:
-    """Every cut's switch set to ``on`` for the block, then put back."""
+def cuts(on: bool, only: str | None = None) -> Iterator[None]:
+    """Every cut's switch set to ``on`` for the block (``only``: that cut's; the others on), then put back."""
     saved = []
-    for module_name, attr in CUTS.values():
+    for name, (module_name, attr) in CUTS.items():
         module = importlib.import_module(module_name)
         saved.append((module, attr, getattr(module, attr)))
-        setattr(module, attr, on)
+        setattr(module, attr, on if only is None or name == only else True)
     try:
         yield
     finally:
@@ -95,7 +97,7 @@ def _floor_cpu_s(workload, plan: Plan, n: int) -> float:
     return _plain_fake_step_cpu_s(workload, plan, n)
 
 
-def run(model: str, lora: int, seq: int, layers: int | None, rounds: int, quick: bool) -> dict:
+def run(model: str, lora: int, seq: int, layers: int | None, rounds: int, quick: bool, only: str | None = None) -> dict:
     torch.set_num_threads(1)
     load_before = os.getloadavg()
     start = time.perf_counter()
@@ -117,7 +119,7 @@ def run(model: str, lora: int, seq: int, layers: int | None, rounds: int, quick:
             order = ("before", "after") if (r + i) % 2 == 0 else ("after", "before")
             got = {}
             for path in order:
-                with cuts(path == "after"):
+                with cuts(path == "after", only):
                     cpu, wall, m = _one(session, plan)
                 times[path]["cpu"].append(cpu)
                 times[path]["wall"].append(wall)
@@ -131,7 +133,7 @@ def run(model: str, lora: int, seq: int, layers: int | None, rounds: int, quick:
         floor = _floor_cpu_s(workload, plans[0][1], 1 if quick else 3)
     out = {
         "model": model, "lora_r": lora, "seq_len": seq, "layers": n_layers, "rounds": rounds, "edits": len(plans),
-        "build_s": build_s, "cuts": list(CUTS),
+        "build_s": build_s, "cuts": [only] if only else list(CUTS),
         "before": {k: _stats(v) for k, v in times["before"].items()},
         "after": {k: _stats(v) for k, v in times["after"].items()},
         "floor_cpu_s": floor,
@@ -172,10 +174,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--seq", type=int, default=None, help="default 2048 (128 with --quick)")
     parser.add_argument("--layers", type=int, default=None, help="cut the model to this many layers (2 with --quick)")
     parser.add_argument("--rounds", type=int, default=None, help="default 3 (1 with --quick)")
+    parser.add_argument("--only", choices=list(CUTS), default=None,
+                        help="before / after of this one cut, every other cut on in both")
     parser.add_argument("--out", type=Path, default=None, help=f"JSON output (default {RESULTS.relative_to(ROOT)}; none with --quick)")
     args = parser.parse_args(argv)
     result = run(args.model, args.lora, args.seq or (128 if args.quick else 2048), args.layers or (2 if args.quick else None),
-                 args.rounds or (1 if args.quick else 3), args.quick)
+                 args.rounds or (1 if args.quick else 3), args.quick, args.only)
     result.update(date=_dt.date.today().isoformat(), machine=platform.machine(), torch=torch.__version__, quick=args.quick)
     print(table(result))
     out = args.out or (None if args.quick else RESULTS)
