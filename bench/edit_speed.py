@@ -49,6 +49,7 @@ RESULTS = ROOT / "bench" / "results" / "edit_speed.json"
 CUTS = {
     "collector held off in fake runs": ("memsave_nb.measure.gc_pause", "ENABLED"),
     "subtree parameter counts in one pass": ("memsave_nb.measure.summary", "ONE_PASS_SUBTREES"),
+    "fake parameters wrapped inside the mode": ("memsave_nb.measure.fake_model", "WRAP_IN_MODE"),
 }
 
 
