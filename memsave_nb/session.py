@@ -7,6 +7,7 @@ at the next module boundary (or phase boundary), and the model is restored eithe
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from memsave_nb.errors import Cancelled, WorkloadError
 from memsave_nb.measure import Measurement, measure
 from memsave_nb.measure.compiled import measure_compiled
 from memsave_nb.measure.engine import model_lock
+from memsave_nb.measure.gc_pause import collector_paused
 from memsave_nb.plan import Plan
 
 __all__ = ["Session", "Entry", "Delta", "BudgetPoint", "sweep_budgets", "run_plan"]
@@ -95,7 +97,9 @@ def run_plan(
     _check(cancel_event)
     # the model's lock around the plan's changes too: a concurrent run on the same model (another
     # thread, another Session) waits instead of seeing (or restoring) a half-changed model
-    with model_lock(workload.model), plan.apply(workload) as applied:
+    # fake mode: the collector held off around the plan's changes too (measure/gc_pause.py)
+    with collector_paused() if mode == "fake" else contextlib.nullcontext(), model_lock(workload.model), \
+            plan.apply(workload) as applied:
         if plan.compiled:
             return measure_compiled(applied, mode=mode, repeats=repeats, cancel_event=cancel_event)
         handles = _cancel_hooks(applied.model, cancel_event)

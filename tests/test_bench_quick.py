@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench"
 SCRIPTS = sorted(p.name for p in BENCH.glob("*.py"))
 NEEDS = {"bench_hub.py": "accelerate", "bench_real_models.py": "transformers", "bench_planner_loop.py": "transformers",
-         "bench_parallel.py": "transformers"}
+         "bench_parallel.py": "transformers", "edit_speed.py": "peft"}
 
 
 def test_every_bench_script_is_listed():

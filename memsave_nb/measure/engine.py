@@ -9,6 +9,7 @@ other modules took from here are re-exported.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 from typing import Any, Callable
@@ -22,6 +23,7 @@ from ..workload import Workload, iter_tensors
 from . import fake_compat
 from .common import clear_grads, cuda_step_note, foreach_note, model_lock, single_tensor_default  # noqa: F401 - re-exported
 from .fake_model import _fake_model, _has_fake_tensors
+from .gc_pause import collector_paused
 from .result import Measurement
 from .step import _packer, _run, _unpack  # noqa: F401 - re-exported
 from .summary import _summarise
@@ -93,7 +95,8 @@ def measure(
 
         try:
             if mode == "fake":
-                with _fake_model(model, workload.device) as fake_mode, fake_compat.same_path_as_real(workload):
+                with collector_paused(), _fake_model(model, workload.device) as fake_mode, \
+                        fake_compat.same_path_as_real(workload):
                     result = _run(workload, fake_mode=fake_mode, flops=flops, cancel_event=cancel_event,
                                   steady_state=steady_state, repeats=0, first_step_peak=first_step_peak,
                                   restore=restore)
@@ -106,8 +109,9 @@ def measure(
             for t, g in leaves:
                 t.grad = g
     tracker, cuda, times, first_peak, parts, optimizer_kind = result
-    m = _summarise(tracker, workload, mode, times, cuda, first_step_peak=first_peak, steady_state=steady_state,
-                   output_parts=parts)
+    with collector_paused() if mode == "fake" else contextlib.nullcontext():  # gc_pause.py: its per-module rows too
+        m = _summarise(tracker, workload, mode, times, cuda, first_step_peak=first_peak, steady_state=steady_state,
+                       output_parts=parts)
     if mode == "fake" and optimizer_kind is not None:
         m = dataclasses.replace(m, notes=m.notes + (foreach_note(optimizer_kind),))
     if workload.sized_for == "cuda":

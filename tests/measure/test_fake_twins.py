@@ -69,3 +69,31 @@ def test_the_kept_fake_mode_forgets_dead_tensors_between_runs():
     session.clear()
     gc.collect()
     assert len(gc.get_objects()) - gc_objects < 200  # the twenty runs left (almost) nothing behind
+
+
+def test_wrappers_made_inside_the_mode_equal_those_made_outside():
+    """The twins' Parameter wrappers are made inside the fake mode (one entry, not one per tensor):
+    the same flags, types and devices, and the same measurement, as wrappers made outside it."""
+    from torch import nn
+
+    from memsave_nb.measure import fake_model
+
+    wl = zoo.make("gpt", 2)
+    plan = Plan(frozen=("*",), trainable=("head.*",))
+
+    def swapped_and_measured():
+        with plan.apply(wl) as w:
+            with fake_model._fake_model(w.model) as _mode:
+                seen = [(n, type(p), p.requires_grad, p.device, getattr(p, "_is_param", False), isinstance(p, nn.Parameter))
+                        for n, p in w.model.named_parameters()]
+            return seen, measure(w, mode="fake", repeats=0)
+
+    inside = swapped_and_measured()
+    fake_model.WRAP_IN_MODE = False
+    try:
+        outside = swapped_and_measured()
+    finally:
+        fake_model.WRAP_IN_MODE = True
+    assert inside[0] == outside[0]
+    assert any(flag for _, _, flag, *_ in inside[0]) and not all(flag for _, _, flag, *_ in inside[0])
+    assert inside[1] == outside[1]
