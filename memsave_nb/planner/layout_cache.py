@@ -6,7 +6,7 @@ seconds not on the GPU count. So a search reuses every key an earlier search of 
 measured (``layout_measure.Measured``), and the chosen layout's full-depth re-measurement when it is
 chosen again. "The same step" is checked, never assumed: the model's parameters and buffers
 (name, shape, dtype, device, requires_grad), its modules' classes, modes, hooks and instance
-forwards, a Hugging Face config's fields, the workload's other fields (by identity, or equal
+forwards, its config (a Hugging Face config's fields, else its repr), the workload's other fields (by identity, or equal
 plain values), the start plan (as JSON) and the block list. Anything else changed: a new store.
 Kept per model object (weakly: a model that goes away takes its stores with it), the last few."""
 
@@ -41,7 +41,7 @@ def _model_key(model) -> tuple:
                     for n, m in model.named_modules(remove_duplicate=False))
     config = getattr(model, "config", None)
     to_json = getattr(config, "to_json_string", None)
-    return params, buffers, modules, to_json() if callable(to_json) else None
+    return params, buffers, modules, to_json() if callable(to_json) else repr(config)
 
 
 def _field_values(workload: "Workload") -> tuple:
