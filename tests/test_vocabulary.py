@@ -171,3 +171,14 @@ def test_every_trainer_writes_and_reads_back_its_own_config():
         back = from_trainer(text, model, trainer=name, world_size=2)
         assert back.plan.regions == plan.regions and back.plan.precision == plan.precision, (name, text)
         assert back.plan.parallel is not None and back.plan.parallel.strategy == "fsdp", (name, text)
+
+
+@pytest.mark.parametrize("name", list(V.OPTIMIZERS))
+def test_every_optimizer_is_written_as_code(name):
+    """export/knobs.py: a registered optimizer with no code line made Plan.to_code() raise KeyError
+    (lion and lion_8bit did); the line builds the optimizer the knob sizes."""
+    code = Plan(optimizer=name).to_code()
+    line = next(x for x in code.splitlines() if x.startswith("optimizer = "))
+    assert "(params" in line
+    if "bitsandbytes." in line:
+        assert "import bitsandbytes.optim" in code
