@@ -182,3 +182,14 @@ def test_every_optimizer_is_written_as_code(name):
     assert "(params" in line
     if "bitsandbytes." in line:
         assert "import bitsandbytes.optim" in code
+
+
+def test_every_schedule_is_a_torch_pipelining_class():
+    """parallel/pipeline.py builds a schedule by the class name the registry gives it."""
+    import torch.distributed.pipelining as pipelining
+
+    from memsave_nb.parallel.pipeline import _schedule_class
+
+    for name, cls in V.SCHEDULES.items():
+        assert _schedule_class(name) is getattr(pipelining, cls)
+        assert issubclass(_schedule_class(name), pipelining.schedules._PipelineSchedule)

@@ -105,6 +105,8 @@ class LayoutSearch:
         activation) and the ring factors, over the stated links: before a layout is measured (to
         decide whether to measure it) and where its run recorded no collectives."""
         sizes = self.sizes
+        total: float
+        trainable: float
         total, trainable = sizes.param_bytes()
         tp, node, pp = spec.tensor_parallel, self.fabric.gpus_per_node, spec.pipeline_parallel
         out: list[tuple[str, float]] = []
