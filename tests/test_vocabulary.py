@@ -107,3 +107,89 @@ def test_the_registry_sits_at_the_bottom():
     tree = ast.parse((PACKAGE / "vocabulary.py").read_text())
     imported = [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
     assert [getattr(n, "module", None) for n in imported] == ["__future__"]
+
+
+# -- one place each: a registered name without its branch fails here (docs/architecture.md, "Adding a new ...")
+
+
+def test_the_layout_search_reads_its_region_kinds_from_the_registry():
+    from memsave_nb.planner import layout
+
+    assert layout.REGION_KINDS == (None, *(k for k in V.SEARCHED_REGION_KINDS if k != "offload"))
+    assert all(k in POLICY_PRESETS and k in V.REGION_KINDS for k in layout.REGION_KINDS[1:])
+
+
+def test_every_strategy_has_a_branch_of_its_own():
+    """parallel/apply.py: a registered strategy with no branch falls into FSDP2's and sizes as FSDP2;
+    each must size its own way (DDP: a whole replica of 2 x 64 x 64 weights; FSDP2: half of them)."""
+    from memsave_nb.parallel import ParallelSpec, measure_parallel
+
+    torch.manual_seed(0)
+    wl = Workload(nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64)), torch.randn(4, 64))
+    peaks = {s: measure_parallel(wl, ParallelSpec(world_size=2, strategy=s), ranks=[0]).rank(0).peak_bytes
+             for s in V.STRATEGIES}
+    assert len(set(peaks.values())) == len(V.STRATEGIES), peaks
+    assert peaks["ddp"] > peaks["fsdp"]
+
+
+def _tiny_llama():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                   use_cache=False)
+    return transformers.LlamaForCausalLM(cfg)
+
+
+def test_every_loss_but_the_models_own_has_a_branch():
+    """loss.apply_loss: a registered loss with no branch would run the model's own loss unseen."""
+    from memsave_nb.loss import apply_loss
+
+    model = _tiny_llama()
+    ids = torch.randint(0, 64, (2, 8))
+    batch = {"input_ids": ids, "labels": ids}
+    wl = Workload(model, batch)
+    for name in V.LOSSES:
+        undo = apply_loss(name, None, wl, batch)
+        for u in reversed(undo):
+            u()
+        assert bool(undo) == (name != "full"), name
+    assert "forward" not in model.__dict__ and "forward" not in model.lm_head.__dict__  # put back
+
+
+def test_every_trainer_writes_and_reads_back_its_own_config():
+    """trainers.TRAINERS: each module writes a plan's checkpointing, precision and FSDP2 and reads them back
+    (accelerate's config holds checkpointing only under FSDP, so the plan has it)."""
+    from memsave_nb.parallel_spec import ParallelSpec
+    from memsave_nb.trainers import TRAINERS, from_trainer, to_trainer
+
+    model = _tiny_llama()
+    layers = {f"model.layers.{i}": "full" for i in range(2)}
+    plan = Plan(precision="autocast_bf16", regions=layers, parallel=ParallelSpec(world_size=2))
+    for name in TRAINERS:
+        text = to_trainer(plan, name, model=model).text
+        back = from_trainer(text, model, trainer=name, world_size=2)
+        assert back.plan.regions == plan.regions and back.plan.precision == plan.precision, (name, text)
+        assert back.plan.parallel is not None and back.plan.parallel.strategy == "fsdp", (name, text)
+
+
+@pytest.mark.parametrize("name", list(V.OPTIMIZERS))
+def test_every_optimizer_is_written_as_code(name):
+    """export/knobs.py: a registered optimizer with no code line made Plan.to_code() raise KeyError
+    (lion and lion_8bit did); the line builds the optimizer the knob sizes."""
+    code = Plan(optimizer=name).to_code()
+    line = next(x for x in code.splitlines() if x.startswith("optimizer = "))
+    assert "(params" in line
+    if "bitsandbytes." in line:
+        assert "import bitsandbytes.optim" in code
+
+
+def test_every_schedule_is_a_torch_pipelining_class():
+    """parallel/pipeline.py builds a schedule by the class name the registry gives it."""
+    import torch.distributed.pipelining as pipelining
+
+    from memsave_nb.parallel.pipeline import _schedule_class
+
+    for name, cls in V.SCHEDULES.items():
+        assert _schedule_class(name) is getattr(pipelining, cls)
+        assert issubclass(_schedule_class(name), pipelining.schedules._PipelineSchedule)

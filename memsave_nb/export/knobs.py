@@ -19,6 +19,8 @@ _OPTIMIZER_CODE = {
     "sgd": "torch.optim.SGD(params, lr=1e-2)",
     "adafactor": "torch.optim.Adafactor(params, lr=1e-2)",
     "adamw_8bit": "bitsandbytes.optim.AdamW8bit(params, lr=1e-3)",
+    "lion": "bitsandbytes.optim.Lion(params, lr=1e-3)",  # 32-bit state: the layout the knob sizes
+    "lion_8bit": "bitsandbytes.optim.Lion8bit(params, lr=1e-3)",
 }
 
 
@@ -51,7 +53,7 @@ def knob_code(plan: Any, m: str) -> tuple[list[str], list[str]]:
         body.append(f"{m}.to(torch.bfloat16)  # parameters and buffers in bf16; cast floating inputs too")
     body.append(f"params = [p for p in {m}.parameters() if p.requires_grad]")
     opt = _OPTIMIZER_CODE[plan.optimizer or "adamw"]
-    if plan.optimizer == "adamw_8bit":
+    if opt.startswith("bitsandbytes."):
         imports.append("import bitsandbytes.optim")
     if precision == "bf16_master":
         body += [

@@ -78,9 +78,12 @@ def rank_stage_indices(spec: ParallelSpec, rank: int) -> list[int]:
 
 
 def _schedule_class(name: str):
-    from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+    """torch's class for a schedule, by the name ``vocabulary.SCHEDULES`` gives it (one place)."""
+    import torch.distributed.pipelining as pipelining
 
-    return {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved_1f1b": ScheduleInterleaved1F1B}[name]
+    from ..vocabulary import SCHEDULES
+
+    return getattr(pipelining, SCHEDULES[name])
 
 
 def _static_vote(schedule) -> None:

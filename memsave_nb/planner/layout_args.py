@@ -13,7 +13,6 @@ from memsave_nb.planner.pp import PP_DEGREES
 TP_DEGREES = (1, 2, 4, 8)
 # 16M sequences a step: far beyond any published pre-training batch (millions of tokens, thousands of sequences)
 MAX_GLOBAL_BATCH = 1 << 24
-REGION_KINDS = (None, "full", "save_matmuls")
 
 
 def _check(gpus: Any, tensor_parallel: Any, fabric: Fabric, explicit_tp: bool) -> list[int]:

@@ -122,12 +122,14 @@ def test_the_largest_segment_peak_is_the_steps_peak():
 def test_the_lower_bound_of_pipeline_x_fsdp2_holds_the_stage_unsharded():
     """torch's PipelineStage keeps FSDP2's parameters and gradients unsharded across micro-batches:
     the planner's lower bound counts them, and the measured peak is above it."""
-    from memsave_nb.planner.layout import _Search, fabric_for
+    from memsave_nb.planner.layout_estimate import LayoutSearch
+    from memsave_nb.planner.layout_measure import RankSizes
+    from memsave_nb.planner.links import fabric_for
     from memsave_nb.planner.roofline import device_named
 
     wl = _gpt(4, batch=4)
     spec = ParallelSpec(world_size=4, pipeline_parallel=2, microbatches=4)
-    search = _Search(wl, 4, device_named("H100"), fabric_for("H100"), Target(80), blocks_of(wl.model), 16, 4, True)
+    search = LayoutSearch(RankSizes(wl, blocks_of(wl.model), device_named("H100")), fabric_for("H100"), Target(80), global_batch=16)
     bound = search.lower_bound(spec, None, None)
     total = sum(p.numel() * 4 for p in wl.model.parameters())
     assert bound >= 2 * total / 2  # parameters and gradients of a stage (half the model), unsharded
@@ -138,12 +140,14 @@ def test_the_lower_bound_of_pipeline_x_fsdp2_holds_the_stage_unsharded():
 def test_the_lower_bound_of_a_pipeline_counts_the_first_stages_micro_batches_in_flight():
     """1F1B: the first stage holds min(m, p) micro-batches of its blocks' saved activations when its
     first backward starts; the bound counts them and the measured first stage is above it."""
-    from memsave_nb.planner.layout import _Search, fabric_for
+    from memsave_nb.planner.layout_estimate import LayoutSearch
+    from memsave_nb.planner.layout_measure import RankSizes
+    from memsave_nb.planner.links import fabric_for
     from memsave_nb.planner.roofline import device_named
 
     wl = _gpt(4, batch=8)
     spec = ParallelSpec(world_size=2, pipeline_parallel=2, microbatches=4)  # micro-batches of 2
-    search = _Search(wl, 2, device_named("H100"), fabric_for("H100"), Target(80), blocks_of(wl.model), 8, 4, True)
-    one = search.saved_per_block(None, None)  # every block's saved activations at micro-batch 1
+    search = LayoutSearch(RankSizes(wl, blocks_of(wl.model), device_named("H100")), fabric_for("H100"), Target(80), global_batch=8)
+    one = search.sizes.saved_per_block(None, None)  # every block's saved activations at micro-batch 1
     assert search.lower_bound(spec, None, None) >= one / 2 * 2 * 2  # half the blocks, 2 in flight of 2 rows
     assert measure_pipeline(wl, spec).ranks[0].device_bytes >= search.lower_bound(spec, None, None)
