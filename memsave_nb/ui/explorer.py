@@ -50,6 +50,7 @@ from .plots import bokehjs_loader
 from .results_panel import ResultsPanel
 from .runner import Runner
 from .sac_panel import SacPanel
+from .sized import batch_words
 from .styles import explorer_style
 
 __all__ = ["Explorer", "explore", "last_explorer"]
@@ -100,8 +101,7 @@ class Explorer(ExplorerRuns, W.VBox):
 
         # -- header: numbers, status, controls -------------------------------------------------
         wl = session.workload
-        self.title = W.HTML(title_html(getattr(wl, "name", "workload"), type(self.model).__name__, session.mode,
-                                       str(getattr(wl, "device", "cpu")), wl.loop, wl.sized_for))
+        self.title = W.HTML(self._title_for(None))
         self.title.add_class("memsave-title")
         self.saved_total = _label("-", "memsave-saved-total")
         self.saved_bytes = _label("-", "memsave-saved-bytes")
@@ -240,6 +240,12 @@ class Explorer(ExplorerRuns, W.VBox):
         self._set_status("idle", "baseline measured")
         global _last_explorer
         _last_explorer = weakref.ref(self)
+
+    def _title_for(self, plan: Plan | None) -> str:
+        """The title for the plan on display: its batch and sequence follow the plan's knobs."""
+        wl = self.session.workload
+        return title_html(getattr(wl, "name", "workload"), type(self.model).__name__, self.session.mode,
+                          str(getattr(wl, "device", "cpu")), wl.loop, wl.sized_for, batch_words(wl, plan))
 
     # -- public API ----------------------------------------------------------------------------
     @property
@@ -451,6 +457,7 @@ class Explorer(ExplorerRuns, W.VBox):
         with self._ui_lock:
             self.entry = entry
             self.error = None
+            self.title.value = self._title_for(entry.plan)
             self.error_box.value = ""
             self.error_box.layout.display = "none"
             self.saved_total.value = format_bytes(m.saved_bytes)
