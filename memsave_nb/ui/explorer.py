@@ -492,7 +492,7 @@ class Explorer(ExplorerRuns, W.VBox):
             self.cuda_peak.layout.display = "" if m.cuda_peak_bytes is not None else "none"
             self._show_target()
             self.table.show(m, base)
-            self.sac.show(m, base)
+            self.sac.show(m, base, entry.plan)
             self.results.show(m, base)
             self.results.show_history(self._history_entries(), self._current_index())
         for fn in list(self._listeners):

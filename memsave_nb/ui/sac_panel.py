@@ -11,7 +11,8 @@ that keeps something.
 
 DOM hooks: ``.memsave-sac`` (the panel), ``.memsave-sac-title``, ``.memsave-sac-presets``,
 ``.memsave-sac-op-<op slug>`` (one toggle per op, ``aten.mm`` -> ``aten-mm``),
-``.memsave-sac-advice`` (the notes on this region).
+``.memsave-sac-advice`` (the notes on this region), ``.memsave-sac-cost`` (why the plan on display
+keeps more or less than eager: ``ui/sac_cost.py``).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from memsave_nb.measure.tracker import RNG_STATE_OP
 
 from .editor import REGION_CHOICES, PlanEditor, op_choice
 from .format import format_bytes, format_count
+from .sac_cost import sac_cost_lines
 from .sac_check import preset_advice
 from .tree import slug
 
@@ -72,6 +74,7 @@ class SacPanel(W.VBox):
         self._syncing = False
         self._baseline: Measurement | None = None
         self._measurement: Measurement | None = None
+        self._plan = None  # the plan of the measurement on display (what the cost lines explain)
         self.title = W.HTML("<i>Select a module in the layer table (click its name) to tune its checkpointing per op.</i>")
         self.title.add_class("memsave-sac-title")
         self.presets = W.ToggleButtons(options=list(REGION_CHOICES), value="none", style={"button_width": "150px"})
@@ -81,11 +84,13 @@ class SacPanel(W.VBox):
         self.ops_box = W.VBox()
         self.advice = W.HTML("")
         self.advice.add_class("memsave-sac-advice")
+        self.cost = W.HTML("")
+        self.cost.add_class("memsave-sac-cost")
         self.note = W.HTML(
             "<small>Save keeps an op's outputs for backward; recompute runs the op again in backward. "
             "FLOPs are the op type's total over the whole step (not split per module).</small>"
         )
-        super().__init__([self.title, self.presets, self.advice, self.header, self.ops_box, self.note])
+        super().__init__([self.title, self.presets, self.advice, self.header, self.ops_box, self.cost, self.note])
         self.add_class("memsave-sac")
         self._set_enabled(False)
 
@@ -99,8 +104,8 @@ class SacPanel(W.VBox):
         self.module = module
         self._rebuild()
 
-    def show(self, measurement: Measurement, baseline: Measurement) -> None:
-        self._measurement, self._baseline = measurement, baseline
+    def show(self, measurement: Measurement, baseline: Measurement, plan=None) -> None:
+        self._measurement, self._baseline, self._plan = measurement, baseline, plan
         self._rebuild()
 
     def op_names(self) -> list[str]:
@@ -170,7 +175,17 @@ class SacPanel(W.VBox):
         finally:
             self._syncing = False
         self.ops_box.children = tuple(rows)
+        self._show_cost(base_ops)
         self._set_enabled(True)
+
+    def _show_cost(self, base_ops: list) -> None:
+        """Why the plan on display keeps more (or less) than eager here, in measured bytes."""
+        plan, m = self._plan, self._measurement
+        policy = plan.active_regions.get(self.module) if plan is not None and m is not None else None
+        lines = [] if policy is None else sac_cost_lines(
+            self.module, plan, m, self._baseline, [o.op for o in base_ops if op_choice(policy, o.op) == "recompute"])
+        self.cost.value = ("<ul style='margin:2px 0;font-size:90%'>"
+                           + "".join(f"<li>{html.escape(line)}</li>" for line in lines) + "</ul>") if lines else ""
 
     def toggle(self, op: str) -> W.ToggleButtons:
         """The save/recompute toggle of ``op`` in the current region."""
