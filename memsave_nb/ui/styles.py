@@ -3,7 +3,8 @@
 ipywidgets gives each tab of a ``Tab`` a share of the row (``flex: 0 1 144px``): seven tabs in a
 700 px notebook got 84 px each and "Compile budget", "SAC per op" and "Plan as code" were cut
 to "Compile bu…". Here the tabs keep the width of their titles and the tab bar wraps onto a
-second line instead. The layer table's own rules (sticky name column, sideways scrolling) live
+second line instead. In a narrow notebook the GPUs tab's per-rank table wraps its headers and
+narrows its padding so that every column is in view (issue 42). The layer table's own rules (sticky name column, sideways scrolling) live
 with it in ``layer_table.TABLE_CSS``.
 """
 
@@ -17,6 +18,11 @@ EXPLORER_CSS = f"""<style>
 {_TAB} .lm-TabBar-content {{ flex-wrap: wrap; }}
 {_TAB} .lm-TabBar-tab {{ flex: 0 0 auto; min-width: 0; }}
 {_TAB} .lm-TabBar-tabLabel {{ overflow: visible; }}
+.memsave-explorer .memsave-parallel-grid-box {{ container-type: inline-size; }}
+@container (max-width: 760px) {{
+  .memsave-explorer .memsave-parallel-grid th, .memsave-explorer .memsave-parallel-grid td {{ padding: 2px 4px !important; }}
+  .memsave-explorer .memsave-parallel-grid th {{ white-space: normal !important; vertical-align: bottom; }}
+}}
 </style>"""
 
 
