@@ -51,7 +51,7 @@ from .results_panel import ResultsPanel
 from .runner import Runner
 from .sac_panel import SacPanel
 from .sized import batch_words
-from .styles import explorer_style
+from .styles import explorer_style, narrow_tables_style
 
 __all__ = ["Explorer", "explore", "last_explorer"]
 
@@ -216,7 +216,7 @@ class Explorer(ExplorerRuns, W.VBox):
         for i, t in enumerate(TAB_TITLES):
             self.tabs.set_title(i, t)
 
-        super().__init__([bokehjs_loader(), explorer_style(), self.title, self.summary, self.advice, self.loss_note, self.status_bar,
+        super().__init__([bokehjs_loader(), explorer_style(), narrow_tables_style(), self.title, self.summary, self.advice, self.loss_note, self.status_bar,
                           self.error_box, self.tabs])
         self.add_class("memsave-explorer")
 

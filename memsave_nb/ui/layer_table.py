@@ -65,13 +65,13 @@ TABLE_CSS = """<style>
   background: linear-gradient(rgba(31,119,180,0.15), rgba(31,119,180,0.15)), var(--jp-layout-color1, #fff); }
 .memsave-layer-table { container-type: inline-size; }
 @container (max-width: 760px) {
-  .memsave-layer-table .memsave-name-cell { width: 140px !important; }
+  .memsave-layer-table .memsave-name-cell { width: 120px !important; }
   .memsave-layer-table .memsave-row-name { flex: 0 1 auto !important; min-width: 0 !important; }
   .memsave-layer-table .memsave-bar-track { display: none !important; }
-  .memsave-layer-table .memsave-col-saved { width: 112px !important; }
-  .memsave-layer-table .memsave-col-delta { width: 66px !important; }
-  .memsave-layer-table .memsave-saved-cell { width: 186px !important; }
-  .memsave-layer-table .memsave-region, .memsave-layer-table .memsave-region-head { width: 120px !important; }
+  .memsave-layer-table .memsave-col-saved { width: 96px !important; }
+  .memsave-layer-table .memsave-col-delta { width: 62px !important; }
+  .memsave-layer-table .memsave-saved-cell { width: 166px !important; }
+  .memsave-layer-table .memsave-region, .memsave-layer-table .memsave-region-head { width: 112px !important; }
 }
 .memsave-spinner { display: inline-block; width: 10px; height: 10px; margin-right: 4px;
   border: 2px solid #c6dbef; border-top-color: #1f77b4; border-radius: 50%;

@@ -13,13 +13,13 @@ from memsave_nb import zoo
 from memsave_nb.session import Session
 from memsave_nb.ui import layer_table
 from memsave_nb.ui.explorer import Explorer
-from memsave_nb.ui.styles import EXPLORER_CSS
+from memsave_nb.ui.styles import NARROW_TABLES_CSS
 
 pytestmark = pytest.mark.timeout(120)
 
-# the output area of a 700 px JupyterLab notebook with the file browser collapsed is under 640 px
-# (tests/browser/test_narrow_lab.py asserts it); the explorer's own padding takes some of it
-NARROW_BUDGET_PX = 600
+# the layer table of a 700 px JupyterLab notebook (file browser collapsed) is 548 px wide, measured
+# in Chromium by tests/browser/test_sized_screens_lab.py
+NARROW_BUDGET_PX = 548
 
 
 @pytest.fixture(scope="module")
@@ -63,6 +63,6 @@ def test_layer_table_narrow_rules_fit_the_numbers_and_controls(mlp):
 
 
 def test_gpus_table_headers_wrap_in_a_narrow_notebook():
-    narrow = EXPLORER_CSS[EXPLORER_CSS.index("@container"):]
-    assert ".memsave-parallel-grid th { white-space: normal !important" in narrow
-    assert "container-type: inline-size" in EXPLORER_CSS
+    narrow = NARROW_TABLES_CSS[NARROW_TABLES_CSS.index("@container"):]
+    assert "padding: 2px 3px !important; white-space: normal !important;" in narrow
+    assert "container-type: inline-size" in NARROW_TABLES_CSS
