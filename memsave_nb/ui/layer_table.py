@@ -34,7 +34,9 @@ NAME_WIDTH = 180
 INDENT_PX = 14
 BAR_PX = 70
 # read-only cells: the numbers first (saved activations, change), then the controls, then details
-_SAVED_COLUMNS = (("saved activations", BAR_PX + 140), ("vs baseline", 84))
+# short titles (a 700 px notebook narrows these columns), their meaning on hover
+_SAVED_COLUMNS = (("saved", BAR_PX + 140), ("change", 84))
+_SAVED_TITLES = ("saved activations: bytes the step keeps for backward, share of the total", "change against the baseline")
 _CONTROLS = (("freeze", 52), ("memsave", 72), ("checkpoint", 150))
 _DETAIL_COLUMNS = (("type", 110), ("output", 120), ("params: trainable / frozen", 200), ("tied to", 200))
 SAVED_WIDTH = sum(w for _, w in _SAVED_COLUMNS)
@@ -236,8 +238,9 @@ class LayerTable(W.VBox):
             return W.HTML(f"<b>{text}</b>", layout=W.Layout(width=f"{width}px", flex="0 0 auto"))
 
         # the header is laid out like a row, so its columns line up with the rows' widgets
-        def heads(columns, width: int, cls: str = "", cell_cls: tuple[str, ...] = ()) -> W.HTML:
-            w = W.HTML(_nowrap([_cell(f"<b>{h}</b>", cw, cls=cell_cls[i] if i < len(cell_cls) else "")
+        def heads(columns, width: int, cls: str = "", cell_cls: tuple[str, ...] = (), titles: tuple[str, ...] = ()) -> W.HTML:
+            w = W.HTML(_nowrap([_cell(f"<b>{h}</b>", cw, cls=cell_cls[i] if i < len(cell_cls) else "",
+                                      title=titles[i] if i < len(titles) else "")
                                 for i, (h, cw) in enumerate(columns)]),
                        layout=W.Layout(width=f"{width + _SLACK}px", flex="0 0 auto"))
             if cls:
@@ -253,7 +256,8 @@ class LayerTable(W.VBox):
         self.header = W.HBox(
             [name_head]
             + control_heads
-            + [heads(_SAVED_COLUMNS, SAVED_WIDTH, "memsave-saved-cell", ("memsave-col-saved", "memsave-col-delta"))]
+            + [heads(_SAVED_COLUMNS, SAVED_WIDTH, "memsave-saved-cell", ("memsave-col-saved", "memsave-col-delta"),
+                    _SAVED_TITLES)]
             + [heads(_DETAIL_COLUMNS, DETAIL_WIDTH)],
             layout=W.Layout(min_height=ROW_HEIGHT, align_items="center"),
         )

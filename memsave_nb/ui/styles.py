@@ -18,11 +18,18 @@ EXPLORER_CSS = f"""<style>
 {_TAB} .lm-TabBar-content {{ flex-wrap: wrap; }}
 {_TAB} .lm-TabBar-tab {{ flex: 0 0 auto; min-width: 0; }}
 {_TAB} .lm-TabBar-tabLabel {{ overflow: visible; }}
-.memsave-explorer .memsave-parallel-grid-box {{ container-type: inline-size; }}
-@container (max-width: 760px) {{
-  .memsave-explorer .memsave-parallel-grid th, .memsave-explorer .memsave-parallel-grid td {{ padding: 2px 4px !important; }}
-  .memsave-explorer .memsave-parallel-grid th {{ white-space: normal !important; vertical-align: bottom; }}
-}}
+</style>"""
+
+#: the GPUs tab's per-rank table in a narrow notebook (a container query on its scroll box): smaller
+#: type, headers and values wrap (a value between its number and its unit), so every column is in view
+NARROW_TABLES_CSS = """<style>
+.memsave-explorer .memsave-parallel-grid-box { container-type: inline-size; }
+@container (max-width: 760px) {
+  .memsave-explorer .memsave-parallel-grid { font-size: 11px !important; }
+  .memsave-explorer .memsave-parallel-grid th, .memsave-explorer .memsave-parallel-grid td {
+    padding: 2px 3px !important; white-space: normal !important; }
+  .memsave-explorer .memsave-parallel-grid th { vertical-align: bottom; overflow-wrap: anywhere; hyphens: auto; }
+}
 </style>"""
 
 
@@ -30,4 +37,11 @@ def explorer_style() -> W.HTML:
     """A hidden widget carrying :data:`EXPLORER_CSS` (a ``<style>`` applies wherever it sits)."""
     w = W.HTML(EXPLORER_CSS, layout=W.Layout(display="none"))
     w.add_class("memsave-explorer-style")
+    return w
+
+
+def narrow_tables_style() -> W.HTML:
+    """A hidden widget carrying :data:`NARROW_TABLES_CSS`."""
+    w = W.HTML(NARROW_TABLES_CSS, layout=W.Layout(display="none"))
+    w.add_class("memsave-narrow-tables-style")
     return w
