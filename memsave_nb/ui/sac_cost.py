@@ -51,7 +51,7 @@ def sac_cost_lines(region: str, plan: Any, measurement: Any, baseline: Any, reco
         for d, m, op in grew[:3]:
             lines.append(f"+{format_bytes(d)} ({d:,} B) outside the region: the output of {op} in {m or '(model)'} "
                          "is kept now, as the region's input, so that the region can be run again in backward")
-    ops_now = {}
+    ops_now: dict[str, int] = {}
     for (m, op), saved in now.items():
         if _inside(m, region):
             ops_now[op] = ops_now.get(op, 0) + saved
