@@ -7,7 +7,7 @@
 # should the config say instead?
 #
 # This notebook answers it without the GPU, in fake mode (shapes and bytes, no compute); every
-# size it prints is in GiB (2^30 bytes):
+# size it prints is in binary units (GiB = 2^30 bytes):
 #
 # 1. the config **imported** as the plan `SFTTrainer` would run (`memsave_nb.from_trainer`),
 #    measured against the 24 GB target (the allocator replay: the card less the CUDA context);
@@ -18,6 +18,8 @@
 #    then that config imported again and re-measured under the target.
 
 # %%
+import re
+
 import pandas as pd
 from peft import LoraConfig
 from trl import SFTConfig
@@ -25,6 +27,7 @@ from trl import SFTConfig
 import memsave_nb
 from memsave_nb import from_trainer, to_trainer, Target
 from memsave_nb.target import fit_of, measure_peak
+from memsave_nb.ui.format import format_bytes
 
 GiB = 2**30
 target = Target(24)
@@ -81,8 +84,8 @@ def held(m, category):  # the most of one category alive at any moment of the st
     return max(m.timeline.by_category[category], default=0)
 
 
-def gib(n):  # one decimal and the unit: a table of bare floats read "58.213472"
-    return f"{n / GiB:.1f} GiB"
+def gib(n):  # one decimal and its unit (GiB, or MiB for LoRA's small state): bare floats read "58.213472"
+    return format_bytes(n)
 
 
 def split(m):
@@ -202,6 +205,6 @@ assert peft_config.r == 16 and peft_config.lora_alpha == 32
 assert again.plan == chosen.plan.replace(name="trl") and again.plan.loss == "trl_cuda"
 assert fit_of(target, fixed).fits
 # the tables say their unit on every size; the config this notebook writes uses no deprecated field
-assert all(v.endswith(" GiB") for v in summary.drop(columns="on 24 GB").to_numpy().flat)
+assert all(re.fullmatch(r"\d+(\.\d)? (B|KiB|MiB|GiB)", v) for v in summary.drop(columns="on 24 GB").to_numpy().flat)
 assert not [w for w in config_warnings if "deprecated" in str(w.message)], [str(w.message) for w in config_warnings]
 print("all claims hold")

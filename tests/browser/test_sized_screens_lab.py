@@ -134,3 +134,25 @@ def test_mlp_at_700px_sac_cost_headers_and_tables_fit(lab, lab_root, page):
     print("GPUs table at 700 px:", sizes)
     lh.screenshot(page, ARTIFACTS / "sized-700px-gpus.png")
     assert sizes["sw"] <= sizes["cw"] + 1, f"the GPUs table needs a sideways scroll at 700 px: {sizes}"
+
+
+def test_notebook_10_tables_say_their_units_and_its_config_warns_of_nothing(lab, lab_root, page):
+    src = lh.ROOT / "notebooks" / "10-from-your-trainer-config-and-back.ipynb"
+    nb = lh.copy_notebook(src, lab_root)
+    lh.open_notebook(page, lab, nb.name)
+    lh.run_all(page, via="command", timeout=360)
+    lh.assert_no_cell_errors(page)
+    cells = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-CodeCell")
+    tables = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-OutputArea-output table")
+    assert tables.count() == 2
+    for k in range(tables.count()):
+        tds = [t.strip() for t in tables.nth(k).locator("tbody td").evaluate_all("els => els.map(e => e.textContent)")]
+        print(f"table {k}:", tds)
+        sizes = [t for t in tds if t not in ("fits", "does not fit")]
+        assert sizes and all(re.fullmatch(r"\d+(\.\d)? (B|KiB|MiB|GiB)", t) for t in sizes), sizes  # one decimal, a unit
+    # the user's config cell (SFTConfig from the fields it writes) shows no deprecation warning
+    config_cell = cells.filter(has_text="my_fields = dict(").first
+    out = config_cell.locator(".jp-OutputArea").first.text_content()
+    assert "deprecated" not in out, out
+    assert "all claims hold" in cells.last.locator(".jp-OutputArea").first.text_content()
+    lh.screenshot(page, ARTIFACTS / "sized-notebook-10.png")
