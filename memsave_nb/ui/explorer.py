@@ -50,7 +50,8 @@ from .plots import bokehjs_loader
 from .results_panel import ResultsPanel
 from .runner import Runner
 from .sac_panel import SacPanel
-from .styles import explorer_style
+from .sized import batch_words
+from .styles import explorer_style, narrow_tables_style
 from .verdict import show_header_verdict, show_reserved
 
 __all__ = ["Explorer", "explore", "last_explorer"]
@@ -101,8 +102,7 @@ class Explorer(ExplorerRuns, W.VBox):
 
         # -- header: numbers, status, controls -------------------------------------------------
         wl = session.workload
-        self.title = W.HTML(title_html(getattr(wl, "name", "workload"), type(self.model).__name__, session.mode,
-                                       str(getattr(wl, "device", "cpu")), wl.loop, wl.sized_for))
+        self.title = W.HTML(self._title_for(None))
         self.title.add_class("memsave-title")
         self.saved_total = _label("-", "memsave-saved-total")
         self.saved_bytes = _label("-", "memsave-saved-bytes")
@@ -218,7 +218,7 @@ class Explorer(ExplorerRuns, W.VBox):
         for i, t in enumerate(TAB_TITLES):
             self.tabs.set_title(i, t)
 
-        super().__init__([bokehjs_loader(), explorer_style(), self.title, self.summary, self.advice, self.loss_note, self.status_bar,
+        super().__init__([bokehjs_loader(), explorer_style(), narrow_tables_style(), self.title, self.summary, self.advice, self.loss_note, self.status_bar,
                           self.error_box, self.tabs])
         self.add_class("memsave-explorer")
 
@@ -242,6 +242,12 @@ class Explorer(ExplorerRuns, W.VBox):
         self._set_status("idle", "baseline measured")
         global _last_explorer
         _last_explorer = weakref.ref(self)
+
+    def _title_for(self, plan: Plan | None) -> str:
+        """The title for the plan on display: its batch and sequence follow the plan's knobs."""
+        wl = self.session.workload
+        return title_html(getattr(wl, "name", "workload"), type(self.model).__name__, self.session.mode,
+                          str(getattr(wl, "device", "cpu")), wl.loop, wl.sized_for, batch_words(wl, plan))
 
     # -- public API ----------------------------------------------------------------------------
     @property
@@ -438,6 +444,7 @@ class Explorer(ExplorerRuns, W.VBox):
         with self._ui_lock:
             self.entry = entry
             self.error = None
+            self.title.value = self._title_for(entry.plan)
             self.error_box.value = ""
             self.error_box.layout.display = "none"
             self.saved_total.value = format_bytes(m.saved_bytes)
@@ -473,7 +480,7 @@ class Explorer(ExplorerRuns, W.VBox):
             show_reserved(self.reserved, m)
             self._show_target()
             self.table.show(m, base)
-            self.sac.show(m, base)
+            self.sac.show(m, base, entry.plan)
             self.results.show(m, base)
             self.results.show_history(self._history_entries(), self._current_index())
         for fn in list(self._listeners):

@@ -1,5 +1,6 @@
 """The planner's Pareto front as a list one can read: rows keep their height and the box scrolls
-(53 rows in a 380 px box were squeezed to 7 px each), and near-duplicates fold under one row.
+(53 rows in a 380 px box were squeezed to 7 px each), near-duplicates fold under one row, and
+the module path every row shares is said once in the heading, not cut off in each row.
 
 Near-duplicates are the same plan at different offload counts (the front holds "offload the first
 n blocks" for many n): by default the list shows each group's first (lowest-peak) row with a
@@ -34,6 +35,29 @@ def group_key(c: "Candidate") -> str:
     return c.config + "|" + c.plan.replace(regions=kept, name="").to_json()
 
 
+def shared_prefix(front: Sequence["Candidate"]) -> str:
+    """The dotted path every region of the front sits under, up to its container's parent
+    (``"base_model.model.model."`` for a LoRA-wrapped Llama): each row drops it, so rows say what
+    differs ("offload layers.0-3") instead of all reading "offload base_model.model.model.la…"."""
+    parents = [name.split(".")[:-1] for c in front for name in c.plan.active_regions]
+    if not parents:
+        return ""
+    common: list[str] = []
+    for parts in zip(*parents):
+        if len(set(parts)) != 1:
+            break
+        common.append(parts[0])
+    common = common[:-1]  # keep the container's own name ("layers")
+    return ".".join(common) + "." if common else ""
+
+
+def row_label(c: "Candidate", prefix: str) -> str:
+    """``c.label`` without the front's shared prefix (only where a region name starts with it)."""
+    if not prefix:
+        return c.label
+    return " ".join(w[len(prefix):] if w.startswith(prefix) else w for w in c.label.split(" "))
+
+
 def groups(front: Sequence["Candidate"]) -> list[int]:
     """For each front entry, the position of the first entry of its group."""
     first: dict[str, int] = {}
@@ -53,6 +77,7 @@ class FrontList(W.VBox):
         self.show_all.observe(lambda _ch: (self._fold(), self.show(self._front, self._picked)), "value")
         self._front: Sequence["Candidate"] = ()
         self._picked: int | None = None
+        self.prefix = ""  # the dotted path every row's regions share, left out of the rows (heading says it)
         self.heading = W.HTML("", layout=W.Layout(flex="0 0 auto"))
         super().__init__([], layout=W.Layout(min_width="300px", max_height="380px", overflow="auto",
                                              flex="1 1 300px", display="flex", flex_flow="column"))
@@ -74,8 +99,10 @@ class FrontList(W.VBox):
             self.rows.append(row)
         distinct = len(set(self.leaders))
         folded = len(front) - distinct
+        self.prefix = shared_prefix(front)
+        under = f"; modules under <code>{html.escape(self.prefix)}</code>" if self.prefix else ""
         self.heading.value = (f"<b>Pareto front</b> <small>({len(front)} plans, {distinct} distinct, "
-                              "lowest estimated peak first)</small>")
+                              f"lowest estimated peak first{under})</small>")
         self.show_all.description = f"show all {len(front)}"
         self.show_all.layout.display = "" if folded else "none"
         self.children = [W.HBox([self.heading, self.show_all], layout=W.Layout(flex="0 0 auto", align_items="center",
@@ -103,8 +130,8 @@ class FrontList(W.VBox):
             more = members.get(k, 0)
             alike = (f" · <i>+{more} like it with other offload counts</i>" if more and not self.show_all.value else "")
             row.children[1].value = (
-                f"<span title='{html.escape(c.config)}' style='white-space:nowrap'>{'<b>' if picked else ''}"
-                f"{html.escape(c.label)}{'</b>' if picked else ''}</span><br>"
+                f"<span title='{html.escape(c.label + ' · ' + c.config, quote=True)}' style='overflow-wrap:anywhere'>"
+                f"{'<b>' if picked else ''}{html.escape(row_label(c, self.prefix))}{'</b>' if picked else ''}</span><br>"
                 f"<small>est. peak <b>{format_bytes(c.est_peak_bytes)}</b> · {c.est_seconds * 1e3:.2f} ms · "
                 f"<span style='color:{color}'>{'fits' if c.fits else 'does not fit'}</span>{alike}</small>"
             )

@@ -34,7 +34,9 @@ NAME_WIDTH = 180
 INDENT_PX = 14
 BAR_PX = 70
 # read-only cells: the numbers first (saved activations, change), then the controls, then details
-_SAVED_COLUMNS = (("saved activations", BAR_PX + 140), ("vs baseline", 84))
+# short titles (a 700 px notebook narrows these columns), their meaning on hover
+_SAVED_COLUMNS = (("saved", BAR_PX + 140), ("change", 84))
+_SAVED_TITLES = ("saved activations: bytes the step keeps for backward, share of the total", "change against the baseline")
 _CONTROLS = (("freeze", 52), ("memsave", 72), ("checkpoint", 150))
 _DETAIL_COLUMNS = (("type", 110), ("output", 120), ("params: trainable / frozen", 200), ("tied to", 200))
 SAVED_WIDTH = sum(w for _, w in _SAVED_COLUMNS)
@@ -46,7 +48,9 @@ NAME_CELL_WIDTH = 26 + NAME_WIDTH + 8  # expand arrow and name button, each with
 #: The table is the one sideways scroller: rows, the header and the rows' box are as wide as their
 #: content and do not scroll themselves (ipywidgets boxes default to ``overflow: auto``, which made
 #: every row its own hidden scroller at 700 px), and the name cell sticks to the left edge with the
-#: page's background so the numbers scroll under it.
+#: page's background so the numbers scroll under it. In a narrow notebook (the table under 760 px,
+#: a container query) the name column, the bar and the checkpoint menu narrow so that the numbers
+#: and controls are read without scrolling (issue 42); only the details scroll into view.
 TABLE_CSS = """<style>
 .memsave-row-name.jupyter-button, .memsave-row-name.widget-button {
   text-align: left; overflow: hidden; text-overflow: ellipsis; white-space: nowrap; }
@@ -61,6 +65,16 @@ TABLE_CSS = """<style>
   background: var(--jp-layout-color1, #fff); }
 .memsave-layer-table .memsave-selected .memsave-name-cell {
   background: linear-gradient(rgba(31,119,180,0.15), rgba(31,119,180,0.15)), var(--jp-layout-color1, #fff); }
+.memsave-layer-table { container-type: inline-size; }
+@container (max-width: 760px) {
+  .memsave-layer-table .memsave-name-cell { width: 120px !important; }
+  .memsave-layer-table .memsave-row-name { flex: 0 1 auto !important; min-width: 0 !important; }
+  .memsave-layer-table .memsave-bar-track { display: none !important; }
+  .memsave-layer-table .memsave-col-saved { width: 96px !important; }
+  .memsave-layer-table .memsave-col-delta { width: 62px !important; }
+  .memsave-layer-table .memsave-saved-cell { width: 166px !important; }
+  .memsave-layer-table .memsave-region, .memsave-layer-table .memsave-region-head { width: 112px !important; }
+}
 .memsave-spinner { display: inline-block; width: 10px; height: 10px; margin-right: 4px;
   border: 2px solid #c6dbef; border-top-color: #1f77b4; border-radius: 50%;
   animation: memsave-spin 0.8s linear infinite; vertical-align: middle; }
@@ -68,10 +82,11 @@ TABLE_CSS = """<style>
 </style>"""
 
 
-def _cell(text: str, width: int, *, align: str = "left", title: str = "", style: str = "") -> str:
+def _cell(text: str, width: int, *, align: str = "left", title: str = "", style: str = "", cls: str = "") -> str:
     t = f' title="{html.escape(title)}"' if title else ""
+    c = f' class="{cls}"' if cls else ""
     return (
-        f'<span{t} style="display:inline-block;width:{width}px;text-align:{align};overflow:hidden;'
+        f'<span{t}{c} style="display:inline-block;width:{width}px;text-align:{align};overflow:hidden;'
         f'white-space:nowrap;text-overflow:ellipsis;vertical-align:middle;{style}">{text}</span>'
     )
 
@@ -85,8 +100,8 @@ def saved_html(saved: int | None, share: float | None, delta: int | None) -> str
     widths = [w for _, w in _SAVED_COLUMNS]
     frac = 0.0 if share is None else max(0.0, min(1.0, share))
     bar = (
-        f'<span style="display:inline-block;width:{BAR_PX}px;height:10px;background:rgba(128,128,128,0.22);'
-        f'vertical-align:middle">'
+        f'<span class="memsave-bar-track" style="display:inline-block;width:{BAR_PX}px;height:10px;'
+        f'background:rgba(128,128,128,0.22);vertical-align:middle">'
         f'<span class="memsave-bar" style="display:block;width:{frac * BAR_PX:.1f}px;height:10px;background:#54a24b">'
         "</span></span>"
     )
@@ -97,8 +112,8 @@ def saved_html(saved: int | None, share: float | None, delta: int | None) -> str
         delta_text = format_delta_bytes(delta) if delta else "="
         color = "#2ca02c" if delta < 0 else ("#d62728" if delta > 0 else "#888")
     return _nowrap([
-        _cell(saved_text, widths[0]),
-        _cell(delta_text, widths[1], align="right", style=f"color:{color};padding-right:6px"),
+        _cell(saved_text, widths[0], cls="memsave-col-saved"),
+        _cell(delta_text, widths[1], align="right", style=f"color:{color};padding-right:6px", cls="memsave-col-delta"),
     ])
 
 
@@ -164,6 +179,7 @@ class LayerRow:
         self.select.style.button_color = "transparent"
         self.select.add_class("memsave-row-name")
         self.info = W.HTML(layout=W.Layout(height=ROW_HEIGHT, width=f"{SAVED_WIDTH + _SLACK}px", flex="0 0 auto"))
+        self.info.add_class("memsave-saved-cell")
         self.details = W.HTML(layout=W.Layout(height=ROW_HEIGHT, width=f"{DETAIL_WIDTH + _SLACK}px", flex="0 0 auto"))
         self.freeze = W.Checkbox(value=False, indent=False, description="",
                                  layout=W.Layout(width=f"{_CONTROLS[0][1]}px", flex="0 0 auto"))
@@ -222,17 +238,26 @@ class LayerTable(W.VBox):
             return W.HTML(f"<b>{text}</b>", layout=W.Layout(width=f"{width}px", flex="0 0 auto"))
 
         # the header is laid out like a row, so its columns line up with the rows' widgets
-        def heads(columns, width: int) -> W.HTML:
-            return W.HTML(_nowrap([_cell(f"<b>{h}</b>", w) for h, w in columns]),
-                          layout=W.Layout(width=f"{width + _SLACK}px", flex="0 0 auto"))
+        def heads(columns, width: int, cls: str = "", cell_cls: tuple[str, ...] = (), titles: tuple[str, ...] = ()) -> W.HTML:
+            w = W.HTML(_nowrap([_cell(f"<b>{h}</b>", cw, cls=cell_cls[i] if i < len(cell_cls) else "",
+                                      title=titles[i] if i < len(titles) else "")
+                                for i, (h, cw) in enumerate(columns)]),
+                       layout=W.Layout(width=f"{width + _SLACK}px", flex="0 0 auto"))
+            if cls:
+                w.add_class(cls)
+            return w
+
+        control_heads = [head(h, w) for h, w in _CONTROLS]
+        control_heads[2].add_class("memsave-region-head")
 
         name_head = W.HBox([head("module", NAME_CELL_WIDTH - 4)],
                            layout=W.Layout(width=f"{NAME_CELL_WIDTH}px", flex="0 0 auto", align_items="center"))
         name_head.add_class("memsave-name-cell")
         self.header = W.HBox(
             [name_head]
-            + [head(h, w) for h, w in _CONTROLS]
-            + [heads(_SAVED_COLUMNS, SAVED_WIDTH)]
+            + control_heads
+            + [heads(_SAVED_COLUMNS, SAVED_WIDTH, "memsave-saved-cell", ("memsave-col-saved", "memsave-col-delta"),
+                    _SAVED_TITLES)]
             + [heads(_DETAIL_COLUMNS, DETAIL_WIDTH)],
             layout=W.Layout(min_height=ROW_HEIGHT, align_items="center"),
         )

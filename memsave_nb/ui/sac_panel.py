@@ -11,7 +11,8 @@ that keeps something.
 
 DOM hooks: ``.memsave-sac`` (the panel), ``.memsave-sac-title``, ``.memsave-sac-presets``,
 ``.memsave-sac-op-<op slug>`` (one toggle per op, ``aten.mm`` -> ``aten-mm``),
-``.memsave-sac-advice`` (the notes on this region).
+``.memsave-sac-advice`` (the notes on this region), ``.memsave-sac-cost`` (why the plan on display
+keeps more or less than eager: ``ui/sac_cost.py``).
 """
 
 from __future__ import annotations
@@ -27,32 +28,50 @@ from memsave_nb.measure.tracker import RNG_STATE_OP
 
 from .editor import REGION_CHOICES, PlanEditor, op_choice
 from .format import format_bytes, format_count
+from .sac_cost import sac_cost_lines
 from .sac_check import preset_advice
 from .tree import slug
 
-_COLS = (("op", 280), ("count", 60), ("kept (baseline)", 120), ("kept (now)", 110), ("FLOPs (op, step)", 130))
+_COLS = (("op", 220), ("count", 60), ("kept (baseline)", 120), ("kept (now)", 110), ("FLOPs (op, step)", 130))
+_TOGGLE_PX = 2 * 96 + 16  # the save / recompute buttons and their margins
+
+#: the op list is one sideways scroller holding its header and its rows (issue 42: at 700 px each
+#: row squeezed on its own and the header above no longer named the columns); the op name stays put.
+SAC_CSS = """<style>
+.memsave-sac-table { overflow-x: auto; overflow-y: hidden; max-width: 100%; }
+.memsave-sac-table .memsave-sac-rows, .memsave-sac-table .memsave-sac-row,
+.memsave-sac-table .memsave-sac-head { min-width: max-content; overflow: visible; flex-wrap: nowrap; }
+.memsave-sac-table .memsave-sac-head { border-bottom: 1px solid rgba(128,128,128,0.5); }
+.memsave-sac-table .memsave-sac-opcell { position: sticky; left: 0; z-index: 1; background: var(--jp-layout-color1, #fff); }
+</style>"""
 
 
-def _cell(text: str, width: int, align: str = "left") -> str:
+def _cell(text: str, width: int, align: str = "left", cls: str = "") -> str:
+    c = f' class="{cls}"' if cls else ""
     return (
-        f'<span style="display:inline-block;width:{width}px;text-align:{align};overflow:hidden;'
+        f'<span{c} style="display:inline-block;width:{width}px;text-align:{align};overflow:hidden;'
         f'white-space:nowrap;text-overflow:ellipsis">{text}</span>'
     )
+
+
+_INFO_PX = sum(w for _, w in _COLS) + 8  # the HTML widget's own padding
 
 
 class _OpRow:
     def __init__(self, panel: "SacPanel", op: str):
         self.op = op
-        self.info = W.HTML()
+        self.info = W.HTML(layout=W.Layout(width=f"{_INFO_PX}px", flex="0 0 auto"))
         self.toggle = W.ToggleButtons(
             options=[("save", "save"), ("recompute", "recompute")],
             value="save",
             style={"button_width": "96px"},
+            layout=W.Layout(width=f"{_TOGGLE_PX}px", flex="0 0 auto"),
             tooltips=["keep this op's outputs for backward", "recompute them in backward"],
         )
         self.toggle.add_class("memsave-sac-op")
         self.toggle.add_class(f"memsave-sac-op-{slug(op)}")
         self.box = W.HBox([self.info, self.toggle], layout=W.Layout(align_items="center"))
+        self.box.add_class("memsave-sac-row")
         self.toggle.observe(lambda ch: panel._user_op(op, ch["new"]), "value")
 
 
@@ -72,20 +91,31 @@ class SacPanel(W.VBox):
         self._syncing = False
         self._baseline: Measurement | None = None
         self._measurement: Measurement | None = None
+        self._plan = None  # the plan of the measurement on display (what the cost lines explain)
         self.title = W.HTML("<i>Select a module in the layer table (click its name) to tune its checkpointing per op.</i>")
         self.title.add_class("memsave-sac-title")
         self.presets = W.ToggleButtons(options=list(REGION_CHOICES), value="none", style={"button_width": "150px"})
         self.presets.add_class("memsave-sac-presets")
         self.presets.observe(self._user_preset, "value")
-        self.header = W.HTML("".join(_cell(f"<b>{h}</b>", w) for h, w in _COLS))
+        self.header = W.HBox([
+            W.HTML("".join(_cell(f"<b>{h}</b>", w, cls="memsave-sac-opcell" if i == 0 else "")
+                           for i, (h, w) in enumerate(_COLS)), layout=W.Layout(width=f"{_INFO_PX}px", flex="0 0 auto")),
+            W.HTML("<b>save or recompute</b>", layout=W.Layout(width=f"{_TOGGLE_PX}px", flex="0 0 auto")),
+        ])
+        self.header.add_class("memsave-sac-head")
         self.ops_box = W.VBox()
+        self.ops_box.add_class("memsave-sac-rows")
+        self.table = W.VBox([W.HTML(SAC_CSS, layout=W.Layout(display="none")), self.header, self.ops_box])
+        self.table.add_class("memsave-sac-table")
         self.advice = W.HTML("")
         self.advice.add_class("memsave-sac-advice")
+        self.cost = W.HTML("")
+        self.cost.add_class("memsave-sac-cost")
         self.note = W.HTML(
             "<small>Save keeps an op's outputs for backward; recompute runs the op again in backward. "
             "FLOPs are the op type's total over the whole step (not split per module).</small>"
         )
-        super().__init__([self.title, self.presets, self.advice, self.header, self.ops_box, self.note])
+        super().__init__([self.title, self.presets, self.advice, self.table, self.cost, self.note])
         self.add_class("memsave-sac")
         self._set_enabled(False)
 
@@ -99,8 +129,8 @@ class SacPanel(W.VBox):
         self.module = module
         self._rebuild()
 
-    def show(self, measurement: Measurement, baseline: Measurement) -> None:
-        self._measurement, self._baseline = measurement, baseline
+    def show(self, measurement: Measurement, baseline: Measurement, plan=None) -> None:
+        self._measurement, self._baseline, self._plan = measurement, baseline, plan
         self._rebuild()
 
     def op_names(self) -> list[str]:
@@ -155,7 +185,7 @@ class SacPanel(W.VBox):
                 why = self.blocked.get(o.op)
                 op_text = f"<code>{html.escape(o.op)}</code>" + (" <small style='color:#8a6d3b'>(cannot be saved)</small>" if why else "")
                 r.info.value = "".join([
-                    _cell(op_text, _COLS[0][1]),
+                    _cell(op_text, _COLS[0][1], cls="memsave-sac-opcell"),
                     _cell(format_count(o.count), _COLS[1][1], "right"),
                     _cell(format_bytes(o.saved_bytes), _COLS[2][1], "right"),
                     _cell(format_bytes(cur.saved_bytes if cur else 0), _COLS[3][1], "right"),
@@ -170,7 +200,17 @@ class SacPanel(W.VBox):
         finally:
             self._syncing = False
         self.ops_box.children = tuple(rows)
+        self._show_cost(base_ops)
         self._set_enabled(True)
+
+    def _show_cost(self, base_ops: list) -> None:
+        """Why the plan on display keeps more (or less) than eager here, in measured bytes."""
+        plan, m = self._plan, self._measurement
+        policy = plan.active_regions.get(self.module) if plan is not None and m is not None else None
+        lines = [] if policy is None else sac_cost_lines(
+            self.module, plan, m, self._baseline, [o.op for o in base_ops if op_choice(policy, o.op) == "recompute"])
+        self.cost.value = ("<ul style='margin:2px 0;font-size:90%'>"
+                           + "".join(f"<li>{html.escape(line)}</li>" for line in lines) + "</ul>") if lines else ""
 
     def toggle(self, op: str) -> W.ToggleButtons:
         """The save/recompute toggle of ``op`` in the current region."""

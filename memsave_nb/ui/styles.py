@@ -3,7 +3,8 @@
 ipywidgets gives each tab of a ``Tab`` a share of the row (``flex: 0 1 144px``): seven tabs in a
 700 px notebook got 84 px each and "Compile budget", "SAC per op" and "Plan as code" were cut
 to "Compile bu…". Here the tabs keep the width of their titles and the tab bar wraps onto a
-second line instead. The layer table's own rules (sticky name column, sideways scrolling) live
+second line instead. In a narrow notebook the GPUs tab's per-rank table wraps its headers and
+narrows its padding so that every column is in view (issue 42). The layer table's own rules (sticky name column, sideways scrolling) live
 with it in ``layer_table.TABLE_CSS``.
 """
 
@@ -19,9 +20,28 @@ EXPLORER_CSS = f"""<style>
 {_TAB} .lm-TabBar-tabLabel {{ overflow: visible; }}
 </style>"""
 
+#: the GPUs tab's per-rank table in a narrow notebook (a container query on its scroll box): smaller
+#: type, headers and values wrap (a value between its number and its unit), so every column is in view
+NARROW_TABLES_CSS = """<style>
+.memsave-explorer .memsave-parallel-grid-box { container-type: inline-size; }
+@container (max-width: 760px) {
+  .memsave-explorer .memsave-parallel-grid { font-size: 11px !important; }
+  .memsave-explorer .memsave-parallel-grid th, .memsave-explorer .memsave-parallel-grid td {
+    padding: 2px 3px !important; white-space: normal !important; }
+  .memsave-explorer .memsave-parallel-grid th { vertical-align: bottom; overflow-wrap: anywhere; hyphens: auto; }
+}
+</style>"""
+
 
 def explorer_style() -> W.HTML:
     """A hidden widget carrying :data:`EXPLORER_CSS` (a ``<style>`` applies wherever it sits)."""
     w = W.HTML(EXPLORER_CSS, layout=W.Layout(display="none"))
     w.add_class("memsave-explorer-style")
+    return w
+
+
+def narrow_tables_style() -> W.HTML:
+    """A hidden widget carrying :data:`NARROW_TABLES_CSS`."""
+    w = W.HTML(NARROW_TABLES_CSS, layout=W.Layout(display="none"))
+    w.add_class("memsave-narrow-tables-style")
     return w

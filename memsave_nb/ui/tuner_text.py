@@ -6,26 +6,10 @@ from __future__ import annotations
 import html
 from typing import Any, Sequence
 
-from memsave_nb.errors import MemsaveError
 from memsave_nb.target import Target
 
 from .format import format_bytes
 from .pareto_figure import FITS_COLOR, MISS_COLOR
-
-
-def no_seq_reason(workload: Any) -> str:
-    """Why "max seq len" cannot run for this workload ("" when it can: token inputs whose length
-    ``seq_len`` can change)."""
-    from memsave_nb.knobs import seq_len_of
-
-    if callable(workload.batch):
-        return ("max seq len: the batch is a function, so its sequence length cannot be changed from here; "
-                "pass the batch itself (a dict or tensor of token ids) to search it")
-    try:
-        seq_len_of(workload.batch)
-    except MemsaveError:  # no token tensors: the knob does not apply
-        return "max seq len: the batch has no token-id inputs (no sequence length to change)"
-    return ""
 
 
 def _floor(m: Any) -> int:
