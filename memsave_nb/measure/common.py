@@ -59,10 +59,14 @@ def foreach_note(name: str) -> str:
     )
 
 
-def cuda_step_note() -> str:
-    """What a workload sized for CUDA (``Workload.sized_for="cuda"``) ran, said once under its numbers."""
-    return ("sized as CUDA runs it: the optimizer left to pick its implementation takes torch's GPU default, the "
-            "foreach step (its temporaries counted), on a CPU twin of the step")
+def cuda_step_note(attention: dict[str, int] | None = None) -> str:
+    """What a workload sized for CUDA (``Workload.sized_for="cuda"``) ran, said once under its numbers:
+    the optimizer's step and, in fake mode, the attention backend CUDA picks (``cuda_attention``)."""
+    from .cuda_attention import title_words
+
+    words = f", {title_words(attention)}" if attention else ""
+    return (f"sized as CUDA runs it: foreach optimizer step{words}. The optimizer left to pick its implementation takes "
+            "torch's GPU default, the foreach step (its temporaries counted), on a CPU twin of the step")
 
 
 def clear_grads(model: nn.Module, set_to_none: bool) -> None:
