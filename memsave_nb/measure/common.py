@@ -69,6 +69,14 @@ def cuda_step_note(attention: dict[str, int] | None = None) -> str:
             "torch's GPU default, the foreach step (its temporaries counted), on a CPU twin of the step")
 
 
+def sized_words(notes: tuple[str, ...] | list[str]) -> str:
+    """The title's words for a step sized as CUDA runs it, from its first note (``cuda_step_note``):
+    ``", sized as CUDA runs it (foreach optimizer step, flash attention)"``; "" for any other step."""
+    head = "sized as CUDA runs it: "
+    note = next((n for n in notes if n.startswith(head)), None)
+    return "" if note is None else f", sized as CUDA runs it ({note[len(head):].split('.')[0]})"
+
+
 def clear_grads(model: nn.Module, set_to_none: bool) -> None:
     """What ``optimizer.zero_grad(set_to_none=...)`` does between steps: drop the grads, or zero
     them in place (their storages stay allocated)."""

@@ -10,7 +10,9 @@ through their meta functions, with their autograd formulas: the twin saves what 
 The choice follows ``select_sdp_backend`` in PyTorch's
 ``aten/src/ATen/native/transformers/cuda/sdp_utils.cpp`` (read at pytorch/pytorch 001f694a,
 torch 2.13-era): the priority order (cuDNN first on sm90/sm100 when the wheel's cuDNN is newer than
-9.15, ``check_prefer_cudnn_attention``; else flash, memory-efficient, math), and each backend's
+9.15, ``check_prefer_cudnn_attention``; else flash, memory-efficient, math). Assumed: the CUDA
+wheel's cuDNN is newer than 9.22 (nvidia-cudnn-cu12 9.27 was current in 2026-09), so cuDNN takes head
+dims up to 256 on sm90/sm10x, and each backend's
 filters (``can_use_cudnn_attention``, ``can_use_flash_attention``,
 ``can_use_mem_efficient_attention``). The composite around the kernels (bool masks made additive,
 flash's head dim padded to 8) follows ``scaled_dot_product_attention`` in ``attention.cpp``.
@@ -23,11 +25,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import threading
 from typing import Any, Iterator
 
 import torch
 import torch.nn.functional as F
-from torch.overrides import TorchFunctionMode
 
 from ..workload import SIZED_GPUS, check_gpu
 
@@ -77,11 +79,12 @@ def select_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask:
     d_qk, d_v = q.size(-1), v.size(-1)
     order = (CUDNN, FLASH, EFFICIENT, MATH) if gpu.cudnn_first else (FLASH, EFFICIENT, MATH)
     for backend in order:
-        if backend == CUDNN:
-            limit = 128  # check_cudnn_tensor_shapes (256 only with a cuDNN frontend >= 1.24 on sm90)
+        if backend == CUDNN:  # check_cudnn_tensor_shapes, check_cudnn_d256_bprop_head_dim (cuDNN > 9.22)
+            limit = 256 if gpu.cudnn_first else 128
+            bprop = (d_qk <= 128 and d_v <= 128) or (d_qk, d_v) in ((192, 128), (256, 256))
             ok = (low_precision and _sm(gpu, (8, 0), (12, 1)) and dropout_p * 16 == math.floor(dropout_p * 16)
                   and d_qk <= limit and d_v <= limit and d_qk % 8 == 0 and d_v % 8 == 0 and k.size(2) != 1
-                  and (not grad or (d_qk <= 128 and d_v <= 128)))
+                  and (not grad or not gpu.cudnn_first or bprop))
         elif backend == FLASH:
             sm86_89_120 = _sm(gpu, (8, 6), (8, 9)) or _sm(gpu, (12, 0), (12, 1))
             big_head = d_qk > 192 and (d_qk <= 224 or dropout_p > 0)
@@ -143,38 +146,56 @@ def run_backend(backend: str, q, k, v, attn_mask, dropout_p: float, is_causal: b
     return out[..., :d] if d % 8 else out
 
 
-class CudaAttention(TorchFunctionMode):
+class CudaAttention:
     """Answers ``F.scaled_dot_product_attention`` with CUDA's backend; records each choice."""
 
     def __init__(self, gpu: Gpu) -> None:
-        super().__init__()
         self.gpu = gpu
         self.backends: dict[str, int] = {}
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is not F.scaled_dot_product_attention:
-            return func(*args, **kwargs)
-        call = _arguments(*args, **kwargs)
-        backend = select_backend(call["query"], call["key"], call["value"], call["attn_mask"], call["dropout_p"],
-                                 call["is_causal"], call["enable_gqa"], self.gpu)
+    def __call__(self, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                 enable_gqa=False):
+        dropout_p, is_causal, enable_gqa = float(dropout_p), bool(is_causal), bool(enable_gqa)
+        backend = select_backend(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa, self.gpu)
         self.backends[backend] = self.backends.get(backend, 0) + 1
-        return run_backend(backend, call["query"], call["key"], call["value"], call["attn_mask"], call["dropout_p"],
-                           call["is_causal"], call["scale"], call["enable_gqa"])
+        return run_backend(backend, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
 
 
-def _arguments(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-               enable_gqa=False) -> dict[str, Any]:
-    return dict(query=query, key=key, value=value, attn_mask=attn_mask, dropout_p=float(dropout_p),
-                is_causal=bool(is_causal), scale=scale, enable_gqa=bool(enable_gqa))
+# Why a patched function and not a TorchFunctionMode: a mode is switched off while its handler runs,
+# so ``loss.backward()`` passed through it runs a checkpoint's recomputation without it (the
+# recomputed SDPA then saves other tensors and torch.utils.checkpoint refuses). The patch answers
+# only on the thread that opened ``cuda_attention`` (the CPU autograd engine recomputes there).
+_ORIGINAL = F.scaled_dot_product_attention
+_LOCAL = threading.local()
+_USERS = [0]
+_GUARD = threading.Lock()
+
+
+def _patched(*args, **kwargs):
+    active = getattr(_LOCAL, "stack", None)
+    if active:
+        return active[-1](*args, **kwargs)
+    return _ORIGINAL(*args, **kwargs)
 
 
 @contextlib.contextmanager
 def cuda_attention(gpu: str | Gpu | None = None) -> Iterator[CudaAttention]:
-    """While open, SDPA calls run the kernel CUDA would pick on ``gpu`` (fake tensors only)."""
-    mode = CudaAttention(gpu if isinstance(gpu, Gpu) else gpu_of(gpu))
-    with mode:
-        yield mode
+    """While open, SDPA calls on this thread run the kernel CUDA would pick on ``gpu`` (fake
+    tensors only: the CUDA kernels' ops have no CPU kernels)."""
+    answer = CudaAttention(gpu if isinstance(gpu, Gpu) else gpu_of(gpu))
+    with _GUARD:
+        _USERS[0] += 1
+        F.scaled_dot_product_attention = _patched
+    stack = _LOCAL.__dict__.setdefault("stack", [])
+    stack.append(answer)
+    try:
+        yield answer
+    finally:
+        stack.pop()
+        with _GUARD:
+            _USERS[0] -= 1
+            if not _USERS[0]:
+                F.scaled_dot_product_attention = _ORIGINAL
 
 
 def title_words(backends: dict[str, int]) -> str:

@@ -35,6 +35,7 @@ from torch import nn
 
 from memsave_nb.errors import MemsaveError, WorkloadError
 from memsave_nb.measure import Measurement
+from memsave_nb.measure.common import sized_words
 from memsave_nb.plan import Plan
 from memsave_nb.session import Entry, Session
 from memsave_nb.target import Target
@@ -101,7 +102,8 @@ class Explorer(ExplorerRuns, W.VBox):
         # -- header: numbers, status, controls -------------------------------------------------
         wl = session.workload
         self.title = W.HTML(title_html(getattr(wl, "name", "workload"), type(self.model).__name__, session.mode,
-                                       str(getattr(wl, "device", "cpu")), wl.loop, wl.sized_for))
+                                       str(getattr(wl, "device", "cpu")), wl.loop, wl.sized_for,
+                                       html.escape(sized_words(self.baseline.notes))))
         self.title.add_class("memsave-title")
         self.saved_total = _label("-", "memsave-saved-total")
         self.saved_bytes = _label("-", "memsave-saved-bytes")

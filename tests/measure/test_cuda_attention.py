@@ -47,7 +47,9 @@ def _choice(gpu, d=64, dtype=torch.bfloat16, mask=False, causal=False, lk=L, dro
     ("h100", dict(d=60), FLASH),                          # cuDNN: head dim a multiple of 8
     ("a100", dict(d=300), MATH),                          # > 256 for flash; 300 % 8 for memory-efficient
     ("a100", dict(d=512), EFFICIENT),                     # memory-efficient has no head-dim limit on CUDA
-    ("h100", dict(d=256), FLASH),                         # cuDNN's backward: head dim <= 128 (this build)
+    ("h100", dict(d=256), CUDNN),                         # cuDNN > 9.22 on sm90: head dim 256 forward and backward
+    ("h100", dict(d=200), FLASH),                         # cuDNN's backward: <= 128, 192/128 or 256/256 only
+    ("a100", dict(d=256), FLASH),
     ("a10", dict(d=200), EFFICIENT),                      # sm86 training with head dim in (192, 224]
     ("a100", dict(causal=True, lk=64), EFFICIENT),        # flash: causal needs seq_q == seq_k
     ("v100", {}, MATH),                                   # sm70: bf16 in no fused kernel
@@ -156,3 +158,27 @@ def test_the_gpu_is_checked():
     w = zoo.make("mlp", 1)
     with pytest.raises(WorkloadError, match="unknown gpu"):
         Workload(w.model, w.batch, gpu="tpu-v9" * 20)
+
+
+def test_cudnn_saves_the_flash_bytes_with_its_own_philox_state():
+    """bf16 on an H100 takes cuDNN: output and a float32 LSE (batch x heads x seq x 1), two
+    int64 philox scalars: the CPU flash kernel's bytes plus 16."""
+    n, shapes, backends = _run("h100")
+    assert backends == {CUDNN: 1}
+    assert ((B, H, L, 1), torch.float32) in shapes
+    assert n == B * H * L * 64 * 2 + B * H * L * 4 + 16
+
+
+def test_a_checkpointed_region_recomputes_with_the_same_backend():
+    """The recomputation in backward runs CUDA's backend too (a TorchFunctionMode, off while its
+    own handler runs ``backward``, once made checkpoint refuse: 7 tensors saved, then 5)."""
+    from torch.utils.checkpoint import checkpoint
+
+    with FakeTensorMode():
+        x = torch.randn(B, H, 64, 16, requires_grad=True)
+        with cuda_attention("a100") as mode:
+            y = checkpoint(lambda t: F.scaled_dot_product_attention(t * 2, t * 2, t * 2, is_causal=True), x,
+                           use_reentrant=False)
+            y.sum().backward()
+    assert mode.backends == {EFFICIENT: 2}
+    assert F.scaled_dot_product_attention is torch._C._nn.scaled_dot_product_attention  # given back
