@@ -262,8 +262,8 @@ class Workload:
             return None
         factory = optimizer_factory(spec) if isinstance(spec, str) else spec
         optimizer = factory(params)
-        if self.sized_for == "cuda":
-            follow_cuda_default(optimizer)
+        if self.sized_for == "cuda":  # the step chosen, for the measurement's note (not a field)
+            self.__dict__["cuda_step"] = follow_cuda_default(optimizer) or "its own"
         return optimizer
 
     def replace(self, **changes: Any) -> "Workload":

@@ -59,14 +59,19 @@ def foreach_note(name: str) -> str:
     )
 
 
-def cuda_step_note(attention: dict[str, int] | None = None) -> str:
+def cuda_step_note(attention: dict[str, int] | None = None, step: str | None = "foreach") -> str:
     """What a workload sized for CUDA (``Workload.sized_for="cuda"``) ran, said once under its numbers:
-    the optimizer's step and, in fake mode, the attention backend CUDA picks (``cuda_attention``)."""
+    the optimizer's step (``follow_cuda_default``'s answer: "foreach", "fused", "single-tensor" as
+    asked, None without the choice) and, in fake mode, the attention backend CUDA picks."""
     from .cuda_attention import title_words
 
-    words = f", {title_words(attention)}" if attention else ""
-    return (f"sized as CUDA runs it: foreach optimizer step{words}. The optimizer left to pick its implementation takes "
-            "torch's GPU default, the foreach step (its temporaries counted), on a CPU twin of the step")
+    words = [f"{step} optimizer step"] if step else []
+    words += [title_words(attention)] if attention else []
+    why = {"foreach": "the optimizer left to pick its implementation takes torch's GPU default, the foreach step "
+                      "(its temporaries counted)",
+           "fused": "the fused step asked for (the trainer's adamw_torch_fused default) runs in place"}.get(
+        step or "", "the optimizer runs as asked")
+    return f"sized as CUDA runs it: {', '.join(words) or 'no optimizer step'}. On a CPU twin of the step: {why}"
 
 
 def sized_words(notes: tuple[str, ...] | list[str]) -> str:

@@ -114,7 +114,8 @@ def measure(
     if mode == "fake" and optimizer_kind is not None:
         m = dataclasses.replace(m, notes=m.notes + (foreach_note(optimizer_kind),))
     if workload.sized_for == "cuda":
-        m = dataclasses.replace(m, notes=(cuda_step_note(attention.backends if attention else None),) + m.notes)
+        m = dataclasses.replace(m, notes=(cuda_step_note(attention.backends if attention else None,
+                                                     workload.__dict__.get("cuda_step")),) + m.notes)
     if tracker.workspace_statuses:
         m = dataclasses.replace(m, notes=m.notes + workspace_notes(tracker.workspace_statuses))
     return m
