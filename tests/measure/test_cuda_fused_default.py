@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from memsave_nb import Plan, measure
+from memsave_nb import measure
 from memsave_nb.hub import from_pretrained
 from memsave_nb.trainers import from_trainer
 
