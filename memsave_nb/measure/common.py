@@ -59,14 +59,15 @@ def foreach_note(name: str) -> str:
     )
 
 
-def cuda_step_note(attention: dict[str, int] | None = None, step: str | None = "foreach") -> str:
+def cuda_step_note(attention: dict[str, int] | None = None, step: str | None = "foreach", real: bool = False) -> str:
     """What a workload sized for CUDA (``Workload.sized_for="cuda"``) ran, said once under its numbers:
     the optimizer's step (``follow_cuda_default``'s answer: "foreach", "fused", "single-tensor" as
-    asked, None without the choice) and, in fake mode, the attention backend CUDA picks."""
+    asked, None without the choice) and, in fake mode, the attention backend CUDA picks (a real CPU
+    step cannot run CUDA's kernels: ``real`` says its attention was the CPU's)."""
     from .cuda_attention import title_words
 
     words = [f"{step} optimizer step"] if step else []
-    words += [title_words(attention)] if attention else []
+    words += [title_words(attention)] if attention else (["the CPU's attention (a real step)"] if real else [])
     why = {"foreach": "the optimizer left to pick its implementation takes torch's GPU default, the foreach step "
                       "(its temporaries counted)",
            "fused": "the fused step asked for (the trainer's adamw_torch_fused default) runs in place"}.get(

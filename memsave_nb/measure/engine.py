@@ -115,7 +115,8 @@ def measure(
         m = dataclasses.replace(m, notes=m.notes + (foreach_note(optimizer_kind),))
     if workload.sized_for == "cuda":
         m = dataclasses.replace(m, notes=(cuda_step_note(attention.backends if attention else None,
-                                                     workload.__dict__.get("cuda_step")),) + m.notes)
+                                                     workload.__dict__.get("cuda_step"),
+                                                     mode == "real" and torch.device(workload.device).type == "cpu"),) + m.notes)
     if tracker.workspace_statuses:
         m = dataclasses.replace(m, notes=m.notes + workspace_notes(tracker.workspace_statuses))
     return m
