@@ -156,9 +156,15 @@ class CudaAttention:
     def __call__(self, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                  enable_gqa=False):
         dropout_p, is_causal, enable_gqa = float(dropout_p), bool(is_causal), bool(enable_gqa)
-        backend = select_backend(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa, self.gpu)
-        self.backends[backend] = self.backends.get(backend, 0) + 1
-        return run_backend(backend, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+        if torch.is_autocast_enabled("cpu"):  # the twin's autocast stands for CUDA's, whose lower-precision
+            low = torch.get_autocast_dtype("cpu")  # list holds scaled_dot_product_attention (cached_cast:
+            query, key, value, attn_mask = (  # every floating argument but float64 goes to the low dtype)
+                t.to(low) if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64 else t
+                for t in (query, key, value, attn_mask))
+        with torch.autocast("cpu", enabled=False):
+            backend = select_backend(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa, self.gpu)
+            self.backends[backend] = self.backends.get(backend, 0) + 1
+            return run_backend(backend, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
 
 
 # Why a patched function and not a TorchFunctionMode: a mode is switched off while its handler runs,

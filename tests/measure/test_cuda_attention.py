@@ -182,3 +182,14 @@ def test_a_checkpointed_region_recomputes_with_the_same_backend():
             y.sum().backward()
     assert mode.backends == {EFFICIENT: 2}
     assert F.scaled_dot_product_attention is torch._C._nn.scaled_dot_product_attention  # given back
+
+
+def test_under_autocast_the_backend_sees_the_low_precision_inputs():
+    """CUDA's autocast lists ``scaled_dot_product_attention`` as lower precision: fp32 q, k, v (a
+    rotary embedding's output) reach the kernel in bf16, so an A100 runs flash, not the fp32
+    memory-efficient kernel; the output is bf16."""
+    with FakeTensorMode():
+        q, k, v = (torch.randn(B, H, L, 64, requires_grad=True) for _ in range(3))
+        with cuda_attention("a100") as mode, torch.autocast("cpu", dtype=torch.bfloat16):
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert mode.backends == {FLASH: 1} and out.dtype == torch.bfloat16
