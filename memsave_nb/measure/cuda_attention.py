@@ -10,11 +10,11 @@ through their meta functions, with their autograd formulas: the twin saves what 
 The choice follows ``select_sdp_backend`` in PyTorch's
 ``aten/src/ATen/native/transformers/cuda/sdp_utils.cpp`` (read at pytorch/pytorch 001f694a,
 torch 2.13-era): the priority order (cuDNN first on sm90/sm100 when the wheel's cuDNN is newer than
-9.15, ``check_prefer_cudnn_attention``; else flash, memory-efficient, math). Assumed: the CUDA
-wheel's cuDNN is newer than 9.22 (nvidia-cudnn-cu12 9.27 was current in 2026-09), so cuDNN takes head
-dims up to 256 on sm90/sm10x, and each backend's
+9.15, ``check_prefer_cudnn_attention``; else flash, memory-efficient, math) and each backend's
 filters (``can_use_cudnn_attention``, ``can_use_flash_attention``,
-``can_use_mem_efficient_attention``). The composite around the kernels (bool masks made additive,
+``can_use_mem_efficient_attention``). Assumed: the CUDA wheel's cuDNN is newer than 9.22
+(nvidia-cudnn-cu12 9.27 was current in 2026-09), so cuDNN takes head dims up to 256 on sm90/sm10x.
+The composite around the kernels (bool masks made additive, the memory-efficient bias padded,
 flash's head dim padded to 8) follows ``scaled_dot_product_attention`` in ``attention.cpp``.
 Dense inputs only; user switches (``torch.backends.cuda.enable_*_sdp``) are not read: the twin
 sizes torch's defaults. Fake mode only (the CUDA ops have no CPU kernels).
