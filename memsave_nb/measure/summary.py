@@ -127,11 +127,11 @@ def _summarise(tracker: MemoryTracker, workload: Workload, mode: str, times: lis
 def _cublas_workspace(workload: Workload, phase_starts: dict[str, int]) -> tuple[int, int, str] | None:
     """A step sized for CUDA reserves a cuBLAS workspace at its first matmul (placed at the start
     of forward); None for any other step (a real CUDA step's own workspace predates it)."""
-    if workload.sized_for != "cuda":
+    if getattr(workload, "sized_for", None) != "cuda":  # the cell magic passes a plain namespace
         return None
     from .cublas_workspace import SOURCE, workspace_bytes
 
-    return workspace_bytes(workload.gpu), phase_starts.get("forward", 0), SOURCE
+    return workspace_bytes(getattr(workload, "gpu", None)), phase_starts.get("forward", 0), SOURCE
 
 
 def _output_part_bytes(parts: list[tuple[str, set[int]]], tracker: MemoryTracker, kinds: list[str]) -> tuple[tuple[str, int], ...]:
