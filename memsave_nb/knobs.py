@@ -549,6 +549,9 @@ def apply_knobs(plan: "KnobValues", workload: "Workload") -> tuple[dict[str, Any
     elif precision in ("bf16", "bf16_master"):
         undo.append(cast_parameters(workload.model, torch.bfloat16))
         changes["dtype"] = torch.bfloat16
+    if precision in ("fp32", "autocast_bf16", "autocast_fp16"):  # "fp32 parameters": a bf16 model is cast too
+        undo.append(cast_parameters(workload.model, torch.float32))
+        changes["dtype"] = torch.float32 if workload.dtype is not None else None
     if plan.optimizer is not None or precision == "bf16_master":
         changes["optimizer"] = _optimizer_spec(plan, workload)
     for name in ("accumulation_steps", "set_to_none"):

@@ -378,6 +378,8 @@ class ReservedVerdict:
     alloc_conf: str = ""
     fragmentation_only: bool = False
     fix: str = ""
+    workspace_bytes: int = 0  # inside reserved_bytes: the cuBLAS workspace replayed with the step
+    workspace_source: str = ""
 
     @property
     def total_bytes(self) -> int:
@@ -395,6 +397,8 @@ class ReservedVerdict:
              f"allocated {fb(self.allocated_bytes)})"),
             f"  CUDA context: {fb(self.context_bytes)} ({CUDA_CONTEXT_SOURCE})",
         ]
+        if self.workspace_bytes:
+            out.append(f"  cuBLAS workspace: {fb(self.workspace_bytes)}, inside the predicted reserved ({self.workspace_source})")
         if self.communicators:
             out.append(f"  communication buffers: {fb(self.comm_bytes)} ({self.communicators} x {COMM_BUFFER_SOURCE})")
         if self.fragmentation_only:
@@ -439,7 +443,8 @@ def reserved_verdict(target: Target, measurement: "Measurement", *, communicator
                 fix = conf
                 break
     return ReservedVerdict(target, r.max_reserved_bytes, r.max_allocated_bytes, CUDA_CONTEXT_BYTES, comm,
-                           communicators, fits, r.alloc_conf, frag, fix)
+                           communicators, fits, r.alloc_conf, frag, fix, getattr(r, "workspace_bytes", 0),
+                           getattr(r, "workspace_source", ""))
 
 
 # -- one fit test for the verdict and every search (issue 40, part 3) ---------------------------

@@ -158,6 +158,8 @@ class Workload:
     ``"cuda"`` (what models by name default to: they are sized for a GPU on a CPU twin) makes an
     optimizer left to pick its implementation run the step torch picks on CUDA (see
     :func:`follow_cuda_default`); None: the step runs as the workload's own device runs it.
+    ``gpu``: the GPU generation a ``sized_for="cuda"`` step follows where it matters (SDPA's
+    backend; see ``SIZED_GPUS``); None assumes an H100 (sm90).
 
     ``batch`` is a tensor, a tuple/list (positional arguments), a dict (keyword arguments, as
     Hugging Face models take them) or a zero-argument callable returning one of those.
@@ -176,6 +178,7 @@ class Workload:
     autocast_dtype: torch.dtype | None = None
     loop: str = DEFAULT_LOOP
     sized_for: str | None = None
+    gpu: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, nn.Module):
@@ -193,6 +196,7 @@ class Workload:
             raise WorkloadError(f"unknown loop {self.loop!r}; choose from {', '.join(LOOPS)}")
         if self.sized_for not in SIZED_FOR:
             raise WorkloadError(f"sized_for must be one of {', '.join(map(str, SIZED_FOR))}, got {str(self.sized_for)[:40]!r}")
+        check_gpu(self.gpu)
         if isinstance(self.optimizer, str) and self.optimizer.lower() != NO_OPTIMIZER:
             key = self.optimizer.lower()
             if OPTIMIZER_ALIASES.get(key, key) not in OPTIMIZERS:
@@ -258,8 +262,8 @@ class Workload:
             return None
         factory = optimizer_factory(spec) if isinstance(spec, str) else spec
         optimizer = factory(params)
-        if self.sized_for == "cuda":
-            follow_cuda_default(optimizer)
+        if self.sized_for == "cuda":  # the step chosen, for the measurement's note (not a field)
+            self.__dict__["cuda_step"] = follow_cuda_default(optimizer) or "its own"
         return optimizer
 
     def replace(self, **changes: Any) -> "Workload":
@@ -267,6 +271,18 @@ class Workload:
 
 
 SIZED_FOR = (None, "cuda")
+# GPU generations by compute capability, as sdp_utils.cpp reads them (measure/cuda_attention.py).
+SIZED_GPUS = {"v100": (7, 0), "t4": (7, 5), "a100": (8, 0), "a10": (8, 6), "l4": (8, 9), "rtx4090": (8, 9),
+              "h100": (9, 0), "h200": (9, 0), "b200": (10, 0)}
+DEFAULT_GPU = "h100"
+
+
+def check_gpu(name: object) -> str:
+    """The key of a GPU generation in ``SIZED_GPUS`` (None: ``DEFAULT_GPU``); else a one-line error."""
+    key = DEFAULT_GPU if name is None else (name.lower() if isinstance(name, str) else "")
+    if key not in SIZED_GPUS:
+        raise WorkloadError(f"unknown gpu {str(name)[:40]!r}; choose from {', '.join(SIZED_GPUS)}")
+    return key
 
 
 def follow_cuda_default(optimizer: Any) -> str | None:

@@ -135,7 +135,7 @@ def test_report_llama_8b_lora_max_batch_answers_first_in_a_fresh_process():
     assert done.stderr == ""
     lines = done.stdout.splitlines()
     assert lines[0] == ("memsave_nb report: llama-3.1-8b, LoRA r=16, seq 2048, batch 1, fake mode on cpu, "
-                        "sized as CUDA runs it (foreach optimizer step), loop loss_only")
+                        "sized as CUDA runs it (foreach optimizer step, cuDNN attention), loop loss_only")
     assert lines[1] == ""
     assert lines[2].startswith("Peak memory: ") and "during backward" in lines[2]
     assert lines[3].startswith("Target 24 GB: does not fit")

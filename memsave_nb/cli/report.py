@@ -232,9 +232,13 @@ def _step_note(m, format_bytes) -> str:
     return f" (steady state: training's step 2 on; first step {format_bytes(m.first_step_peak_bytes)})"
 
 
-def _sized_for(workload) -> str:
-    """The title's words for a step sized as another device runs it (``Workload.sized_for``)."""
-    return ", sized as CUDA runs it (foreach optimizer step)" if workload.sized_for == "cuda" else ""
+def _sized_for(workload, measurement) -> str:
+    """The title's words for a step sized as another device runs it (``Workload.sized_for``): the
+    optimizer step and the attention backend it ran (``measure.common.sized_words``)."""
+    from ..measure.common import sized_words
+
+    words = sized_words(measurement.notes)
+    return words or (", sized as CUDA runs it (foreach optimizer step)" if workload.sized_for == "cuda" else "")
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -265,7 +269,7 @@ def _report(args: argparse.Namespace) -> int:
     knobs = f", {plan.describe()}" if not plan.is_empty else ""
     from .setup_words import setup_words
 
-    title = f"memsave_nb report: {cw.name}{setup_words(args, cw.workload, cw.hub)}, batch {plan.batch_size or cw.batch}{knobs}, {cw.mode} mode on {measurement.device}{_sized_for(cw.workload)}, loop {cw.workload.loop}"
+    title = f"memsave_nb report: {cw.name}{setup_words(args, cw.workload, cw.hub)}, batch {plan.batch_size or cw.batch}{knobs}, {cw.mode} mode on {measurement.device}{_sized_for(cw.workload, measurement)}, loop {cw.workload.loop}"
     top = args.top if args.top is not None or not cw.hub else HUB_TOP
     if args.json:
         from .json_out import dump, report_json

@@ -59,10 +59,28 @@ def foreach_note(name: str) -> str:
     )
 
 
-def cuda_step_note() -> str:
-    """What a workload sized for CUDA (``Workload.sized_for="cuda"``) ran, said once under its numbers."""
-    return ("sized as CUDA runs it: the optimizer left to pick its implementation takes torch's GPU default, the "
-            "foreach step (its temporaries counted), on a CPU twin of the step")
+def cuda_step_note(attention: dict[str, int] | None = None, step: str | None = "foreach", real: bool = False) -> str:
+    """What a workload sized for CUDA (``Workload.sized_for="cuda"``) ran, said once under its numbers:
+    the optimizer's step (``follow_cuda_default``'s answer: "foreach", "fused", "single-tensor" as
+    asked, None without the choice) and, in fake mode, the attention backend CUDA picks (a real CPU
+    step cannot run CUDA's kernels: ``real`` says its attention was the CPU's)."""
+    from .cuda_attention import title_words
+
+    words = [f"{step} optimizer step"] if step else []
+    words += [title_words(attention)] if attention else (["the CPU's attention (a real step)"] if real else [])
+    why = {"foreach": "the optimizer left to pick its implementation takes torch's GPU default, the foreach step "
+                      "(its temporaries counted)",
+           "fused": "the fused step asked for (the trainer's adamw_torch_fused default) runs in place"}.get(
+        step or "", "the optimizer runs as asked")
+    return f"sized as CUDA runs it: {', '.join(words) or 'no optimizer step'}. On a CPU twin of the step: {why}"
+
+
+def sized_words(notes: tuple[str, ...] | list[str]) -> str:
+    """The title's words for a step sized as CUDA runs it, from its first note (``cuda_step_note``):
+    ``", sized as CUDA runs it (foreach optimizer step, flash attention)"``; "" for any other step."""
+    head = "sized as CUDA runs it: "
+    note = next((n for n in notes if n.startswith(head)), None)
+    return "" if note is None else f", sized as CUDA runs it ({note[len(head):].split('.')[0]})"
 
 
 def clear_grads(model: nn.Module, set_to_none: bool) -> None:

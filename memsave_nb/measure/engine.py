@@ -21,6 +21,7 @@ from ..errors import WorkloadError
 from ..model_state import ModelSnapshot
 from ..workload import Workload, iter_tensors
 from . import fake_compat
+from .cuda_attention import sized_attention
 from .common import clear_grads, cuda_step_note, foreach_note, model_lock, single_tensor_default  # noqa: F401 - re-exported
 from .fake_model import _fake_model, _has_fake_tensors
 from .gc_pause import collector_paused
@@ -85,6 +86,7 @@ def measure(
                 f"the model of {workload.name!r} holds fake or meta tensors (built under FakeTensorMode or on the meta device): measure it with mode='fake'"
             )
         snapshot = ModelSnapshot.capture(model, copy_values=(mode == "real"))
+        attention = None
         leaves = _user_leaf_grads(workload)
 
         def restore() -> None:  # before a measurement runs again the old way (step.py's _run)
@@ -96,7 +98,7 @@ def measure(
         try:
             if mode == "fake":
                 with collector_paused(), _fake_model(model, workload.device) as fake_mode, \
-                        fake_compat.same_path_as_real(workload):
+                        fake_compat.same_path_as_real(workload), sized_attention(workload) as attention:
                     result = _run(workload, fake_mode=fake_mode, flops=flops, cancel_event=cancel_event,
                                   steady_state=steady_state, repeats=0, first_step_peak=first_step_peak,
                                   restore=restore)
@@ -115,7 +117,9 @@ def measure(
     if mode == "fake" and optimizer_kind is not None:
         m = dataclasses.replace(m, notes=m.notes + (foreach_note(optimizer_kind),))
     if workload.sized_for == "cuda":
-        m = dataclasses.replace(m, notes=(cuda_step_note(),) + m.notes)
+        m = dataclasses.replace(m, notes=(cuda_step_note(attention.backends if attention else None,
+                                                     workload.__dict__.get("cuda_step"),
+                                                     mode == "real" and torch.device(workload.device).type == "cpu"),) + m.notes)
     if tracker.workspace_statuses:
         m = dataclasses.replace(m, notes=m.notes + workspace_notes(tracker.workspace_statuses))
     return m

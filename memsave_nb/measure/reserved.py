@@ -71,12 +71,23 @@ def settings_of(conf: str | None) -> tuple[Settings, str]:
         return Settings(), ""
 
 
+def with_workspace(ops: tuple[tuple[int, int, int], ...], nbytes: int, event: int) -> tuple[tuple[int, int, int], ...]:
+    """``ops`` with one allocation of ``nbytes`` that is never freed (a cuBLAS workspace), made
+    before the first call of timeline event ``event`` or later."""
+    at = next((i for i, op in enumerate(ops) if op[2] >= event), len(ops))
+    key = max((op[0] for op in ops), default=-1) + 1
+    return ops[:at] + ((key, nbytes, max(event, 0)),) + ops[at:]
+
+
 def replay_tracker(events: list[tuple[int, int]], records: list, preexisting: set[int] | None = None,
-                   conf: str | None = None) -> ReservedMemory:
+                   conf: str | None = None, workspace: tuple[int, int, str] | None = None) -> ReservedMemory:
     """Replay ``(record index, +/-bytes)`` events; ``preexisting`` records are allocated first.
-    One reserved-timeline entry per event."""
+    ``workspace``: (bytes, event, source) of an allocation below the dispatcher kept to the end
+    (``cublas_workspace``), replayed at that event. One reserved-timeline entry per event."""
     settings, conf = settings_of(conf)
     ops = ops_of(events, records, preexisting)
+    if workspace is not None:
+        ops = with_workspace(ops, workspace[0], workspace[1])
     alloc, series = run_ops(ops, settings)
     timeline, last, c = [], 0, 0
     for k in range(len(events)):
@@ -96,4 +107,6 @@ def replay_tracker(events: list[tuple[int, int]], records: list, preexisting: se
         reserved=tuple(timeline),
         alloc_conf=conf,
         ops=ops,
+        workspace_bytes=workspace[0] if workspace else 0,
+        workspace_source=workspace[2] if workspace else "",
     )

@@ -138,6 +138,10 @@ class ReservedMemory:
     # the replay's input, (key, bytes or 0 to free, event), so a target can replay it again under
     # its own capacity and settings (measure/reserved.py)
     ops: tuple[tuple[int, int, int], ...] = field(default=(), repr=False, compare=False)
+    # an allocation below the dispatcher put into the replay (the cuBLAS workspace of a step sized
+    # for CUDA, measure/cublas_workspace.py), and where its size comes from
+    workspace_bytes: int = 0
+    workspace_source: str = ""
 
 
 @dataclass(frozen=True)

@@ -119,8 +119,19 @@ def _summarise(tracker: MemoryTracker, workload: Workload, mode: str, times: lis
         first_step_peak_bytes=first_step_peak,
         steady_state=steady_state,
         advice=advice_for(parts, saved_total + output_total, max(peak, 0), workload.loop) + autocast_advice(workload, ops, saved_total),
-        reserved=replay_tracker(tracker.events, tracker.records, preexisting),
+        reserved=replay_tracker(tracker.events, tracker.records, preexisting,
+                                workspace=_cublas_workspace(workload, phase_starts)),
     )
+
+
+def _cublas_workspace(workload: Workload, phase_starts: dict[str, int]) -> tuple[int, int, str] | None:
+    """A step sized for CUDA reserves a cuBLAS workspace at its first matmul (placed at the start
+    of forward); None for any other step (a real CUDA step's own workspace predates it)."""
+    if getattr(workload, "sized_for", None) != "cuda":  # the cell magic passes a plain namespace
+        return None
+    from .cublas_workspace import SOURCE, workspace_bytes
+
+    return workspace_bytes(getattr(workload, "gpu", None)), phase_starts.get("forward", 0), SOURCE
 
 
 def _output_part_bytes(parts: list[tuple[str, set[int]]], tracker: MemoryTracker, kinds: list[str]) -> tuple[tuple[str, int], ...]:

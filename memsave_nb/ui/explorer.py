@@ -35,6 +35,7 @@ from torch import nn
 
 from memsave_nb.errors import MemsaveError, WorkloadError
 from memsave_nb.measure import Measurement
+from memsave_nb.measure.common import sized_words
 from memsave_nb.plan import Plan
 from memsave_nb.session import Entry, Session
 from memsave_nb.target import Target
@@ -247,7 +248,8 @@ class Explorer(ExplorerRuns, W.VBox):
         """The title for the plan on display: its batch and sequence follow the plan's knobs."""
         wl = self.session.workload
         return title_html(getattr(wl, "name", "workload"), type(self.model).__name__, self.session.mode,
-                          str(getattr(wl, "device", "cpu")), wl.loop, wl.sized_for, batch_words(wl, plan))
+                          str(getattr(wl, "device", "cpu")), wl.loop, wl.sized_for, batch_words(wl, plan),
+                          html.escape(sized_words(getattr(getattr(self, "baseline", None), "notes", ()))))
 
     # -- public API ----------------------------------------------------------------------------
     @property

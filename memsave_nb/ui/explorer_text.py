@@ -12,16 +12,17 @@ from .format import format_delta_bytes
 
 
 def title_html(name: str, type_name: str, mode: str, device: str, loop: str = DEFAULT_LOOP,
-               sized_for: str | None = None, shape: str = "") -> str:
+               sized_for: str | None = None, shape: str = "", sized: str = "") -> str:
     """The explorer's title; the class name once when the workload is named after it; the batch
     and sequence sized (``shape``, from ``ui/sized.py``: a model by name's synthetic batch is
     otherwise invisible); the training loop measured (how long the output lives), with its meaning
-    on hover; for a step sized as CUDA runs it (``Workload.sized_for``), that, so a CPU twin's
-    number is never read as the CPU's."""
+    on hover; for a step sized as CUDA runs it (``Workload.sized_for``), that (``sized``: the words
+    with the attention backend, from the baseline's notes), so a CPU twin's number is never read as
+    the CPU's."""
     what = html.escape(type_name) if name in ("", type_name, "workload") else f"{html.escape(name)}: {html.escape(type_name)}"
-    sized = f" <span class='memsave-sized'>({html.escape(shape)})</span>" if shape else ""
-    cuda = ", sized as CUDA runs it (foreach optimizer step)" if sized_for == "cuda" else ""
-    return (f"<b>memsave explorer</b> &mdash; {what}{sized}, {html.escape(mode)} mode on {html.escape(device)}{cuda}, "
+    shape_html = f" <span class='memsave-sized'>({html.escape(shape)})</span>" if shape else ""
+    cuda = sized or (", sized as CUDA runs it (foreach optimizer step)" if sized_for == "cuda" else "")
+    return (f"<b>memsave explorer</b> &mdash; {what}{shape_html}, {html.escape(mode)} mode on {html.escape(device)}{cuda}, "
             f"<span title='{html.escape(LOOPS.get(loop, ''), quote=True)}'>loop {html.escape(loop)}</span>")
 
 

@@ -40,7 +40,7 @@ def test_without_bitsandbytes_blocks_the_import_and_puts_it_back():
 
 def test_max_batch_takes_a_given_measurement_as_that_probe_and_answers_the_same():
     wl = _tiny(lora="r=4", batch_size=2)
-    plan, target = Plan(optimizer="sgd"), Target(0.5)  # 12 MiB past the CUDA context
+    plan, target = Plan(optimizer="sgd"), Target(0.55)  # 31 MiB past the CUDA context and the 32 MiB cuBLAS workspace
     with plan.apply(wl) as applied:
         m = measure(applied, mode="fake", repeats=0)  # the report's measurement (FLOPs counted)
     searched = max_batch(wl, plan, target)
