@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class MemsaveError(Exception):
     """Base class: a problem in the user's setup or step, reported in one line."""
@@ -27,3 +29,14 @@ class StepError(MemsaveError, RuntimeError):
 
 class Cancelled(MemsaveError):
     """A run was cancelled by the user; the model has been restored."""
+
+
+def quoted(value: Any, limit: int = 40) -> str:
+    """``repr(value)`` on one line, at most ``limit`` characters: a message quotes a hostile value in
+    part, never whole (a 100 kB string stays a one-line error)."""
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001 - a repr that fails is still named
+        text = f"<{type(value).__name__}>"
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -139,11 +139,11 @@ class MemsaveMagics(Magics):
         try:
             return self.shell.ev(expr)
         except NameError as exc:
-            raise UsageError(f"{what} {expr!r}: {exc}") from None
+            raise UsageError(f"{what} {_q(expr)}: {_first(exc)}") from None
         except SyntaxError as exc:
-            raise UsageError(f"{what} {expr!r} is not a Python expression: {exc.msg}") from None
+            raise UsageError(f"{what} {_q(expr)} is not a Python expression: {_first(exc.msg)}") from None
         except Exception as exc:  # noqa: BLE001 - the user's expression failed
-            raise UsageError(f"{what} {expr!r} failed: {type(exc).__name__}: {exc}") from None
+            raise UsageError(f"{what} {_q(expr)} failed: {type(exc).__name__}: {_first(exc)}") from None
 
     def _loss(self, expr: str | None) -> Any:
         """``--loss``: a callable (``F.mse_loss``-like on the output, or a lambda), or an
@@ -155,7 +155,7 @@ class MemsaveMagics(Magics):
         try:
             code = compile(expr, "<--loss>", "eval")
         except SyntaxError as exc:
-            raise UsageError(f"--loss {expr!r} is not a Python expression: {exc.msg}") from None
+            raise UsageError(f"--loss {_q(expr)} is not a Python expression: {_first(exc.msg)}") from None
         if "out" in code.co_names:  # an expression in the output, not a function
             namespace = self.shell.user_ns
 
@@ -166,7 +166,7 @@ class MemsaveMagics(Magics):
             fn = self._eval(expr, "--loss")
             if not callable(fn):
                 raise UsageError(
-                    f"--loss {expr!r} is a {type(fn).__name__}, not a function; pass a callable or an expression in 'out'"
+                    f"--loss {_q(expr)} is a {type(fn).__name__}, not a function; pass a callable or an expression in 'out'"
                 )
 
         def loss(out: Any) -> Any:
@@ -175,8 +175,7 @@ class MemsaveMagics(Magics):
             except MemsaveError:
                 raise
             except Exception as exc:  # noqa: BLE001 - said as the user's loss failing
-                first = (str(exc).strip().splitlines() or [""])[0]
-                raise WorkloadError(f"in the loss --loss {expr!r}: {type(exc).__name__}: {first}") from exc
+                raise WorkloadError(f"in the loss --loss {_q(expr)}: {type(exc).__name__}: {_first(exc)}") from exc
 
         return loss
 
@@ -196,18 +195,18 @@ class MemsaveMagics(Magics):
         if not model_expr:
             raise UsageError("the model is required: %memsave MODEL BATCH (options before MODEL or after --)")
         if not batch_expr:
-            raise UsageError(f"the batch is required after the model: %memsave {model_expr} BATCH")
+            raise UsageError(f"the batch is required after the model: %memsave {_q(model_expr)} BATCH")
         from torch import nn
 
         from .ui.explorer import explore
 
         model = self._eval(model_expr, "model")
         if not isinstance(model, nn.Module):
-            raise UsageError(f"model {model_expr!r} is a {type(model).__name__}, not a torch.nn.Module")
+            raise UsageError(f"model {_q(model_expr)} is a {type(model).__name__}, not a torch.nn.Module")
         batch = self._eval(batch_expr, "batch")
         optimizer = args.optimizer.lower()
         if optimizer not in OPTIMIZERS:
-            raise UsageError(f"--optimizer {args.optimizer!r}: choose one of {', '.join(OPTIMIZERS)}")
+            raise UsageError(f"--optimizer {_q(args.optimizer)}: choose one of {', '.join(OPTIMIZERS)}")
         try:
             explorer = explore(
                 model,
@@ -242,7 +241,7 @@ class MemsaveMagics(Magics):
         if args.model is not None:
             model = self._eval(args.model, "model")
             if not isinstance(model, nn.Module):
-                raise UsageError(f"-m {args.model!r} is a {type(model).__name__}, not a torch.nn.Module")
+                raise UsageError(f"-m {_q(args.model)} is a {type(model).__name__}, not a torch.nn.Module")
             models = [model]
         else:
             models = _top_level_modules(self.shell.user_ns)
@@ -287,11 +286,11 @@ class MemsaveMagics(Magics):
             raise UsageError("nothing to report yet: open an explorer with %memsave MODEL BATCH (or run %%memsave)")
         path = _unquote(args.path) if args.path else DEFAULT_REPORT
         if not path.lower().endswith((".html", ".htm")):
-            raise UsageError(f"{path!r}: the report is HTML; name the file *.html")
+            raise UsageError(f"{_q(path)}: the report is HTML; name the file *.html")
         try:
             written = write_report(target, path, title=args.title)
         except OSError as exc:
-            raise UsageError(f"cannot write {path!r}: {exc.strerror or exc}") from None
+            raise UsageError(f"cannot write {_q(path)}: {_first(exc.strerror or exc)}") from None
         print(f"report written to {Path(written).resolve()}"
               + ("" if args.path else " (the default; %memsave_report FILE.html names another)"))
         return None
@@ -300,7 +299,7 @@ class MemsaveMagics(Magics):
         try:
             return parse_argstring(fn, line)
         except UsageError as exc:
-            raise UsageError(str(exc).splitlines()[-1] if str(exc) else "bad arguments") from None
+            raise UsageError(_first(str(exc).strip().splitlines()[-1], 100) if str(exc).strip() else "bad arguments") from None
 
 
 def cell_error_line(exc: BaseException, code: str, models: list[Any]) -> str:
@@ -321,9 +320,22 @@ def cell_error_line(exc: BaseException, code: str, models: list[Any]) -> str:
     if line_no is not None and 0 < line_no <= len(lines):
         where.append(f"line {line_no} of the cell ({lines[line_no - 1].strip()[:60]})")
     if module is not None:
-        where.append(f"in module {module[0] or '(model)'} ({module[1]})")
-    first = (str(exc).strip().splitlines() or [""])[0]
-    return f"{', '.join(where) or 'the cell'}: {type(exc).__name__}: {first}  [%%memsave -t shows the traceback]"
+        where.append(f"in module {_first(module[0], 40) or '(model)'} ({_first(module[1], 30)})")
+    body = _first(f"{', '.join(where) or 'the cell'}: {_first(type(exc).__name__, 40)}: {_first(exc)}", 164)
+    return f"{body}  [%%memsave -t shows the traceback]"
+
+
+def _q(value: Any, limit: int = 40) -> str:
+    """``repr(value)`` on one line, cut to ``limit`` characters: a hostile expression is quoted in part."""
+    text = " ".join(repr(value).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _first(exc: Any, limit: int = 80) -> str:
+    """An exception's (or a message's) first line, cut to ``limit`` characters."""
+    lines = str(exc).strip().splitlines()
+    text = lines[0].strip() if lines else ""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _unquote(expr: str) -> str:

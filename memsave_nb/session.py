@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from torch import nn
 
-from memsave_nb.errors import Cancelled, WorkloadError
+from memsave_nb.errors import Cancelled, WorkloadError, quoted
 from memsave_nb.measure import Measurement, measure
 from memsave_nb.measure.compiled import measure_compiled
 from memsave_nb.measure.engine import model_lock
@@ -93,7 +93,7 @@ def run_plan(
     ``first_step_peak=True``: also the first training step's peak (``measure``'s, one step more).
     ``on_memory``: ``measure``'s, the memory numbers before the timed steps (not for compiled plans)."""
     if mode not in MODES:
-        raise WorkloadError(f"unknown mode {mode!r}; choose 'real' or 'fake'")
+        raise WorkloadError(f"unknown mode {quoted(mode)}; choose 'real' or 'fake'")
     _check(cancel_event)
     # the model's lock around the plan's changes too: a concurrent run on the same model (another
     # thread, another Session) waits instead of seeing (or restoring) a half-changed model
@@ -161,7 +161,7 @@ class Session:
         """``baseline``: a measurement of the empty plan made elsewhere (same workload and mode),
         reused instead of measuring again."""
         if mode not in MODES:
-            raise WorkloadError(f"unknown mode {mode!r}; choose 'real' or 'fake'")
+            raise WorkloadError(f"unknown mode {quoted(mode)}; choose 'real' or 'fake'")
         self.workload = workload
         self.mode = mode
         self.repeats = repeats

@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterable, Mapping
 import torch
 from torch import nn
 
-from .errors import WorkloadError
+from .errors import WorkloadError, quoted
 from .vocabulary import DEFAULT_LOOP, LOOPS, NO_OPTIMIZER, OPTIMIZER_ALIASES, OPTIMIZERS
 
 AUTOCAST_DTYPES = (torch.bfloat16, torch.float16)
@@ -26,7 +26,7 @@ def optimizer_factory(name: str) -> Callable[[Iterable[nn.Parameter]], torch.opt
     """A factory ``params -> Optimizer`` for a registered optimizer name (or an old alias)."""
     key = OPTIMIZER_ALIASES.get(name.lower(), name.lower())
     if key not in OPTIMIZERS:
-        raise WorkloadError(f"unknown optimizer {str(name)[:40]!r}; choose from {', '.join(sorted(OPTIMIZERS))} or 'none'")
+        raise WorkloadError(f"unknown optimizer {quoted(name)}; choose from {', '.join(sorted(OPTIMIZERS))} or 'none'")
     if key in ("adamw_8bit", "lion", "lion_8bit"):  # bitsandbytes' layouts, in plain torch (fake mode runs them)
         from .optimizers_extra import LayoutOptimizer
 
@@ -185,22 +185,25 @@ class Workload:
             raise WorkloadError(f"model must be a torch.nn.Module, got {type(self.model).__name__}")
         k = self.accumulation_steps
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise WorkloadError(f"accumulation_steps must be a whole number >= 1, got {k!r}")
+            raise WorkloadError(f"accumulation_steps must be a whole number >= 1, got {quoted(k)}")
         if not isinstance(self.set_to_none, bool):
-            raise WorkloadError(f"set_to_none must be True or False, got {self.set_to_none!r}")
+            raise WorkloadError(f"set_to_none must be True or False, got {quoted(self.set_to_none)}")
+        if self.dtype is not None and not (isinstance(self.dtype, torch.dtype) and self.dtype.is_floating_point):
+            # a string here reaches Tensor.to() as a device name: torch's error then quotes it whole
+            raise WorkloadError(f"dtype must be a floating torch.dtype or None, got {quoted(self.dtype)}")
         if self.autocast_dtype is not None and self.autocast_dtype not in AUTOCAST_DTYPES:
             raise WorkloadError(
-                f"autocast_dtype must be torch.bfloat16, torch.float16 or None, got {self.autocast_dtype!r}"
+                f"autocast_dtype must be torch.bfloat16, torch.float16 or None, got {quoted(self.autocast_dtype)}"
             )
         if self.loop not in LOOPS:
-            raise WorkloadError(f"unknown loop {self.loop!r}; choose from {', '.join(LOOPS)}")
+            raise WorkloadError(f"unknown loop {quoted(self.loop)}; choose from {', '.join(LOOPS)}")
         if self.sized_for not in SIZED_FOR:
-            raise WorkloadError(f"sized_for must be one of {', '.join(map(str, SIZED_FOR))}, got {str(self.sized_for)[:40]!r}")
+            raise WorkloadError(f"sized_for must be one of {', '.join(map(str, SIZED_FOR))}, got {quoted(self.sized_for)}")
         check_gpu(self.gpu)
         if isinstance(self.optimizer, str) and self.optimizer.lower() != NO_OPTIMIZER:
             key = self.optimizer.lower()
             if OPTIMIZER_ALIASES.get(key, key) not in OPTIMIZERS:
-                raise WorkloadError(f"unknown optimizer {self.optimizer[:40]!r}; choose from {', '.join(sorted(OPTIMIZERS))} or 'none'")
+                raise WorkloadError(f"unknown optimizer {quoted(self.optimizer)}; choose from {', '.join(sorted(OPTIMIZERS))} or 'none'")
         self.device = check_device(self.device)
 
     # -- batch ------------------------------------------------------------------------------
@@ -318,15 +321,15 @@ def check_device(device: str | torch.device) -> str:
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError) as exc:
-        raise WorkloadError(f"unknown device {device!r}") from exc
+        raise WorkloadError(f"unknown device {quoted(device)}") from exc
     if dev.type == "cuda":
         if not torch.cuda.is_available():
-            raise WorkloadError(f"device {device!r} is not available: this torch sees no CUDA GPU")
+            raise WorkloadError(f"device {quoted(device)} is not available: this torch sees no CUDA GPU")
         if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise WorkloadError(f"device {device!r} is not available: only {torch.cuda.device_count()} CUDA device(s)")
+            raise WorkloadError(f"device {quoted(device)} is not available: only {torch.cuda.device_count()} CUDA device(s)")
     elif dev.type not in ("cpu", "meta"):
         if not hasattr(torch, dev.type):
-            raise WorkloadError(f"device {device!r} is not supported")
+            raise WorkloadError(f"device {quoted(device)} is not supported")
     return str(dev)
 
 

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .errors import WorkloadError
+from .errors import WorkloadError, quoted
 from .workload import Workload, check_device
 
 
@@ -275,7 +275,7 @@ NAMES = tuple(_BUILDERS)
 def make(name: str, batch_size: int | None = None, *, seed: int = 0, device: str = "cpu") -> Workload:
     """A demo workload by name; an unknown name is a one-line error listing the known ones."""
     if name not in _BUILDERS:
-        raise WorkloadError(f"unknown demo model {name!r}; choose from {', '.join(NAMES)}")
+        raise WorkloadError(f"unknown demo model {quoted(name)}; choose from {', '.join(NAMES)}")
     device = check_device(device)  # before building: a missing GPU is a one-line error, not an assert
     return _BUILDERS[name](batch_size or DEFAULT_BATCH[name], seed, device)
 

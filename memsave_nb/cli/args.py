@@ -31,9 +31,12 @@ class _Parser(argparse.ArgumentParser):
         raise _UsageError(_cut_values(message))
 
 
-def _cut_values(message: str, keep: int = 40) -> str:
-    """argparse quotes the user's value whole; a 200,000-character value is cut to ``keep``."""
-    return re.sub(r"'([^']{%d})[^']+'" % keep, lambda m: f"'{m.group(1)}...'", message)
+def _cut_values(message: str, keep: int = 40, limit: int = 200) -> str:
+    """argparse quotes the user's value whole (in quotes, or bare after "unrecognized arguments:");
+    a 200,000-character value is cut to ``keep``, and the line (a long list of choices) to ``limit``."""
+    message = re.sub(r"'([^']{%d})[^']+'" % keep, lambda m: f"'{m.group(1)}...'", message)
+    message = re.sub(r"(\S{%d})\S+" % keep, lambda m: f"{m.group(1)}...", " ".join(message.split()))
+    return message if len(message) <= limit else message[: limit - 3] + "..."
 
 
 def _positive_int(text: str) -> int:

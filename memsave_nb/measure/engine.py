@@ -17,7 +17,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from ..errors import WorkloadError
+from ..errors import WorkloadError, quoted
 from ..model_state import ModelSnapshot
 from ..workload import Workload, iter_tensors
 from . import fake_compat
@@ -64,13 +64,17 @@ def measure(
     can show them while the step is timed. Only when timed steps follow (real mode, repeats > 0).
     """
     if mode not in MODES:
-        raise WorkloadError(f"unknown mode {mode!r}; choose 'real' or 'fake'")
+        raise WorkloadError(f"unknown mode {quoted(mode)}; choose 'real' or 'fake'")
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 0:
-        raise WorkloadError(f"repeats must be a whole number >= 0, got {repeats!r}")
+        raise WorkloadError(f"repeats must be a whole number >= 0, got {quoted(repeats)}")
     if not isinstance(steady_state, bool):
-        raise WorkloadError(f"steady_state must be True or False, got {steady_state!r}")
+        raise WorkloadError(f"steady_state must be True or False, got {quoted(steady_state)}")
     if not isinstance(first_step_peak, bool):
-        raise WorkloadError(f"first_step_peak must be True or False, got {first_step_peak!r}")
+        raise WorkloadError(f"first_step_peak must be True or False, got {quoted(first_step_peak)}")
+    try:  # torch's own message quotes a device string whole
+        torch.device(workload.device)
+    except (RuntimeError, TypeError, ValueError):
+        raise WorkloadError(f"unknown device {quoted(getattr(workload, 'device', None))}") from None
     if _is_compiled(workload.model):
         # Inside a compiled graph allocations bypass Python dispatch: count them from the
         # profiler's memory events instead (no per-module rows there).

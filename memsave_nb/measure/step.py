@@ -440,4 +440,8 @@ def _step_error(exc: BaseException, phase: str, tracker: MemoryTracker | None, w
                     pass
     first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
     kind = what or type(exc).__name__
-    return StepError(f"{phase_text}{where}: {kind}: {first_line}", phase=phase, module=module, cause=exc)
+    head = f"{phase_text}{where}: {kind}: "
+    room = max(60, 200 - len(head))  # torch's messages quote the user's values (a device string, a shape) whole
+    if len(first_line) > room:
+        first_line = first_line[: room - 3] + "..."
+    return StepError(head + first_line, phase=phase, module=module, cause=exc)

@@ -27,6 +27,7 @@ from typing import Any, Iterator
 import torch
 
 from ..measure.tracker import MemoryTracker, _DispatchWatcher, _rng_states_seen
+from .works import WorkReleases, released_works
 
 _FSDP_COLLECTIVES = ("foreach_all_gather", "foreach_reduce")
 # c10d's ops (FSDP2's all-gather and reduce-scatter, DDP's and HSDP's all-reduce) and the functional
@@ -119,7 +120,13 @@ class _ShardWatcher(_DispatchWatcher):
             return func(*args)
         if dt is not None and any(issubclass(t, dt) for t in types):
             return NotImplemented  # let DTensor desugar into local-shard ops, seen next
-        out = func(*args, **kwargs) if kwargs else func(*args)
+        releases = self.tracker.releases
+        if releases is not None and func in releases.functional:
+            out = releases.call_functional(func, args, kwargs)  # its Work released where the rank waits on it
+        else:
+            out = func(*args, **kwargs) if kwargs else func(*args)
+            if releases is not None and func is releases.wait_op and args:
+                releases.waited(args[0])
         if not self.tracker._in_propagation and _active_fake_mode() is self.entry_fake_mode:  # not DTensor's sharding propagation
             act = self.async_collective
             if act is not None and (act in types or type(out) is act):
@@ -157,6 +164,8 @@ class ShardTracker(MemoryTracker):
         self._stack = contextlib.ExitStack()
         # (op, group size) -> (calls, payload bytes) of the collectives the tracked step ran
         self.collectives: dict[tuple[str, int], tuple[int, int]] = {}
+        # on real ranks: each collective's Work released where the rank lets it go (parallel/works.py)
+        self.releases: WorkReleases | None = None
 
     # -- collectives (what the layout planner times) ---------------------------------------------
     def _observe(self, func, args, kwargs, out) -> None:
@@ -220,6 +229,9 @@ class ShardTracker(MemoryTracker):
         stack.enter_context(_marked_redistributions(self))
         stack.enter_context(_ignored_propagation(self))
         stack.enter_context(_rng_states_seen(self))
+        if _active_fake_mode() is None:  # real tensors: a backend thread may hold a Work past its wait
+            self.releases = WorkReleases()
+            stack.enter_context(released_works(self.releases))
         try:
             self._install_module_hooks()
             self._mode = _ShardWatcher(self)

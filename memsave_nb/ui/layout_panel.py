@@ -111,7 +111,7 @@ class LayoutFinder(W.VBox):
         self.result = result
         lines = result.summary().splitlines()[:3] + [f"starting from the explorer's plan{_from_words(plan) or ' (empty)'}"]
         # why layouts were left out (a layout the model cannot take, stages not searched): said, not hidden
-        dropped = [f"note: {n}" for n in result.notes if "skipped (" in n or "not searched" in n]
+        dropped = [f"note: {n}" for n in result.notes if _left_out(n)]
         self.status.value = "<br>".join(("<b>" + html.escape(line) + "</b>") if line.startswith("chosen") else html.escape(line)
                                         for line in lines) + "".join(f"<br><small>{html.escape(n)}</small>" for n in dropped)
         self.figure_box.children = [bokeh_widget(layout_figure(result))]
@@ -126,6 +126,14 @@ class LayoutFinder(W.VBox):
             self.code.value, self.code.layout.display = code, None
         else:
             self.code.value, self.code.layout.display = "", "none"
+
+
+# the planner's notes that say why a layout or a stage count was left out (the rest describe the search)
+_LEFT_OUT = ("skipped (", "not searched", "do not both split", "does not split over", "micro-batches")
+
+
+def _left_out(note: str) -> bool:
+    return any(words in note for words in _LEFT_OUT)
 
 
 def _from_words(plan: Any) -> str:
