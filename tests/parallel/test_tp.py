@@ -609,15 +609,24 @@ def tied_llama() -> Workload:
 @pytest.mark.parametrize("sequence_parallel", [False, True], ids=["tp2", "tp2-sp"])
 def test_tied_embedding_and_head_on_real_gloo_ranks(sequence_parallel):
     """The tied weight is one parameter on each rank (counted once, its gradient once): every
-    rank's real gloo peak equals the fake-mode prediction, in every run. (Before parallel/works.py
-    gloo's worker thread now and then dropped a collective's Work, and its buffers, after the rank
-    had: rank 0 of the sequence-parallel case read +12,032 B, then +256 B in 1 of 5 runs under load;
-    with the Works released where the rank lets them go, 5 of 5 runs exact under the same load.)"""
+    rank's real gloo peak equals the fake-mode prediction, each rank exact in one of up to eight
+    runs, never low. gloo's worker thread used to drop a collective's Work (and its buffers) after
+    the rank had (rank 0 of the sequence-parallel case read +12,032 B in three runs of three under
+    load); parallel/works.py now waits for it where the rank lets the Work go, which made 5 of 5 runs
+    exact under load, but a busy machine still read high once in a merged run of three (tp2), so the
+    retries stay: a late free reads high, a wrong count would read wrong in every run."""
     from memsave_nb.parallel.cross_check import cross_check
 
     spec = ParallelSpec(world_size=2, tensor_parallel=2, sequence_parallel=sequence_parallel)
-    rows = cross_check(tied_llama, spec)
-    assert [r.comparable_bytes - r.predicted_bytes for r in rows] == [0] * len(rows), rows
+    misses, exact = [], set()
+    for _attempt in range(8):
+        rows = cross_check(tied_llama, spec)
+        assert all(r.comparable_bytes >= r.predicted_bytes for r in rows), rows
+        exact |= {r.rank for r in rows if r.comparable_bytes == r.predicted_bytes}
+        if exact == {r.rank for r in rows}:
+            return
+        misses.append(rows)
+    raise AssertionError(f"ranks never exact in 8 runs: {misses}")
 
 
 FAST_CASES = [("gpt", 2, 1, False, None), ("gpt", 4, 1, True, None), ("llama", 4, 1, True, 2), ("gpt", 8, 2, False, None),
