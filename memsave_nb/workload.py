@@ -18,6 +18,9 @@ from .vocabulary import DEFAULT_LOOP, LOOPS, NO_OPTIMIZER, OPTIMIZER_ALIASES, OP
 
 AUTOCAST_DTYPES = (torch.bfloat16, torch.float16)
 
+# the most micro-steps a sized step runs (each is run; trainers use up to a few hundred)
+MAX_ACCUMULATION_STEPS = 1024
+
 OptimizerSpec = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer] | str | None
 
 # Built for each name of vocabulary.OPTIMIZERS (the plan's optimizer knob reads the same list), so
@@ -186,6 +189,9 @@ class Workload:
         k = self.accumulation_steps
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise WorkloadError(f"accumulation_steps must be a whole number >= 1, got {quoted(k)}")
+        if k > MAX_ACCUMULATION_STEPS:  # every micro-step is run: 2**63 of them never end
+            raise WorkloadError(f"accumulation_steps {k if k < 10**12 else f'of {k.bit_length()} bits'}: "
+                                f"at most {MAX_ACCUMULATION_STEPS} (each micro-step is run)")
         if not isinstance(self.set_to_none, bool):
             raise WorkloadError(f"set_to_none must be True or False, got {quoted(self.set_to_none)}")
         if self.dtype is not None and not (isinstance(self.dtype, torch.dtype) and self.dtype.is_floating_point):

@@ -154,3 +154,19 @@ def test_output_tensors_reach_into_caches():
     assert len(list(iter_output_tensors(out))) == 6
     assert [(name, len(ts)) for name, ts in output_parts(out)] == [("logits", 1), ("past_key_values", 4), ("hidden", 1)]
     assert output_parts(torch.ones(1))[0][0] == "output"
+
+
+def test_accumulation_steps_past_the_bound_is_one_line_and_fast():
+    """Each micro-step is run, so 2**63 of them never ended (issue 38's resources): refused at once."""
+    import time
+
+    from memsave_nb.errors import WorkloadError
+    from memsave_nb.workload import MAX_ACCUMULATION_STEPS
+
+    model = torch.nn.Linear(4, 2)
+    Workload(model, torch.randn(2, 4), accumulation_steps=MAX_ACCUMULATION_STEPS)  # the bound itself is taken
+    for k in (MAX_ACCUMULATION_STEPS + 1, 2**63, 10**5000):
+        start = time.perf_counter()
+        with pytest.raises(WorkloadError, match="at most 1024") as err:
+            Workload(model, torch.randn(2, 4), accumulation_steps=k)
+        assert time.perf_counter() - start < 1 and len(str(err.value)) <= 200 and "\n" not in str(err.value)
