@@ -86,8 +86,8 @@ def test_any_mix_of_flags_is_answered_or_refused_in_one_line(model, data):
     start = time.process_time()
     code, out, err = _run(argv)
     lines = [ln for ln in err.splitlines() if ln.startswith("memsave-nb")]
-    if code == 0:
-        event("answered")
+    if code == 0 or (command == "plan" and code == 1 and "memsave-nb: error" not in err):
+        event("answered")  # plan exits 1 when no plan fits the target: an answer (docs/cli.md), not a refusal
         assert out.strip()
     else:
         event(f"refused: {' '.join(lines[-1].split()[2:6]) if lines else '?'}")
