@@ -105,7 +105,15 @@ def bench_cnn(repeats: int) -> dict:
     rows = []
     for name in variants:
         w, c = statistics.median(wall[name]), statistics.median(cpu[name])
-        rows.append({"variant": name, "wall_seconds": w, "cpu_seconds": c, "wall_ratio": w / base_wall, "cpu_ratio": c / base_cpu})
+        rows.append(
+            {
+                "variant": name,
+                "wall_seconds": w,
+                "cpu_seconds": c,
+                "wall_ratio": w / base_wall,
+                "cpu_ratio": c / base_cpu,
+            }
+        )
     return {"workload": "cnn", "batch": zoo.DEFAULT_BATCH["cnn"], "repeats": repeats, "rows": rows}
 
 
@@ -191,7 +199,12 @@ def bench_7b(repeats: int, threads: int, before_root: Path | None = None, floors
     ``before_root``: another checkout of memsave_nb (the code before a change) run the same way, in
     the same rounds, for a before/after pair measured together. ``floors``: the plain fake step with
     no tracker, on torch's own dispatch path and on the quick one (``measure/fake_dispatch.py``)."""
-    order = ["memsave"] + (["before"] if before_root else []) + (["floor_quick", "floor_torch"] if floors else []) + ["MemTracker"]
+    order = (
+        ["memsave"]
+        + (["before"] if before_root else [])
+        + (["floor_quick", "floor_torch"] if floors else [])
+        + ["MemTracker"]
+    )
     runs: dict[str, list[dict]] = {k: [] for k in order}
     for _ in range(repeats):
         for which in runs:
@@ -219,9 +232,14 @@ def bench_7b(repeats: int, threads: int, before_root: Path | None = None, floors
     if ours != anchor:
         raise RuntimeError(f"7B steady-state peaks differ: memsave {ours} B, MemTracker {anchor} B")
     if before_root and rows[1]["predicted_peak_bytes"] != ours:
-        raise RuntimeError(f"7B steady-state peaks differ: memsave {ours} B, before {rows[1]['predicted_peak_bytes']} B")
-    return {"workload": "gpt-7b (32 layers, d=4096, bf16, batch 1, seq 2048, AdamW), steady state", "repeats": repeats,
-            "rows": rows}
+        raise RuntimeError(
+            f"7B steady-state peaks differ: memsave {ours} B, before {rows[1]['predicted_peak_bytes']} B"
+        )
+    return {
+        "workload": "gpt-7b (32 layers, d=4096, bf16, batch 1, seq 2048, AdamW), steady state",
+        "repeats": repeats,
+        "rows": rows,
+    }
 
 
 # -- 3. the issue-26 command, a whole fresh process -----------------------------------------------
@@ -236,19 +254,36 @@ def bench_cli(repeats: int) -> dict:
     for _ in range(repeats):
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         start = time.perf_counter()
-        out = subprocess.run([sys.executable, "-m", "memsave_nb.cli", *CLI_COMMAND], capture_output=True, text=True,
-                             timeout=600, check=False, cwd=ROOT)
+        out = subprocess.run(
+            [sys.executable, "-m", "memsave_nb.cli", *CLI_COMMAND],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+            cwd=ROOT,
+        )
         wall = time.perf_counter() - start
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         if out.returncode != 0:
             raise RuntimeError(f"memsave-nb report failed: {out.stderr.strip().splitlines()[-1:]}")
-        runs.append({"wall_seconds": wall, "cpu_seconds": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
-                     "first_lines": out.stdout.splitlines()[:5], "stderr": out.stderr})
-    return {"command": "memsave-nb " + " ".join(CLI_COMMAND), "repeats": repeats,
-            "wall_seconds": statistics.median(r["wall_seconds"] for r in runs),
-            "cpu_seconds": statistics.median(r["cpu_seconds"] for r in runs),
-            "wall_seconds_all": [r["wall_seconds"] for r in runs], "first_lines": runs[0]["first_lines"],
-            "stderr_empty": all(not r["stderr"] for r in runs), "load_average": _load()}
+        runs.append(
+            {
+                "wall_seconds": wall,
+                "cpu_seconds": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
+                "first_lines": out.stdout.splitlines()[:5],
+                "stderr": out.stderr,
+            }
+        )
+    return {
+        "command": "memsave-nb " + " ".join(CLI_COMMAND),
+        "repeats": repeats,
+        "wall_seconds": statistics.median(r["wall_seconds"] for r in runs),
+        "cpu_seconds": statistics.median(r["cpu_seconds"] for r in runs),
+        "wall_seconds_all": [r["wall_seconds"] for r in runs],
+        "first_lines": runs[0]["first_lines"],
+        "stderr_empty": all(not r["stderr"] for r in runs),
+        "load_average": _load(),
+    }
 
 
 def _has(*modules: str) -> bool:
@@ -293,13 +328,17 @@ def table(result: dict) -> str:
                 f"| {r['tool']} | {r['seconds']:.2f} | {r['cpu_seconds']:.2f} | {r['peak_rss_bytes'] / 1e6:.0f} | {r['rss_after_import_bytes'] / 1e6:.0f} | {peak} |"
             )
         ours, anchor = big["rows"][0], big["rows"][-1]
-        lines.append(f"\nmemsave and MemTracker predict {ours['predicted_peak_bytes']:,} bytes. MemTracker / ours: "
-                     f"{anchor['seconds'] / ours['seconds']:.1f}x in wall time, {anchor['cpu_seconds'] / ours['cpu_seconds']:.1f}x in CPU "
-                     "time. Each fresh process starts with torch's fake-tensor dispatch cache empty.")
+        lines.append(
+            f"\nmemsave and MemTracker predict {ours['predicted_peak_bytes']:,} bytes. MemTracker / ours: "
+            f"{anchor['seconds'] / ours['seconds']:.1f}x in wall time, {anchor['cpu_seconds'] / ours['cpu_seconds']:.1f}x in CPU "
+            "time. Each fresh process starts with torch's fake-tensor dispatch cache empty."
+        )
         before = next((r for r in big["rows"] if r.get("key") == "before"), None)
         if before:
-            lines.append(f"Before / now: {before['cpu_seconds'] / ours['cpu_seconds']:.2f}x in CPU time "
-                         f"({before['cpu_seconds']:.2f} s -> {ours['cpu_seconds']:.2f} s), the same peak.")
+            lines.append(
+                f"Before / now: {before['cpu_seconds'] / ours['cpu_seconds']:.2f}x in CPU time "
+                f"({before['cpu_seconds']:.2f} s -> {ours['cpu_seconds']:.2f} s), the same peak."
+            )
     if cli:
         lines += [
             "",
@@ -321,11 +360,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1: steadier on shared cores)")
     parser.add_argument("--cli-repeats", type=int, default=3, help="fresh processes of the issue-26 command")
     parser.add_argument("--skip-7b", action="store_true")
-    parser.add_argument("--before-root", type=Path, default=None,
-                        help="another checkout (the code before a change): its 7B measure() runs in the same rounds")
+    parser.add_argument(
+        "--before-root",
+        type=Path,
+        default=None,
+        help="another checkout (the code before a change): its 7B measure() runs in the same rounds",
+    )
     parser.add_argument("--no-floors", action="store_true", help="leave out the 7B plain fake step (no tracker)")
     parser.add_argument("--skip-cli", action="store_true")
-    parser.add_argument("--quick", action="store_true", help="smoke test: one CNN repeat, no 7B processes, one CLI process")
+    parser.add_argument(
+        "--quick", action="store_true", help="smoke test: one CNN repeat, no 7B processes, one CLI process"
+    )
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     if args.quick:
@@ -337,7 +382,9 @@ def main(argv: list[str] | None = None) -> int:
         "machine": f"{platform.machine()}, {torch.get_num_threads()} torch thread(s), {__import__('os').cpu_count()} CPUs",
         "threads": args.threads,
         "cnn": bench_cnn(args.repeats),
-        "gpt_7b": bench_7b(args.big_repeats, args.threads, args.before_root, not args.no_floors) if not args.skip_7b else {"repeats": 0, "rows": []},
+        "gpt_7b": bench_7b(args.big_repeats, args.threads, args.before_root, not args.no_floors)
+        if not args.skip_7b
+        else {"repeats": 0, "rows": []},
         "cli": bench_cli(args.cli_repeats) if not args.skip_cli and _has("transformers", "peft") else None,
     }
     result["table_markdown"] = table(result)

@@ -50,19 +50,26 @@ GPT2_SMALL = GPTConfig(vocab_size=50257, block_size=1024, n_layer=12, n_head=12,
 def _cases(names: list[str]) -> list[dict]:
     all_cases = {
         "cnn-real": dict(
-            name="cnn-real", goal_s=0.2, mode="real",
+            name="cnn-real",
+            goal_s=0.2,
+            mode="real",
             make=lambda: zoo.make("cnn"),
             describe="ResNet-style CNN demo, batch 32, 3x32x32, real mode (1 tracked + explore()'s 3 timed steps)",
             toggles=["stem", "layers.0", "layers.1", "layers.2", "layers.0.0", "layers.1.0", "layers.2.0"],
         ),
         "cnn-real-1step": dict(
-            name="cnn-real-1step", goal_s=0.2, mode="real", repeats=1,
+            name="cnn-real-1step",
+            goal_s=0.2,
+            mode="real",
+            repeats=1,
             make=lambda: zoo.make("cnn"),
             describe="the same with one timed step (explore(..., repeats=1); time changes then read 'too few runs to judge')",
             toggles=["stem", "layers.0", "layers.1", "layers.2", "layers.0.0", "layers.1.0", "layers.2.0"],
         ),
         "gpt2-small-fake": dict(
-            name="gpt2-small-fake", goal_s=0.3, mode="fake",
+            name="gpt2-small-fake",
+            goal_s=0.3,
+            mode="fake",
             make=lambda: zoo.gpt(GPT2_SMALL, batch_size=8),
             describe="GPT-2-small shape (12 x 768, vocab 50257, seq 1024), batch 8, fake mode",
             toggles=[f"blocks.{i}" for i in range(12)],
@@ -110,22 +117,26 @@ def run_case(case: dict, clicks: int, repeats: int) -> dict:
         fake = case["mode"] == "fake"
         floor = _plain_fake_step_cpu_s(explorer.session.workload, entry.plan, 1) if fake else None
         floor_torch = _plain_fake_step_cpu_s(explorer.session.workload, entry.plan, 1, quick=False) if fake else None
-        rows.append({
-            "module": name,
-            "frozen": bool(box.value),
-            "click_to_numbers_s": end - start,
-            "click_to_memory_s": memory_at - start,
-            "click_cpu_s": cpu,
-            "plain_fake_step_cpu_s": floor,
-            "plain_fake_step_torch_path_cpu_s": floor_torch,
-            "session_run_s": entry.seconds,
-            "saved_bytes": entry.measurement.saved_bytes,
-            "label_before": before_label,
-            "label_after": explorer.saved_total.value,
-        })
+        rows.append(
+            {
+                "module": name,
+                "frozen": bool(box.value),
+                "click_to_numbers_s": end - start,
+                "click_to_memory_s": memory_at - start,
+                "click_cpu_s": cpu,
+                "plain_fake_step_cpu_s": floor,
+                "plain_fake_step_torch_path_cpu_s": floor_torch,
+                "session_run_s": entry.seconds,
+                "saved_bytes": entry.measurement.saved_bytes,
+                "label_before": before_label,
+                "label_after": explorer.saved_total.value,
+            }
+        )
     floors = [r["plain_fake_step_cpu_s"] for r in rows if r["plain_fake_step_cpu_s"] is not None]
     floor = statistics.median(floors) if floors else None
-    floors_torch = [r["plain_fake_step_torch_path_cpu_s"] for r in rows if r["plain_fake_step_torch_path_cpu_s"] is not None]
+    floors_torch = [
+        r["plain_fake_step_torch_path_cpu_s"] for r in rows if r["plain_fake_step_torch_path_cpu_s"] is not None
+    ]
     clicks_s = [r["click_to_numbers_s"] for r in rows]
     runs_s = [r["session_run_s"] for r in rows]
     overhead = [c - r for c, r in zip(clicks_s, runs_s)]
@@ -197,10 +208,13 @@ def cuda_check(out: Path, device: str = "cuda") -> int:
     steps = [
         ("baseline", lambda: None),
         ("freeze stem", lambda: setattr(explorer.table.reveal("stem").freeze, "value", True)),
-        ("+ checkpoint layers.1 full, memsave all", lambda: (
-            setattr(explorer.table.reveal("layers.1").region, "value", "full"),
-            setattr(explorer.table.reveal("").memsave, "value", True),
-        )),
+        (
+            "+ checkpoint layers.1 full, memsave all",
+            lambda: (
+                setattr(explorer.table.reveal("layers.1").region, "value", "full"),
+                setattr(explorer.table.reveal("").memsave, "value", True),
+            ),
+        ),
     ]
     rows = []
     print(f"{'plan':<42} {'tracker peak':>14} {'allocator peak':>15} {'ratio':>6} {'saved':>12} {'step':>9}")
@@ -211,15 +225,27 @@ def cuda_check(out: Path, device: str = "cuda") -> int:
             raise RuntimeError(f"{label}: {explorer.state}: {explorer.error}")
         m = explorer.measurement
         ratio = m.cuda_peak_bytes / m.peak_bytes if m.cuda_peak_bytes and m.peak_bytes else float("nan")
-        rows.append({"plan": label, "description": explorer.plan.describe(), "peak_bytes": m.peak_bytes,
-                     "cuda_peak_bytes": m.cuda_peak_bytes, "saved_bytes": m.saved_bytes,
-                     "step_seconds": m.step_seconds, "shown_cuda_label": explorer.cuda_peak.value})
-        print(f"{label:<42} {m.peak_bytes:>14,} {m.cuda_peak_bytes or 0:>15,} {ratio:>6.3f} {m.saved_bytes:>12,} "
-              f"{(m.step_seconds or 0) * 1e3:>7.1f}ms")
+        rows.append(
+            {
+                "plan": label,
+                "description": explorer.plan.describe(),
+                "peak_bytes": m.peak_bytes,
+                "cuda_peak_bytes": m.cuda_peak_bytes,
+                "saved_bytes": m.saved_bytes,
+                "step_seconds": m.step_seconds,
+                "shown_cuda_label": explorer.cuda_peak.value,
+            }
+        )
+        print(
+            f"{label:<42} {m.peak_bytes:>14,} {m.cuda_peak_bytes or 0:>15,} {ratio:>6.3f} {m.saved_bytes:>12,} "
+            f"{(m.step_seconds or 0) * 1e3:>7.1f}ms"
+        )
     out.parent.mkdir(parents=True, exist_ok=True)
     name = torch.cuda.get_device_name(0) if device.startswith("cuda") else device
-    out.write_text(json.dumps({"benchmark": "explorer on CUDA: tracker vs allocator peak",
-                               "device": name, "rows": rows}, indent=1) + "\n")
+    out.write_text(
+        json.dumps({"benchmark": "explorer on CUDA: tracker vs allocator peak", "device": name, "rows": rows}, indent=1)
+        + "\n"
+    )
     print(f"written {out}")
     return 0
 
@@ -228,8 +254,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", nargs="+", default=["cnn-real", "cnn-real-1step", "gpt2-small-fake"])
     parser.add_argument("--clicks", type=int, default=7)
-    parser.add_argument("--repeats", type=int, default=EXPLORE_REPEATS,
-                        help=f"timed steps per real-mode run (Session repeats; default: explore()'s, {EXPLORE_REPEATS})")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=EXPLORE_REPEATS,
+        help=f"timed steps per real-mode run (Session repeats; default: explore()'s, {EXPLORE_REPEATS})",
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     parser.add_argument("--quick", action="store_true", help="smoke test: one click per case, one timed step")
     parser.add_argument("--out", type=Path, default=RESULTS)
@@ -244,10 +274,14 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     results = [run_case(c, args.clicks, args.repeats) for c in _cases(args.cases)]
 
-    print(f"{'case':<18} {'clicks':>6} {'memory':>8} {'max':>8} {'times':>8} {'max':>8} {'engine':>8} {'ui':>7} {'CPU':>7} {'floor':>7} {'torch':>7} {'goal':>6}  ok")
+    print(
+        f"{'case':<18} {'clicks':>6} {'memory':>8} {'max':>8} {'times':>8} {'max':>8} {'engine':>8} {'ui':>7} {'CPU':>7} {'floor':>7} {'torch':>7} {'goal':>6}  ok"
+    )
     for r in results:
-        floor, floor_torch = (f"{r[k]:>6.3f}s" if r.get(k) is not None else f"{'-':>7}"
-                              for k in ("plain_fake_step_cpu_s", "plain_fake_step_torch_path_cpu_s"))
+        floor, floor_torch = (
+            f"{r[k]:>6.3f}s" if r.get(k) is not None else f"{'-':>7}"
+            for k in ("plain_fake_step_cpu_s", "plain_fake_step_torch_path_cpu_s")
+        )
         print(
             f"{r['case']:<18} {r['clicks']:>6} {r['median_to_memory_s']:>7.3f}s {r['max_to_memory_s']:>7.3f}s "
             f"{r['median_s']:>7.3f}s {r['max_s']:>7.3f}s "
@@ -255,11 +289,13 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['goal_s']:>5.1f}s  "
             f"{'yes' if r['meets_goal'] else 'NO'}"
         )
-    print("memory: click to the memory numbers on display (wall; real mode shows them before the timed steps, the goal's\n"
-          "figure); times: click to the step times too (fake mode: the same); engine: Session.run; ui: the rest (thread, widgets, Bokeh);\n"
-          "CPU: the click's CPU seconds, all threads (steadier than wall on shared cores); floor: CPU seconds of the same\n"
-          "fake step with no tracker (the fake-tensor work alone), with the engine's quick cache hits; torch: the same on\n"
-          "torch's own dispatch path (measure/fake_dispatch.py off)")
+    print(
+        "memory: click to the memory numbers on display (wall; real mode shows them before the timed steps, the goal's\n"
+        "figure); times: click to the step times too (fake mode: the same); engine: Session.run; ui: the rest (thread, widgets, Bokeh);\n"
+        "CPU: the click's CPU seconds, all threads (steadier than wall on shared cores); floor: CPU seconds of the same\n"
+        "fake step with no tracker (the fake-tensor work alone), with the engine's quick cache hits; torch: the same on\n"
+        "torch's own dispatch path (measure/fake_dispatch.py off)"
+    )
     try:
         import os
 

@@ -103,8 +103,9 @@ at::Tensor frozen_conv(at::Tensor x, at::Tensor w, std::vector<int64_t> stride,
 def build_cpp() -> Any:
     from torch.utils.cpp_extension import load_inline
 
-    return load_inline("memsave_nb_bench_overhead", cpp_sources=_CPP,
-                       functions=["bare_relu", "frozen_conv"], extra_cflags=["-O2"])
+    return load_inline(
+        "memsave_nb_bench_overhead", cpp_sources=_CPP, functions=["bare_relu", "frozen_conv"], extra_cflags=["-O2"]
+    )
 
 
 class _BareRelu(torch.autograd.Function):
@@ -126,8 +127,7 @@ class _BareFrozenConv(torch.autograd.Function):
     """A frozen-weight conv keeping the weight only, input gradient by the adjoint conv."""
 
     @staticmethod
-    def forward(ctx: Any, x: Tensor, w: Tensor, stride: list[int], padding: list[int],
-                groups: int) -> Tensor:
+    def forward(ctx: Any, x: Tensor, w: Tensor, stride: list[int], padding: list[int], groups: int) -> Tensor:
         ctx.save_for_backward(w)
         ctx.args = (stride, padding, groups, x.shape)
         return torch.convolution(x, w, None, stride, padding, [1, 1], False, [0, 0], groups)
@@ -136,8 +136,9 @@ class _BareFrozenConv(torch.autograd.Function):
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
         (w,) = ctx.saved_tensors
         stride, padding, groups, x_shape = ctx.args
-        extra = [x_shape[2 + d] - ((grad.shape[2 + d] - 1) * stride[d] - 2 * padding[d]
-                                   + w.shape[2 + d]) for d in range(2)]
+        extra = [
+            x_shape[2 + d] - ((grad.shape[2 + d] - 1) * stride[d] - 2 * padding[d] + w.shape[2 + d]) for d in range(2)
+        ]
         grad_x = torch.convolution(grad, w, None, stride, padding, [1, 1], True, extra, groups)
         return grad_x, None, None, None, None
 
@@ -210,8 +211,11 @@ def activation_overhead(shape: tuple[int, ...], repeats: int, cpp: Any) -> dict:
     for name, values in runs.items():
         fwd = statistics.median(v[0] for v in values) * 1e6
         bwd = statistics.median(v[1] for v in values) * 1e6
-        row[name] = {"forward_us": fwd, "backward_us": bwd,
-                     "minor_faults_per_step": statistics.median(v[2] for v in values)}
+        row[name] = {
+            "forward_us": fwd,
+            "backward_us": bwd,
+            "minor_faults_per_step": statistics.median(v[2] for v in values),
+        }
     for name in runs:
         if name != "stock":
             row[name]["forward_extra_us"] = row[name]["forward_us"] - row["stock"]["forward_us"]
@@ -238,31 +242,31 @@ def resnet_conv_overhead(repeats: int, cpp: Any, batch: int, size: int) -> dict:
                 module.__class__ = cls
         models[name] = model
     x0 = torch.randn(batch, 3, size, size)
-    runs = _interleaved({k: (lambda m=m: _step_seconds(m, x0, input_grad))
-                         for k, m in models.items()}, repeats)
-    row: dict = {"batch": batch, "size": size,
-                 "stock_step_seconds": statistics.median(runs["stock"])}
+    runs = _interleaved({k: (lambda m=m: _step_seconds(m, x0, input_grad)) for k, m in models.items()}, repeats)
+    row: dict = {"batch": batch, "size": size, "stock_step_seconds": statistics.median(runs["stock"])}
     for name, values in runs.items():
         if name == "stock":
             continue
         ratios = [v / s for v, s in zip(values, runs["stock"])]
         q1, med, q3 = statistics.quantiles(ratios, n=4, method="inclusive")
-        row[name] = {"time_ratio": med, "q1": q1, "q3": q3,
-                     "min_over_min": min(values) / min(runs["stock"])}
+        row[name] = {"time_ratio": med, "q1": q1, "q3": q3, "min_over_min": min(values) / min(runs["stock"])}
     return row
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--cpp", action="store_true",
-                        help="also build and time the C++ autograd Function twins (~40 s build)")
+    parser.add_argument(
+        "--cpp", action="store_true", help="also build and time the C++ autograd Function twins (~40 s build)"
+    )
     parser.add_argument("--repeats", type=int, default=101, help="rounds for the activation")
     parser.add_argument("--model-repeats", type=int, default=21, help="rounds for ResNet-18")
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--quick", action="store_true",
-                        help="smoke test: the 8-element activation only, ResNet-18 at 2 x 32^2, 2 rounds")
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results"
-                                             / "function_overhead.json"))
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke test: the 8-element activation only, ResNet-18 at 2 x 32^2, 2 rounds",
+    )
+    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "function_overhead.json"))
     args = parser.parse_args(argv)
     shapes = [(1, 8, 4, 4), (4, 64, 28, 28), (4, 64, 56, 56)]
     batch, size = 4, 112
@@ -272,27 +276,34 @@ def main(argv: list[str] | None = None) -> int:
     random.seed(0)
     cpp = build_cpp() if args.cpp else None
     results: dict = {"settings": vars(args), "torch": torch.__version__, "activation": []}
-    print("one activation, forward / backward extra over stock's native node (us), median; "
-          "minor page faults per step")
+    print("one activation, forward / backward extra over stock's native node (us), median; minor page faults per step")
     for shape in shapes:
         row = activation_overhead(shape, args.repeats, cpp)
         results["activation"].append(row)
-        parts = [f"stock {row['stock']['forward_us']:.0f}/{row['stock']['backward_us']:.0f} us"
-                 f" ({row['stock']['minor_faults_per_step']:.0f} faults)"]
+        parts = [
+            f"stock {row['stock']['forward_us']:.0f}/{row['stock']['backward_us']:.0f} us"
+            f" ({row['stock']['minor_faults_per_step']:.0f} faults)"
+        ]
         for name, values in row.items():
             if isinstance(values, dict) and name != "stock":
-                parts.append(f"{name} {values['forward_extra_us']:+.0f}/"
-                             f"{values['backward_extra_us']:+.0f}"
-                             f" ({values['minor_faults_per_step']:.0f})")
+                parts.append(
+                    f"{name} {values['forward_extra_us']:+.0f}/"
+                    f"{values['backward_extra_us']:+.0f}"
+                    f" ({values['minor_faults_per_step']:.0f})"
+                )
         print(f"  {str(tuple(shape)):18s} " + "  ".join(parts), flush=True)
     row = resnet_conv_overhead(args.model_repeats, cpp, batch, size)
     results["resnet18_input_convs"] = row
-    print(f"ResNet-18 'input' at {batch} x {size}^2, convs swapped only (stock step "
-          f"{row['stock_step_seconds'] * 1e3:.0f} ms CPU): time / stock, median [q1..q3] min/min")
+    print(
+        f"ResNet-18 'input' at {batch} x {size}^2, convs swapped only (stock step "
+        f"{row['stock_step_seconds'] * 1e3:.0f} ms CPU): time / stock, median [q1..q3] min/min"
+    )
     for name, values in row.items():
         if isinstance(values, dict):
-            print(f"  {name:16s} {values['time_ratio']:.3f} [{values['q1']:.3f}.."
-                  f"{values['q3']:.3f}] {values['min_over_min']:.3f}")
+            print(
+                f"  {name:16s} {values['time_ratio']:.3f} [{values['q1']:.3f}.."
+                f"{values['q3']:.3f}] {values['min_over_min']:.3f}"
+            )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=1))

@@ -62,9 +62,11 @@ def accelerate_estimate(name: str, overrides: dict) -> dict:
             setattr(config, key, value)
         model = AutoModel.from_config(config)  # as create_empty_model builds it
     total, _ = calculate_maximum_sizes(model)
-    return {"model_bytes_fp32": total,
-            "training_fp32": max(estimate_training_usage(total, "float32").values()),
-            "training_bf16": max(estimate_training_usage(total, "bfloat16").values())}
+    return {
+        "model_bytes_fp32": total,
+        "training_fp32": max(estimate_training_usage(total, "float32").values()),
+        "training_bf16": max(estimate_training_usage(total, "bfloat16").values()),
+    }
 
 
 def ours(name: str, setup: dict, batch: int, seq: int, overrides: dict) -> dict:
@@ -74,8 +76,13 @@ def ours(name: str, setup: dict, batch: int, seq: int, overrides: dict) -> dict:
     trainable = sum(p.numel() for p in wl.model.parameters() if p.requires_grad)
     start = time.perf_counter()
     m = measure(wl, "fake", flops=False)
-    return {"trainable": trainable, "peak_bytes": m.peak_bytes, "peak_phase": m.peak_phase,
-            "split": dict(vars(m.peak_split)), "fake_seconds": time.perf_counter() - start}
+    return {
+        "trainable": trainable,
+        "peak_bytes": m.peak_bytes,
+        "peak_phase": m.peak_phase,
+        "split": dict(vars(m.peak_split)),
+        "fake_seconds": time.perf_counter() - start,
+    }
 
 
 def parameter_count(name: str, overrides: dict) -> int:
@@ -90,25 +97,36 @@ def run(models: list[str], batch: int, seq: int, overrides: dict | None = None) 
         anchor = accelerate_estimate(name, overrides)
         params = parameter_count(name, overrides)
         for label, setup in SETUPS.items():
-            rows.append({"model": name, "setup": label, **anchor, "params": params, "rule_16_bytes": 16 * params,
-                         **ours(name, setup, batch, seq, overrides)})
+            rows.append(
+                {
+                    "model": name,
+                    "setup": label,
+                    **anchor,
+                    "params": params,
+                    "rule_16_bytes": 16 * params,
+                    **ours(name, setup, batch, seq, overrides),
+                }
+            )
     return rows
 
 
 def table(rows: list[dict], batch: int, seq: int) -> str:
     g = lambda n: f"{n / GiB:,.2f}"  # noqa: E731
-    lines = [f"batch {batch}, seq {seq}, AdamW (foreach), fake mode, torch {torch.__version__}; GiB",
-             "",
-             "| model | setup | params (trainable) | accelerate fp32 / bf16 | 16 B/param | our peak | params+quant | grads | "
-             "optimizer | activations | outputs | temporaries | phase | s |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
+    lines = [
+        f"batch {batch}, seq {seq}, AdamW (foreach), fake mode, torch {torch.__version__}; GiB",
+        "",
+        "| model | setup | params (trainable) | accelerate fp32 / bf16 | 16 B/param | our peak | params+quant | grads | "
+        "optimizer | activations | outputs | temporaries | phase | s |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
+    ]
     for r in rows:
         s = r["split"]
         lines.append(
             f"| {r['model']} | {r['setup']} | {r['params'] / 1e9:.2f}B ({r['trainable'] / 1e6:,.1f}M) "
             f"| {g(r['training_fp32'])} / {g(r['training_bf16'])} | {g(r['rule_16_bytes'])} | **{g(r['peak_bytes'])}** "
             f"| {g(s['parameters'])} | {g(s['gradients'])} | {g(s['optimizer_state'])} | {g(s['activations'])} "
-            f"| {g(s['outputs'])} | {g(s['temporaries'])} | {r['peak_phase']} | {r['fake_seconds']:.1f} |")
+            f"| {g(s['outputs'])} | {g(s['temporaries'])} | {r['peak_phase']} | {r['fake_seconds']:.1f} |"
+        )
     return "\n".join(lines)
 
 
@@ -119,7 +137,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--seq", type=int, default=None, help="default 1024 (128 with --quick)")
     parser.add_argument("--models", nargs="*", default=None)
     parser.add_argument("--layers", type=int, default=None, help="cut every model to this many layers (2 with --quick)")
-    parser.add_argument("--out", type=Path, default=None, help=f"JSON output (default {RESULTS.relative_to(ROOT)}; none with --quick)")
+    parser.add_argument(
+        "--out", type=Path, default=None, help=f"JSON output (default {RESULTS.relative_to(ROOT)}; none with --quick)"
+    )
     args = parser.parse_args(argv)
     seq = args.seq or (128 if args.quick else 1024)
     models = args.models or (QUICK_MODELS if args.quick else MODELS)
@@ -129,8 +149,22 @@ def main(argv: list[str] | None = None) -> list[dict]:
     out = args.out or (None if args.quick else RESULTS)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({"date": _dt.date.today().isoformat(), "machine": platform.machine(), "torch": torch.__version__,
-                                   "batch": args.batch, "seq": seq, "layers": layers, "quick": args.quick, "rows": rows}, indent=1, default=str))
+        out.write_text(
+            json.dumps(
+                {
+                    "date": _dt.date.today().isoformat(),
+                    "machine": platform.machine(),
+                    "torch": torch.__version__,
+                    "batch": args.batch,
+                    "seq": seq,
+                    "layers": layers,
+                    "quick": args.quick,
+                    "rows": rows,
+                },
+                indent=1,
+                default=str,
+            )
+        )
     return rows
 
 

@@ -35,10 +35,24 @@ from memsave_nb.workload import Workload  # noqa: E402
 
 CASES = ("all", "input", "input_bn_eval", "norm", "conv", "first_quarter", "last_quarter_input")
 REFERENCE = {  # ../shared/CONTEXT.md: the paper's layers / stock, saved activations
-    "resnet18": dict(all=0.954, input=0.642, input_bn_eval=0.182, norm=0.642, conv=0.954,
-                     first_quarter=0.828, last_quarter_input=0.665),
-    "resnet101": dict(all=1.088, input=0.644, input_bn_eval=0.129, norm=0.644, conv=1.088,
-                      first_quarter=0.858, last_quarter_input=0.713),
+    "resnet18": dict(
+        all=0.954,
+        input=0.642,
+        input_bn_eval=0.182,
+        norm=0.642,
+        conv=0.954,
+        first_quarter=0.828,
+        last_quarter_input=0.665,
+    ),
+    "resnet101": dict(
+        all=1.088,
+        input=0.644,
+        input_bn_eval=0.129,
+        norm=0.644,
+        conv=1.088,
+        first_quarter=0.858,
+        last_quarter_input=0.713,
+    ),
 }
 
 
@@ -95,7 +109,9 @@ def _downsample(cin: int, cout: int, stride: int) -> nn.Module | None:
 def resnet(depth: int, num_classes: int = 1000) -> nn.Module:
     block, counts = {18: (BasicBlock, (2, 2, 2, 2)), 101: (Bottleneck, (3, 4, 23, 3))}[depth]
     layers: list[nn.Module] = [
-        nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(inplace=True),
+        nn.Conv2d(3, 64, 7, 2, 3, bias=False),
+        nn.BatchNorm2d(64),
+        nn.ReLU(inplace=True),
         nn.MaxPool2d(3, 2, 1),
     ]
     cin = 64
@@ -110,10 +126,8 @@ def resnet(depth: int, num_classes: int = 1000) -> nn.Module:
 
 
 # -- today's CNN shapes (torchvision's layouts, built here: torchvision does not import) -------
-def _conv_bn_act(cin: int, cout: int, k: int, stride: int, groups: int,
-                 act: type[nn.Module] | None) -> list[nn.Module]:
-    layers: list[nn.Module] = [nn.Conv2d(cin, cout, k, stride, k // 2, groups=groups, bias=False),
-                               nn.BatchNorm2d(cout)]
+def _conv_bn_act(cin: int, cout: int, k: int, stride: int, groups: int, act: type[nn.Module] | None) -> list[nn.Module]:
+    layers: list[nn.Module] = [nn.Conv2d(cin, cout, k, stride, k // 2, groups=groups, bias=False), nn.BatchNorm2d(cout)]
     if act is not None:
         layers.append(act(inplace=True))
     return layers
@@ -122,8 +136,16 @@ def _conv_bn_act(cin: int, cout: int, k: int, stride: int, groups: int,
 class InvertedResidual(nn.Module):
     """MobileNetV2's block (ReLU6) or, with ``se`` and SiLU, EfficientNet's MBConv."""
 
-    def __init__(self, cin: int, cout: int, stride: int, expand: int, k: int = 3,
-                 act: type[nn.Module] = nn.ReLU6, se: bool = False) -> None:
+    def __init__(
+        self,
+        cin: int,
+        cout: int,
+        stride: int,
+        expand: int,
+        k: int = 3,
+        act: type[nn.Module] = nn.ReLU6,
+        se: bool = False,
+    ) -> None:
         super().__init__()
         hidden = cin * expand
         layers: list[nn.Module] = []
@@ -156,8 +178,15 @@ class SqueezeExcite(nn.Module):
 
 def mobilenet_v2(num_classes: int = 1000) -> nn.Module:
     """torchvision's mobilenet_v2 layout: inverted residuals, ReLU6(inplace), depthwise 3x3."""
-    settings = [(1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1),
-                (6, 160, 3, 2), (6, 320, 1, 1)]
+    settings = [
+        (1, 16, 1, 1),
+        (6, 24, 2, 2),
+        (6, 32, 3, 2),
+        (6, 64, 4, 2),
+        (6, 96, 3, 1),
+        (6, 160, 3, 2),
+        (6, 320, 1, 1),
+    ]
     layers = _conv_bn_act(3, 32, 3, 2, 1, nn.ReLU6)
     cin = 32
     for t, c, n, s in settings:
@@ -172,8 +201,15 @@ def mobilenet_v2(num_classes: int = 1000) -> nn.Module:
 def efficientnet_b0(num_classes: int = 1000) -> nn.Module:
     """torchvision's efficientnet_b0 layout: MBConv with SiLU, depthwise 3x3/5x5,
     squeeze-excite (no stochastic depth)."""
-    settings = [(1, 3, 1, 16, 1), (6, 3, 2, 24, 2), (6, 5, 2, 40, 2), (6, 3, 2, 80, 3),
-                (6, 5, 1, 112, 3), (6, 5, 2, 192, 4), (6, 3, 1, 320, 1)]
+    settings = [
+        (1, 3, 1, 16, 1),
+        (6, 3, 2, 24, 2),
+        (6, 5, 2, 40, 2),
+        (6, 3, 2, 80, 3),
+        (6, 5, 1, 112, 3),
+        (6, 5, 2, 192, 4),
+        (6, 3, 1, 320, 1),
+    ]
     layers = _conv_bn_act(3, 32, 3, 2, 1, nn.SiLU)
     cin = 32
     for t, k, s, c, n in settings:
@@ -222,8 +258,12 @@ def convnext_tiny(num_classes: int = 1000) -> nn.Module:
         if i > 0:
             layers += [ChannelsLastLayerNorm(dims[i - 1]), nn.Conv2d(dims[i - 1], dim, 2, 2)]
         layers += [ConvNeXtBlock(dim) for _ in range(depth)]
-    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.LayerNorm(dims[-1], eps=1e-6),
-               nn.Linear(dims[-1], num_classes)]
+    layers += [
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.LayerNorm(dims[-1], eps=1e-6),
+        nn.Linear(dims[-1], num_classes),
+    ]
     return nn.Sequential(*layers)
 
 
@@ -274,8 +314,9 @@ def apply_case(model: nn.Module, case: str) -> bool:
 
 
 def _workload(model: nn.Module, batch: Tensor, input_grad: bool) -> Workload:
-    return Workload(model, batch, loss=lambda out: out.sum(), optimizer=None,
-                    input_requires_grad=input_grad, name="bench")
+    return Workload(
+        model, batch, loss=lambda out: out.sum(), optimizer=None, input_requires_grad=input_grad, name="bench"
+    )
 
 
 def _step_seconds(model: nn.Module, batch: Tensor, input_grad: bool) -> float:
@@ -300,8 +341,9 @@ def peak_ratios(model: nn.Module, input_grad: bool, batches: list[int], size: in
     ratios: dict = {"steady": {}, "first": {}}
     for b in batches:
         x = torch.randn(b, 3, size, size)
-        workload = Workload(model, x, loss=lambda out: out.sum(), optimizer=_adamw,
-                            input_requires_grad=input_grad, name="bench")
+        workload = Workload(
+            model, x, loss=lambda out: out.sum(), optimizer=_adamw, input_requires_grad=input_grad, name="bench"
+        )
         steady, first = [], []
         for label in ("stock", "ours"):
             conversion = convert(model) if label == "ours" else None
@@ -360,8 +402,15 @@ def time_pairs(step: Callable[[], float], model: nn.Module, repeats: int) -> dic
     }
 
 
-def bench_case(model: nn.Module, batch: Tensor, case: str, repeats: int, bytes_mode: str,
-               bytes_batch: Tensor, peak_batches: list[int] | None = None) -> dict:
+def bench_case(
+    model: nn.Module,
+    batch: Tensor,
+    case: str,
+    repeats: int,
+    bytes_mode: str,
+    bytes_batch: Tensor,
+    peak_batches: list[int] | None = None,
+) -> dict:
     input_grad = apply_case(model, case)
     row: dict = {"case": case}
     if peak_batches:
@@ -371,8 +420,7 @@ def bench_case(model: nn.Module, batch: Tensor, case: str, repeats: int, bytes_m
     for label in ("stock", "ours"):
         conversion = convert(model) if label == "ours" else None
         try:
-            m = measure(_workload(model, bytes_batch, input_grad), mode=bytes_mode, repeats=0,
-                        flops=False)
+            m = measure(_workload(model, bytes_batch, input_grad), mode=bytes_mode, repeats=0, flops=False)
             row[f"{label}_saved_bytes"] = m.saved_bytes
             row[f"{label}_peak_bytes"] = m.peak_bytes
         finally:
@@ -448,31 +496,35 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--cases", default=",".join(CASES))
-    parser.add_argument("--gpts", default="gpt,gpt_rmsnorm_swiglu",
-                        help="demo decoders to run ('' for none)")
-    parser.add_argument("--size", type=int, default=224,
-                        help="image side for timing (default: the paper's cases, 224)")
-    parser.add_argument("--batch", type=int, default=8,
-                        help="batch for timing (default: the paper's cases, 8)")
+    parser.add_argument("--gpts", default="gpt,gpt_rmsnorm_swiglu", help="demo decoders to run ('' for none)")
+    parser.add_argument("--size", type=int, default=224, help="image side for timing (default: the paper's cases, 224)")
+    parser.add_argument("--batch", type=int, default=8, help="batch for timing (default: the paper's cases, 8)")
     parser.add_argument("--bytes-size", type=int, default=224, help="image side for bytes")
     parser.add_argument("--bytes-batch", type=int, default=8, help="batch for bytes")
     parser.add_argument("--bytes-mode", default="fake", choices=("fake", "real"))
     parser.add_argument("--repeats", type=int, default=9)
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch threads for timing (1: steadier on a shared machine)")
-    parser.add_argument("--peak-batches", default="1,2,8,32",
-                        help="batch sizes of the AdamW peak-ratio columns (fake mode; '' for none)")
-    parser.add_argument("--quick", action="store_true",
-                        help="smoke test: demo CNN (cases all, input) at 2 x 32^2 and the GPT demo, 2 timing "
-                             "repeats, AdamW peaks at batch 2 only (the old fast look: --repeats 3 --batch 4 "
-                             "--size 112 --peak-batches 2)")
-    parser.add_argument("--table", metavar="JSON",
-                        help="print the markdown table of a results file and exit")
-    parser.add_argument("--bits", action="store_true",
-                        help="only the mask-packing microbench (numpy vs torch ops)")
-    parser.add_argument("--kernels", action="store_true",
-                        help="only the fused C kernels at each SIMD level the CPU has, "
-                             "against stock's ops")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch threads for timing (1: steadier on a shared machine)"
+    )
+    parser.add_argument(
+        "--peak-batches",
+        default="1,2,8,32",
+        help="batch sizes of the AdamW peak-ratio columns (fake mode; '' for none)",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke test: demo CNN (cases all, input) at 2 x 32^2 and the GPT demo, 2 timing "
+        "repeats, AdamW peaks at batch 2 only (the old fast look: --repeats 3 --batch 4 "
+        "--size 112 --peak-batches 2)",
+    )
+    parser.add_argument("--table", metavar="JSON", help="print the markdown table of a results file and exit")
+    parser.add_argument("--bits", action="store_true", help="only the mask-packing microbench (numpy vs torch ops)")
+    parser.add_argument(
+        "--kernels",
+        action="store_true",
+        help="only the fused C kernels at each SIMD level the CPU has, against stock's ops",
+    )
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "layers.json"))
     args = parser.parse_args(argv)
     if args.quick:  # two repeats: the timing quartiles need two
@@ -490,8 +542,7 @@ def main(argv: list[str] | None = None) -> int:
         bench_bits(args.repeats)
         return 0
     if args.kernels:
-        results = {"settings": vars(args), "torch": torch.__version__,
-                   "kernels": bench_kernels(args.repeats)}
+        results = {"settings": vars(args), "torch": torch.__version__, "kernels": bench_kernels(args.repeats)}
         print(f"\nwrote {_write(args.out, results)}")
         return 0
     results: dict = {"settings": vars(args), "torch": torch.__version__, "models": {}}
@@ -503,8 +554,7 @@ def main(argv: list[str] | None = None) -> int:
             bytes_batch = batch
         rows = []
         for case in args.cases.split(","):
-            row = bench_case(model, batch, case, args.repeats, args.bytes_mode, bytes_batch,
-                             peak_batches)
+            row = bench_case(model, batch, case, args.repeats, args.bytes_mode, bytes_batch, peak_batches)
             row["reference_saved_ratio"] = REFERENCE.get(name, {}).get(case)
             rows.append(row)
             print(_format_row(name, row), flush=True)
@@ -529,9 +579,11 @@ def _write(path: str, results: dict) -> Path:
     return out
 
 
-HEADER = (f"{'model':18s} {'case':19s} {'stock saved MB':>14s} {'saved ours/stock':>16s} "
-          f"{'reference':>9s} {'peak ours/stock':>15s} {'time ours/stock [q1..q3] min':>30s} "
-          f"{'AdamW steady peak ours/stock by batch (max first-step)':>56s}")
+HEADER = (
+    f"{'model':18s} {'case':19s} {'stock saved MB':>14s} {'saved ours/stock':>16s} "
+    f"{'reference':>9s} {'peak ours/stock':>15s} {'time ours/stock [q1..q3] min':>30s} "
+    f"{'AdamW steady peak ours/stock by batch (max first-step)':>56s}"
+)
 
 
 def _format_row(model: str, row: dict) -> str:
@@ -545,11 +597,15 @@ def _format_row(model: str, row: dict) -> str:
         by_batch += f" ({max(first.values()):.3f})"
     timing = ""
     if "time_ratio" in row:
-        timing = (f"{row['time_ratio']:.3f} [{row['time_ratio_q1']:.3f}..{row['time_ratio_q3']:.3f}]"
-                  f" {row['time_ratio_min']:.3f}")
-    return (f"{model:18s} {row['case']:19s} {row['stock_saved_bytes'] / 2**20:14.1f} "
-            f"{row['saved_ratio']:16.3f} {('' if ref is None else f'{ref:.3f}'):>9s} "
-            f"{row['peak_ratio']:15.3f} {timing:>30s} {by_batch:>56s}")
+        timing = (
+            f"{row['time_ratio']:.3f} [{row['time_ratio_q1']:.3f}..{row['time_ratio_q3']:.3f}]"
+            f" {row['time_ratio_min']:.3f}"
+        )
+    return (
+        f"{model:18s} {row['case']:19s} {row['stock_saved_bytes'] / 2**20:14.1f} "
+        f"{row['saved_ratio']:16.3f} {('' if ref is None else f'{ref:.3f}'):>9s} "
+        f"{row['peak_ratio']:15.3f} {timing:>30s} {by_batch:>56s}"
+    )
 
 
 def markdown_table(results: dict) -> str:
@@ -567,15 +623,15 @@ def markdown_table(results: dict) -> str:
             first = row.get("first_step_peak_ratio_adamw") or {}
             timing = minimum = ""
             if "time_ratio" in row:
-                timing = (f"{row['time_ratio']:.3f} [{row['time_ratio_q1']:.3f}.."
-                          f"{row['time_ratio_q3']:.3f}]")
+                timing = f"{row['time_ratio']:.3f} [{row['time_ratio_q1']:.3f}..{row['time_ratio_q3']:.3f}]"
                 minimum = f"{row['time_ratio_min']:.3f}"
             lines.append(
                 f"| {model} | {row['case']} | {row['stock_saved_bytes'] / 2**20:.1f} "
                 f"| {row['saved_ratio']:.3f} | {'' if ref is None else f'{ref:.3f}'} "
                 f"| {row['peak_ratio']:.3f} | {timing} | {minimum} "
                 f"| {' / '.join(f'{v:.3f}' for v in steady.values())} "
-                f"| {f'{max(first.values()):.3f}' if first else ''} |")
+                f"| {f'{max(first.values()):.3f}' if first else ''} |"
+            )
     return "\n".join(lines)
 
 
@@ -607,18 +663,26 @@ def bench_bits(repeats: int) -> dict:
                 _bits.np = None  # type: ignore[assignment]
             try:
                 timings[f"{label}_pack"] = best(lambda: _bits.pack_bits(mask))
-                timings[f"{label}_unpack"] = best(lambda: _bits.unpack_bits(packed, shape,
-                                                                            torch.uint8))
+                timings[f"{label}_unpack"] = best(lambda: _bits.unpack_bits(packed, shape, torch.uint8))
                 timings[f"{label}_relu6_mask_pack"] = best(
-                    lambda: _bits.pack_inside(out, 0.0, 6.0) if _bits.np is not None
-                    else _bits.pack_bits((out > 0) & (out < 6)))
+                    lambda: (
+                        _bits.pack_inside(out, 0.0, 6.0)
+                        if _bits.np is not None
+                        else _bits.pack_bits((out > 0) & (out < 6))
+                    )
+                )
             finally:
                 _bits.np = saved
         rows[str(numel)] = timings
-        print(f"{numel:>9d} elements: " + ", ".join(
-            f"{what} torch/numpy {timings['torch_' + what] / timings['numpy_' + what]:.2f}"
-            f" ({timings['numpy_' + what] * 1e6:.0f} us numpy)"
-            for what in ("pack", "unpack", "relu6_mask_pack")), flush=True)
+        print(
+            f"{numel:>9d} elements: "
+            + ", ".join(
+                f"{what} torch/numpy {timings['torch_' + what] / timings['numpy_' + what]:.2f}"
+                f" ({timings['numpy_' + what] * 1e6:.0f} us numpy)"
+                for what in ("pack", "unpack", "relu6_mask_pack")
+            ),
+            flush=True,
+        )
     return rows
 
 
@@ -656,12 +720,17 @@ def bench_kernels(repeats: int) -> dict:
     if top < 0:
         print("no C kernels here (no compiler, or MEMSAVE_NB_NATIVE=0)")
         return {}
-    what = {"relu_pack": ("ReLU + mask", "relu"), "pack_nonzero": ("mask alone", "relu"),
-            "select_bits": ("masked backward", "threshold_backward")}
+    what = {
+        "relu_pack": ("ReLU + mask", "relu"),
+        "pack_nonzero": ("mask alone", "relu"),
+        "select_bits": ("masked backward", "threshold_backward"),
+    }
     # the leaky ReLU's and dropout's backward (scale_bits): timed at the CPU's best level only
-    plain_what = {"scale_bits leaky": ("leaky ReLU backward", "leaky_relu_backward"),
-                  "scale_bits dropout": ("dropout backward", "grad * noise"),
-                  "pack_positive": ("leaky ReLU mask", "numpy greater + packbits")}
+    plain_what = {
+        "scale_bits leaky": ("leaky ReLU backward", "leaky_relu_backward"),
+        "scale_bits dropout": ("dropout backward", "grad * noise"),
+        "pack_positive": ("leaky ReLU mask", "numpy greater + packbits"),
+    }
     rows: dict = {}
     try:
         for shape in ((4, 64, 56, 56), (8, 64, 112, 112)):
@@ -670,21 +739,24 @@ def bench_kernels(repeats: int) -> dict:
             grad = torch.randn(shape)
             packed = _native.pack_nonzero(out)
             noise = (out != 0).to(torch.float32).mul_(2.0)
-            stock = {"relu": lambda: torch.relu(x),
-                     "threshold_backward": lambda: torch.ops.aten.threshold_backward(
-                         grad, out, 0),
-                     "leaky_relu_backward": lambda: torch.ops.aten.leaky_relu_backward(
-                         grad, x, 0.01, False),
-                     "grad * noise": lambda: grad * noise,
-                     # (not stock: what the layer ran before the kernel, and runs without it)
-                     "numpy greater + packbits": lambda: np.packbits(
-                         np.greater(x.numpy(), 0), bitorder="little")}
-            plain = {"scale_bits leaky": lambda: _native.scale_bits(grad, packed, 1.0, 0.01),
-                     "scale_bits dropout": lambda: _native.scale_bits(grad, packed, 2.0, 0.0),
-                     "pack_positive": lambda: _native.pack_positive(x)}
-            ours = {"relu_pack": lambda: _native.relu_pack(x, False),
-                    "pack_nonzero": lambda: _native.pack_nonzero(out),
-                    "select_bits": lambda: _native.select_bits(grad, packed)}
+            stock = {
+                "relu": lambda: torch.relu(x),
+                "threshold_backward": lambda: torch.ops.aten.threshold_backward(grad, out, 0),
+                "leaky_relu_backward": lambda: torch.ops.aten.leaky_relu_backward(grad, x, 0.01, False),
+                "grad * noise": lambda: grad * noise,
+                # (not stock: what the layer ran before the kernel, and runs without it)
+                "numpy greater + packbits": lambda: np.packbits(np.greater(x.numpy(), 0), bitorder="little"),
+            }
+            plain = {
+                "scale_bits leaky": lambda: _native.scale_bits(grad, packed, 1.0, 0.01),
+                "scale_bits dropout": lambda: _native.scale_bits(grad, packed, 2.0, 0.0),
+                "pack_positive": lambda: _native.pack_positive(x),
+            }
+            ours = {
+                "relu_pack": lambda: _native.relu_pack(x, False),
+                "pack_nonzero": lambda: _native.pack_nonzero(out),
+                "select_bits": lambda: _native.select_bits(grad, packed),
+            }
             times: dict[str, list[float]] = {}
             for _ in range(max(5, repeats)):
                 for level in range(top + 1):
@@ -692,8 +764,7 @@ def bench_kernels(repeats: int) -> dict:
                     for k, fn in ours.items():
                         start = time.perf_counter()
                         fn()
-                        times.setdefault(f"{_native.SIMD_NAMES[level]} {k}", []).append(
-                            time.perf_counter() - start)
+                        times.setdefault(f"{_native.SIMD_NAMES[level]} {k}", []).append(time.perf_counter() - start)
                 for prefix, fns in (("stock", stock), ("plain", plain)):
                     for k, fn in fns.items():
                         start = time.perf_counter()
@@ -701,8 +772,10 @@ def bench_kernels(repeats: int) -> dict:
                         times.setdefault(f"{prefix} {k}", []).append(time.perf_counter() - start)
             med = {label: statistics.median(v) for label, v in times.items()}
             row: dict = {"us": {label: v * 1e6 for label, v in med.items()}}
-            print(f"{'x'.join(map(str, shape))} float32 ({x.numel():,} elements), "
-                  f"microseconds, median of {max(5, repeats)}:")
+            print(
+                f"{'x'.join(map(str, shape))} float32 ({x.numel():,} elements), "
+                f"microseconds, median of {max(5, repeats)}:"
+            )
             for k, (label, base_name) in what.items():
                 base = med[f"stock {base_name}"]
                 cells = []
@@ -715,8 +788,7 @@ def bench_kernels(repeats: int) -> dict:
             for k, (label, base_name) in plain_what.items():
                 base, mine = med[f"stock {base_name}"], med[f"plain {k}"]
                 row[f"{k} / stock {base_name}"] = mine / base
-                print(f"  {label} vs {base_name} {base * 1e6:.0f}: "
-                      f"{mine * 1e6:.0f} ({mine / base:.2f}x)")
+                print(f"  {label} vs {base_name} {base * 1e6:.0f}: {mine * 1e6:.0f} ({mine / base:.2f}x)")
             rows["x".join(map(str, shape))] = row
     finally:
         _native.simd_level(2)  # back to the CPU's best

@@ -81,7 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tp", default=None, help="TP degrees to search, e.g. 1,2 (default: the planner's)")
     ap.add_argument("--pp", default=None, help="pipeline stage counts to search, e.g. 2,4,8 (default: the planner's)")
     ap.add_argument("--quick", action="store_true", help="a small GPT (4 blocks) on 4 GPUs, in seconds")
-    ap.add_argument("--baseline", action="store_true", help="also time the whole-first-step warm-up under TP, interleaved")
+    ap.add_argument(
+        "--baseline", action="store_true", help="also time the whole-first-step warm-up under TP, interleaved"
+    )
     ap.add_argument("--repeats", type=int, default=1, help="runs of each (medians reported)")
     ap.add_argument("--out", default=str(RESULTS))
     args = ap.parse_args(argv)
@@ -106,29 +108,65 @@ def main(argv: list[str] | None = None) -> int:
             runs[kind].append(_timed(workload, gpus, args.gpu, target, tps, kind == "baseline", pps))
     result = runs["now"][-1]
     chosen = result.chosen
-    timing = {kind: {"search_cpu_seconds": [r.search_cpu_seconds for r in rs],
-                     "remeasure_cpu_seconds": [r.remeasure_cpu_seconds for r in rs],
-                     "total_cpu_seconds": [r.cpu_seconds for r in rs]} for kind, rs in runs.items() if rs}
-    same = all(r.chosen is not None and chosen is not None and r.chosen.label == chosen.label
-               and r.remeasured.device_peak_bytes == result.remeasured.device_peak_bytes for r in runs["baseline"])
+    timing = {
+        kind: {
+            "search_cpu_seconds": [r.search_cpu_seconds for r in rs],
+            "remeasure_cpu_seconds": [r.remeasure_cpu_seconds for r in rs],
+            "total_cpu_seconds": [r.cpu_seconds for r in rs],
+        }
+        for kind, rs in runs.items()
+        if rs
+    }
+    same = all(
+        r.chosen is not None
+        and chosen is not None
+        and r.chosen.label == chosen.label
+        and r.remeasured.device_peak_bytes == result.remeasured.device_peak_bytes
+        for r in runs["baseline"]
+    )
     row = {
-        "model": workload.name, "gpus": gpus, "gpu": args.gpu, "target_gb": result.target.gb,
-        "usable_bytes": result.target.usable_bytes, "global_batch": result.global_batch,
-        "build_cpu_seconds": built - c0, "search_cpu_seconds": result.search_cpu_seconds,
-        "remeasure_cpu_seconds": result.remeasure_cpu_seconds, "measurements": result.measurements,
-        "candidates": len(result.candidates), "fitting": len(result.fitting),
-        "chosen": None if chosen is None else {
-            "label": chosen.label, "spec": chosen.spec.to_dict(), "est_peak_bytes": chosen.est_peak_bytes,
-            "checked_peak_bytes": chosen.checked_peak_bytes, "step_seconds": chosen.step_seconds,
-            "compute_seconds": chosen.compute_seconds, "comm_seconds": dict(chosen.comm_seconds),
+        "model": workload.name,
+        "gpus": gpus,
+        "gpu": args.gpu,
+        "target_gb": result.target.gb,
+        "usable_bytes": result.target.usable_bytes,
+        "global_batch": result.global_batch,
+        "build_cpu_seconds": built - c0,
+        "search_cpu_seconds": result.search_cpu_seconds,
+        "remeasure_cpu_seconds": result.remeasure_cpu_seconds,
+        "measurements": result.measurements,
+        "candidates": len(result.candidates),
+        "fitting": len(result.fitting),
+        "chosen": None
+        if chosen is None
+        else {
+            "label": chosen.label,
+            "spec": chosen.spec.to_dict(),
+            "est_peak_bytes": chosen.est_peak_bytes,
+            "checked_peak_bytes": chosen.checked_peak_bytes,
+            "step_seconds": chosen.step_seconds,
+            "compute_seconds": chosen.compute_seconds,
+            "comm_seconds": dict(chosen.comm_seconds),
         },
         "remeasured_device_peak_bytes": None if result.remeasured is None else result.remeasured.device_peak_bytes,
-        "front": [{"label": c.label, "est_peak_bytes": c.est_peak_bytes, "step_seconds": c.step_seconds} for c in result.front],
-        "timing": timing, "baseline_same_answer": same if args.baseline else None,
-        "candidates_all": [{"label": c.label, "est_peak_bytes": c.est_peak_bytes, "step_seconds": c.step_seconds,
-                            "bubble_seconds": c.bubble_seconds, "comm_seconds": dict(c.comm_seconds), "fits": c.fits}
-                           for c in result.candidates],
-        "pruned": result.pruned, "notes": result.notes,
+        "front": [
+            {"label": c.label, "est_peak_bytes": c.est_peak_bytes, "step_seconds": c.step_seconds} for c in result.front
+        ],
+        "timing": timing,
+        "baseline_same_answer": same if args.baseline else None,
+        "candidates_all": [
+            {
+                "label": c.label,
+                "est_peak_bytes": c.est_peak_bytes,
+                "step_seconds": c.step_seconds,
+                "bubble_seconds": c.bubble_seconds,
+                "comm_seconds": dict(c.comm_seconds),
+                "fits": c.fits,
+            }
+            for c in result.candidates
+        ],
+        "pruned": result.pruned,
+        "notes": result.notes,
     }
     print(result.summary())
     print()
@@ -136,12 +174,20 @@ def main(argv: list[str] | None = None) -> int:
     print("\nCPU seconds (median of {} run{}):".format(len(runs["now"]), "s" * (len(runs["now"]) != 1)))
     for kind, t in timing.items():
         med = {k: statistics.median(v) for k, v in t.items()}
-        print(f"  {kind:8s}  search {med['search_cpu_seconds']:5.1f}  full-depth re-measurement "
-              f"{med['remeasure_cpu_seconds']:5.1f}  total {med['total_cpu_seconds']:5.1f}")
+        print(
+            f"  {kind:8s}  search {med['search_cpu_seconds']:5.1f}  full-depth re-measurement "
+            f"{med['remeasure_cpu_seconds']:5.1f}  total {med['total_cpu_seconds']:5.1f}"
+        )
     if args.baseline:
         print(f"  same chosen layout and re-measured bytes: {'yes' if same else 'NO'}")
-    doc = {"bench": "layout", "when": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-           "machine": platform.platform(), "python": platform.python_version(), "quick": args.quick, "result": row}
+    doc = {
+        "bench": "layout",
+        "when": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "machine": platform.platform(),
+        "python": platform.python_version(),
+        "quick": args.quick,
+        "result": row,
+    }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=2) + "\n")

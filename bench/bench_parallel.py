@@ -35,9 +35,19 @@ def llama2_70b(layers: int = 80, seq: int = 4096):
 
     from memsave_nb.workload import Workload
 
-    cfg = LlamaConfig(hidden_size=8192, intermediate_size=28672, num_hidden_layers=layers, num_attention_heads=64,
-                      num_key_value_heads=8, vocab_size=32000, max_position_embeddings=4096, rms_norm_eps=1e-5,
-                      use_cache=False, torch_dtype=torch.bfloat16, attn_implementation="sdpa")
+    cfg = LlamaConfig(
+        hidden_size=8192,
+        intermediate_size=28672,
+        num_hidden_layers=layers,
+        num_attention_heads=64,
+        num_key_value_heads=8,
+        vocab_size=32000,
+        max_position_embeddings=4096,
+        rms_norm_eps=1e-5,
+        use_cache=False,
+        torch_dtype=torch.bfloat16,
+        attn_implementation="sdpa",
+    )
     with torch.device("meta"):
         model = LlamaForCausalLM(cfg).to(torch.bfloat16)
 
@@ -61,12 +71,23 @@ def run_case(world_size: int, layers: int, seq: int) -> dict:
     params = sum(p.numel() for p in workload.model.parameters())
     w = m.worst
     return {
-        "world_size": world_size, "layers": layers, "seq": seq, "params": params,
-        "build_seconds": built - t0, "measure_seconds": done - built, "total_seconds": done - t0,
-        "measure_cpu_seconds": cdone - cbuilt, "total_cpu_seconds": cdone - c0,
+        "world_size": world_size,
+        "layers": layers,
+        "seq": seq,
+        "params": params,
+        "build_seconds": built - t0,
+        "measure_seconds": done - built,
+        "total_seconds": done - t0,
+        "measure_cpu_seconds": cdone - cbuilt,
+        "total_cpu_seconds": cdone - c0,
         "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-        "worst_rank": w.rank, "ranks_measured": len(m.ranks), "peak_bytes": w.peak_bytes, "peak_split": w.peak_split,
-        "peak_phase": w.peak_phase, "unseen_low_bytes": m.unseen_low_bytes, "unseen_high_bytes": m.unseen_high_bytes,
+        "worst_rank": w.rank,
+        "ranks_measured": len(m.ranks),
+        "peak_bytes": w.peak_bytes,
+        "peak_split": w.peak_split,
+        "peak_phase": w.peak_phase,
+        "unseen_low_bytes": m.unseen_low_bytes,
+        "unseen_high_bytes": m.unseen_high_bytes,
         "table": m.table(),
     }
 
@@ -75,7 +96,9 @@ def _fresh_processes(args: argparse.Namespace) -> list[dict] | None:
     """One fresh subprocess per world size (its RSS is its own); None when one fails."""
     rows = []
     root = str(Path(__file__).resolve().parent.parent)  # this checkout's package, not an installed copy
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+    env = dict(
+        os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
+    )
     for ws in args.world_size:
         cmd = [sys.executable, __file__, "--case", str(ws), "--layers", str(args.layers), "--seq", str(args.seq)]
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=Path(__file__).resolve().parent.parent)
@@ -105,20 +128,33 @@ def main(argv: list[str] | None = None) -> int:
         rows = _fresh_processes(args)
         if rows is None:
             return 1
-    print(f"Llama-2-70B shape ({args.layers} layers), bf16, AdamW, seq {args.seq}, batch 1 per rank, FSDP2 per layer + root, steady state (step 2)")
-    print(f"{'world':>5} {'params':>8} {'worst rank peak':>16} {'+ unseen':>18} {'measure s':>10} {'(CPU s)':>8} {'total s':>8} {'max RSS':>9}")
+    print(
+        f"Llama-2-70B shape ({args.layers} layers), bf16, AdamW, seq {args.seq}, batch 1 per rank, FSDP2 per layer + root, steady state (step 2)"
+    )
+    print(
+        f"{'world':>5} {'params':>8} {'worst rank peak':>16} {'+ unseen':>18} {'measure s':>10} {'(CPU s)':>8} {'total s':>8} {'max RSS':>9}"
+    )
     for r in rows:
-        print(f"{r['world_size']:>5} {r['params'] / 1e9:7.1f}B {r['peak_bytes'] / GIB:12.2f} GiB "
-              f"{r['unseen_low_bytes'] / GIB:6.2f}..{r['unseen_high_bytes'] / GIB:.2f} GiB {r['measure_seconds']:10.1f} {r['measure_cpu_seconds']:8.1f} "
-              f"{r['total_seconds']:8.1f} {r['max_rss_bytes'] / GIB:6.2f} GiB")
+        print(
+            f"{r['world_size']:>5} {r['params'] / 1e9:7.1f}B {r['peak_bytes'] / GIB:12.2f} GiB "
+            f"{r['unseen_low_bytes'] / GIB:6.2f}..{r['unseen_high_bytes'] / GIB:.2f} GiB {r['measure_seconds']:10.1f} {r['measure_cpu_seconds']:8.1f} "
+            f"{r['total_seconds']:8.1f} {r['max_rss_bytes'] / GIB:6.2f} GiB"
+        )
     for r in rows:
         print()
         print(r["table"])
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({
-        "when": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "machine": platform.platform(),
-        "cpus": os.cpu_count(), "rows": [{k: v for k, v in r.items() if k != "table"} for r in rows],
-    }, indent=2))
+    args.out.write_text(
+        json.dumps(
+            {
+                "when": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                "machine": platform.platform(),
+                "cpus": os.cpu_count(),
+                "rows": [{k: v for k, v in r.items() if k != "table"} for r in rows],
+            },
+            indent=2,
+        )
+    )
     return 0
 
 

@@ -62,7 +62,9 @@ GPT2_SMALL = zoo.GPTConfig(vocab_size=50257, block_size=1024, n_layer=12, n_head
 def gpt2_fake(target_gb: float = 24.0, quick: bool = False) -> dict:
     """The GPT-2-small search; ``quick``: the zoo's small GPT (4 x 128, seq 128), batch 2, 1 GB."""
     torch.manual_seed(0)
-    config, batch, blocks, micro = (zoo.GPTConfig(dropout=0.0), 2, 1, (1, 2)) if quick else (GPT2_SMALL, 32, 4, (1, 2, 4))
+    config, batch, blocks, micro = (
+        (zoo.GPTConfig(dropout=0.0), 2, 1, (1, 2)) if quick else (GPT2_SMALL, 32, 4, (1, 2, 4))
+    )
     target_gb = 1.0 if quick else target_gb
     wl = zoo.gpt(config, batch_size=batch)
     target = Target(target_gb)
@@ -87,13 +89,24 @@ def gpt2_fake(target_gb: float = 24.0, quick: bool = False) -> dict:
         if fit:
             line += f"; fastest that fits: {fit[0].label} ({fit[0].est_seconds * 1e3:.1f} ms, {format_bytes(fit[0].est_peak_bytes)} est.)"
         print(line)
-    print(f"candidates explored: {len(result.candidates)}   search time: {seconds:.1f} s ({cpu_seconds:.1f} s CPU)   Pareto front: {len(result.front)} plans")
+    print(
+        f"candidates explored: {len(result.candidates)}   search time: {seconds:.1f} s ({cpu_seconds:.1f} s CPU)   Pareto front: {len(result.front)} plans"
+    )
     chosen = result.chosen
     ok = chosen is not None and chosen.measured_peak_bytes is not None and target.fits(chosen.measured_peak_bytes)
-    print(f"chosen re-measured peak {format_bytes(chosen.measured_peak_bytes if chosen else 0)} "
-          f"< headroom line {format_bytes(target.usable_bytes)}: {ok}")
+    print(
+        f"chosen re-measured peak {format_bytes(chosen.measured_peak_bytes if chosen else 0)} "
+        f"< headroom line {format_bytes(target.usable_bytes)}: {ok}"
+    )
     print(f"CLAIM candidates >= 200: {len(result.candidates) >= 200}; time < 60 s: {seconds < 60}; chosen fits: {ok}")
-    return {"shape": shape, "target": target.label, "count": len(result.candidates), "seconds": seconds, "cpu_seconds": cpu_seconds, "fits": ok}
+    return {
+        "shape": shape,
+        "target": target.label,
+        "count": len(result.candidates),
+        "seconds": seconds,
+        "cpu_seconds": cpu_seconds,
+        "fits": ok,
+    }
 
 
 def _spread(candidates, n: int):
@@ -104,8 +117,16 @@ def _spread(candidates, n: int):
 
 
 def real_order(name: str, workload, freezing: dict, n: int, repeats: int) -> float:
-    result = plan_for(workload, Target(1000), mode="real", device="host", freezing=freezing,
-                      precisions=(None,), region_kinds=("full", "save_matmuls"), remeasure=0)
+    result = plan_for(
+        workload,
+        Target(1000),
+        mode="real",
+        device="host",
+        freezing=freezing,
+        precisions=(None,),
+        region_kinds=("full", "save_matmuls"),
+        remeasure=0,
+    )
     picked = _spread(result.candidates, n)
     est, measured = [], []
     print(f"== {name} demo, real mode on this CPU: {len(result.candidates)} candidates, {len(picked)} timed")
@@ -122,9 +143,12 @@ def real_order(name: str, workload, freezing: dict, n: int, repeats: int) -> flo
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true",
-                        help="smoke test: the small zoo GPT in fake mode, CNN batch 2 and GPT batch 2 in real mode, "
-                             "3 timed plans, 1 repeat; the claims are printed, not enforced (exit 0)")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke test: the small zoo GPT in fake mode, CNN batch 2 and GPT batch 2 in real mode, "
+        "3 timed plans, 1 repeat; the claims are printed, not enforced (exit 0)",
+    )
     parser.add_argument("--timed", type=int, default=8, help="plans timed per demo in real mode")
     parser.add_argument("--repeats", type=int, default=5, help="timed steps per plan")
     parser.add_argument("--skip-fake", action="store_true")
@@ -140,10 +164,22 @@ def main(argv: list[str] | None = None) -> int:
     if not args.skip_real:
         n, repeats, cnn_batch, gpt_batch = (3, 1, 2, 2) if args.quick else (args.timed, args.repeats, 16, 8)
         cnn = zoo.make("cnn", cnn_batch)
-        rho = found["cnn_spearman"] = real_order("CNN", cnn, {"all": Plan(), "input only": presets.input_only(cnn.model), "last block": presets.last_blocks(cnn.model, 1)}, n, repeats)
+        rho = found["cnn_spearman"] = real_order(
+            "CNN",
+            cnn,
+            {
+                "all": Plan(),
+                "input only": presets.input_only(cnn.model),
+                "last block": presets.last_blocks(cnn.model, 1),
+            },
+            n,
+            repeats,
+        )
         ok &= rho >= 0.8
         gpt = zoo.make("gpt", gpt_batch)
-        rho = found["gpt_spearman"] = real_order("GPT", gpt, {"all": Plan(), "last block": presets.last_blocks(gpt.model, 1)}, n, repeats)
+        rho = found["gpt_spearman"] = real_order(
+            "GPT", gpt, {"all": Plan(), "last block": presets.last_blocks(gpt.model, 1)}, n, repeats
+        )
         ok &= rho >= 0.8
     found["claims_hold"] = bool(ok)
     if args.out is not None:

@@ -43,13 +43,27 @@ def qwen2_05b(fake_mode: FakeTensorMode, quick: bool = False) -> Workload:
 
     transformers.logging.set_verbosity_error()
     if quick:
-        cfg = transformers.Qwen2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                                       num_key_value_heads=2, vocab_size=1000, max_position_embeddings=256,
-                                       tie_word_embeddings=True)
+        cfg = transformers.Qwen2Config(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=1000,
+            max_position_embeddings=256,
+            tie_word_embeddings=True,
+        )
     else:
-        cfg = transformers.Qwen2Config(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                                       num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768,
-                                       tie_word_embeddings=True)
+        cfg = transformers.Qwen2Config(
+            hidden_size=896,
+            intermediate_size=4864,
+            num_hidden_layers=24,
+            num_attention_heads=14,
+            num_key_value_heads=2,
+            vocab_size=151936,
+            max_position_embeddings=32768,
+            tie_word_embeddings=True,
+        )
     with fake_mode:
         model = transformers.Qwen2ForCausalLM(cfg).train()
     batch, seq = (QUICK_BATCH, QUICK_SEQ) if quick else (BATCH, SEQ)
@@ -66,7 +80,9 @@ def snippet_peak(wl: Workload, plan, fake_mode: FakeTensorMode) -> int:
     with fake_mode, same_path_as_real(wl):
         exec(compile(plan.to_code(loop=wl.loop), "<plan>", "exec"), namespace)  # noqa: S102
         model = namespace["model"]
-        optimizer = namespace.get("optimizer") or torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+        optimizer = namespace.get("optimizer") or torch.optim.AdamW(
+            [p for p in model.parameters() if p.requires_grad], lr=1e-3
+        )
         ids = fake_mode.from_tensor(wl.batch["input_ids"][: plan.batch_size or len(wl.batch["input_ids"])])
         micro = [{"input_ids": ids, "labels": ids}]
         namespace["training_step"](model, micro, optimizer)
@@ -80,7 +96,9 @@ def snippet_peak(wl: Workload, plan, fake_mode: FakeTensorMode) -> int:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="smoke test: 2-layer Qwen2 shape, batch 2, seq 32, 1 GB target")
+    parser.add_argument(
+        "--quick", action="store_true", help="smoke test: 2-layer Qwen2 shape, batch 2, seq 32, 1 GB target"
+    )
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
@@ -93,9 +111,18 @@ def main(argv: list[str] | None = None) -> None:
     chosen = result.chosen
     print(result.summary())
     mem = snippet_peak(wl, chosen.plan, fake_mode)
-    row = {"model": f"{wl.name} shape", "batch": batch, "seq": seq, "target_gb": target_gb, "loop": wl.loop,
-           "chosen": chosen.label, "claimed_peak_bytes": chosen.measured_peak_bytes, "memtracker_snippet_bytes": mem,
-           "difference_bytes": chosen.measured_peak_bytes - mem, "planner_seconds": round(seconds, 1)}
+    row = {
+        "model": f"{wl.name} shape",
+        "batch": batch,
+        "seq": seq,
+        "target_gb": target_gb,
+        "loop": wl.loop,
+        "chosen": chosen.label,
+        "claimed_peak_bytes": chosen.measured_peak_bytes,
+        "memtracker_snippet_bytes": mem,
+        "difference_bytes": chosen.measured_peak_bytes - mem,
+        "planner_seconds": round(seconds, 1),
+    }
     print(json.dumps(row, indent=2))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with open(args.out, "w", encoding="utf-8") as f:

@@ -99,8 +99,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=5, help="timed steps per plan (median)")
-    parser.add_argument("--budgets", type=float, nargs="*", default=[1.0, 0.5, 0.0], help="compile budgets ([] for none)")
-    parser.add_argument("--quick", action="store_true", help="smoke test: a 2-layer GPT at seq 32, batch 2, one timed step, no compiled plans")
+    parser.add_argument(
+        "--budgets", type=float, nargs="*", default=[1.0, 0.5, 0.0], help="compile budgets ([] for none)"
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke test: a 2-layer GPT at seq 32, batch 2, one timed step, no compiled plans",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     if args.quick:
@@ -131,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     entries = [session.baseline_entry] + session.history + session_compiled.history
     rows = [e.row() for e in entries]
     times_of = {i: eager_times[i] for i in range(len(eager) + 1)}
-    for i, e in enumerate(entries[len(eager) + 1:], start=len(eager) + 1):
+    for i, e in enumerate(entries[len(eager) + 1 :], start=len(eager) + 1):
         times_of[i] = list(e.measurement.step_seconds_all)
     base_med, base_min = statistics.median(times_of[0]), min(times_of[0])
     for i, row in enumerate(rows):
@@ -142,12 +148,16 @@ def main(argv: list[str] | None = None) -> int:
         row["time_ratio_min"] = row["step_seconds_min"] / base_min if ts else None
         row["step_seconds_all"] = ts
 
-    header = (f"{'plan':44} {'saved MB':>9} {'x base':>6} {'peak MB':>9} {'x base':>6} "
-              f"{'step ms':>8} {'x base':>6} {'min ms':>8} {'x base':>6}")
+    header = (
+        f"{'plan':44} {'saved MB':>9} {'x base':>6} {'peak MB':>9} {'x base':>6} "
+        f"{'step ms':>8} {'x base':>6} {'min ms':>8} {'x base':>6}"
+    )
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    print(f"GPT demo ({workload.model.config}), batch {args.batch_size}, torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads, {args.repeats} timed steps per plan (median, fastest; eager plans "
-          f"interleaved round-robin), load {load:.1f}")
+    print(
+        f"GPT demo ({workload.model.config}), batch {args.batch_size}, torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads, {args.repeats} timed steps per plan (median, fastest; eager plans "
+        f"interleaved round-robin), load {load:.1f}"
+    )
     print(header)
     print("-" * len(header))
     for r in rows:
@@ -158,8 +168,10 @@ def main(argv: list[str] | None = None) -> int:
             f"{_mb(r['peak_bytes'])} {_ratio(r['peak_ratio']):>6} {step:>8} {_ratio(r['time_ratio']):>6} "
             f"{fastest:>8} {_ratio(r['time_ratio_min']):>6}"
         )
-    print("saved: activations kept for backward at the end of forward; peak: parameters, inputs, grads,\n"
-          "optimizer state (AdamW), activations and temporaries; compiled rows come from profiler events.")
+    print(
+        "saved: activations kept for backward at the end of forward; peak: parameters, inputs, grads,\n"
+        "optimizer state (AdamW), activations and temporaries; compiled rows come from profiler events."
+    )
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
     payload = {

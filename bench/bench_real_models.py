@@ -50,11 +50,19 @@ def run(name: str, args: argparse.Namespace) -> dict:
     tracker_cls = frozen_aware_memtracker() if name.startswith("lora") else None
     oracle = memtracker_count(wl, iterations=2, tracker_cls=tracker_cls).peak_bytes
     return {
-        "model": name, "params": params, "trainable": trainable,
-        "saved_bytes": m.saved_bytes, "output_bytes": m.output_bytes, "output_parts": dict(m.output_parts),
-        "first_step_peak_bytes": m.first_step_peak_bytes, "steady_peak_bytes": m.peak_bytes,
-        "fake_equals_real": (fake.peak_bytes, fake.saved_bytes, fake.output_bytes) == (m.peak_bytes, m.saved_bytes, m.output_bytes),
-        "fake_seconds": fake_seconds, "memtracker_steady_peak_bytes": oracle, "difference_bytes": m.peak_bytes - oracle,
+        "model": name,
+        "params": params,
+        "trainable": trainable,
+        "saved_bytes": m.saved_bytes,
+        "output_bytes": m.output_bytes,
+        "output_parts": dict(m.output_parts),
+        "first_step_peak_bytes": m.first_step_peak_bytes,
+        "steady_peak_bytes": m.peak_bytes,
+        "fake_equals_real": (fake.peak_bytes, fake.saved_bytes, fake.output_bytes)
+        == (m.peak_bytes, m.saved_bytes, m.output_bytes),
+        "fake_seconds": fake_seconds,
+        "memtracker_steady_peak_bytes": oracle,
+        "difference_bytes": m.peak_bytes - oracle,
         "advice": list(m.advice),
     }
 
@@ -66,35 +74,53 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--d", type=int, default=256)
     parser.add_argument("--models", nargs="*", default=list(MODELS))
-    parser.add_argument("--quick", action="store_true", help="smoke test: batch 1, seq 16, 1 layer, d 64, vocabulary 1000")
+    parser.add_argument(
+        "--quick", action="store_true", help="smoke test: batch 1, seq 16, 1 layer, d 64, vocabulary 1000"
+    )
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     if args.quick:
         args.batch, args.seq, args.layers, args.d = 1, 16, 1, 64
     torch.set_num_threads(1)
     rows = [run(name, args) for name in args.models]
-    print(f"batch {args.batch}, seq {args.seq}, {args.layers} layers, d {args.d}, AdamW, float32, CPU "
-          f"(torch {torch.__version__}); MiB")
+    print(
+        f"batch {args.batch}, seq {args.seq}, {args.layers} layers, d {args.d}, AdamW, float32, CPU "
+        f"(torch {torch.__version__}); MiB"
+    )
     print()
-    print("| model | params (trainable) | saved for backward | outputs/caches kept | first-step peak | steady-state peak "
-          "| steady vs first | fake-mode s | MemTracker steady peak | difference (B) |")
+    print(
+        "| model | params (trainable) | saved for backward | outputs/caches kept | first-step peak | steady-state peak "
+        "| steady vs first | fake-mode s | MemTracker steady peak | difference (B) |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         outputs = ", ".join(f"{k} {mib(v)}" for k, v in r["output_parts"].items() if v >= 2**16) or "-"
-        print(f"| {r['model']} | {r['params'] / 1e6:.2f}M ({r['trainable'] / 1e6:.2f}M) | {mib(r['saved_bytes'])} "
-              f"| {mib(r['output_bytes'])} ({outputs}) | {mib(r['first_step_peak_bytes'])} | {mib(r['steady_peak_bytes'])} "
-              f"| {r['steady_peak_bytes'] / r['first_step_peak_bytes'] - 1:+.1%} | {r['fake_seconds']:.2f} "
-              f"| {mib(r['memtracker_steady_peak_bytes'])} | {r['difference_bytes']} |")
+        print(
+            f"| {r['model']} | {r['params'] / 1e6:.2f}M ({r['trainable'] / 1e6:.2f}M) | {mib(r['saved_bytes'])} "
+            f"| {mib(r['output_bytes'])} ({outputs}) | {mib(r['first_step_peak_bytes'])} | {mib(r['steady_peak_bytes'])} "
+            f"| {r['steady_peak_bytes'] / r['first_step_peak_bytes'] - 1:+.1%} | {r['fake_seconds']:.2f} "
+            f"| {mib(r['memtracker_steady_peak_bytes'])} | {r['difference_bytes']} |"
+        )
     print()
     for r in rows:
         for a in r["advice"]:
             print(f"- {r['model']}: {a}")
-    print(f"fake mode equals real mode (peak, saved, outputs) on {sum(r['fake_equals_real'] for r in rows)} of {len(rows)}")
+    print(
+        f"fake mode equals real mode (peak, saved, outputs) on {sum(r['fake_equals_real'] for r in rows)} of {len(rows)}"
+    )
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({
-        "when": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "torch": torch.__version__,
-        "machine": platform.machine(), "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-        "rows": rows}, indent=2))
+    args.out.write_text(
+        json.dumps(
+            {
+                "when": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                "torch": torch.__version__,
+                "machine": platform.machine(),
+                "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+                "rows": rows,
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -60,9 +60,15 @@ def run_shape(name: str, make, repeats: int) -> dict:
         if (old.peak_bytes, old.peak_split) != (new.peak_bytes, new.peak_split):
             raise SystemExit(f"{name}: one-step peak {new.peak_bytes} != two-step peak {old.peak_bytes}")
     old_m, new_m = statistics.median(old_s), statistics.median(new_s)
-    return {"shape": name, "repeats": repeats, "two_steps_s": old_m, "one_step_s": new_m,
-            "ratio_old_over_new": old_m / new_m, "peak_bytes": new.peak_bytes,
-            "first_step_peak_bytes": old.first_step_peak_bytes}
+    return {
+        "shape": name,
+        "repeats": repeats,
+        "two_steps_s": old_m,
+        "one_step_s": new_m,
+        "ratio_old_over_new": old_m / new_m,
+        "peak_bytes": new.peak_bytes,
+        "first_step_peak_bytes": old.first_step_peak_bytes,
+    }
 
 
 def main(argv: list[str] | None = None) -> list[dict]:

@@ -95,7 +95,7 @@ def _manual(kind: str, wl: Workload) -> Iterator[Workload]:
 
 # -- one run ---------------------------------------------------------------------------------------
 def run(name: str, plan: str, wl: Workload, ctx: Callable[[], Any] | None, repeats: int = 3) -> dict[str, Any]:
-    with (ctx() if ctx is not None else contextlib.nullcontext(wl)) as planned:
+    with ctx() if ctx is not None else contextlib.nullcontext(wl) as planned:
         m = measure(planned, repeats=repeats)
     pre = m.peak_split.parameters + m.peak_split.inputs
     if m.cuda_peak_bytes is None:  # --cpu dry run
@@ -127,21 +127,33 @@ def explorer_check(device: str, batch: int | None = None) -> str:
     ex = explore(zoo.make("gpt", batch, device=device) if batch else "gpt", device=device, live=False, repeats=1)
     ex.run_now(raise_errors=True)
     m = ex.measurement
-    return (f"ok: explorer on {m.device}: peak {m.peak_bytes / MiB:.1f} MiB, allocator "
-            f"{(m.cuda_peak_bytes or 0) / MiB:.1f} MiB, {time.perf_counter() - start:.1f} s")
+    return (
+        f"ok: explorer on {m.device}: peak {m.peak_bytes / MiB:.1f} MiB, allocator "
+        f"{(m.cuda_peak_bytes or 0) / MiB:.1f} MiB, {time.perf_counter() - start:.1f} s"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cpu", action="store_true", help="dry run of the same code paths on the CPU")
-    parser.add_argument("--quick", action="store_true", help="smoke test: the CPU dry run at batch 1-8, 1 timed step; any failed run exits 1")
-    parser.add_argument("--out", type=Path, default=None, help="JSON output (default bench/results/cuda_check.json, "
-                                                                  "/tmp/cuda_check_cpu_dry_run.json for a dry run)")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke test: the CPU dry run at batch 1-8, 1 timed step; any failed run exits 1",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="JSON output (default bench/results/cuda_check.json, /tmp/cuda_check_cpu_dry_run.json for a dry run)",
+    )
     args = parser.parse_args(argv)
     dry = args.cpu or args.quick
     failures = 0
     if not dry and not torch.cuda.is_available():
-        print("cuda_check: no CUDA device visible to this torch (torch.cuda.is_available() is False); nothing to check.")
+        print(
+            "cuda_check: no CUDA device visible to this torch (torch.cuda.is_available() is False); nothing to check."
+        )
         return 0
     device = "cpu" if dry else "cuda"
     if dry:
@@ -163,13 +175,17 @@ def main(argv: list[str] | None = None) -> int:
                 r = run(name, plan, wl, ctx, repeats=1 if args.quick else 3)
             except Exception as exc:  # noqa: BLE001 - report and go on: one script, one pass
                 failures += 1
-                print(f"{name:5} {plan:18} FAILED: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+                print(
+                    f"{name:5} {plan:18} FAILED: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                )
                 traceback.print_exc(limit=3)
                 continue
             rows.append(r)
-            print(f"{name:5} {plan:18} {r['tracker_peak_bytes'] / MiB:12.2f} {r['allocator_peak_bytes'] / MiB:14.2f} "
-                  f"{r['gap_bytes'] / MiB:9.2f} {r['gap_percent']:7.2f} {r['saved_bytes'] / MiB:10.2f} "
-                  f"{(r['step_ms'] or 0):8.1f}")
+            print(
+                f"{name:5} {plan:18} {r['tracker_peak_bytes'] / MiB:12.2f} {r['allocator_peak_bytes'] / MiB:14.2f} "
+                f"{r['gap_bytes'] / MiB:9.2f} {r['gap_percent']:7.2f} {r['saved_bytes'] / MiB:10.2f} "
+                f"{(r['step_ms'] or 0):8.1f}"
+            )
         del wl
         if not dry:
             torch.cuda.empty_cache()
@@ -195,7 +211,9 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or out
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(summary, indent=2) + "\n")
-    print(f"max |gap| {summary['max_abs_gap_percent']:.2f}% over {len(rows)} runs, {summary['seconds']:.0f} s; wrote {out}")
+    print(
+        f"max |gap| {summary['max_abs_gap_percent']:.2f}% over {len(rows)} runs, {summary['seconds']:.0f} s; wrote {out}"
+    )
     return 1 if args.quick and failures else 0
 
 

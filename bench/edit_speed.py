@@ -74,9 +74,12 @@ def edits(layers: int, quick: bool) -> list[tuple[str, Plan]]:
     pick = sorted({0, layers // 2, layers - 1})
     plans = [(f"checkpoint layer {i}", Plan(regions={f"{stem}.{i}": RegionPolicy()})) for i in pick]
     plans += [(f"freeze layer {i}", Plan(frozen=(f"{stem}.{i}",))) for i in pick]
-    plans += [("chunked loss", Plan(loss="chunked")), ("optimizer sgd", Plan(optimizer="sgd")),
-              ("accumulate 2", Plan(accumulation_steps=2)),
-              ("checkpoint every layer", Plan(regions={f"{stem}.{i}": RegionPolicy() for i in range(layers)}))]
+    plans += [
+        ("chunked loss", Plan(loss="chunked")),
+        ("optimizer sgd", Plan(optimizer="sgd")),
+        ("accumulate 2", Plan(accumulation_steps=2)),
+        ("checkpoint every layer", Plan(regions={f"{stem}.{i}": RegionPolicy() for i in range(layers)})),
+    ]
     return plans[:3] if quick else plans
 
 
@@ -102,8 +105,9 @@ def run(model: str, lora: int, seq: int, layers: int | None, rounds: int, quick:
     torch.set_num_threads(1)
     load_before = os.getloadavg()
     start = time.perf_counter()
-    workload = from_pretrained(model, lora=dict(r=lora), seq_len=seq,
-                               overrides={"num_hidden_layers": layers} if layers else None)
+    workload = from_pretrained(
+        model, lora=dict(r=lora), seq_len=seq, overrides={"num_hidden_layers": layers} if layers else None
+    )
     build_s = time.perf_counter() - start
     n_layers = workload.model.base_model.model.config.num_hidden_layers
     session = Session(workload, "fake", repeats=0)
@@ -127,40 +131,63 @@ def run(model: str, lora: int, seq: int, layers: int | None, rounds: int, quick:
                 per_edit[name][path].append(cpu)
                 got[path] = m
             if got["before"] != got["after"]:
-                raise SystemExit(f"the cuts changed the measurement of {name!r}: "
-                                 f"{got['before'].peak_bytes:,} B before, {got['after'].peak_bytes:,} B after")
+                raise SystemExit(
+                    f"the cuts changed the measurement of {name!r}: "
+                    f"{got['before'].peak_bytes:,} B before, {got['after'].peak_bytes:,} B after"
+                )
     load_after = os.getloadavg()
     with cuts(True):
         floor = _floor_cpu_s(workload, plans[0][1], 1 if quick else 3)
     out = {
-        "model": model, "lora_r": lora, "seq_len": seq, "layers": n_layers, "rounds": rounds, "edits": len(plans),
-        "build_s": build_s, "cuts": [only] if only else list(CUTS),
+        "model": model,
+        "lora_r": lora,
+        "seq_len": seq,
+        "layers": n_layers,
+        "rounds": rounds,
+        "edits": len(plans),
+        "build_s": build_s,
+        "cuts": [only] if only else list(CUTS),
         "before": {k: _stats(v) for k, v in times["before"].items()},
         "after": {k: _stats(v) for k, v in times["after"].items()},
         "floor_cpu_s": floor,
         "per_edit_cpu_median": {name: {p: statistics.median(v) for p, v in d.items()} for name, d in per_edit.items()},
-        "load_before": load_before, "load_after": load_after,
+        "load_before": load_before,
+        "load_after": load_after,
     }
-    out["ratio"] = {f"{k}_{s}": out["before"][k][s] / out["after"][k][s] for k in ("cpu", "wall") for s in ("median", "mean", "max")}
+    out["ratio"] = {
+        f"{k}_{s}": out["before"][k][s] / out["after"][k][s] for k in ("cpu", "wall") for s in ("median", "mean", "max")
+    }
     return out
 
 
 def table(r: dict) -> str:
-    lines = [f"{r['model']} + LoRA r={r['lora_r']}, {r['layers']} layers, seq {r['seq_len']}, fake mode, "
-             f"{r['edits']} edits x {r['rounds']} rounds, each before and after (1 torch thread); "
-             f"load average {r['load_before'][0]:.1f} -> {r['load_after'][0]:.1f}",
-             "", "| path | CPU s median | CPU s mean | CPU s worst | wall s median | wall s mean | wall s worst |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        f"{r['model']} + LoRA r={r['lora_r']}, {r['layers']} layers, seq {r['seq_len']}, fake mode, "
+        f"{r['edits']} edits x {r['rounds']} rounds, each before and after (1 torch thread); "
+        f"load average {r['load_before'][0]:.1f} -> {r['load_after'][0]:.1f}",
+        "",
+        "| path | CPU s median | CPU s mean | CPU s worst | wall s median | wall s mean | wall s worst |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for path in ("before", "after"):
         c, w = r[path]["cpu"], r[path]["wall"]
-        lines.append(f"| {path} | {c['median']:.3f} | {c['mean']:.3f} | {c['max']:.3f} | "
-                     f"{w['median']:.3f} | {w['mean']:.3f} | {w['max']:.3f} |")
+        lines.append(
+            f"| {path} | {c['median']:.3f} | {c['mean']:.3f} | {c['max']:.3f} | "
+            f"{w['median']:.3f} | {w['mean']:.3f} | {w['max']:.3f} |"
+        )
     q = r["ratio"]
-    lines.append(f"| before / after | {q['cpu_median']:.2f}x | {q['cpu_mean']:.2f}x | {q['cpu_max']:.2f}x | "
-                 f"{q['wall_median']:.2f}x | {q['wall_mean']:.2f}x | {q['wall_max']:.2f}x |")
-    lines += ["", f"floor (the first edit's fake step, no tracker): {r['floor_cpu_s']:.3f} s CPU; "
-              f"after / floor {r['after']['cpu']['median'] / r['floor_cpu_s']:.2f}x. Model build (once): {r['build_s']:.1f} s wall.",
-              "", "| edit | CPU s before | CPU s after | ratio |", "|---|---:|---:|---:|"]
+    lines.append(
+        f"| before / after | {q['cpu_median']:.2f}x | {q['cpu_mean']:.2f}x | {q['cpu_max']:.2f}x | "
+        f"{q['wall_median']:.2f}x | {q['wall_mean']:.2f}x | {q['wall_max']:.2f}x |"
+    )
+    lines += [
+        "",
+        f"floor (the first edit's fake step, no tracker): {r['floor_cpu_s']:.3f} s CPU; "
+        f"after / floor {r['after']['cpu']['median'] / r['floor_cpu_s']:.2f}x. Model build (once): {r['build_s']:.1f} s wall.",
+        "",
+        "| edit | CPU s before | CPU s after | ratio |",
+        "|---|---:|---:|---:|",
+    ]
     for name, d in r["per_edit_cpu_median"].items():
         lines.append(f"| {name} | {d['before']:.3f} | {d['after']:.3f} | {d['before'] / d['after']:.2f}x |")
     lines.append("\ncuts: " + "; ".join(r["cuts"]))
@@ -175,13 +202,25 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--seq", type=int, default=None, help="default 2048 (128 with --quick)")
     parser.add_argument("--layers", type=int, default=None, help="cut the model to this many layers (2 with --quick)")
     parser.add_argument("--rounds", type=int, default=None, help="default 3 (1 with --quick)")
-    parser.add_argument("--only", choices=list(CUTS), default=None,
-                        help="before / after of this one cut, every other cut on in both")
-    parser.add_argument("--out", type=Path, default=None, help=f"JSON output (default {RESULTS.relative_to(ROOT)}; none with --quick)")
+    parser.add_argument(
+        "--only", choices=list(CUTS), default=None, help="before / after of this one cut, every other cut on in both"
+    )
+    parser.add_argument(
+        "--out", type=Path, default=None, help=f"JSON output (default {RESULTS.relative_to(ROOT)}; none with --quick)"
+    )
     args = parser.parse_args(argv)
-    result = run(args.model, args.lora, args.seq or (128 if args.quick else 2048), args.layers or (2 if args.quick else None),
-                 args.rounds or (1 if args.quick else 3), args.quick, args.only)
-    result.update(date=_dt.date.today().isoformat(), machine=platform.machine(), torch=torch.__version__, quick=args.quick)
+    result = run(
+        args.model,
+        args.lora,
+        args.seq or (128 if args.quick else 2048),
+        args.layers or (2 if args.quick else None),
+        args.rounds or (1 if args.quick else 3),
+        args.quick,
+        args.only,
+    )
+    result.update(
+        date=_dt.date.today().isoformat(), machine=platform.machine(), torch=torch.__version__, quick=args.quick
+    )
     print(table(result))
     out = args.out or (None if args.quick else RESULTS)
     if out is not None:

@@ -45,13 +45,24 @@ def _clicks(quick: bool):
     """(label, gpus, gpu kind, target GB or None) in the order a user clicks."""
     if quick:
         return [("2 x H100", 2, "H100", None), ("2 x A100", 2, "A100", None), ("2 x H100, 1 MB", 2, "H100", 1 / 1024)]
-    return [("16 x H100", 16, "H100", None), ("16 x A100", 16, "A100", None), ("16 x H100, 40 GB", 16, "H100", 40.0),
-            ("8 x H100", 8, "H100", None), ("16 x H100 again", 16, "H100", None)]
+    return [
+        ("16 x H100", 16, "H100", None),
+        ("16 x A100", 16, "A100", None),
+        ("16 x H100, 40 GB", 16, "H100", 40.0),
+        ("8 x H100", 8, "H100", None),
+        ("16 x H100 again", 16, "H100", None),
+    ]
 
 
 def _answer(r) -> tuple:
-    return (r.candidates, r.front, r.chosen, r.pruned, r.notes,
-            None if r.remeasured is None else r.remeasured.device_peak_bytes)
+    return (
+        r.candidates,
+        r.front,
+        r.chosen,
+        r.pruned,
+        r.notes,
+        None if r.remeasured is None else r.remeasured.device_peak_bytes,
+    )
 
 
 def _sequence(workload, clicks, reuse: bool) -> list:
@@ -98,18 +109,37 @@ def main(argv: list[str] | None = None) -> int:
         after = statistics.median(rs[i][0] for rs in runs["after"])
         r = runs["after"][-1][i][1]
         chosen = r.chosen.label if r.chosen else "none fits"
-        rows.append({"search": label, "gpus": gpus, "gpu": gpu, "target_gb": gb, "before_cpu_seconds": before,
-                     "after_cpu_seconds": after, "ratio": before / after if after else None,
-                     "measurements_after": r.measurements, "chosen": chosen})
+        rows.append(
+            {
+                "search": label,
+                "gpus": gpus,
+                "gpu": gpu,
+                "target_gb": gb,
+                "before_cpu_seconds": before,
+                "after_cpu_seconds": after,
+                "ratio": before / after if after else None,
+                "measurements_after": r.measurements,
+                "chosen": chosen,
+            }
+        )
         print(f"  {label:20s} {before:8.2f} {after:8.2f} {before / max(after, 1e-9):6.1f}x  {chosen}")
     total_b = sum(r["before_cpu_seconds"] for r in rows)
     total_a = sum(r["after_cpu_seconds"] for r in rows)
     print(f"  {'all':20s} {total_b:8.2f} {total_a:8.2f} {total_b / max(total_a, 1e-9):6.1f}x")
     print(f"  same answers both ways: {'yes' if same else 'NO'}")
-    doc = {"bench": "layout_speed", "when": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-           "machine": platform.platform(), "python": platform.python_version(), "quick": args.quick,
-           "model": workload.name, "repeats": len(runs["before"]), "same_answers": same, "rows": rows,
-           "total_before_cpu_seconds": total_b, "total_after_cpu_seconds": total_a}
+    doc = {
+        "bench": "layout_speed",
+        "when": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "machine": platform.platform(),
+        "python": platform.python_version(),
+        "quick": args.quick,
+        "model": workload.name,
+        "repeats": len(runs["before"]),
+        "same_answers": same,
+        "rows": rows,
+        "total_before_cpu_seconds": total_b,
+        "total_after_cpu_seconds": total_a,
+    }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=2) + "\n")

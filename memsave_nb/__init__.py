@@ -61,6 +61,7 @@ __all__ = [
     "Cancelled",
 ]
 
+
 def __getattr__(name: str) -> Any:
     """Lazy front doors: the explorer (ipywidgets, Bokeh), the report, the planner, the parallel engine."""
     if name in ("explore", "Explorer"):  # Explorer: kept for old notebooks, not part of the surface

@@ -222,9 +222,25 @@ def _mutates(op: Any) -> bool:
 CREATION_OPS = frozenset(
     f"aten.{n}"
     for n in (
-        "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "zeros", "zeros_like",
-        "new_zeros", "ones", "ones_like", "new_ones", "full", "full_like", "new_full", "scalar_tensor",
-        "clone", "detach", "alias", "lift_fresh",
+        "empty",
+        "empty_like",
+        "empty_strided",
+        "new_empty",
+        "new_empty_strided",
+        "zeros",
+        "zeros_like",
+        "new_zeros",
+        "ones",
+        "ones_like",
+        "new_ones",
+        "full",
+        "full_like",
+        "new_full",
+        "scalar_tensor",
+        "clone",
+        "detach",
+        "alias",
+        "lift_fresh",
     )
 )
 
@@ -245,9 +261,7 @@ def make_policy_fn(policy: RegionPolicy, region: str = "") -> Callable[..., Chec
     """
     saved = policy.saved_ops
     recomputed = policy.recomputed_ops
-    default = (
-        CheckpointPolicy.MUST_SAVE if policy.default is OpChoice.SAVE else CheckpointPolicy.PREFER_RECOMPUTE
-    )
+    default = CheckpointPolicy.MUST_SAVE if policy.default is OpChoice.SAVE else CheckpointPolicy.PREFER_RECOMPUTE
     cached: dict[int, str] = {}  # storage address -> op whose output SAC keeps (alive while cached)
 
     def policy_fn(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:

@@ -68,9 +68,19 @@ __all__ = [
 # dict keys of (B, T, ...) tensors that follow the sequence length: Hugging Face's names (the
 # embeddings a model takes instead of ids, the decoder's of an encoder-decoder) and the zoo's
 TOKEN_KEYS = (
-    "input_ids", "labels", "attention_mask", "token_type_ids", "position_ids", "inputs_embeds",
-    "decoder_input_ids", "decoder_attention_mask", "decoder_inputs_embeds", "idx", "targets",
+    "input_ids",
+    "labels",
+    "attention_mask",
+    "token_type_ids",
+    "position_ids",
+    "inputs_embeds",
+    "decoder_input_ids",
+    "decoder_attention_mask",
+    "decoder_inputs_embeds",
+    "idx",
+    "targets",
 )
+
 
 class KnobValues(Protocol):
     """The plain values the knobs read: a ``Plan`` holds them, so may any object (knobs never
@@ -87,8 +97,16 @@ class KnobValues(Protocol):
 
 
 # Plan fields owned by this module, with their "keep the workload's" value.
-KNOB_FIELDS = ("batch_size", "seq_len", "precision", "optimizer", "accumulation_steps", "set_to_none", "loss",
-               "loss_chunk")
+KNOB_FIELDS = (
+    "batch_size",
+    "seq_len",
+    "precision",
+    "optimizer",
+    "accumulation_steps",
+    "set_to_none",
+    "loss",
+    "loss_chunk",
+)
 
 # the largest batch size, sequence length or accumulation count a plan takes: int32's maximum
 # (no GPU holds 2**31 samples; larger counts overflow the sizes torch multiplies them into)
@@ -170,7 +188,9 @@ def _token_tensors(batch: Any) -> list[torch.Tensor]:
 def seq_len_of(batch: Any) -> int:
     tokens = _token_tensors(batch)
     if not tokens:
-        raise PlanError(f"seq_len: the batch holds no token tensor ({', '.join(TOKEN_KEYS)}, or an integer (B, T) tensor)")
+        raise PlanError(
+            f"seq_len: the batch holds no token tensor ({', '.join(TOKEN_KEYS)}, or an integer (B, T) tensor)"
+        )
     return max(t.shape[1] for t in tokens)
 
 
@@ -283,8 +303,14 @@ class _ResizedBatch:
 
     ``source_batch`` is the workload's own batch (fake mode's mask checks read its values)."""
 
-    def __init__(self, source: Any, batch_size: int | None, seq_len: int | None, takes_batch_size: bool,
-                 loss_cells: list[tuple[Any, torch.Tensor]]):
+    def __init__(
+        self,
+        source: Any,
+        batch_size: int | None,
+        seq_len: int | None,
+        takes_batch_size: bool,
+        loss_cells: list[tuple[Any, torch.Tensor]],
+    ):
         self.source_batch = None if _is_factory(source) else source
         self._source = source
         self._n, self._t, self._takes = batch_size, seq_len, takes_batch_size
@@ -367,7 +393,8 @@ def _check_host_memory(batch: Any, batch_size: int | None, seq_len: int | None) 
 def _grows(batch: Any, batch_size: int | None, seq_len: int | None) -> bool:
     try:
         return (batch_size is not None and batch_size > batch_size_of(batch)) or (
-            seq_len is not None and seq_len > seq_len_of(batch))
+            seq_len is not None and seq_len > seq_len_of(batch)
+        )
     except PlanError:
         return False  # the eager path raises the one-line error
 
@@ -544,7 +571,9 @@ def apply_knobs(plan: "KnobValues", workload: "Workload") -> tuple[dict[str, Any
     precision = plan.precision
     if precision in ("autocast_bf16", "autocast_fp16"):
         if not _workload_has(workload, "autocast_dtype"):
-            raise PlanError("precision autocast needs Workload.autocast_dtype (the engine's autocast support), which this version lacks")
+            raise PlanError(
+                "precision autocast needs Workload.autocast_dtype (the engine's autocast support), which this version lacks"
+            )
         changes["autocast_dtype"] = torch.bfloat16 if precision == "autocast_bf16" else torch.float16
     elif precision in ("bf16", "bf16_master"):
         undo.append(cast_parameters(workload.model, torch.bfloat16))

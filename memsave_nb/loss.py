@@ -39,8 +39,20 @@ from memsave_nb.checkpointing import PlanError, show
 from memsave_nb.loss_trl import TRL_LOSSES, use_trl_head
 from memsave_nb.vocabulary import LOSSES
 
-__all__ = ["LOSSES", "DEFAULT_LOSS_CHUNK", "IGNORE_INDEX", "check_loss", "use_chunked_loss", "causal_lm",
-           "ChunkedLossOutput", "HeadTransform", "FAMILIES", "apply_loss", "use_label_smoother", "label_smoother"]
+__all__ = [
+    "LOSSES",
+    "DEFAULT_LOSS_CHUNK",
+    "IGNORE_INDEX",
+    "check_loss",
+    "use_chunked_loss",
+    "causal_lm",
+    "ChunkedLossOutput",
+    "HeadTransform",
+    "FAMILIES",
+    "apply_loss",
+    "use_label_smoother",
+    "label_smoother",
+]
 
 DEFAULT_LOSS_CHUNK = 1024  # tokens per chunk
 IGNORE_INDEX = -100
@@ -94,15 +106,23 @@ def _softcapped(lm: nn.Module) -> HeadTransform:  # Gemma 2/3: logits / cap -> t
 # Causal LMs whose forward (transformers 5.25) was read, head to loss, and whose chunked loss and
 # gradients tests/measure/test_chunked_loss_families.py hold to the model's own in float64. An
 # allow-list: any other model (masked LMs, encoder-decoders, unknown heads) is refused.
-_PLAIN = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM", "Phi3ForCausalLM",
-          "GemmaForCausalLM", "GPT2LMHeadModel")
+_PLAIN = (
+    "LlamaForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+    "MistralForCausalLM",
+    "Phi3ForCausalLM",
+    "GemmaForCausalLM",
+    "GPT2LMHeadModel",
+)
 FAMILIES: dict[str, Callable[[nn.Module], HeadTransform]] = {
     **{name: (lambda lm: HeadTransform()) for name in _PLAIN},
     "Gemma2ForCausalLM": _softcapped,
     "Gemma3ForCausalLM": _softcapped,
     "CohereForCausalLM": lambda lm: HeadTransform(logit_scale=_number(lm, "logit_scale", lm.logit_scale)),
     "GraniteForCausalLM": lambda lm: HeadTransform(
-        logit_scale=1.0 / _number(lm, "logits_scaling", lm.config.logits_scaling)),
+        logit_scale=1.0 / _number(lm, "logits_scaling", lm.config.logits_scaling)
+    ),
     "MixtralForCausalLM": lambda lm: HeadTransform(router_aux=True),
 }
 _ZOO_GPT = ("memsave_nb.zoo", "GPT")  # hidden_states(idx), head, aligned targets, plain cross-entropy
@@ -152,8 +172,10 @@ def causal_lm(model: nn.Module) -> tuple[nn.Module, nn.Linear, HeadTransform]:
     else:
         raise PlanError(_refusal(lm))
     if type(head) is not nn.Linear:
-        raise PlanError(f"loss='chunked' reads the LM head's weight: {type(head).__name__} (an adapter or quantized "
-                        "head) is not a plain nn.Linear")
+        raise PlanError(
+            f"loss='chunked' reads the LM head's weight: {type(head).__name__} (an adapter or quantized "
+            "head) is not a plain nn.Linear"
+        )
     return lm, head, transform
 
 
@@ -165,8 +187,9 @@ def _router_loss(lm: nn.Module, out: Any, attention_mask: Any) -> torch.Tensor:
     return balance(out.router_logits, lm.num_experts, lm.num_experts_per_tok, attention_mask)
 
 
-def _hf_hidden_and_targets(lm: nn.Module, transform: HeadTransform, args: tuple, kwargs: dict[str, Any],
-                           labels: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, Any]:
+def _hf_hidden_and_targets(
+    lm: nn.Module, transform: HeadTransform, args: tuple, kwargs: dict[str, Any], labels: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor, Any]:
     """A Hugging Face causal LM's hidden states before the head, the target of each (position t
     predicts label t+1, or ``shift_labels`` as given) and the router loss (or None)."""
     if labels is None:  # as the model: no labels, no loss (shift_labels alone included)
@@ -216,8 +239,9 @@ def _is_fake(t: torch.Tensor) -> bool:
     return is_fake(t)
 
 
-def use_chunked_loss(model: nn.Module, chunk: int = DEFAULT_LOSS_CHUNK, *,
-                     valid_hint: tuple[tuple[int, ...], int] | None = None) -> Callable[[], None]:
+def use_chunked_loss(
+    model: nn.Module, chunk: int = DEFAULT_LOSS_CHUNK, *, valid_hint: tuple[tuple[int, ...], int] | None = None
+) -> Callable[[], None]:
     """Make ``model(**batch)`` (with ``labels``, or the zoo GPT's ``targets``) return ``ChunkedLossOutput(loss)``, the loss computed
     by the chunked linear cross-entropy; returns the undo. In a training script call it once and keep
     it (``training_step``'s ``output.loss`` reads it). ``valid_hint``: ``(labels shape, kept count)``
@@ -226,8 +250,10 @@ def use_chunked_loss(model: nn.Module, chunk: int = DEFAULT_LOSS_CHUNK, *,
 
     lm, _, transform = causal_lm(model)
     if "forward" in lm.__dict__:
-        raise PlanError(f"loss='chunked' replaces {type(lm).__name__}.forward, which is already replaced "
-                        "(a checkpointed region on the model itself?)")
+        raise PlanError(
+            f"loss='chunked' replaces {type(lm).__name__}.forward, which is already replaced "
+            "(a checkpointed region on the model itself?)"
+        )
     hf = (_model_class(lm).__module__, _model_class(lm).__name__) != _ZOO_GPT
 
     def forward(self: nn.Module, *args: Any, labels: torch.Tensor | None = None, **kwargs: Any) -> ChunkedLossOutput:
@@ -240,11 +266,21 @@ def use_chunked_loss(model: nn.Module, chunk: int = DEFAULT_LOSS_CHUNK, *,
             (hidden, targets), aux = _gpt_hidden_and_targets(self, args, kwargs), None
         count = None
         if _is_fake(targets):  # values unknown: the real batch's count, else every position kept
-            count = valid_hint[1] if valid_hint is not None and valid_hint[0] == tuple(targets.shape) else targets.numel()
-        loss = chunked_linear_cross_entropy(hidden, head.weight, targets.to(hidden.device), bias=head.bias,
-                                            chunk=chunk, ignore_index=ignore, valid_count=count,
-                                            reduction="mean" if items is None else "sum",
-                                            logit_scale=transform.logit_scale, softcap=transform.softcap)
+            count = (
+                valid_hint[1] if valid_hint is not None and valid_hint[0] == tuple(targets.shape) else targets.numel()
+            )
+        loss = chunked_linear_cross_entropy(
+            hidden,
+            head.weight,
+            targets.to(hidden.device),
+            bias=head.bias,
+            chunk=chunk,
+            ignore_index=ignore,
+            valid_count=count,
+            reduction="mean" if items is None else "sum",
+            logit_scale=transform.logit_scale,
+            softcap=transform.softcap,
+        )
         if items is not None:
             loss = loss / (items.to(loss.device) if torch.is_tensor(items) else items)
         if aux is not None:
@@ -259,8 +295,9 @@ def use_chunked_loss(model: nn.Module, chunk: int = DEFAULT_LOSS_CHUNK, *,
     return undo
 
 
-def label_smoother(logits: torch.Tensor, labels: torch.Tensor, epsilon: float = 0.1, *, shift: bool = True,
-                   num_items: Any = None) -> torch.Tensor:
+def label_smoother(
+    logits: torch.Tensor, labels: torch.Tensor, epsilon: float = 0.1, *, shift: bool = True, num_items: Any = None
+) -> torch.Tensor:
     """Hugging Face's ``LabelSmoother.__call__`` (transformers 5.25), op by op so that it allocates
     what it allocates: ``shift`` for causal LMs (the Trainer's ``shift_labels=True``), ``num_items``
     the Trainer's ``num_items_in_batch`` (else the batch's own count of kept labels)."""
@@ -312,8 +349,10 @@ def use_label_smoother(model: nn.Module, epsilon: float = 0.1) -> Callable[[], N
         out = own_forward(self, *args, **kwargs)
         logits = out.get("logits") if isinstance(out, Mapping) else None
         if not isinstance(logits, torch.Tensor):  # the Trainer reads output["logits"] (or output[0] of a tuple)
-            raise PlanError(f"loss='hf_smooth' smooths the output's logits: {type(lm).__name__[:60]} returned none "
-                            "(a Hugging Face model's output with 'logits' is needed)")
+            raise PlanError(
+                f"loss='hf_smooth' smooths the output's logits: {type(lm).__name__[:60]} returned none "
+                "(a Hugging Face model's output with 'logits' is needed)"
+            )
         out["loss"] = label_smoother(logits, labels, epsilon, shift=shift, num_items=items)
         return out
 
@@ -331,16 +370,26 @@ def apply_loss(loss: str | None, chunk: int | None, workload: Any, batch: Any) -
     if loss in TRL_LOSSES:
         if workload.loss is not None:
             raise PlanError(f"loss={loss!r} computes TRL's loss in the model's forward: leave Workload.loss unset")
-        return [use_trl_head(workload.model, cuda=loss.endswith("cuda"), smoothing=0.1 if "smooth" in loss else 0.0,
-                             valid_hint=_valid_hint(batch))]
+        return [
+            use_trl_head(
+                workload.model,
+                cuda=loss.endswith("cuda"),
+                smoothing=0.1 if "smooth" in loss else 0.0,
+                valid_hint=_valid_hint(batch),
+            )
+        ]
     if loss == "hf_smooth":
         if workload.loss is not None:
-            raise PlanError("loss='hf_smooth' smooths the model's logits against the batch's labels as the Trainer "
-                            "does: leave Workload.loss unset")
+            raise PlanError(
+                "loss='hf_smooth' smooths the model's logits against the batch's labels as the Trainer "
+                "does: leave Workload.loss unset"
+            )
         return [use_label_smoother(workload.model)]
     if loss != "chunked":
         return []
     if workload.loss is not None:
-        raise PlanError("loss='chunked' computes the loss in the model's forward from the batch's labels: "
-                        "the workload's own loss function would not see logits (leave Workload.loss unset)")
+        raise PlanError(
+            "loss='chunked' computes the loss in the model's forward from the batch's labels: "
+            "the workload's own loss function would not see logits (leave Workload.loss unset)"
+        )
     return [use_chunked_loss(workload.model, chunk or DEFAULT_LOSS_CHUNK, valid_hint=_valid_hint(batch))]

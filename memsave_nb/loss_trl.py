@@ -81,7 +81,9 @@ def _fold_cuda(tile: torch.Tensor, targets: torch.Tensor, st: dict[str, torch.Te
     picked = tile.gather(-1, local.clamp(0, width - 1).unsqueeze(-1)).squeeze(-1).float()
     st["target"].copy_(torch.where(inside, picked, st["target"]))
     new_m = torch.maximum(st["max"], tile.amax(-1).float())
-    st["sum"].mul_(torch.exp(st["max"] - new_m)).add_(tile.sub_(new_m.unsqueeze(-1).to(tile.dtype)).exp_().sum(-1).float())
+    st["sum"].mul_(torch.exp(st["max"] - new_m)).add_(
+        tile.sub_(new_m.unsqueeze(-1).to(tile.dtype)).exp_().sum(-1).float()
+    )
     st["max"].copy_(new_m)
 
 
@@ -98,7 +100,9 @@ def _grad_tile_cpu(tile: torch.Tensor, targets: torch.Tensor, log_z: torch.Tenso
     tile.copy_(grad * 1.0)
 
 
-def _grad_tile_cuda(tile: torch.Tensor, targets: torch.Tensor, log_z: torch.Tensor, g: torch.Tensor, start: int) -> None:
+def _grad_tile_cuda(
+    tile: torch.Tensor, targets: torch.Tensor, log_z: torch.Tensor, g: torch.Tensor, start: int
+) -> None:
     """The same gradient in place on the tile, as the Triton kernel writes it."""
     tile.sub_(log_z.unsqueeze(-1).to(tile.dtype)).exp_().mul_(-g.unsqueeze(-1).to(tile.dtype))
     local = targets - start
@@ -112,15 +116,26 @@ class _TrlHead(torch.autograd.Function):
     entropy and top-1 for TRL's logged metrics; backward recomputes each tile."""
 
     @staticmethod
-    def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                targets: torch.Tensor, cuda: bool) -> tuple[torch.Tensor, ...]:
+    def forward(
+        ctx: Any,
+        hidden: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        targets: torch.Tensor,
+        cuda: bool,
+    ) -> tuple[torch.Tensor, ...]:
         ctx.set_materialize_grads(False)
         n_tok, vocab, dev = hidden.shape[0], weight.shape[0], hidden.device
         dtype = torch.get_autocast_dtype(dev.type) if torch.is_autocast_enabled(dev.type) else hidden.dtype
-        st = {"max": torch.full((n_tok,), -math.inf, device=dev), "sum": torch.zeros(n_tok, device=dev),
-              "xsum": torch.zeros(n_tok, device=dev), "sq": torch.zeros(n_tok, device=dev),
-              "zsum": torch.zeros(n_tok, device=dev), "max_before": torch.full((n_tok,), -math.inf, device=dev),
-              "target": torch.zeros(n_tok, device=dev)}  # TRL allocates all seven whatever it computes
+        st = {
+            "max": torch.full((n_tok,), -math.inf, device=dev),
+            "sum": torch.zeros(n_tok, device=dev),
+            "xsum": torch.zeros(n_tok, device=dev),
+            "sq": torch.zeros(n_tok, device=dev),
+            "zsum": torch.zeros(n_tok, device=dev),
+            "max_before": torch.full((n_tok,), -math.inf, device=dev),
+            "target": torch.zeros(n_tok, device=dev),
+        }  # TRL allocates all seven whatever it computes
         buf = torch.empty((min(n_tok, TOKEN_TILE), VOCAB_TILE), device=dev, dtype=dtype)
         fold = _fold_cuda if cuda else _fold_cpu
         for a in range(0, n_tok, TOKEN_TILE):
@@ -172,12 +187,24 @@ class _TrlHead(torch.autograd.Function):
                     gw[s:e].addmm_(tile.t().float(), h.float())
                 if gb is not None:
                     gb[s:e] += tile.sum(dim=0, dtype=torch.float32)
-        return (None if gh is None else gh.to(hidden.dtype), None if gw is None else gw.to(weight.dtype),
-                None if gb is None else gb.to(bias.dtype), None, None)
+        return (
+            None if gh is None else gh.to(hidden.dtype),
+            None if gw is None else gw.to(weight.dtype),
+            None if gb is None else gb.to(bias.dtype),
+            None,
+            None,
+        )
 
 
-def trl_head(hidden: torch.Tensor, labels: torch.Tensor, head: nn.Linear, *, cuda: bool,
-             valid_count: int | None = None, num_items: Any = None) -> TrlHeadOutput:
+def trl_head(
+    hidden: torch.Tensor,
+    labels: torch.Tensor,
+    head: nn.Linear,
+    *,
+    cuda: bool,
+    valid_count: int | None = None,
+    num_items: Any = None,
+) -> TrlHeadOutput:
     """TRL's fused head on ``hidden`` (B, T, H) and ``labels`` (B, T) (already shifted).
     ``valid_count``: positions kept on the CUDA path when the labels are fake (values unknown)."""
     from torch._subclasses.fake_tensor import is_fake
@@ -208,15 +235,18 @@ def _parts(model: nn.Module) -> tuple[nn.Module, nn.Linear]:
     get_head = getattr(lm, "get_output_embeddings", None)
     head = get_head() if callable(get_head) else None
     if head is None or getattr(lm, "base_model", lm) is lm:
-        raise PlanError(f"TRL's fused head needs a Hugging Face *ForCausalLM (a backbone and an LM head); "
-                        f"{type(lm).__name__} is not one")
+        raise PlanError(
+            f"TRL's fused head needs a Hugging Face *ForCausalLM (a backbone and an LM head); "
+            f"{type(lm).__name__} is not one"
+        )
     if type(head) is not nn.Linear:
         raise PlanError(f"TRL's fused head reads the LM head's weight: {type(head).__name__} is not a plain nn.Linear")
     return lm, head
 
 
-def use_trl_head(model: nn.Module, *, cuda: bool, smoothing: float = 0.0,
-                 valid_hint: tuple[tuple[int, ...], int] | None = None) -> Callable[[], None]:
+def use_trl_head(
+    model: nn.Module, *, cuda: bool, smoothing: float = 0.0, valid_hint: tuple[tuple[int, ...], int] | None = None
+) -> Callable[[], None]:
     """Make ``model(**batch)`` (with ``labels``) run TRL's SFT loss as ``SFTTrainer.compute_loss``
     does, the metrics' reductions included; returns the undo."""
     from torch._subclasses.fake_tensor import is_fake

@@ -70,7 +70,12 @@ def split_memsave_line(line: str) -> tuple[str, str, str]:
     while True:
         while i < len(text) and text[i].isspace():
             i += 1
-        if i >= len(text) or not text.startswith("-", i) or text.startswith("--", i) and text[i:i + 3].strip() == "--":
+        if (
+            i >= len(text)
+            or not text.startswith("-", i)
+            or text.startswith("--", i)
+            and text[i : i + 3].strip() == "--"
+        ):
             break
         tok, i = _token(text, i)
         options.append(tok)
@@ -226,7 +231,9 @@ class MemsaveMagics(Magics):
     # -- %%memsave ------------------------------------------------------------------------------
     @magic_arguments("%%memsave")
     @argument("-r", "--return", dest="return_", action="store_true", help="return the Measurement")
-    @argument("-m", "--model", default=None, help="the model the cell trains (default: the modules found in the notebook)")
+    @argument(
+        "-m", "--model", default=None, help="the model the cell trains (default: the modules found in the notebook)"
+    )
     @argument("-q", "--quiet", action="store_true", help="print nothing")
     @argument("-t", "--traceback", action="store_true", help="on an error, show the full traceback (else one line)")
     @cell_magic("memsave")
@@ -291,15 +298,19 @@ class MemsaveMagics(Magics):
             written = write_report(target, path, title=args.title)
         except OSError as exc:
             raise UsageError(f"cannot write {_q(path)}: {_first(exc.strerror or exc)}") from None
-        print(f"report written to {Path(written).resolve()}"
-              + ("" if args.path else " (the default; %memsave_report FILE.html names another)"))
+        print(
+            f"report written to {Path(written).resolve()}"
+            + ("" if args.path else " (the default; %memsave_report FILE.html names another)")
+        )
         return None
 
     def _parse(self, fn: Any, line: str) -> Any:
         try:
             return parse_argstring(fn, line)
         except UsageError as exc:
-            raise UsageError(_first(str(exc).strip().splitlines()[-1], 100) if str(exc).strip() else "bad arguments") from None
+            raise UsageError(
+                _first(str(exc).strip().splitlines()[-1], 100) if str(exc).strip() else "bad arguments"
+            ) from None
 
 
 def cell_error_line(exc: BaseException, code: str, models: list[Any]) -> str:
@@ -377,7 +388,9 @@ def cell_summary(m: Any, top: int = 5) -> str:
         width = max(len(r.name) for r in leaves)
         for r in leaves:
             share = r.saved_bytes / m.saved_bytes if m.saved_bytes else 0.0
-            lines.append(f"  {r.name:<{width}}  {r.type_name:<14} {format_bytes(r.saved_bytes):>10}  {100 * share:5.1f}%")
+            lines.append(
+                f"  {r.name:<{width}}  {r.type_name:<14} {format_bytes(r.saved_bytes):>10}  {100 * share:5.1f}%"
+            )
     lines.append(f"cell time under tracking: {format_seconds(m.step_seconds)}")
     return "\n".join(lines)
 

@@ -137,7 +137,9 @@ def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
         return False
     if a.numel() == 0:
         return True
-    return bool(torch.equal(a.detach().contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8)))
+    return bool(
+        torch.equal(a.detach().contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8))
+    )
 
 
 def _is_fake_or_meta(t: torch.Tensor) -> bool:

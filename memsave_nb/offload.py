@@ -42,7 +42,11 @@ class Link:
 LINKS: dict[str, Link] = {
     "pcie4": Link("PCIe 4.0 x16", 32e9, "PCI-SIG: 16 GT/s x16 = ~32 GB/s per direction (64 GB/s both ways)"),
     "pcie5": Link("PCIe 5.0 x16", 64e9, "PCI-SIG: 32 GT/s x16 = ~64 GB/s per direction (~128 GB/s both ways)"),
-    "nvlink-c2c": Link("NVLink-C2C (Grace Hopper)", 450e9, "NVIDIA GH200 / TransformerEngine docs: 900 GB/s total, 450 GB/s per direction"),
+    "nvlink-c2c": Link(
+        "NVLink-C2C (Grace Hopper)",
+        450e9,
+        "NVIDIA GH200 / TransformerEngine docs: 900 GB/s total, 450 GB/s per direction",
+    ),
 }
 
 

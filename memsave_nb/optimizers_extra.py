@@ -38,8 +38,17 @@ def state_bytes_per_parameter(numel: int, moments: int, bits: int) -> int:
 class LayoutOptimizer(torch.optim.Optimizer):
     """AdamW (``moments=2``) or Lion (``moments=1``) with 32-bit or blockwise 8-bit state."""
 
-    def __init__(self, params: Iterable[torch.nn.Parameter], *, moments: int, bits: int, lr: float = 1e-3,
-                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 1e-2) -> None:
+    def __init__(
+        self,
+        params: Iterable[torch.nn.Parameter],
+        *,
+        moments: int,
+        bits: int,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 1e-2,
+    ) -> None:
         if moments not in (1, 2) or bits not in (8, 32):
             raise ValueError("moments must be 1 (Lion) or 2 (AdamW), bits 8 or 32")
         super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay})
@@ -59,8 +68,9 @@ class LayoutOptimizer(torch.optim.Optimizer):
         blocks = -(-p.numel() // BLOCK)
         qmaps = self._qmaps(p.device) if eight else None
         for i in range(1, self.moments + 1):
-            st[f"state{i}"] = torch.zeros_like(p, dtype=torch.uint8 if eight else torch.float32,
-                                             memory_format=torch.contiguous_format)
+            st[f"state{i}"] = torch.zeros_like(
+                p, dtype=torch.uint8 if eight else torch.float32, memory_format=torch.contiguous_format
+            )
             if qmaps is not None:
                 st[f"qmap{i}"] = qmaps[i - 1]
                 st[f"absmax{i}"] = torch.zeros(blocks, dtype=torch.float32, device=p.device)
@@ -133,8 +143,10 @@ class LayoutOptimizer(torch.optim.Optimizer):
                 st = self.state[p] if self.state.get(p) else self._init(p)
                 st["step"] += 1
                 eight = st["state1"].dtype == torch.uint8
-                m = [self._dequant(st[f"state{i}"], st[f"absmax{i}"], i == 1) if eight else st[f"state{i}"]
-                     for i in range(1, self.moments + 1)]
+                m = [
+                    self._dequant(st[f"state{i}"], st[f"absmax{i}"], i == 1) if eight else st[f"state{i}"]
+                    for i in range(1, self.moments + 1)
+                ]
                 g = p.grad.float() * 1.0 if eight else p.grad.float()  # bitsandbytes' 8-bit kernel scales a copy
                 w = p.float()
                 w.mul_(1 - lr * wd)
@@ -145,11 +157,10 @@ class LayoutOptimizer(torch.optim.Optimizer):
                     step = st["step"]
                     m[0].mul_(b1).add_(g, alpha=1 - b1)
                     m[1].mul_(b2).addcmul_(g, g, value=1 - b2)
-                    denom = (m[1].sqrt() / (1 - b2 ** step) ** 0.5).add_(eps)
-                    w.addcdiv_(m[0], denom, value=-lr / (1 - b1 ** step))
+                    denom = (m[1].sqrt() / (1 - b2**step) ** 0.5).add_(eps)
+                    w.addcdiv_(m[0], denom, value=-lr / (1 - b1**step))
                 p.copy_(w)
                 if eight:
                     for i, x in enumerate(m, 1):
                         self._quant(x, i == 1, st[f"absmax{i}"], st[f"state{i}"])
         return None
-

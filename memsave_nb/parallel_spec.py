@@ -124,7 +124,9 @@ class ParallelSpec:
     def _check_tensor_parallel(self) -> None:
         tp, ws, r = self.tensor_parallel, self.world_size, self.replicate
         if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1 or (ws // r) % tp:
-            raise ParallelError(f"tensor_parallel must be a positive divisor of world_size // replicate = {ws // r}, got {show(tp)}")
+            raise ParallelError(
+                f"tensor_parallel must be a positive divisor of world_size // replicate = {ws // r}, got {show(tp)}"
+            )
         if not isinstance(self.sequence_parallel, bool):
             raise ParallelError(f"sequence_parallel must be True or False, got {show(self.sequence_parallel)}")
         plan = self.tp_plan
@@ -148,7 +150,9 @@ class ParallelSpec:
     def _check_pipeline(self) -> None:
         pp, n = self.pipeline_parallel, self.microbatches
         if isinstance(pp, bool) or not isinstance(pp, int) or pp < 1 or self.world_size % pp:
-            raise ParallelError(f"pipeline_parallel must be a positive divisor of world_size {self.world_size}, got {show(pp)}")
+            raise ParallelError(
+                f"pipeline_parallel must be a positive divisor of world_size {self.world_size}, got {show(pp)}"
+            )
         if self.schedule not in SCHEDULES:
             raise ParallelError(f"schedule must be one of {SCHEDULES}, got {show(self.schedule)}")
         if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_MICROBATCHES:
@@ -158,20 +162,31 @@ class ParallelSpec:
                 raise ParallelError("schedule and microbatches need pipeline_parallel > 1")
             return
         if self.schedule == "interleaved_1f1b" and n % max(1, n // pp):
-            raise ParallelError(f"interleaved_1f1b needs microbatches a multiple of max(1, microbatches // {pp}) "
-                                f"(torch's rounds), got {n}")
+            raise ParallelError(
+                f"interleaved_1f1b needs microbatches a multiple of max(1, microbatches // {pp}) "
+                f"(torch's rounds), got {n}"
+            )
         if self.cpu_offload or self.strategy != "fsdp":
-            raise ParallelError("pipeline_parallel is measured alone or with FSDP2, HSDP or TP: drop cpu_offload and strategy 'ddp'")
+            raise ParallelError(
+                "pipeline_parallel is measured alone or with FSDP2, HSDP or TP: drop cpu_offload and strategy 'ddp'"
+            )
         if (self.world_size // pp) % (self.replicate * self.tensor_parallel):
-            raise ParallelError(f"pipeline_parallel {pp} x replicate {self.replicate} x tensor_parallel {self.tensor_parallel} "
-                                f"must divide world_size {self.world_size}")
+            raise ParallelError(
+                f"pipeline_parallel {pp} x replicate {self.replicate} x tensor_parallel {self.tensor_parallel} "
+                f"must divide world_size {self.world_size}"
+            )
 
     @property
     def mesh_shape(self) -> tuple[int, ...]:
         tp = (self.tensor_parallel,) if self.tensor_parallel > 1 else ()
         if self.pipeline_parallel > 1:  # (pp, replicate?, shard, tp?), as torchtitan's mesh
             rep = (self.replicate,) if self.replicate > 1 else ()
-            return (self.pipeline_parallel, *rep, self.world_size // self.pipeline_parallel // self.replicate // self.tensor_parallel, *tp)
+            return (
+                self.pipeline_parallel,
+                *rep,
+                self.world_size // self.pipeline_parallel // self.replicate // self.tensor_parallel,
+                *tp,
+            )
         if self.replicate > 1:
             return (self.replicate, self.world_size // self.replicate // self.tensor_parallel, *tp)
         return (self.world_size // self.tensor_parallel, *tp)
@@ -179,12 +194,21 @@ class ParallelSpec:
     @property
     def mesh_dim_names(self) -> tuple[str, ...]:
         pp = ("pp",) if self.pipeline_parallel > 1 else ()
-        return pp + (("replicate",) if self.replicate > 1 else ()) + ("shard",) + (("tp",) if self.tensor_parallel > 1 else ())
+        return (
+            pp
+            + (("replicate",) if self.replicate > 1 else ())
+            + ("shard",)
+            + (("tp",) if self.tensor_parallel > 1 else ())
+        )
 
     @property
     def shard_size(self) -> int:
         """Ranks one parameter is sharded over (FSDP), 1 for DDP."""
-        return self.world_size // self.replicate // self.tensor_parallel // self.pipeline_parallel if self.strategy == "fsdp" else 1
+        return (
+            self.world_size // self.replicate // self.tensor_parallel // self.pipeline_parallel
+            if self.strategy == "fsdp"
+            else 1
+        )
 
     @property
     def data_parallel(self) -> int:
@@ -201,19 +225,30 @@ class ParallelSpec:
         if self.pipeline_parallel > 1:
             name = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved_1f1b": "interleaved 1F1B"}[self.schedule]
             dp, tp = self.data_parallel, self.tensor_parallel
-            return (f"PP {self.pipeline_parallel}" + (f" x TP {tp}" if tp > 1 else "")
-                    + (f" x {'HSDP' if self.replicate > 1 else 'FSDP2'} {dp}" if dp > 1 else "")
-                    + f" ({name}, {self.microbatches} micro-batches)")
+            return (
+                f"PP {self.pipeline_parallel}"
+                + (f" x TP {tp}" if tp > 1 else "")
+                + (f" x {'HSDP' if self.replicate > 1 else 'FSDP2'} {dp}" if dp > 1 else "")
+                + f" ({name}, {self.microbatches} micro-batches)"
+            )
         if self.strategy == "ddp":
             view = ", gradients as bucket views" if self.gradient_as_bucket_view else ""
             return f"DDP x{self.world_size} (buckets {self.bucket_cap_mb:g} MB{view})"
         mesh = "x".join(map(str, self.mesh_shape))
         tp = self.tensor_parallel
         if tp > 1:
-            dp = "" if self.data_parallel == 1 else f" x {'HSDP' if self.replicate > 1 else 'FSDP2'} {self.data_parallel}"
-            head = f"TP {tp}{dp} ({self.world_size} ranks, mesh {mesh}" + (", sequence parallel)" if self.sequence_parallel else ")")
+            dp = (
+                ""
+                if self.data_parallel == 1
+                else f" x {'HSDP' if self.replicate > 1 else 'FSDP2'} {self.data_parallel}"
+            )
+            head = f"TP {tp}{dp} ({self.world_size} ranks, mesh {mesh}" + (
+                ", sequence parallel)" if self.sequence_parallel else ")"
+            )
         else:
-            head = f"{'HSDP' if self.replicate > 1 else 'FSDP2'} x{self.world_size}" + (f" (mesh {mesh})" if self.replicate > 1 else "")
+            head = f"{'HSDP' if self.replicate > 1 else 'FSDP2'} x{self.world_size}" + (
+                f" (mesh {mesh})" if self.replicate > 1 else ""
+            )
         parts = [head]
         if not self.reshard_after_forward:
             parts.append("no reshard after forward")

@@ -51,6 +51,8 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["Plan", "PlanError", "RegionPolicy", "RestorePoint", "selects", "PLAN_FORMAT_VERSION"]
 
 PLAN_FORMAT_VERSION = 1
+
+
 def _norm_types() -> tuple[type, ...]:
     return (nn.modules.batchnorm._BatchNorm,)
 

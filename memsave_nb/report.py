@@ -57,8 +57,13 @@ def _contents(obj: Any) -> _Contents:
     from .ui.figures import plan_label
 
     last = history[-1]
-    return _Contents(_measurement(last), baseline, [base_entry, *history], f"last plan: {plan_label(last.plan)}",
-                     getattr(getattr(obj, "workload", None), "loop", DEFAULT_LOOP))
+    return _Contents(
+        _measurement(last),
+        baseline,
+        [base_entry, *history],
+        f"last plan: {plan_label(last.plan)}",
+        getattr(getattr(obj, "workload", None), "loop", DEFAULT_LOOP),
+    )
 
 
 @dataclass
@@ -101,8 +106,13 @@ def _reserved_figure(m: Measurement, max_points: int) -> Any:
 
     idx = timeline_indices(m, max_points)
     live, reserved = m.timeline.total(), m.reserved.reserved  # type: ignore[union-attr]
-    fig = figure(width=760, height=260, x_axis_label="allocation event", y_axis_label="bytes",
-                 title=f"Predicted reserved (max {format_bytes(m.reserved.max_reserved_bytes)}) and allocated")  # type: ignore[union-attr]
+    fig = figure(
+        width=760,
+        height=260,
+        x_axis_label="allocation event",
+        y_axis_label="bytes",
+        title=f"Predicted reserved (max {format_bytes(m.reserved.max_reserved_bytes)}) and allocated",  # type: ignore[union-attr]
+    )
     fig.step(idx, [reserved[i] for i in idx], mode="after", color="#d62728", legend_label="reserved (allocator model)")
     fig.step(idx, [live[i] for i in idx], mode="after", color="#1f77b4", legend_label="allocated (tracker)")
     fig.legend.location = "top_left"
@@ -127,8 +137,12 @@ def _table_html(headers: Sequence[str], rows: Sequence[Sequence[str]], numeric_f
 
 def _summary_html(m: Measurement, baseline: Measurement | None) -> str:
     items = [
-        ("peak", format_bytes(m.peak_bytes) + f" ({m.peak_phase}"
-         + (", steady state: training's step 2 on)" if m.steady_state else ", first training step)")),
+        (
+            "peak",
+            format_bytes(m.peak_bytes)
+            + f" ({m.peak_phase}"
+            + (", steady state: training's step 2 on)" if m.steady_state else ", first training step)"),
+        ),
         ("saved activations", format_bytes(m.saved_bytes)),
         ("outputs kept", format_bytes(m.output_bytes)),
         ("step time", format_seconds(m.step_seconds)),
@@ -157,17 +171,25 @@ def _plans_html(c: _Contents) -> str:
     rows = []
     for i, e in enumerate(c.entries):
         m = _measurement(e)
-        rows.append([
-            str(i), plan_label(getattr(e, "plan", None)) if i else "baseline", format_bytes(m.peak_bytes),
-            format_delta_bytes(m.peak_bytes - base.peak_bytes), format_bytes(m.saved_bytes),
-            format_share(m.saved_bytes / base.saved_bytes if base.saved_bytes else 0.0), format_seconds(m.step_seconds),
-        ])
+        rows.append(
+            [
+                str(i),
+                plan_label(getattr(e, "plan", None)) if i else "baseline",
+                format_bytes(m.peak_bytes),
+                format_delta_bytes(m.peak_bytes - base.peak_bytes),
+                format_bytes(m.saved_bytes),
+                format_share(m.saved_bytes / base.saved_bytes if base.saved_bytes else 0.0),
+                format_seconds(m.step_seconds),
+            ]
+        )
     table = _table_html(["#", "plan", "peak", "vs baseline", "saved", "saved vs baseline", "step"], rows, 2, "plans")
     codes = []
     for i, e in enumerate(c.entries[1:], start=1):
         to_code = getattr(getattr(e, "plan", None), "to_code", None)
         if callable(to_code):
-            codes.append(f"<details><summary>plan #{i} as code</summary><pre>{html.escape(to_code(loop=c.loop))}</pre></details>")
+            codes.append(
+                f"<details><summary>plan #{i} as code</summary><pre>{html.escape(to_code(loop=c.loop))}</pre></details>"
+            )
     return table + "".join(codes)
 
 
@@ -203,13 +225,21 @@ def _answer_html(answer: Sequence[str]) -> str:
     """The answer lines the CLI prints first (peak, verdict, max batch), first in the page too."""
     if not answer:
         return ""
-    lines = "".join(f'<p class="{"answer-note" if a.startswith(" ") else "answer-line"}">{html.escape(a.strip())}</p>'
-                    for a in answer)
+    lines = "".join(
+        f'<p class="{"answer-note" if a.startswith(" ") else "answer-line"}">{html.escape(a.strip())}</p>'
+        for a in answer
+    )
     return f'<div class="answer">{lines}</div>'
 
 
-def render_report(obj: Any, title: str = "memsave_nb report", *, top: int | None = None, max_points: int = 2000,
-                  answer: Sequence[str] = ()) -> str:
+def render_report(
+    obj: Any,
+    title: str = "memsave_nb report",
+    *,
+    top: int | None = None,
+    max_points: int = 2000,
+    answer: Sequence[str] = (),
+) -> str:
     """The report as an HTML string (see :func:`write_report`)."""
     from bokeh.embed import file_html
     from bokeh.resources import INLINE
@@ -239,8 +269,15 @@ alive when the forward of the step ends (kept for backward), parameters and inpu
     )
 
 
-def write_report(obj: Any, path: str | os.PathLike, title: str = "memsave_nb report", *, top: int | None = None,
-                 max_points: int = 2000, answer: Sequence[str] = ()) -> Path:
+def write_report(
+    obj: Any,
+    path: str | os.PathLike,
+    title: str = "memsave_nb report",
+    *,
+    top: int | None = None,
+    max_points: int = 2000,
+    answer: Sequence[str] = (),
+) -> Path:
     """Write a standalone HTML report of ``obj`` (a Measurement, or a session with ``.baseline`` and
     ``.history``) to ``path``: peak split, per-layer bars, the memory timeline, for a session also
     the plans tried (and a compile-budget sweep when there is one), and the per-layer table.

@@ -98,8 +98,11 @@ def run_plan(
     # the model's lock around the plan's changes too: a concurrent run on the same model (another
     # thread, another Session) waits instead of seeing (or restoring) a half-changed model
     # fake mode: the collector held off around the plan's changes too (measure/gc_pause.py)
-    with collector_paused() if mode == "fake" else contextlib.nullcontext(), model_lock(workload.model), \
-            plan.apply(workload) as applied:
+    with (
+        collector_paused() if mode == "fake" else contextlib.nullcontext(),
+        model_lock(workload.model),
+        plan.apply(workload) as applied,
+    ):
         if plan.compiled:
             return measure_compiled(applied, mode=mode, repeats=repeats, cancel_event=cancel_event)
         handles = _cancel_hooks(applied.model, cancel_event)
@@ -196,8 +199,13 @@ class Session:
         with self._lock:
             return list(self._history)
 
-    def run(self, plan: Plan, *, cancel_event: threading.Event | None = None,
-            on_memory: Callable[[Entry], None] | None = None) -> Entry:
+    def run(
+        self,
+        plan: Plan,
+        *,
+        cancel_event: threading.Event | None = None,
+        on_memory: Callable[[Entry], None] | None = None,
+    ) -> Entry:
         """Measure ``plan`` against the baseline; append the entry to the history and return it.
         Raises :class:`~memsave_nb.errors.Cancelled` when ``cancel_event`` is set (nothing is
         recorded) and :class:`~memsave_nb.errors.StepError` when the step fails; the model is
@@ -212,10 +220,19 @@ class Session:
             start = time.perf_counter()
             early = None
             if on_memory is not None:
+
                 def early(mem: Measurement) -> None:
                     on_memory(Entry(plan, mem, Delta.between(mem, base), time.perf_counter() - start))
-            m = run_plan(self.workload, plan, mode=self.mode, repeats=self.repeats, cancel_event=cancel_event,
-                         first_step_peak=self.first_step_peak, on_memory=early)
+
+            m = run_plan(
+                self.workload,
+                plan,
+                mode=self.mode,
+                repeats=self.repeats,
+                cancel_event=cancel_event,
+                first_step_peak=self.first_step_peak,
+                on_memory=early,
+            )
             entry = Entry(plan, m, Delta.between(m, base), time.perf_counter() - start)
             self._history.append(entry)
             return entry

@@ -168,8 +168,9 @@ class SearchResult:
 _NOT_GIVEN = object()
 
 
-def check_search_args(plan: Any, target: Any = _NOT_GIVEN, mode: Any = "fake", upper: Any = None, *,
-                      plan_name: str = "plan") -> None:
+def check_search_args(
+    plan: Any, target: Any = _NOT_GIVEN, mode: Any = "fake", upper: Any = None, *, plan_name: str = "plan"
+) -> None:
     """Name a bad argument of a search (max batch, max sequence, the planner) in one line, before
     any measurement: a wrong mode must not read as "even 1 does not fit"."""
     from memsave_nb.measure.engine import MODES
@@ -185,8 +186,9 @@ def check_search_args(plan: Any, target: Any = _NOT_GIVEN, mode: Any = "fake", u
         raise PlanError(f"upper must be a whole number in [1, {MAX_UPPER}], got {show(upper)}")
 
 
-def measure_peak(workload: "Workload", plan: "Plan", mode: str = "fake", *,
-                 cancel_event: "threading.Event | None" = None) -> "Measurement":
+def measure_peak(
+    workload: "Workload", plan: "Plan", mode: str = "fake", *, cancel_event: "threading.Event | None" = None
+) -> "Measurement":
     """One measurement of ``plan`` on ``workload`` (steady state when the engine offers it).
 
     Holds the model's lock (``measure.engine.model_lock``) around ``Plan.apply`` and the step, as
@@ -262,9 +264,16 @@ def _bisect(
     return done(lo, "")
 
 
-def max_batch(workload: "Workload", plan: "Plan", target: Target, *, mode: str = "fake", upper: int = 1 << 16,
-              cancel_event: threading.Event | None = None,
-              measured: "dict[int, Measurement] | None" = None) -> SearchResult:
+def max_batch(
+    workload: "Workload",
+    plan: "Plan",
+    target: Target,
+    *,
+    mode: str = "fake",
+    upper: int = 1 << 16,
+    cancel_event: threading.Event | None = None,
+    measured: "dict[int, Measurement] | None" = None,
+) -> SearchResult:
     """The largest batch size that fits ``target`` under ``plan`` (bisection over measurements).
     ``cancel_event`` stops it between and inside probes (``Cancelled``). ``measured``: batch size
     -> a steady-state measurement of ``plan`` at that batch in ``mode`` the caller already holds
@@ -285,8 +294,15 @@ def max_batch(workload: "Workload", plan: "Plan", target: Target, *, mode: str =
     return dataclasses.replace(result, notes=tuple(notes))
 
 
-def max_seq_len(workload: "Workload", plan: "Plan", target: Target, *, mode: str = "fake", upper: int | None = None,
-                cancel_event: threading.Event | None = None) -> SearchResult:
+def max_seq_len(
+    workload: "Workload",
+    plan: "Plan",
+    target: Target,
+    *,
+    mode: str = "fake",
+    upper: int | None = None,
+    cancel_event: threading.Event | None = None,
+) -> SearchResult:
     """The longest token sequence that fits ``target`` under ``plan``; capped by the model's
     position embeddings when its config names them."""
     from memsave_nb.knobs import max_positions, seq_len_of
@@ -311,8 +327,9 @@ def max_seq_len(workload: "Workload", plan: "Plan", target: Target, *, mode: str
 _BOUNDARY_NOTES = ("single-tensor step",)
 
 
-def _probe(workload: "Workload", plan: "Plan", mode: str, cancel_event: threading.Event | None,
-           notes: dict[str, None]) -> "Measurement | None":
+def _probe(
+    workload: "Workload", plan: "Plan", mode: str, cancel_event: threading.Event | None, notes: dict[str, None]
+) -> "Measurement | None":
     """One probe's measurement (None when the step fails with a MemsaveError); its boundary notes
     are added to ``notes`` (an ordered set)."""
     from memsave_nb.errors import MemsaveError
@@ -391,19 +408,27 @@ class ReservedVerdict:
         word = "fits" if self.fits else "does not fit"
         conf = f", PYTORCH_CUDA_ALLOC_CONF={self.alloc_conf}" if self.alloc_conf else ""
         out = [
-            (f"Target {self.target.label}: {word} ({fb(self.total_bytes)} of {fb(self.target.total_bytes)}; "
-             "replayed through the caching-allocator model, no 80% rule)"),
-            (f"  predicted reserved memory: {fb(self.reserved_bytes)} (allocator model{conf}; "
-             f"allocated {fb(self.allocated_bytes)})"),
+            (
+                f"Target {self.target.label}: {word} ({fb(self.total_bytes)} of {fb(self.target.total_bytes)}; "
+                "replayed through the caching-allocator model, no 80% rule)"
+            ),
+            (
+                f"  predicted reserved memory: {fb(self.reserved_bytes)} (allocator model{conf}; "
+                f"allocated {fb(self.allocated_bytes)})"
+            ),
             f"  CUDA context: {fb(self.context_bytes)} ({CUDA_CONTEXT_SOURCE})",
         ]
         if self.workspace_bytes:
-            out.append(f"  cuBLAS workspace: {fb(self.workspace_bytes)}, inside the predicted reserved ({self.workspace_source})")
+            out.append(
+                f"  cuBLAS workspace: {fb(self.workspace_bytes)}, inside the predicted reserved ({self.workspace_source})"
+            )
         if self.communicators:
             out.append(f"  communication buffers: {fb(self.comm_bytes)} ({self.communicators} x {COMM_BUFFER_SOURCE})")
         if self.fragmentation_only:
-            out.append("  fragmentation alone makes it not fit: the allocations fit, the cached segments do not"
-                       + (f"; PYTORCH_CUDA_ALLOC_CONF={self.fix} fits" if self.fix else "; no setting tried fits"))
+            out.append(
+                "  fragmentation alone makes it not fit: the allocations fit, the cached segments do not"
+                + (f"; PYTORCH_CUDA_ALLOC_CONF={self.fix} fits" if self.fix else "; no setting tried fits")
+            )
         elif self.fix:
             out.append(f"  PYTORCH_CUDA_ALLOC_CONF={self.fix} fits")
         return tuple(out)
@@ -422,8 +447,9 @@ def _replay_fits(ops: Any, conf: str, capacity: int) -> bool:
     return True
 
 
-def reserved_verdict(target: Target, measurement: "Measurement", *, communicators: int = 0,
-                     fixes: bool = True) -> ReservedVerdict | None:
+def reserved_verdict(
+    target: Target, measurement: "Measurement", *, communicators: int = 0, fixes: bool = True
+) -> ReservedVerdict | None:
     """The verdict from the allocator model, or None where no replay exists (the compiled route,
     an old result): then the 80% rule (``Target.verdict``) is what there is. ``fixes=False``
     skips trying other allocator settings when it does not fit (the searches need only the word)."""
@@ -442,9 +468,20 @@ def reserved_verdict(target: Target, measurement: "Measurement", *, communicator
             if _replay_fits(r.ops, conf, capacity):
                 fix = conf
                 break
-    return ReservedVerdict(target, r.max_reserved_bytes, r.max_allocated_bytes, CUDA_CONTEXT_BYTES, comm,
-                           communicators, fits, r.alloc_conf, frag, fix, getattr(r, "workspace_bytes", 0),
-                           getattr(r, "workspace_source", ""))
+    return ReservedVerdict(
+        target,
+        r.max_reserved_bytes,
+        r.max_allocated_bytes,
+        CUDA_CONTEXT_BYTES,
+        comm,
+        communicators,
+        fits,
+        r.alloc_conf,
+        frag,
+        fix,
+        getattr(r, "workspace_bytes", 0),
+        getattr(r, "workspace_source", ""),
+    )
 
 
 # -- one fit test for the verdict and every search (issue 40, part 3) ---------------------------
@@ -469,8 +506,10 @@ class Fit:
 
             word = "fits" if self.fits else "does not fit"
             fix = f"; PYTORCH_CUDA_ALLOC_CONF={self.replay.fix} fits" if self.replay.fix else ""
-            return (f"{word} ({fb(self.replay.total_bytes)} of {fb(target.total_bytes)}; allocator replay + "
-                    f"CUDA context, no 80% rule){fix}")
+            return (
+                f"{word} ({fb(self.replay.total_bytes)} of {fb(target.total_bytes)}; allocator replay + "
+                f"CUDA context, no 80% rule){fix}"
+            )
         return f"{target.verdict(self.peak_bytes)}; 80% rule, no allocator replay"
 
 

@@ -12,8 +12,28 @@ from typing import Any
 
 from torch import nn
 
-COLWISE = frozenset({"q_proj", "k_proj", "v_proj", "qkv", "query", "key", "value", "wq", "wk", "wv",
-                     "gate_proj", "up_proj", "gate", "up", "fc", "fc1", "w1", "w3"})
+COLWISE = frozenset(
+    {
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "qkv",
+        "query",
+        "key",
+        "value",
+        "wq",
+        "wk",
+        "wv",
+        "gate_proj",
+        "up_proj",
+        "gate",
+        "up",
+        "fc",
+        "fc1",
+        "w1",
+        "w3",
+    }
+)
 ROWWISE = frozenset({"o_proj", "out_proj", "proj", "down_proj", "down", "fc2", "w2", "wo"})
 EMBEDDINGS = frozenset({"wte", "embed_tokens", "tok_embeddings"})  # when the model does not say
 HEADS = frozenset({"head", "lm_head", "output"})
@@ -23,6 +43,7 @@ POSITIONS = frozenset({"wpe"})  # a learned position table added to the token em
 def default_tp_plan(model, sequence_parallel=False):
     """``(module name, style)`` for every module the default decoder plan splits (by the last part
     of the name; the embedding and head as the model's get_input/output_embeddings say)."""
+
     def leaf(name):
         return name.rsplit(".", 1)[-1]
 
@@ -56,7 +77,9 @@ def default_tp_plan(model, sequence_parallel=False):
             plan.append((name, "rowwise"))
         elif sequence_parallel and isinstance(mod, nn.Embedding) and leaf(name) in POSITIONS:
             plan.append((name, "positions"))
-        elif sequence_parallel and (isinstance(mod, (nn.LayerNorm, nn.RMSNorm)) or type(mod).__name__.endswith("RMSNorm")):
+        elif sequence_parallel and (
+            isinstance(mod, (nn.LayerNorm, nn.RMSNorm)) or type(mod).__name__.endswith("RMSNorm")
+        ):
             plan.append((name, "norm"))
     if sequence_parallel:  # as torchtitan: attention and MLP gather the sequence once, at their input
         modules = dict(model.named_modules())
@@ -106,16 +129,22 @@ def tp_styles(plan: list[tuple[str, str]], sequence_parallel: bool) -> dict[str,
     make = {
         "colwise": colwise,
         "rowwise": lambda name: RowwiseParallel(output_layouts=seq, use_local_output=not sequence_parallel),
-        "embedding": lambda name: RowwiseParallel(input_layouts=Replicate(), output_layouts=seq,
-                                                  use_local_output=not sequence_parallel),
+        "embedding": lambda name: RowwiseParallel(
+            input_layouts=Replicate(), output_layouts=seq, use_local_output=not sequence_parallel
+        ),
         "head": lambda name: ColwiseParallel(input_layouts=seq, output_layouts=Replicate()),
         "norm": lambda name: SequenceParallel(),
         # positions (T, C) split over T: a Shard(0) DTensor that adds to the (B, T, C) Shard(1) embedding
-        "positions": lambda name: RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(0), use_local_output=False),
-        "gather_input": lambda name: PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),),
-                                                        use_local_output=True),
+        "positions": lambda name: RowwiseParallel(
+            input_layouts=Replicate(), output_layouts=Shard(0), use_local_output=False
+        ),
+        "gather_input": lambda name: PrepareModuleInput(
+            input_layouts=(seq,), desired_input_layouts=(Replicate(),), use_local_output=True
+        ),
         "gather_hidden_states": lambda name: PrepareModuleInput(
-            input_kwarg_layouts={"hidden_states": seq}, desired_input_kwarg_layouts={"hidden_states": Replicate()},
-            use_local_output=True),
+            input_kwarg_layouts={"hidden_states": seq},
+            desired_input_kwarg_layouts={"hidden_states": Replicate()},
+            use_local_output=True,
+        ),
     }
     return {name: make[style](name) for name, style in plan}

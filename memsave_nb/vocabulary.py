@@ -10,8 +10,19 @@ in menu order.
 
 from __future__ import annotations
 
-__all__ = ["OPTIMIZERS", "NO_OPTIMIZER", "OPTIMIZER_ALIASES", "PRECISIONS", "REGION_KINDS", "SEARCHED_REGION_KINDS",
-           "LOOPS", "DEFAULT_LOOP", "LOSSES", "STRATEGIES", "SCHEDULES"]
+__all__ = [
+    "OPTIMIZERS",
+    "NO_OPTIMIZER",
+    "OPTIMIZER_ALIASES",
+    "PRECISIONS",
+    "REGION_KINDS",
+    "SEARCHED_REGION_KINDS",
+    "LOOPS",
+    "DEFAULT_LOOP",
+    "LOSSES",
+    "STRATEGIES",
+    "SCHEDULES",
+]
 
 # Optimizers: how each is built and what state it keeps per trainable parameter (its layout).
 OPTIMIZERS: dict[str, str] = {
@@ -23,7 +34,7 @@ OPTIMIZERS: dict[str, str] = {
     "sgd": "torch.optim.SGD(lr=1e-2); no state",
     "adafactor": "torch.optim.Adafactor(lr=1e-2); state: factored second moments (a row and a column per matrix)",
     "adamw_8bit": "AdamW in bitsandbytes' blockwise 8-bit layout, in plain torch (optimizers_extra; fake mode runs it); "
-                  "state: two uint8 moments + a float32 absmax per 256 elements",
+    "state: two uint8 moments + a float32 absmax per 256 elements",
     "lion": "Lion (optimizers_extra); state: one moment per parameter (float32)",
     "lion_8bit": "Lion in bitsandbytes' blockwise 8-bit layout (optimizers_extra); state: one uint8 moment + absmax",
 }
@@ -57,10 +68,10 @@ SEARCHED_REGION_KINDS = ("full", "save_matmuls", "offload")
 # autograd did not save: dropping it before backward frees them for the whole backward pass.
 LOOPS: dict[str, str] = {
     "loss_only": "the output is dropped once the loss is computed: only the loss goes into backward "
-                 "(Hugging Face's Trainer, TRL, the exported code)",
+    "(Hugging Face's Trainer, TRL, the exported code)",
     "keep_output_backward": "the output is kept through backward and dropped before the optimizer step",
     "keep_output_step": "the output is kept through backward and the optimizer step "
-                        "(out = model(**batch); out.loss.backward(); opt.step())",
+    "(out = model(**batch); out.loss.backward(); opt.step())",
 }
 DEFAULT_LOOP = "loss_only"
 

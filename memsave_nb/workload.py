@@ -23,6 +23,7 @@ MAX_ACCUMULATION_STEPS = 1024
 
 OptimizerSpec = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer] | str | None
 
+
 # Built for each name of vocabulary.OPTIMIZERS (the plan's optimizer knob reads the same list), so
 # every registered optimizer is one a Workload takes. Old spellings: vocabulary.OPTIMIZER_ALIASES.
 def optimizer_factory(name: str) -> Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]:
@@ -190,8 +191,10 @@ class Workload:
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise WorkloadError(f"accumulation_steps must be a whole number >= 1, got {quoted(k)}")
         if k > MAX_ACCUMULATION_STEPS:  # every micro-step is run: 2**63 of them never end
-            raise WorkloadError(f"accumulation_steps {k if k < 10**12 else f'of {k.bit_length()} bits'}: "
-                                f"at most {MAX_ACCUMULATION_STEPS} (each micro-step is run)")
+            raise WorkloadError(
+                f"accumulation_steps {k if k < 10**12 else f'of {k.bit_length()} bits'}: "
+                f"at most {MAX_ACCUMULATION_STEPS} (each micro-step is run)"
+            )
         if not isinstance(self.set_to_none, bool):
             raise WorkloadError(f"set_to_none must be True or False, got {quoted(self.set_to_none)}")
         if self.dtype is not None and not (isinstance(self.dtype, torch.dtype) and self.dtype.is_floating_point):
@@ -204,12 +207,16 @@ class Workload:
         if self.loop not in LOOPS:
             raise WorkloadError(f"unknown loop {quoted(self.loop)}; choose from {', '.join(LOOPS)}")
         if self.sized_for not in SIZED_FOR:
-            raise WorkloadError(f"sized_for must be one of {', '.join(map(str, SIZED_FOR))}, got {quoted(self.sized_for)}")
+            raise WorkloadError(
+                f"sized_for must be one of {', '.join(map(str, SIZED_FOR))}, got {quoted(self.sized_for)}"
+            )
         check_gpu(self.gpu)
         if isinstance(self.optimizer, str) and self.optimizer.lower() != NO_OPTIMIZER:
             key = self.optimizer.lower()
             if OPTIMIZER_ALIASES.get(key, key) not in OPTIMIZERS:
-                raise WorkloadError(f"unknown optimizer {quoted(self.optimizer)}; choose from {', '.join(sorted(OPTIMIZERS))} or 'none'")
+                raise WorkloadError(
+                    f"unknown optimizer {quoted(self.optimizer)}; choose from {', '.join(sorted(OPTIMIZERS))} or 'none'"
+                )
         self.device = check_device(self.device)
 
     # -- batch ------------------------------------------------------------------------------
@@ -281,8 +288,17 @@ class Workload:
 
 SIZED_FOR = (None, "cuda")
 # GPU generations by compute capability, as sdp_utils.cpp reads them (measure/cuda_attention.py).
-SIZED_GPUS = {"v100": (7, 0), "t4": (7, 5), "a100": (8, 0), "a10": (8, 6), "l4": (8, 9), "rtx4090": (8, 9),
-              "h100": (9, 0), "h200": (9, 0), "b200": (10, 0)}
+SIZED_GPUS = {
+    "v100": (7, 0),
+    "t4": (7, 5),
+    "a100": (8, 0),
+    "a10": (8, 6),
+    "l4": (8, 9),
+    "rtx4090": (8, 9),
+    "h100": (9, 0),
+    "h200": (9, 0),
+    "b200": (10, 0),
+}
 DEFAULT_GPU = "h100"
 
 
@@ -332,7 +348,9 @@ def check_device(device: str | torch.device) -> str:
         if not torch.cuda.is_available():
             raise WorkloadError(f"device {quoted(device)} is not available: this torch sees no CUDA GPU")
         if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise WorkloadError(f"device {quoted(device)} is not available: only {torch.cuda.device_count()} CUDA device(s)")
+            raise WorkloadError(
+                f"device {quoted(device)} is not available: only {torch.cuda.device_count()} CUDA device(s)"
+            )
     elif dev.type not in ("cpu", "meta"):
         if not hasattr(torch, dev.type):
             raise WorkloadError(f"device {quoted(device)} is not supported")

@@ -52,7 +52,9 @@ class BasicBlock(nn.Module):
 class ResNetLike(nn.Module):
     """A small ResNet: stem, ``len(widths)`` stages of ``blocks`` BasicBlocks, pooled linear head."""
 
-    def __init__(self, widths: tuple[int, ...] = (32, 64, 128), blocks: int = 2, num_classes: int = 10, in_channels: int = 3):
+    def __init__(
+        self, widths: tuple[int, ...] = (32, 64, 128), blocks: int = 2, num_classes: int = 10, in_channels: int = 3
+    ):
         super().__init__()
         self.stem = nn.Sequential(
             nn.Conv2d(in_channels, widths[0], 3, padding=1, bias=False),
@@ -177,7 +179,11 @@ class GPT(nn.Module):
         self.head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
         for name, p in self.named_parameters():
             if p.dim() >= 2:
-                nn.init.normal_(p, 0.0, 0.02 / (math.sqrt(2 * cfg.n_layer) if name.endswith(("proj.weight", "down.weight")) else 1.0))
+                nn.init.normal_(
+                    p,
+                    0.0,
+                    0.02 / (math.sqrt(2 * cfg.n_layer) if name.endswith(("proj.weight", "down.weight")) else 1.0),
+                )
 
     def hidden_states(self, idx: torch.Tensor) -> torch.Tensor:  # idx: (B, T) -> (B, T, C), before the head
         T = idx.shape[1]
@@ -207,7 +213,16 @@ def mlp(sizes: tuple[int, ...] = (784, 1024, 1024, 512, 10)) -> nn.Sequential:
 
 # -- registry -------------------------------------------------------------------------------------
 GPT_7B = GPTConfig(
-    vocab_size=32000, block_size=2048, n_layer=32, n_head=32, n_embd=4096, mlp_hidden=11008, dropout=0.0, bias=False, mlp="swiglu", norm="rmsnorm"
+    vocab_size=32000,
+    block_size=2048,
+    n_layer=32,
+    n_head=32,
+    n_embd=4096,
+    mlp_hidden=11008,
+    dropout=0.0,
+    bias=False,
+    mlp="swiglu",
+    norm="rmsnorm",
 )
 
 
@@ -239,6 +254,7 @@ def _mlp(batch_size: int, seed: int, device: str) -> Workload:
         model = mlp().to(device)
         x = torch.randn(batch_size, 784, device=device)
         y = torch.randint(0, 10, (batch_size,), device=device)
+
     def loss(out: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(out, y)
 

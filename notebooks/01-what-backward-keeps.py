@@ -27,8 +27,8 @@ from memsave_nb.ui.format import format_bytes, layer_table, render_table
 
 BATCH = 8
 workload = zoo.make("cnn", batch_size=BATCH)  # ResNet-style: stem, 3 stages of 2 blocks, linear head
-session = Session(workload, repeats=1)        # one Session: a baseline and every plan tried against it
-baseline = session.baseline                   # one measured training step, nothing changed
+session = Session(workload, repeats=1)  # one Session: a baseline and every plan tried against it
+baseline = session.baseline  # one measured training step, nothing changed
 
 print(f"saved for backward: {format_bytes(baseline.saved_bytes)}")
 print(f"peak of the step:   {format_bytes(baseline.peak_bytes)}")
@@ -71,9 +71,11 @@ pool = baseline.module("stem.3")
 out_elems = 1
 for d in pool.output_shape:
     out_elems *= d
-print(f"\nmax-pool output {pool.output_shape}: {format_bytes(out_elems * 4)} float32 + "
-      f"{format_bytes(out_elems * 8)} int64 indices = {format_bytes(out_elems * 12)}; "
-      f"measured: {format_bytes(pool.saved_bytes)}")
+print(
+    f"\nmax-pool output {pool.output_shape}: {format_bytes(out_elems * 4)} float32 + "
+    f"{format_bytes(out_elems * 8)} int64 indices = {format_bytes(out_elems * 12)}; "
+    f"measured: {format_bytes(pool.saved_bytes)}"
+)
 
 # %% [markdown]
 # ## torchinfo's estimate is not the truth
@@ -123,18 +125,24 @@ stage = session.run(Plan(name="freeze layers.0", frozen=("layers.0",))).measurem
 out.append(f"baseline          {format_bytes(baseline.saved_bytes)}")
 out.append(f"freeze stem       {format_bytes(stem.saved_bytes)} ({stem.saved_bytes / baseline.saved_bytes:.0%})")
 out.append(f"freeze layers.0   {format_bytes(stage.saved_bytes)} ({stage.saved_bytes / baseline.saved_bytes:.0%})")
-out.append('''
+out.append("""
 Freezing the stem saves the most. Nothing before the stem needs a gradient (the images do not),
 so once its own parameters are frozen autograd records nothing there: no input kept for a weight
 gradient, no batch-norm input, no max-pool indices.
 Freezing layers.0 saves (almost) nothing: the stem before it still trains, so the gradient must
 flow back through layers.0, and stock convolution and batch norm keep their inputs whenever
 anything in them needs a gradient -- even though, with frozen weights, those inputs are only ever
-needed for the weight gradient that is no longer computed. Notebook 2 fixes exactly that.''')
+needed for the weight gradient that is no longer computed. Notebook 2 fixes exactly that.""")
 from IPython.display import HTML, display
 import html
-display(HTML("<details><summary><b>Show the answer</b></summary><pre style='white-space:pre-wrap'>"
-             + html.escape("\n".join(out)) + "</pre></details>"))
+
+display(
+    HTML(
+        "<details><summary><b>Show the answer</b></summary><pre style='white-space:pre-wrap'>"
+        + html.escape("\n".join(out))
+        + "</pre></details>"
+    )
+)
 
 # %% [markdown]
 # ## What this notebook claims

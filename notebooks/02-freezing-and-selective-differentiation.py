@@ -52,8 +52,14 @@ CASES = {
     "first quarter": presets.first_quarter(model),
     "last quarter + input": presets.last_quarter(model, input_requires_grad=True),
 }
-REFERENCE = {"all trainable": 0.954, "input only": 0.642, "input only, BN eval": 0.182,
-             "norm layers only": 0.642, "first quarter": 0.828, "last quarter + input": 0.665}
+REFERENCE = {
+    "all trainable": 0.954,
+    "input only": 0.642,
+    "input only, BN eval": 0.182,
+    "norm layers only": 0.642,
+    "first quarter": 0.828,
+    "last quarter + input": 0.665,
+}
 
 saved = {}  # (case, layers) -> saved bytes
 peak = {}
@@ -83,14 +89,22 @@ table
 
 # %%
 factors = [(case, layers) for case in CASES for layers in ("stock", "memsave")]
-source = ColumnDataSource(dict(
-    x=factors,
-    mib=[saved[f] / 2**20 for f in factors],
-    label=[format_bytes(saved[f]) for f in factors],
-    color=["#9e9e9e" if layers == "stock" else "#54a24b" for _, layers in factors],
-))
-fig = figure(x_range=FactorRange(*factors), height=320, width=820, toolbar_location=None,
-             title="Saved activations per case: stock vs memory-saving layers", y_axis_label="MiB")
+source = ColumnDataSource(
+    dict(
+        x=factors,
+        mib=[saved[f] / 2**20 for f in factors],
+        label=[format_bytes(saved[f]) for f in factors],
+        color=["#9e9e9e" if layers == "stock" else "#54a24b" for _, layers in factors],
+    )
+)
+fig = figure(
+    x_range=FactorRange(*factors),
+    height=320,
+    width=820,
+    toolbar_location=None,
+    title="Saved activations per case: stock vs memory-saving layers",
+    y_axis_label="MiB",
+)
 fig.vbar(x="x", top="mib", width=0.85, color="color", source=source)
 fig.add_tools(HoverTool(tooltips=[("", "@x"), ("kept", "@label")]))
 fig.xaxis.major_label_orientation = 0.9
@@ -132,27 +146,37 @@ explorer
 out = []  # the answer, shown folded
 train_bn = saved["input only", "memsave"]
 eval_bn = saved["input only, BN eval", "memsave"]
-out.append(f"input only, memsave layers: {format_bytes(train_bn)}; with BN eval: {format_bytes(eval_bn)} "
-      f"({eval_bn / train_bn:.0%} of it)")
-out.append('''
+out.append(
+    f"input only, memsave layers: {format_bytes(train_bn)}; with BN eval: {format_bytes(eval_bn)} "
+    f"({eval_bn / train_bn:.0%} of it)"
+)
+out.append("""
 In training mode batch norm normalises with the batch's own mean and variance, which depend on
 every input; the gradient with respect to the input runs through them, so it needs the
 (normalised) input whatever the weight does. In eval mode the statistics are constants: batch
 norm is a fixed per-channel affine map whose input gradient needs only the weight and the running
 variance. Then a frozen network keeps almost nothing: per-channel statistics, ReLU bit masks and
-the max-pool indices.''')
+the max-pool indices.""")
 from IPython.display import HTML, display
 import html
-display(HTML("<details><summary><b>Show the answer</b></summary><pre style='white-space:pre-wrap'>"
-             + html.escape("\n".join(out)) + "</pre></details>"))
+
+display(
+    HTML(
+        "<details><summary><b>Show the answer</b></summary><pre style='white-space:pre-wrap'>"
+        + html.escape("\n".join(out))
+        + "</pre></details>"
+    )
+)
 
 
 # %% [markdown]
 # ## What this notebook claims
 
+
 # %%
 def ratio(case, layers):
     return saved[case, layers] / base
+
 
 # the paper's headline: input only with BN eval keeps less than a fifth of all-trainable ...
 assert ratio("input only, BN eval", "memsave") < 0.2, ratio("input only, BN eval", "memsave")

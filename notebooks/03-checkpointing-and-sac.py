@@ -47,9 +47,15 @@ rows, results = [], {}
 for name, policy in POLICY_PRESETS.items():
     m = session.run(Plan(name=name, regions={b: policy for b in blocks})).measurement
     results[name] = m
-    rows.append({"policy": name, "saved": format_bytes(m.saved_bytes),
-                 "saved / eager": round(m.saved_bytes / baseline.saved_bytes, 3),
-                 "peak": format_bytes(m.peak_bytes), "step": format_seconds(m.step_seconds)})
+    rows.append(
+        {
+            "policy": name,
+            "saved": format_bytes(m.saved_bytes),
+            "saved / eager": round(m.saved_bytes / baseline.saved_bytes, 3),
+            "peak": format_bytes(m.peak_bytes),
+            "step": format_seconds(m.step_seconds),
+        }
+    )
 pd.DataFrame(rows).set_index("policy")
 
 # %% [markdown]
@@ -112,8 +118,10 @@ print(f"full checkpointing:                   {format_bytes(results['full'].save
 save_all = RegionPolicy(RegionKind.SELECTIVE, {}, OpChoice.SAVE)  # selective, default "save"
 greedy = session.run(Plan(name="save everything", regions={b: save_all for b in blocks})).measurement
 print(f"eager:                    {format_bytes(baseline.saved_bytes)}")
-print(f"SAC saving every op:      {format_bytes(greedy.saved_bytes)} "
-      f"({greedy.saved_bytes / baseline.saved_bytes:.2f}x eager)")
+print(
+    f"SAC saving every op:      {format_bytes(greedy.saved_bytes)} "
+    f"({greedy.saved_bytes / baseline.saved_bytes:.2f}x eager)"
+)
 
 # %% [markdown]
 # ## Your turn
@@ -135,18 +143,26 @@ explorer
 # %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["answer"]
 out = []  # the answer, shown folded
 full, rec, mm = (results[k] for k in ("full", "recompute_all", "save_matmuls"))
-out.append(f"full {format_bytes(full.saved_bytes)}, recompute all {format_bytes(rec.saved_bytes)}, "
-      f"save matmuls {format_bytes(mm.saved_bytes)}, eager {format_bytes(baseline.saved_bytes)}")
-out.append('''
+out.append(
+    f"full {format_bytes(full.saved_bytes)}, recompute all {format_bytes(rec.saved_bytes)}, "
+    f"save matmuls {format_bytes(mm.saved_bytes)}, eager {format_bytes(baseline.saved_bytes)}"
+)
+out.append("""
 A selective region that recomputes every op keeps exactly what full checkpointing keeps: the
 region's inputs. "save matmuls" also keeps each matmul's output, so backward does not have to
 run the matmuls again (the expensive part of the recomputation) and only redoes the cheap
 pointwise ops; it costs the bytes of those outputs. On this tiny model on a CPU the step times
-are too close to call; on a GPU-sized model the recomputed matmuls are most of AC's overhead.''')
+are too close to call; on a GPU-sized model the recomputed matmuls are most of AC's overhead.""")
 from IPython.display import HTML, display
 import html
-display(HTML("<details><summary><b>Show the answer</b></summary><pre style='white-space:pre-wrap'>"
-             + html.escape("\n".join(out)) + "</pre></details>"))
+
+display(
+    HTML(
+        "<details><summary><b>Show the answer</b></summary><pre style='white-space:pre-wrap'>"
+        + html.escape("\n".join(out))
+        + "</pre></details>"
+    )
+)
 
 # %% [markdown]
 # ## What this notebook claims

@@ -40,7 +40,9 @@ baseline = session.baseline
 eager = {
     "eager": baseline,
     "eager, full AC": session.run(Plan(name="full AC", regions={b: RegionPolicy.full() for b in blocks})).measurement,
-    "eager, save matmuls": session.run(Plan(name="save matmuls", regions={b: "save_matmuls" for b in blocks})).measurement,
+    "eager, save matmuls": session.run(
+        Plan(name="save matmuls", regions={b: "save_matmuls" for b in blocks})
+    ).measurement,
 }
 for name, m in eager.items():
     print(f"{name:22s} keeps {format_bytes(m.saved_bytes):>10s}, step {format_seconds(m.step_seconds)}")
@@ -55,12 +57,19 @@ for name, m in eager.items():
 BUDGETS = (0.0, 0.5, 1.0)
 points = session.sweep_budgets(BUDGETS)
 compiled = {p.budget: p for p in points}
-compile_seconds = [e.seconds for e in session.history[-len(BUDGETS):]]
-pd.DataFrame([
-    {"budget": p.budget, "saved": format_bytes(p.saved_bytes), "saved / eager": round(p.saved_bytes / baseline.saved_bytes, 3),
-     "step": format_seconds(p.step_seconds), "compile + measure": f"{s:.0f} s"}
-    for p, s in zip(points, compile_seconds)
-]).set_index("budget")
+compile_seconds = [e.seconds for e in session.history[-len(BUDGETS) :]]
+pd.DataFrame(
+    [
+        {
+            "budget": p.budget,
+            "saved": format_bytes(p.saved_bytes),
+            "saved / eager": round(p.saved_bytes / baseline.saved_bytes, 3),
+            "step": format_seconds(p.step_seconds),
+            "compile + measure": f"{s:.0f} s",
+        }
+        for p, s in zip(points, compile_seconds)
+    ]
+).set_index("budget")
 
 
 # %% [markdown]
@@ -71,20 +80,34 @@ pd.DataFrame([
 # busy 2-core CPU are noisy, and on a model this small eager SAC's per-op policy calls in Python
 # cost more than the ops they save; the memory axis is exact.)
 
+
 # %%
 def ms(seconds):
     return 1e3 * seconds if seconds is not None else float("nan")
 
-sweep_src = ColumnDataSource(dict(
-    x=[ms(p.step_seconds) for p in points], y=[p.saved_bytes / 1024 for p in points],
-    label=[f"budget {p.budget:g}" for p in points],
-))
-eager_src = ColumnDataSource(dict(
-    x=[ms(m.step_seconds) for m in eager.values()], y=[m.saved_bytes / 1024 for m in eager.values()],
-    label=list(eager),
-))
-fig = figure(width=700, height=380, title="Saved activations vs step time",
-             x_axis_label="step time (ms)", y_axis_label="saved activations (KiB)", toolbar_location=None)
+
+sweep_src = ColumnDataSource(
+    dict(
+        x=[ms(p.step_seconds) for p in points],
+        y=[p.saved_bytes / 1024 for p in points],
+        label=[f"budget {p.budget:g}" for p in points],
+    )
+)
+eager_src = ColumnDataSource(
+    dict(
+        x=[ms(m.step_seconds) for m in eager.values()],
+        y=[m.saved_bytes / 1024 for m in eager.values()],
+        label=list(eager),
+    )
+)
+fig = figure(
+    width=700,
+    height=380,
+    title="Saved activations vs step time",
+    x_axis_label="step time (ms)",
+    y_axis_label="saved activations (KiB)",
+    toolbar_location=None,
+)
 fig.line("x", "y", source=sweep_src, line_width=2, color="#1f77b4", legend_label="torch.compile, budget sweep")
 fig.scatter("x", "y", source=sweep_src, size=10, color="#1f77b4")
 fig.scatter("x", "y", source=eager_src, size=11, marker="square", color="#ff7f0e", legend_label="eager")
@@ -116,18 +139,26 @@ explorer
 
 # %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["answer"]
 out = []  # the answer, shown folded
-out.append(f"compiled, budget 0: {format_bytes(compiled[0.0].saved_bytes)}; "
-      f"eager full AC: {format_bytes(eager['eager, full AC'].saved_bytes)}; eager: {format_bytes(baseline.saved_bytes)}")
-out.append('''
+out.append(
+    f"compiled, budget 0: {format_bytes(compiled[0.0].saved_bytes)}; "
+    f"eager full AC: {format_bytes(eager['eager, full AC'].saved_bytes)}; eager: {format_bytes(baseline.saved_bytes)}"
+)
+out.append("""
 Eager checkpointing works at module boundaries: each block keeps its input, and everything
 outside the blocks (embeddings, the final norm, the head and the loss) is kept as eager keeps it.
 The compiler sees the whole step as one graph: at budget 0 its partitioner keeps only what cannot
 be recomputed cheaply anywhere in the model, and fuses the recomputation into the backward
-kernels. The budget turns that into a dial instead of an on/off per module.''')
+kernels. The budget turns that into a dial instead of an on/off per module.""")
 from IPython.display import HTML, display
 import html
-display(HTML("<details><summary><b>Show the answer</b></summary><pre style='white-space:pre-wrap'>"
-             + html.escape("\n".join(out)) + "</pre></details>"))
+
+display(
+    HTML(
+        "<details><summary><b>Show the answer</b></summary><pre style='white-space:pre-wrap'>"
+        + html.escape("\n".join(out))
+        + "</pre></details>"
+    )
+)
 
 # %% [markdown]
 # ## What this notebook claims

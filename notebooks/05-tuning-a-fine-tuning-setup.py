@@ -30,9 +30,18 @@ USE_HF = importlib.util.find_spec("transformers") is not None
 if USE_HF:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    hf_config = LlamaConfig(vocab_size=512, hidden_size=128, intermediate_size=344, num_hidden_layers=4,
-                            num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=128,
-                            attention_bias=True, mlp_bias=True, use_cache=False)
+    hf_config = LlamaConfig(
+        vocab_size=512,
+        hidden_size=128,
+        intermediate_size=344,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=128,
+        attention_bias=True,
+        mlp_bias=True,
+        use_cache=False,
+    )
     model = LlamaForCausalLM(hf_config)  # random weights
     ids = torch.randint(0, hf_config.vocab_size, (4, 64))
     batch = {"input_ids": ids, "labels": ids}  # the model computes its own loss (output.loss)
@@ -53,6 +62,7 @@ print(type(model).__name__, f"{sum(p.numel() for p in model.parameters()):,} par
 # model is unchanged at first. The adapter below wraps every linear layer named in `ADAPT`; its
 # parameters are named `lora_a` / `lora_b`, which is how `presets.lora_only` finds them.
 
+
 # %%
 class LoRALinear(nn.Module):
     def __init__(self, base: nn.Linear, rank: int = 4, alpha: float = 8.0):
@@ -68,8 +78,7 @@ class LoRALinear(nn.Module):
 
 
 def add_adapters(model, names, rank=4):
-    targets = [(n, m) for n, m in model.named_modules()
-               if isinstance(m, nn.Linear) and n.rsplit(".", 1)[-1] in names]
+    targets = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear) and n.rsplit(".", 1)[-1] in names]
     for name, module in targets:
         parent_name, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent_name), child, LoRALinear(module, rank))
@@ -111,19 +120,21 @@ def optimizer_state_max(m):
 rows = []
 for label, e in entries.items():
     m, split = e.measurement, e.measurement.peak_split
-    rows.append({
-        "plan": label,
-        "trainable": format_bytes(trainable_bytes(e.plan)),
-        "peak": format_bytes(m.peak_bytes),
-        "peak during": m.peak_phase,
-        "params at peak": format_bytes(split.parameters),
-        "grads at peak": format_bytes(split.gradients),
-        "optimizer state at peak": format_bytes(split.optimizer_state),
-        "activations + temps at peak": format_bytes(split.activations + split.temporaries),
-        "optimizer state (largest)": format_bytes(optimizer_state_max(m)),
-        "saved for backward": format_bytes(m.saved_bytes),
-        "peak vs full": round(m.peak_bytes / entries["full fine-tuning"].measurement.peak_bytes, 3),
-    })
+    rows.append(
+        {
+            "plan": label,
+            "trainable": format_bytes(trainable_bytes(e.plan)),
+            "peak": format_bytes(m.peak_bytes),
+            "peak during": m.peak_phase,
+            "params at peak": format_bytes(split.parameters),
+            "grads at peak": format_bytes(split.gradients),
+            "optimizer state at peak": format_bytes(split.optimizer_state),
+            "activations + temps at peak": format_bytes(split.activations + split.temporaries),
+            "optimizer state (largest)": format_bytes(optimizer_state_max(m)),
+            "saved for backward": format_bytes(m.saved_bytes),
+            "peak vs full": round(m.peak_bytes / entries["full fine-tuning"].measurement.peak_bytes, 3),
+        }
+    )
 pd.DataFrame(rows).set_index("plan")
 
 # %% [markdown]
@@ -155,17 +166,25 @@ out = []  # the answer, shown folded
 full = entries["full fine-tuning"].measurement.peak_bytes
 for label in ("LoRA adapters", "bias only (BitFit)", "last block"):
     m = entries[label].measurement
-    out.append(f"{label:20s} peak {format_bytes(m.peak_bytes):>10s} ({m.peak_bytes / full:.0%} of full), "
-          f"optimizer state up to {format_bytes(optimizer_state_max(m))}, saved {format_bytes(m.saved_bytes)}")
-out.append('''
+    out.append(
+        f"{label:20s} peak {format_bytes(m.peak_bytes):>10s} ({m.peak_bytes / full:.0%} of full), "
+        f"optimizer state up to {format_bytes(optimizer_state_max(m))}, saved {format_bytes(m.saved_bytes)}"
+    )
+out.append("""
 Both train very few parameters, so gradients and optimizer state nearly vanish in both; what
 differs is the activations. Bias-only needs no layer inputs (a bias gradient is a sum of the
 output gradient), while every LoRA adapter keeps its input for the gradient of A. The cheapest
-plan is the one at the top of the next cell's ranking.''')
+plan is the one at the top of the next cell's ranking.""")
 from IPython.display import HTML, display
 import html
-display(HTML("<details><summary><b>Show the answer</b></summary><pre style='white-space:pre-wrap'>"
-             + html.escape("\n".join(out)) + "</pre></details>"))
+
+display(
+    HTML(
+        "<details><summary><b>Show the answer</b></summary><pre style='white-space:pre-wrap'>"
+        + html.escape("\n".join(out))
+        + "</pre></details>"
+    )
+)
 
 # %% [markdown]
 # ## Export the winner

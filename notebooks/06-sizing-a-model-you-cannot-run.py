@@ -25,7 +25,7 @@ from memsave_nb.session import run_plan
 
 GiB = 2**30
 GPUS = (24, 40, 80)  # GiB
-HEADROOM = 0.9       # usable share of a GPU
+HEADROOM = 0.9  # usable share of a GPU
 
 
 def gpu_adamw(params):
@@ -38,11 +38,11 @@ workload8 = dataclasses.replace(zoo.make("gpt-7b", batch_size=8), optimizer=gpu_
 model = workload.model
 n_params = sum(p.numel() for p in model.parameters())
 blocks = suggest_regions(model)
-ac = {b: RegionPolicy.full() for b in blocks}   # full activation checkpointing of every block
+ac = {b: RegionPolicy.full() for b in blocks}  # full activation checkpointing of every block
 
 
 def plain_sgd(params):
-    return torch.optim.SGD(params, lr=1e-4)    # no momentum: no optimizer state
+    return torch.optim.SGD(params, lr=1e-4)  # no momentum: no optimizer state
 
 
 print(f"{n_params / 1e9:.2f} B parameters, {len(blocks)} blocks")
@@ -73,9 +73,16 @@ def gib(n):
 rows = []
 for label, m in results.items():
     s = m.peak_split
-    row = {"plan": label, "peak GiB": gib(m.peak_bytes), "params": gib(s.parameters), "grads": gib(s.gradients),
-           "optimizer": gib(s.optimizer_state), "activations + temps": gib(s.activations + s.temporaries),
-           "saved for backward": gib(m.saved_bytes), "peak during": m.peak_phase}
+    row = {
+        "plan": label,
+        "peak GiB": gib(m.peak_bytes),
+        "params": gib(s.parameters),
+        "grads": gib(s.gradients),
+        "optimizer": gib(s.optimizer_state),
+        "activations + temps": gib(s.activations + s.temporaries),
+        "saved for backward": gib(m.saved_bytes),
+        "peak during": m.peak_phase,
+    }
     for gpu in GPUS:
         row[f"{gpu} GB"] = "fits" if m.peak_bytes <= HEADROOM * gpu * GiB else "-"
     rows.append(row)
@@ -118,16 +125,23 @@ last = session.run(presets.last_blocks(model, 1)).measurement
 fits = [g for g in GPUS if last.peak_bytes <= HEADROOM * g * GiB]
 split = last.peak_split.as_dict()
 largest = max(split, key=split.get)
-out.append(f"last block: peak {gib(last.peak_bytes)} GiB, fits {fits} GB; largest part: {largest} "
-      f"({gib(split[largest])} GiB)")
-out.append('''
+out.append(
+    f"last block: peak {gib(last.peak_bytes)} GiB, fits {fits} GB; largest part: {largest} ({gib(split[largest])} GiB)"
+)
+out.append("""
 The frozen weights themselves (12.6 GiB in bf16) are now most of the peak: one block's gradients
 and AdamW state are small, and nothing before the last block keeps activations. To go lower
-you would quantise the frozen weights (QLoRA-style), which this sizing leaves out.''')
+you would quantise the frozen weights (QLoRA-style), which this sizing leaves out.""")
 from IPython.display import HTML, display
 import html
-display(HTML("<details><summary><b>Show the answer</b></summary><pre style='white-space:pre-wrap'>"
-             + html.escape("\n".join(out)) + "</pre></details>"))
+
+display(
+    HTML(
+        "<details><summary><b>Show the answer</b></summary><pre style='white-space:pre-wrap'>"
+        + html.escape("\n".join(out))
+        + "</pre></details>"
+    )
+)
 
 # %% [markdown]
 # ## What this notebook claims

@@ -26,8 +26,18 @@ from memsave_nb.target import fit_of, max_batch, measure_peak
 
 GiB = 2**30
 # TinyLlama's shape (22 blocks, width 2048, SwiGLU 5632, RMSNorm, vocab 32000), without grouped-query attention
-cfg = zoo.GPTConfig(vocab_size=32000, block_size=2048, n_layer=22, n_head=32, n_embd=2048, mlp_hidden=5632,
-                    dropout=0.0, bias=False, mlp="swiglu", norm="rmsnorm")
+cfg = zoo.GPTConfig(
+    vocab_size=32000,
+    block_size=2048,
+    n_layer=22,
+    n_head=32,
+    n_embd=2048,
+    mlp_hidden=5632,
+    dropout=0.0,
+    bias=False,
+    mlp="swiglu",
+    norm="rmsnorm",
+)
 fake = FakeTensorMode()
 torch.set_default_dtype(torch.bfloat16)  # parameters in bf16, built with no memory behind them
 try:
@@ -88,11 +98,17 @@ def held(m, category):  # the most of one category alive at any moment of the st
 rows = []
 for label, m in measured.items():
     s = m.peak_split
-    rows.append({"setup": label, "peak GiB": round(m.peak_bytes / GiB, 2), "peak during": m.peak_phase,
-                 "weights": round(s.parameters / GiB, 2),
-                 "grads + optimizer (most held)": round((held(m, "gradients") + held(m, "optimizer_state")) / GiB, 2),
-                 "activations + temps at peak": round((s.activations + s.temporaries) / GiB, 2),
-                 "24 GB": fit_of(target, m).verdict(target)})
+    rows.append(
+        {
+            "setup": label,
+            "peak GiB": round(m.peak_bytes / GiB, 2),
+            "peak during": m.peak_phase,
+            "weights": round(s.parameters / GiB, 2),
+            "grads + optimizer (most held)": round((held(m, "gradients") + held(m, "optimizer_state")) / GiB, 2),
+            "activations + temps at peak": round((s.activations + s.temporaries) / GiB, 2),
+            "24 GB": fit_of(target, m).verdict(target),
+        }
+    )
 pd.DataFrame(rows).set_index("setup")
 
 # %% [markdown]
@@ -163,7 +179,9 @@ assert not target.fits(lora_m.peak_bytes)
 assert target.fits(best_lora.peak_bytes) and 1 <= best_lora.value < 8
 assert not target.fits(measure_peak(workload, lora.replace(batch_size=best_lora.value + 1)).peak_bytes)
 # the planner explored many plans and its winner fits when measured in full
-assert len(result.candidates) >= 100 and winner.measured_peak_bytes is not None and winner.fits  # the verdict on its re-measured step (target.fit_of)
+assert (
+    len(result.candidates) >= 100 and winner.measured_peak_bytes is not None and winner.fits
+)  # the verdict on its re-measured step (target.fit_of)
 # the exported code keeps exactly what the plan keeps
 assert exported.peak_bytes == winner.measured_peak_bytes
 print("all claims hold")

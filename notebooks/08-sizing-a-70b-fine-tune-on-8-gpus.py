@@ -24,9 +24,17 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from memsave_nb import Plan, ParallelSpec, measure_parallel, Workload
 
 GiB = 1 << 30
-cfg = LlamaConfig(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64,
-                  num_key_value_heads=8, vocab_size=32000, max_position_embeddings=4096, use_cache=False,
-                  attn_implementation="sdpa")
+cfg = LlamaConfig(
+    hidden_size=8192,
+    intermediate_size=28672,
+    num_hidden_layers=80,
+    num_attention_heads=64,
+    num_key_value_heads=8,
+    vocab_size=32000,
+    max_position_embeddings=4096,
+    use_cache=False,
+    attn_implementation="sdpa",
+)
 with torch.device("meta"):
     model = LlamaForCausalLM(cfg).to(torch.bfloat16)
 n_params = sum(p.numel() for p in model.parameters())
@@ -39,8 +47,9 @@ def batch():  # one sequence of 4096 tokens per rank, built inside the fake mode
 
 # AdamW as a GPU runs it: torch's default there is the foreach step (fake mode on this CPU would
 # otherwise run the single-tensor loop, and the table would add its difference as an unseen line)
-workload = Workload(model, batch, optimizer=lambda params: torch.optim.AdamW(params, foreach=True),
-                    name="llama-2-70b shape")
+workload = Workload(
+    model, batch, optimizer=lambda params: torch.optim.AdamW(params, foreach=True), name="llama-2-70b shape"
+)
 print(f"{n_params / 1e9:.1f} B parameters, {2 * n_params / GiB:.0f} GiB in bf16")
 
 # %% [markdown]
@@ -58,8 +67,10 @@ one = session.baseline  # one unsharded training step (steady state: AdamW's sta
 for name, n in one.peak_split.as_dict().items():
     if n >= GiB:
         print(f"{name:>16}: {n / GiB:6.1f} GiB")
-print(f"peak {one.peak_bytes / GiB:.0f} GiB during {one.peak_phase}; "
-      f"saved activations {one.saved_bytes / GiB:.0f} GiB at the end of forward")
+print(
+    f"peak {one.peak_bytes / GiB:.0f} GiB during {one.peak_phase}; "
+    f"saved activations {one.saved_bytes / GiB:.0f} GiB at the end of forward"
+)
 
 # %% [markdown]
 # Weights, gradients, AdamW's two moments and the optimizer's temporaries: FSDP2 shards all of
@@ -93,8 +104,10 @@ print(fsdp8_ac.table())
 # %%
 loop = workload.replace(optimizer=lambda params: torch.optim.AdamW(params, foreach=False))
 fsdp8_ac_loop = measure_parallel(loop, ParallelSpec(world_size=8), ac)
-print(f"foreach AdamW: {fsdp8_ac.peak_bytes / GiB:.1f} GiB during {fsdp8_ac.worst.peak_phase}; "
-      f"single-tensor AdamW: {fsdp8_ac_loop.peak_bytes / GiB:.1f} GiB during {fsdp8_ac_loop.worst.peak_phase}")
+print(
+    f"foreach AdamW: {fsdp8_ac.peak_bytes / GiB:.1f} GiB during {fsdp8_ac.worst.peak_phase}; "
+    f"single-tensor AdamW: {fsdp8_ac_loop.peak_bytes / GiB:.1f} GiB during {fsdp8_ac_loop.worst.peak_phase}"
+)
 
 # %% [markdown]
 # With the single-tensor loop the counted peak is under the card's 74.5 GiB, but above the 80% line
@@ -110,8 +123,8 @@ print()
 # the full export (ac16.to_code()) also defines suggest_regions(model), which lists the 80 layers
 ac16 = ac.replace(parallel=ParallelSpec(world_size=16))
 code = ac16.to_code()
-fsdp = code[code.index("# FSDP2"):code.index("# build the optimizer")]
-print(fsdp[:fsdp.index("def suggest_regions")] + fsdp[fsdp.index("shard_units = "):])
+fsdp = code[code.index("# FSDP2") : code.index("# build the optimizer")]
+print(fsdp[: fsdp.index("def suggest_regions")] + fsdp[fsdp.index("shard_units = ") :])
 
 # %% [markdown]
 # ## Tensor parallel inside the node: TP 2 x FSDP2 4
@@ -127,8 +140,10 @@ tp2 = measure_parallel(workload, ParallelSpec(world_size=8, tensor_parallel=2), 
 print(tp2.table())
 for name, m in (("FSDP2 x 8", fsdp8_ac), ("TP 2 x FSDP2 4", tp2)):
     s = m.worst.end_split
-    print(f"{name:<15} sharded params {s['sharded_parameters'] / GiB:5.2f} GiB   optimizer state "
-          f"{s['optimizer_state'] / GiB:5.2f} GiB   peak {m.peak_bytes / GiB:5.1f} GiB during {m.worst.peak_phase}")
+    print(
+        f"{name:<15} sharded params {s['sharded_parameters'] / GiB:5.2f} GiB   optimizer state "
+        f"{s['optimizer_state'] / GiB:5.2f} GiB   peak {m.peak_bytes / GiB:5.1f} GiB during {m.worst.peak_phase}"
+    )
 
 # %% [markdown]
 # Each rank holds 1/8 of every matrix either way: TP splits it in two, FSDP2 splits each half in
@@ -154,14 +169,22 @@ out = []  # the answer, shown folded
 split = fsdp8_ac.worst.peak_split
 largest = max(split, key=split.get)
 out.append(f"largest line on 8 GPUs with AC: {largest}, {split[largest] / GiB:.1f} GiB")
-out.append(f"on 16 GPUs it is {fsdp16_ac.worst.peak_split[largest] / GiB:.1f} GiB; the whole peak drops "
-           f"{(fsdp8_ac.peak_bytes - fsdp16_ac.peak_bytes) / GiB:.1f} GiB (optimizer state, gradients and "
-           "parameters are all halved)")
+out.append(
+    f"on 16 GPUs it is {fsdp16_ac.worst.peak_split[largest] / GiB:.1f} GiB; the whole peak drops "
+    f"{(fsdp8_ac.peak_bytes - fsdp16_ac.peak_bytes) / GiB:.1f} GiB (optimizer state, gradients and "
+    "parameters are all halved)"
+)
 out.append("AdamW keeps two moments per parameter: 32 GiB per rank on 8 GPUs, twice the bf16 shards.")
 from IPython.display import HTML, display
 import html
-display(HTML("<details><summary><b>Show the answer</b></summary><pre style='white-space:pre-wrap'>"
-             + html.escape("\n".join(out)) + "</pre></details>"))
+
+display(
+    HTML(
+        "<details><summary><b>Show the answer</b></summary><pre style='white-space:pre-wrap'>"
+        + html.escape("\n".join(out))
+        + "</pre></details>"
+    )
+)
 
 # %% [markdown]
 # ## What this notebook claims

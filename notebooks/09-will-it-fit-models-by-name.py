@@ -64,15 +64,21 @@ def verdict(gpu, m):
     return fit_of(GPUS[gpu], m).verdict(GPUS[gpu]).split(";")[0] + ")"
 
 
-print(f"{'model':<14} {'setup':<16} {'trainable':>12} {'tensors':>10} {'reserved':>10}   "
-      + "   ".join(f"{g:<36}" for g in GPUS))
+print(
+    f"{'model':<14} {'setup':<16} {'trainable':>12} {'tensors':>10} {'reserved':>10}   "
+    + "   ".join(f"{g:<36}" for g in GPUS)
+)
 for (name, setup), (wl, m) in results.items():
     trainable = params(wl)
     verdicts = "   ".join(f"{verdict(g, m):<36}" for g in GPUS)
-    print(f"{name:<14} {setup:<16} {trainable / 1e6:>10,.1f} M {m.peak_bytes / GiB:>6.1f} GiB "
-          f"{m.reserved.max_reserved_bytes / GiB:>6.1f} GiB   {verdicts}")
-print("\n'tensors': the peak of live tensors; 'reserved': the allocator model's max_memory_reserved;\n"
-      "the verdict adds the 500 MiB CUDA context to reserved memory against the whole card (allocator replay, no 80% rule)")
+    print(
+        f"{name:<14} {setup:<16} {trainable / 1e6:>10,.1f} M {m.peak_bytes / GiB:>6.1f} GiB "
+        f"{m.reserved.max_reserved_bytes / GiB:>6.1f} GiB   {verdicts}"
+    )
+print(
+    "\n'tensors': the peak of live tensors; 'reserved': the allocator model's max_memory_reserved;\n"
+    "the verdict adds the 500 MiB CUDA context to reserved memory against the whole card (allocator replay, no 80% rule)"
+)
 
 # %% [markdown]
 # **Reading the table.** Full fine-tuning of a 7-8B model takes the 80 GB card, and only just:
@@ -113,8 +119,10 @@ rows = []
 for (name, setup), (wl, m) in results.items():
     rule = 16 * N_PARAMS[name]
     rows.append((name, setup, rule, m.peak_bytes))
-    print(f"{name:<14} {setup:<16} rule {rule / GiB:>6.1f} GiB   measured {m.peak_bytes / GiB:>6.1f} GiB"
-          f"   rule / measured {rule / m.peak_bytes:>5.1f}x")
+    print(
+        f"{name:<14} {setup:<16} rule {rule / GiB:>6.1f} GiB   measured {m.peak_bytes / GiB:>6.1f} GiB"
+        f"   rule / measured {rule / m.peak_bytes:>5.1f}x"
+    )
 
 # %% [markdown]
 # For LoRA and QLoRA the rule is off by 5 to 10 times: it counts gradients and moments for
@@ -130,8 +138,10 @@ for (name, setup), (wl, m) in results.items():
 # %%
 qlora_wl = results["llama-3.1-8b", "QLoRA nf4 r=16"][0]
 fit24 = max_batch(qlora_wl, ON_GPU, GPUS["24 GB"], mode="fake", upper=64)
-print(f"llama-3.1-8b, QLoRA, {SEQ} tokens, 24 GB: batch {fit24.value} fits "
-      f"(tensors {fit24.peak_bytes / GiB:.1f} GiB; {fit24.count} probes, {fit24.rule})")
+print(
+    f"llama-3.1-8b, QLoRA, {SEQ} tokens, 24 GB: batch {fit24.value} fits "
+    f"(tensors {fit24.peak_bytes / GiB:.1f} GiB; {fit24.count} probes, {fit24.rule})"
+)
 
 # %% [markdown]
 # ## Try it yourself
@@ -168,20 +178,28 @@ blocks = suggest_regions(lora2_wl.model)
 every_block = ON_GPU.replace(name="checkpoint every block", regions={b: RegionPolicy() for b in blocks})
 ckpt = measure_peak(lora2_wl, every_block, mode="fake")
 out.append(f"LoRA r=16, 2 sequences             tensors {lora2.peak_bytes / GiB:5.1f} GiB   {verdict('24 GB', lora2)}")
-out.append(f"+ checkpoint all {len(blocks)} decoder blocks   tensors {ckpt.peak_bytes / GiB:5.1f} GiB   "
-           f"{verdict('24 GB', ckpt)}")
+out.append(
+    f"+ checkpoint all {len(blocks)} decoder blocks   tensors {ckpt.peak_bytes / GiB:5.1f} GiB   "
+    f"{verdict('24 GB', ckpt)}"
+)
 out.append(f"saved activations: {lora2.saved_bytes / GiB:.2f} GiB -> {ckpt.saved_bytes / GiB:.2f} GiB")
-out.append('''
+out.append("""
 Activation checkpointing of every decoder block. Each block then keeps only its input for
 backward and recomputes the rest when backward reaches it, so backward holds one block's
 activations at a time instead of 32 (the header's verdict in the explorer turns green when you
 checkpoint the blocks in its Layers tab). It costs about one more forward pass of compute (a third
 more step time), which is why the planner in "Fit a GPU" checkpoints only as many blocks as the
-target needs.''')
+target needs.""")
 from IPython.display import HTML, display
 import html
-display(HTML("<details><summary><b>Show the answer</b></summary><pre style='white-space:pre-wrap'>"
-             + html.escape("\n".join(out)) + "</pre></details>"))
+
+display(
+    HTML(
+        "<details><summary><b>Show the answer</b></summary><pre style='white-space:pre-wrap'>"
+        + html.escape("\n".join(out))
+        + "</pre></details>"
+    )
+)
 
 # %% [markdown]
 # ## What this notebook claims, checked

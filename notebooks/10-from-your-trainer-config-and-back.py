@@ -90,10 +90,14 @@ def gib(n):  # one decimal and its unit (GiB, or MiB for LoRA's small state): ba
 
 def split(m):
     s = m.peak_split
-    return {"peak": gib(m.peak_bytes), "weights": gib(s.parameters),
-            "grads + AdamW state (most held)": gib(held(m, "gradients") + held(m, "optimizer_state")),
-            "activations at peak": gib(s.activations), "temporaries at peak": gib(s.temporaries),
-            "on 24 GB": "fits" if fit_of(target, m).fits else "does not fit"}
+    return {
+        "peak": gib(m.peak_bytes),
+        "weights": gib(s.parameters),
+        "grads + AdamW state (most held)": gib(held(m, "gradients") + held(m, "optimizer_state")),
+        "activations at peak": gib(s.activations),
+        "temporaries at peak": gib(s.temporaries),
+        "on 24 GB": "fits" if fit_of(target, m).fits else "does not fit",
+    }
 
 
 optimizer_step = mine.peak_split.parameters + held(mine, "gradients") + held(mine, "optimizer_state")
@@ -112,8 +116,10 @@ pd.DataFrame({"your config (TRL's chunked loss)": split(mine), "same, full loss 
 
 # %%
 print(f"optimizer step: {optimizer_step / GiB:.1f} GiB against a {target.usable_bytes / GiB:.1f} GiB line")
-print(f"full loss: +{(full_loss.peak_bytes - mine.peak_bytes) / GiB:.1f} GiB "
-      f"({(full_loss.peak_bytes - mine.peak_bytes) / logits_bytes:.1f} float32 logits tensors of {logits_bytes / GiB:.2f} GiB)")
+print(
+    f"full loss: +{(full_loss.peak_bytes - mine.peak_bytes) / GiB:.1f} GiB "
+    f"({(full_loss.peak_bytes - mine.peak_bytes) / logits_bytes:.1f} float32 logits tensors of {logits_bytes / GiB:.2f} GiB)"
+)
 print(f"activations at the peak: {mine.peak_split.activations / GiB:.1f} GiB")
 
 # %% [markdown]
@@ -131,9 +137,19 @@ lora_workload = memsave_nb.from_pretrained("qwen2.5-3b", batch_size=4, seq_len=2
 lora_model = lora_workload.model
 lora_imported = from_trainer(my_fields, lora_model, trainer="trl")
 lora_only = measure_peak(lora_workload, lora_imported.plan)
-print(f"LoRA, your config otherwise: peak {lora_only.peak_bytes / GiB:.1f} GiB: {fit_of(target, lora_only).verdict(target)}")
-result = plan_for(lora_workload, target, device="RTX 4090", base_plan=lora_imported.plan,
-                  precisions=(lora_imported.plan.precision,), region_kinds=("full",), micro_batches=(1, 2), remeasure=0)
+print(
+    f"LoRA, your config otherwise: peak {lora_only.peak_bytes / GiB:.1f} GiB: {fit_of(target, lora_only).verdict(target)}"
+)
+result = plan_for(
+    lora_workload,
+    target,
+    device="RTX 4090",
+    base_plan=lora_imported.plan,
+    precisions=(lora_imported.plan.precision,),
+    region_kinds=("full",),
+    micro_batches=(1, 2),
+    remeasure=0,
+)
 print(result.summary().splitlines()[0])
 fastest = result.fitting[0]  # candidates come fastest first
 print(f"the fastest that fits (estimated): {fastest.plan.describe()}, {fastest.est_peak_bytes / GiB:.1f} GiB")
@@ -148,6 +164,7 @@ print(f"the fastest that fits (estimated): {fastest.plan.describe()}, {fastest.e
 # fastest one the config holds exactly (exported and read back, it is the same plan), and export
 # it: `SFTConfig` fields and, for the adapters, the peft `LoraConfig`.
 
+
 # %%
 def exact(candidate):  # the config holds every choice of this plan: it reads back as the same plan
     fields = to_trainer(candidate.plan, "trl", model=lora_model).fields
@@ -155,15 +172,21 @@ def exact(candidate):  # the config holds every choice of this plan: it reads ba
 
 
 chosen = min((c for c in result.fitting if exact(c)), key=lambda c: c.est_seconds)
-print("chosen:", chosen.plan.describe(), f"(estimated {chosen.est_seconds * 1e3:.0f} ms per step, "
-      f"{chosen.est_seconds / fastest.est_seconds:.2f}x the fastest that fits)")
+print(
+    "chosen:",
+    chosen.plan.describe(),
+    f"(estimated {chosen.est_seconds * 1e3:.0f} ms per step, "
+    f"{chosen.est_seconds / fastest.est_seconds:.2f}x the fastest that fits)",
+)
 exported = to_trainer(chosen.plan, "trl", model=lora_model)
 print(exported.text)
 for note in exported.notes:
     print("-", note)
 fixed_config = SFTConfig(output_dir="out", learning_rate=2e-5, use_cpu=True, **exported.fields)  # checked as above
 peft_config = LoraConfig(**memsave_nb.trainers.lora_settings(lora_model), task_type="CAUSAL_LM")
-print(f"LoraConfig(r={peft_config.r}, lora_alpha={peft_config.lora_alpha}, target_modules={sorted(peft_config.target_modules)})")
+print(
+    f"LoraConfig(r={peft_config.r}, lora_alpha={peft_config.lora_alpha}, target_modules={sorted(peft_config.target_modules)})"
+)
 # SFTTrainer(model="Qwen/Qwen2.5-3B", args=fixed_config, peft_config=peft_config, train_dataset=...)
 
 # %% [markdown]
@@ -175,8 +198,13 @@ again = from_trainer(exported.fields, lora_model, trainer="trl")
 print(again.plan.describe())
 fixed = measure_peak(lora_workload, again.plan)
 print(f"fixed config: peak {fixed.peak_bytes / GiB:.1f} GiB: {fit_of(target, fixed).verdict(target)}")
-summary = pd.DataFrame({"your config": split(mine), "LoRA, your config otherwise": split(lora_only),
-                        "fixed config + LoraConfig": split(fixed)}).T
+summary = pd.DataFrame(
+    {
+        "your config": split(mine),
+        "LoRA, your config otherwise": split(lora_only),
+        "fixed config + LoraConfig": split(fixed),
+    }
+).T
 summary
 
 # %% [markdown]

@@ -7,9 +7,19 @@ import json
 import pytest
 
 # A Llama two layers deep, small enough that the CLI sizes it in a second, as a hub folder would hold it.
-TINY_LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
-              "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512,
-              "max_position_embeddings": 256, "rms_norm_eps": 1e-5, "tie_word_embeddings": False}
+TINY_LLAMA = {
+    "model_type": "llama",
+    "architectures": ["LlamaForCausalLM"],
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 512,
+    "max_position_embeddings": 256,
+    "rms_norm_eps": 1e-5,
+    "tie_word_embeddings": False,
+}
 
 
 @pytest.fixture()

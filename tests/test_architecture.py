@@ -155,7 +155,19 @@ def test_measure_imports_nothing_above_it():
 # The new rooms of turn 3: models by name return a Workload and know nothing of plans or views;
 # trainers read and write configs as plans and know nothing of views or commands.
 ROOM_MAY_NOT_IMPORT = {
-    "hub": ("plan", "knobs", "checkpointing", "offload", "export", "parallel", "planner", "ui", "cli", "trainers", "session"),
+    "hub": (
+        "plan",
+        "knobs",
+        "checkpointing",
+        "offload",
+        "export",
+        "parallel",
+        "planner",
+        "ui",
+        "cli",
+        "trainers",
+        "session",
+    ),
     "trainers": ("parallel", "planner", "ui", "cli", "session", "hub"),
 }
 
@@ -184,7 +196,8 @@ def test_a_file_over_600_lines_is_a_warning_sign():
     long = {
         str(p.relative_to(PACKAGE)): n
         for p in sorted(PACKAGE.rglob("*"))
-        if p.suffix in (".py", ".c", ".js", ".css") and str(p.relative_to(PACKAGE)) not in LONG_FILES_ALLOWED
+        if p.suffix in (".py", ".c", ".js", ".css")
+        and str(p.relative_to(PACKAGE)) not in LONG_FILES_ALLOWED
         and (n := len(p.read_text().splitlines())) > MAX_LINES
     }
     if long:

@@ -47,6 +47,7 @@ def test_quick_mode_runs_and_writes_ratios(tmp_path):
     for path in ("before", "after"):
         assert 0 < written[path]["cpu"]["median"] <= written[path]["cpu"]["max"]
     assert written["ratio"]["cpu_median"] == pytest.approx(
-        written["before"]["cpu"]["median"] / written["after"]["cpu"]["median"])
+        written["before"]["cpu"]["median"] / written["after"]["cpu"]["median"]
+    )
     assert written["floor_cpu_s"] > 0 and result["cuts"] == list(bench.CUTS)
     assert all(_switches(bench))

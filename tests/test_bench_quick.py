@@ -19,8 +19,13 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench"
 SCRIPTS = sorted(p.name for p in BENCH.glob("*.py"))
-NEEDS = {"bench_hub.py": "accelerate", "bench_real_models.py": "transformers", "bench_planner_loop.py": "transformers",
-         "bench_parallel.py": "transformers", "edit_speed.py": "peft"}
+NEEDS = {
+    "bench_hub.py": "accelerate",
+    "bench_real_models.py": "transformers",
+    "bench_planner_loop.py": "transformers",
+    "bench_parallel.py": "transformers",
+    "edit_speed.py": "peft",
+}
 
 
 def test_every_bench_script_is_listed():
@@ -35,10 +40,20 @@ def test_quick_mode_runs_and_writes_json(script, tmp_path):
     if needed and importlib.util.find_spec(needed) is None:
         pytest.skip(f"needs {needed}")
     out = tmp_path / f"{Path(script).stem}.json"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-               OMP_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, str(BENCH / script), "--quick", "--out", str(out)], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=300, check=False)
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        OMP_NUM_THREADS="1",
+    )
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / script), "--quick", "--out", str(out)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert proc.returncode == 0, f"{script} --quick exited {proc.returncode}:\n{proc.stderr[-3000:]}"
     assert out.is_file(), f"{script} --quick wrote no {out.name}:\n{proc.stdout[-2000:]}"
     assert json.loads(out.read_text()), f"{script} --quick wrote an empty JSON"

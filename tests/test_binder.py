@@ -79,7 +79,8 @@ def distribution_of(module: str) -> str:
 def missing_from_binder(imports: set[str], requirements: set[str]) -> set[str]:
     """Imports neither stdlib, the project, nor provided by a listed distribution."""
     return {
-        m for m in imports
+        m
+        for m in imports
         if m not in sys.stdlib_module_names and m != PROJECT and distribution_of(m) not in requirements
     }
 
@@ -124,7 +125,8 @@ def test_import_collector_sees_nested_and_aliased_imports_and_skips_magics():
     assert code_imports(src) == {"os", "yaml"}
     assert missing_from_binder({"os", "yaml", "IPython", PROJECT}, {"ipython"}) == {"yaml"}
     assert required_distributions("--extra-index-url x\ntorch==2.13.0  # cpu\nJupyter_Bokeh>=4\n") == {
-        "torch", "jupyter-bokeh"
+        "torch",
+        "jupyter-bokeh",
     }
 
 
@@ -156,8 +158,9 @@ def _wheelhouse() -> Path:
 
 def _clean_env(venv: Path, home: Path) -> dict[str, str]:
     """The build's environment: the venv first on PATH, nothing of the test run's Python or Jupyter."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PYTHON", "JUPYTER", "VIRTUAL_ENV", "CONDA", "BOKEH"))}
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "JUPYTER", "VIRTUAL_ENV", "CONDA", "BOKEH"))
+    }
     env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
     env["VIRTUAL_ENV"] = str(venv)
     for sub in ("data", "config", "runtime"):
@@ -193,20 +196,43 @@ def test_binder_env_alone_executes_notebook_08(tmp_path):
     # runs: download what is missing, then install from them alone
     wheels = _wheelhouse()
     _run([*pip, "download", "-q", "--progress-bar", "off", "-d", str(wheels), "-r", str(req)], log, env=env, cwd=repo)
-    _run([*pip, "install", "-q", "--progress-bar", "off", "--no-index", "--find-links", str(wheels), "-r", str(req)],
-         log, env=env, cwd=repo)
+    _run(
+        [*pip, "install", "-q", "--progress-bar", "off", "--no-index", "--find-links", str(wheels), "-r", str(req)],
+        log,
+        env=env,
+        cwd=repo,
+    )
     _run(["bash", str(repo / "binder" / "postBuild")], log, env=env, cwd=repo)
 
     # The project comes from the copy, not from the checkout under test or the dev venv.
-    where = subprocess.run([str(venv / "bin" / "python"), "-c", f"import {PROJECT}; print({PROJECT}.__file__)"],
-                           env=env, cwd=tmp_path, capture_output=True, text=True, check=True).stdout
+    where = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", f"import {PROJECT}; print({PROJECT}.__file__)"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert Path(where.strip()).is_relative_to(repo), where
 
     (nb_path,) = [p for p in NOTEBOOKS if p.name.startswith("08-")]
     out = tmp_path / "executed.ipynb"
-    _run([str(venv / "bin" / "jupyter"), "nbconvert", "--to", "notebook", "--execute",
-          "--ExecutePreprocessor.timeout=600", "--ExecutePreprocessor.kernel_name=python3",
-          f"--output={out}", str(repo / "notebooks" / nb_path.name)], log, env=env, cwd=repo / "notebooks")
+    _run(
+        [
+            str(venv / "bin" / "jupyter"),
+            "nbconvert",
+            "--to",
+            "notebook",
+            "--execute",
+            "--ExecutePreprocessor.timeout=600",
+            "--ExecutePreprocessor.kernel_name=python3",
+            f"--output={out}",
+            str(repo / "notebooks" / nb_path.name),
+        ],
+        log,
+        env=env,
+        cwd=repo / "notebooks",
+    )
     executed = nbformat.read(str(out), as_version=4)
     errors = [o for c in executed.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
     assert not errors, errors

@@ -28,10 +28,13 @@ def _check_golden(name: str, text: str) -> None:
     assert text == path.read_text(encoding="utf-8"), f"output differs from {path} (MEMSAVE_REGEN_GOLDEN=1 to update)"
 
 
-@pytest.mark.parametrize("argv, golden", [
-    (["report", "--model", "mlp", "--mode", "fake"], "report_mlp_fake.txt"),
-    (["report", "--model", "mlp", "--mode", "fake", "--batch", "32", "--top", "3"], "report_mlp_fake_top3.txt"),
-])
+@pytest.mark.parametrize(
+    "argv, golden",
+    [
+        (["report", "--model", "mlp", "--mode", "fake"], "report_mlp_fake.txt"),
+        (["report", "--model", "mlp", "--mode", "fake", "--batch", "32", "--top", "3"], "report_mlp_fake_top3.txt"),
+    ],
+)
 def test_report_table_golden(capsys, argv, golden):
     assert cli.main(argv) == 0
     out, err = capsys.readouterr()
@@ -60,15 +63,18 @@ def test_report_writes_html(tmp_path, capsys):
     assert f"Wrote {out}" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["report", "--model", "resnet9000"], "unknown model 'resnet9000'"),
-    (["report", "--model", "mlp", "--batch", "0"], "--batch: expected a positive integer"),
-    (["report", "--model", "mlp", "--batch", "many"], "--batch: expected a positive integer"),
-    (["report", "--model", "mlp", "--mode", "imaginary"], "--mode: invalid choice"),
-    (["report", "--model", "mlp", "--device", "tpu"], "device 'tpu'"),
-    (["report", "--model", "gpt-7b", "--mode", "real"], "only runs with --mode fake"),
-    (["report", "--nonsense"], "unrecognized arguments"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["report", "--model", "resnet9000"], "unknown model 'resnet9000'"),
+        (["report", "--model", "mlp", "--batch", "0"], "--batch: expected a positive integer"),
+        (["report", "--model", "mlp", "--batch", "many"], "--batch: expected a positive integer"),
+        (["report", "--model", "mlp", "--mode", "imaginary"], "--mode: invalid choice"),
+        (["report", "--model", "mlp", "--device", "tpu"], "device 'tpu'"),
+        (["report", "--model", "gpt-7b", "--mode", "real"], "only runs with --mode fake"),
+        (["report", "--nonsense"], "unrecognized arguments"),
+    ],
+)
 def test_errors_are_one_line_exit_2(capsys, argv, message):
     assert cli.main(argv) == 2
     out, err = capsys.readouterr()
@@ -85,8 +91,12 @@ def test_missing_cuda_is_one_line(capsys):
 
 
 def test_no_traceback_from_a_real_process():
-    proc = subprocess.run([sys.executable, "-m", "memsave_nb.cli", "report", "--model", "nope"],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "memsave_nb.cli", "report", "--model", "nope"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
     assert proc.stdout == ""
     lines = proc.stderr.strip().splitlines()
@@ -135,7 +145,11 @@ def test_plan_command_writes_a_plan_that_fits(tmp_path, capsys):
     with plan.apply(workload) as applied:
         assert fit_of(Target(0.54), measure(applied, mode="fake")).fits
     assert not fit_of(Target(0.54), measure(workload, mode="fake")).fits  # the plan was needed
-    peaks = [line.split()[0:2] for line in out.split("Pareto front")[1].splitlines()[2:] if line.strip().endswith(")") or "MiB" in line]
+    peaks = [
+        line.split()[0:2]
+        for line in out.split("Pareto front")[1].splitlines()[2:]
+        if line.strip().endswith(")") or "MiB" in line
+    ]
     values = [float(p[0]) for p in peaks if len(p) == 2 and p[1] == "MiB"]
     assert values == sorted(values) and len(values) >= 2
 

@@ -11,6 +11,7 @@ import pytest
 from memsave_nb import cli
 from memsave_nb.units import format_bytes
 
+
 def _run(capsys, argv):
     assert cli.main(argv) == 0, capsys.readouterr().err
     out, err = capsys.readouterr()
@@ -23,8 +24,28 @@ def test_per_rank_report_honours_every_knob_flag(capsys):
     from memsave_nb.parallel import ParallelSpec, measure_parallel
     from memsave_nb.target import Target
 
-    out = _run(capsys, ["report", "--model", "mlp", "--batch", "16", "--world-size", "3", "--fsdp", "--optimizer", "sgd",
-                        "--precision", "bf16", "--accumulate", "2", "--keep-grads", "--target-gb", "0.02"])
+    out = _run(
+        capsys,
+        [
+            "report",
+            "--model",
+            "mlp",
+            "--batch",
+            "16",
+            "--world-size",
+            "3",
+            "--fsdp",
+            "--optimizer",
+            "sgd",
+            "--precision",
+            "bf16",
+            "--accumulate",
+            "2",
+            "--keep-grads",
+            "--target-gb",
+            "0.02",
+        ],
+    )
     plan = Plan(optimizer="sgd", precision="bf16", accumulation_steps=2, set_to_none=False)
     m = measure_parallel(zoo.make("mlp", 16), ParallelSpec(world_size=3), plan)
     lines = out.splitlines()
@@ -41,8 +62,25 @@ def test_a_hub_model_by_local_config_leads_with_the_answer(capsys, tiny):
     from memsave_nb.target import Target, fit_of, max_batch, reserved_verdict
 
     # 0.532 GB: about 12 MiB past the 500 MiB CUDA context and the 32 MiB cuBLAS workspace (H100) the verdict adds
-    out = _run(capsys, ["report", "--model", tiny, "--lora", "r=4", "--seq-len", "32", "--batch", "2",
-                        "--optimizer", "sgd", "--target-gb", "0.532", "--max-batch"])
+    out = _run(
+        capsys,
+        [
+            "report",
+            "--model",
+            tiny,
+            "--lora",
+            "r=4",
+            "--seq-len",
+            "32",
+            "--batch",
+            "2",
+            "--optimizer",
+            "sgd",
+            "--target-gb",
+            "0.532",
+            "--max-batch",
+        ],
+    )
     wl = memsave_nb.from_pretrained(tiny, lora="r=4", seq_len=32, batch_size=2)
     plan = Plan(optimizer="sgd")
     with plan.apply(wl) as w:
@@ -70,8 +108,23 @@ def test_one_screen_one_answer_verdict_and_max_batch_agree(capsys, tiny, gb):
     the verdict says fits exactly when b <= max batch, at targets below, near and past the context."""
     import re
 
-    out = _run(capsys, ["report", "--model", tiny, "--seq-len", "32", "--batch", "4", "--optimizer", "sgd",
-                        "--target-gb", str(gb), "--max-batch"])
+    out = _run(
+        capsys,
+        [
+            "report",
+            "--model",
+            tiny,
+            "--seq-len",
+            "32",
+            "--batch",
+            "4",
+            "--optimizer",
+            "sgd",
+            "--target-gb",
+            str(gb),
+            "--max-batch",
+        ],
+    )
     lines = out.splitlines()
     found = re.match(r"Max batch that fits: (\d+) ", lines[4])
     assert found, lines[4]
@@ -82,9 +135,26 @@ def test_one_screen_one_answer_verdict_and_max_batch_agree(capsys, tiny, gb):
 
 def test_a_hub_id_offline_falls_back_to_the_catalogue(capsys, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    out = _run(capsys, ["report", "--model", "HuggingFaceTB/SmolLM2-135M", "--lora", "r=8", "--seq-len", "16",
-                        "--world-size", "2", "--ddp", "--target-gb", "24"])
-    assert out.startswith("memsave_nb per-rank report: HuggingFaceTB/SmolLM2-135M, DDP x2 (buckets 25 MB), batch 1 per rank")
+    out = _run(
+        capsys,
+        [
+            "report",
+            "--model",
+            "HuggingFaceTB/SmolLM2-135M",
+            "--lora",
+            "r=8",
+            "--seq-len",
+            "16",
+            "--world-size",
+            "2",
+            "--ddp",
+            "--target-gb",
+            "24",
+        ],
+    )
+    assert out.startswith(
+        "memsave_nb per-rank report: HuggingFaceTB/SmolLM2-135M, DDP x2 (buckets 25 MB), batch 1 per rank"
+    )
     assert "Target 24 GB per rank: fits" in out.splitlines()[3]
 
 
@@ -94,8 +164,16 @@ def test_report_sizes_a_trainer_config(capsys, tmp_path, tiny):
     from memsave_nb.trainers import from_trainer
 
     args = tmp_path / "args.json"
-    args.write_text(json.dumps({"per_device_train_batch_size": 3, "gradient_accumulation_steps": 2, "optim": "sgd",
-                                "gradient_checkpointing": True}))
+    args.write_text(
+        json.dumps(
+            {
+                "per_device_train_batch_size": 3,
+                "gradient_accumulation_steps": 2,
+                "optim": "sgd",
+                "gradient_checkpointing": True,
+            }
+        )
+    )
     out = _run(capsys, ["report", "--model", tiny, "--seq-len", "32", "--from-config", str(args)])
     wl = memsave_nb.from_pretrained(tiny, seq_len=32, dtype="fp32")  # config.json has no dtype: the trainer loads fp32
     imported = from_trainer(str(args), wl.model)
@@ -112,8 +190,26 @@ def test_plan_exports_the_chosen_plan_as_a_trainer_config(capsys, tmp_path, tiny
     from memsave_nb.trainers import to_trainer
 
     saved, exported = tmp_path / "plan.json", tmp_path / "sft.json"
-    out = _run(capsys, ["plan", "--model", tiny, "--lora", "r=4", "--seq-len", "32", "--target-gb", "24",
-                        "--save", str(saved), "--export", "trl", "--export-to", str(exported)])
+    out = _run(
+        capsys,
+        [
+            "plan",
+            "--model",
+            tiny,
+            "--lora",
+            "r=4",
+            "--seq-len",
+            "32",
+            "--target-gb",
+            "24",
+            "--save",
+            str(saved),
+            "--export",
+            "trl",
+            "--export-to",
+            str(exported),
+        ],
+    )
     plan = Plan.from_json(saved.read_text())
     assert exported.read_text() == to_trainer(plan, "trl").text
     assert "The chosen plan as a trl config:" in out and f"Wrote {exported}" in out
@@ -128,14 +224,27 @@ def test_report_llama_8b_lora_max_batch_answers_first_in_a_fresh_process():
     import subprocess
     import sys
 
-    cmd = [sys.executable, "-m", "memsave_nb.cli", "report", "--model", "llama-3.1-8b", "--lora", "r=16",
-           "--target-gb", "24", "--max-batch"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "memsave_nb.cli",
+        "report",
+        "--model",
+        "llama-3.1-8b",
+        "--lora",
+        "r=16",
+        "--target-gb",
+        "24",
+        "--max-batch",
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     assert done.stderr == ""
     lines = done.stdout.splitlines()
-    assert lines[0] == ("memsave_nb report: llama-3.1-8b, LoRA r=16, seq 2048, batch 1, fake mode on cpu, "
-                        "sized as CUDA runs it (foreach optimizer step, cuDNN attention), loop loss_only")
+    assert lines[0] == (
+        "memsave_nb report: llama-3.1-8b, LoRA r=16, seq 2048, batch 1, fake mode on cpu, "
+        "sized as CUDA runs it (foreach optimizer step, cuDNN attention), loop loss_only"
+    )
     assert lines[1] == ""
     assert lines[2].startswith("Peak memory: ") and "during backward" in lines[2]
     assert lines[3].startswith("Target 24 GB: does not fit")
@@ -188,10 +297,33 @@ def test_a_hub_model_per_rank_with_knobs_equals_measure_parallel(capsys, tiny):
     from memsave_nb import Plan
     from memsave_nb.parallel import ParallelSpec, measure_parallel
 
-    out = _run(capsys, ["report", "--model", tiny, "--lora", "r=4", "--seq-len", "32", "--batch", "2", "--world-size", "4",
-                        "--fsdp", "--precision", "fp32", "--accumulate", "2", "--optimizer", "adamw_foreach"])
+    out = _run(
+        capsys,
+        [
+            "report",
+            "--model",
+            tiny,
+            "--lora",
+            "r=4",
+            "--seq-len",
+            "32",
+            "--batch",
+            "2",
+            "--world-size",
+            "4",
+            "--fsdp",
+            "--precision",
+            "fp32",
+            "--accumulate",
+            "2",
+            "--optimizer",
+            "adamw_foreach",
+        ],
+    )
     wl = memsave_nb.from_pretrained(tiny, lora="r=4", seq_len=32, batch_size=2)
-    m = measure_parallel(wl, ParallelSpec(world_size=4), Plan(precision="fp32", accumulation_steps=2, optimizer="adamw_foreach"))
+    m = measure_parallel(
+        wl, ParallelSpec(world_size=4), Plan(precision="fp32", accumulation_steps=2, optimizer="adamw_foreach")
+    )
     assert out.splitlines()[2].startswith(f"Peak per rank: {format_bytes(m.device_peak_bytes)}")
     assert m.table() in out
 

@@ -50,7 +50,10 @@ REPORT = [
     (["--model", "qwen2.5-0.5b", "--task", "image-classification"], "no head"),
     (["--from-config", "/nonexistent/args.json"], "cannot read trainer config"),
     (["--from-config", "/nonexistent/args.json", "--optimizer", "sgd"], "--from-config sets the knobs"),
-    (["--from-config", "/nonexistent/args.json", "--ddp", "--world-size", "2"], "--from-config sets the parallel strategy"),
+    (
+        ["--from-config", "/nonexistent/args.json", "--ddp", "--world-size", "2"],
+        "--from-config sets the parallel strategy",
+    ),
     (["--out", "."], "is a folder"),
     (["--repeats", "0"], "--repeats"),
     (["--nonsense"], "unrecognized arguments"),
@@ -111,11 +114,14 @@ def test_every_flag_with_a_bad_value_is_one_line(capsys, argv, message):
     assert message in err
 
 
-@pytest.mark.parametrize("argv", [
-    ["report", "--model", "mlp", "--target-gb", "1e308"],
-    ["report", "--model", "mlp", "--batch", "100000000", "--mode", "real"],
-    ["plan", "--model", "gpt", "--target-gb", "24", "--save", "/nonexistent/plan.json"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["report", "--model", "mlp", "--target-gb", "1e308"],
+        ["report", "--model", "mlp", "--batch", "100000000", "--mode", "real"],
+        ["plan", "--model", "gpt", "--target-gb", "24", "--save", "/nonexistent/plan.json"],
+    ],
+)
 def test_no_traceback_from_a_real_process(argv):
     proc = subprocess.run([sys.executable, "-m", "memsave_nb.cli", *argv], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and proc.stdout == ""

@@ -10,6 +10,7 @@ import memsave_nb
 from memsave_nb import Plan, cli, measure
 from memsave_nb.planner.depth import blocks_of
 
+
 def test_report_checkpoint_is_every_block_checkpointed(capsys, tiny):
     peaks = {}
     for kind in (None, "full", "save_matmuls"):
@@ -48,7 +49,9 @@ def test_fit_gpus_names_the_gpus_it_fits_and_the_max_batch_on_each(capsys, tiny)
     assert [r["gpu"] for r in rows] == sorted(GPUS, key=lambda k: (GPUS[k].memory_gb, k))
     for r in rows:
         target = Target(GPUS[r["gpu"]].memory_gb, 0.0002)
-        line = _verdict_line(Target(GPUS[r["gpu"]].memory_gb, 0.0002, name=f"{r['gpu']} {GPUS[r['gpu']].memory_gb:g} GB"), m)
+        line = _verdict_line(
+            Target(GPUS[r["gpu"]].memory_gb, 0.0002, name=f"{r['gpu']} {GPUS[r['gpu']].memory_gb:g} GB"), m
+        )
         assert r["verdict"] == line.split(": ", 1)[1] and r["fits"] == (": fits" in line)
         assert r["usable_bytes"] == target.usable_bytes
     l4 = next(r for r in rows if r["gpu"] == "L4")
@@ -56,7 +59,9 @@ def test_fit_gpus_names_the_gpus_it_fits_and_the_max_batch_on_each(capsys, tiny)
     assert rows[-1]["max_batch"] > l4["max_batch"]  # 141 GB holds more than 24 GB
     assert cli.main(argv) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[3].startswith("Fits on: ") and "  L4: " in lines[4] and lines[4].endswith(f"max batch {l4['max_batch']}")
+    assert (
+        lines[3].startswith("Fits on: ") and "  L4: " in lines[4] and lines[4].endswith(f"max batch {l4['max_batch']}")
+    )
 
 
 def _verdict_line(target, m):

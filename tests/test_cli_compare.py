@@ -12,6 +12,7 @@ from memsave_nb import Plan, cli, measure
 from memsave_nb.target import Target, max_batch
 from memsave_nb.units import format_bytes
 
+
 def _measured(tiny, seq, precision=None, **kw):
     with Plan(precision=precision).apply(memsave_nb.from_pretrained(tiny, seq_len=seq, **kw)) as w:
         return measure(w, mode="fake")
@@ -22,8 +23,21 @@ def _peak(tiny, seq, precision=None, **kw):
 
 
 def test_compare_prints_one_table_of_measured_rows(capsys, tiny):
-    argv = ["report", "--model", tiny, "--compare", "full,lora,qlora", "--lora", "r=4", "--compare-precisions",
-            "fp32,bf16", "--compare-seq-lens", "32,64", "--target-gb", "0.55"]
+    argv = [
+        "report",
+        "--model",
+        tiny,
+        "--compare",
+        "full,lora,qlora",
+        "--lora",
+        "r=4",
+        "--compare-precisions",
+        "fp32,bf16",
+        "--compare-seq-lens",
+        "32,64",
+        "--target-gb",
+        "0.55",
+    ]
     assert cli.main(argv) == 0
     out, err = capsys.readouterr()
     assert err == ""
@@ -31,8 +45,11 @@ def test_compare_prints_one_table_of_measured_rows(capsys, tiny):
     assert lines[0].startswith(f"memsave_nb compare: {tiny}, fake mode") and "plans must stay under" in lines[0]
     table = lines[2:]
     assert table[0].split()[:5] == ["setup", "precision", "seq", "batch", "peak"] and len(table) == 2 + 12
-    want = {("full", None, None): {}, ("lora", "r=4", None): {"lora": "r=4"},
-            ("qlora", "r=4", "nf4"): {"lora": "r=4", "quantize": "nf4"}}
+    want = {
+        ("full", None, None): {},
+        ("lora", "r=4", None): {"lora": "r=4"},
+        ("qlora", "r=4", "nf4"): {"lora": "r=4", "quantize": "nf4"},
+    }
     rows = iter(table[2:])
     for (setup, lora, quant), kw in want.items():
         for seq in (32, 64):
@@ -47,8 +64,19 @@ def test_compare_prints_one_table_of_measured_rows(capsys, tiny):
 
 
 def test_compare_json_rows_and_max_batch(capsys, tiny):
-    argv = ["report", "--model", tiny, "--compare", "full,lora", "--seq-len", "64", "--target-gb", "0.51",
-            "--max-batch", "--json"]
+    argv = [
+        "report",
+        "--model",
+        tiny,
+        "--compare",
+        "full,lora",
+        "--seq-len",
+        "64",
+        "--target-gb",
+        "0.51",
+        "--max-batch",
+        "--json",
+    ]
     assert cli.main(argv) == 0
     obj = json.loads(capsys.readouterr().out)
     assert obj["schema"] == "memsave_nb.compare/1" and [r["setup"] for r in obj["rows"]] == ["full", "lora"]
@@ -58,13 +86,16 @@ def test_compare_json_rows_and_max_batch(capsys, tiny):
         assert row["max_batch"] == max_batch(wl, Plan(), Target(0.51)).value > 0
 
 
-@pytest.mark.parametrize("argv, words", [
-    (["--model", "mlp", "--compare", "lora"], "is a demo model"),
-    (["--compare", "full,lorra"], "setups are full, lora, qlora"),
-    (["--compare", "full", "--out", "x.html"], "drop --out"),
-    (["--compare-precisions", "bf16"], "need --compare"),
-    (["--compare", "full", "--compare-seq-lens", ",".join(str(i) for i in range(1, 40))], "at most 36"),
-])
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["--model", "mlp", "--compare", "lora"], "is a demo model"),
+        (["--compare", "full,lorra"], "setups are full, lora, qlora"),
+        (["--compare", "full", "--out", "x.html"], "drop --out"),
+        (["--compare-precisions", "bf16"], "need --compare"),
+        (["--compare", "full", "--compare-seq-lens", ",".join(str(i) for i in range(1, 40))], "at most 36"),
+    ],
+)
 def test_compare_refusals_are_one_line(capsys, tiny, argv, words):
     full = ["report", *argv] if "--model" in argv else ["report", "--model", tiny, *argv]
     assert cli.main(full) == 2

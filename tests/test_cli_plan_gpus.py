@@ -63,8 +63,19 @@ def test_plan_gpus_checkpoint_on_a_model_without_blocks_is_one_line(capsys):
 
 def test_plan_without_gpus_takes_the_same_knob_flags(capsys):
     """The single-device search keeps the knobs on every plan and searches only the kind asked for."""
-    argv = ["plan", "--model", "gpt", "--batch", "2", "--target-gb", "1", "--checkpoint", "save_matmuls",
-            "--optimizer", "sgd"]
+    argv = [
+        "plan",
+        "--model",
+        "gpt",
+        "--batch",
+        "2",
+        "--target-gb",
+        "1",
+        "--checkpoint",
+        "save_matmuls",
+        "--optimizer",
+        "sgd",
+    ]
     assert cli.main(argv) == 0
     out, _ = capsys.readouterr()
     front = out.split("Pareto front (lowest peak first):\n", 1)[1].split("\n\n", 1)[0].splitlines()[1:]

@@ -66,8 +66,9 @@ def test_cell_magic_measures_the_step_the_cell_runs(ip, capsys):
     # the same step driven by the engine gives the same bytes
     ns = ip.user_ns
     # (the cell keeps `out` to its end: the loop that keeps the output through the step)
-    ref = measure(Workload(ns["model"], ns["x"], loss=lambda o: F.cross_entropy(o, ns["y"]), loop="keep_output_step"),
-                  repeats=0)
+    ref = measure(
+        Workload(ns["model"], ns["x"], loss=lambda o: F.cross_entropy(o, ns["y"]), loop="keep_output_step"), repeats=0
+    )
     # what the step keeps at the end of forward, split as the engine splits it: saved for backward,
     # and the outputs (the logits, 16 x 10 float32, and the loss) that autograd did not save
     assert (m.saved_bytes, m.output_bytes) == (ref.saved_bytes, ref.output_bytes)
@@ -91,7 +92,9 @@ def test_line_magic_opens_the_explorer_on_notebook_objects(ip):
     ex = ip.run_line_magic("memsave", "model x --loss 'F.cross_entropy(out, y)' --optimizer sgd")
     assert isinstance(ex, Explorer)
     ns = ip.user_ns
-    ref = measure(Workload(ns["model"], ns["x"], loss=lambda o: F.cross_entropy(o, ns["y"]), optimizer="sgd"), repeats=0)
+    ref = measure(
+        Workload(ns["model"], ns["x"], loss=lambda o: F.cross_entropy(o, ns["y"]), optimizer="sgd"), repeats=0
+    )
     assert ex.baseline.saved_bytes == ref.saved_bytes
     assert ex.baseline.peak_bytes == ref.peak_bytes
     # a loss given as a function works too; --fake measures with fake tensors
@@ -162,8 +165,10 @@ def test_a_failing_cell_is_one_line_and_leaves_torch_as_it_was(ip, capsys):
 
 
 def test_quoted_expressions_with_spaces(ip):
-    ip.run_cell("bil = torch.nn.Bilinear(4, 4, 2)\na = torch.randn(3, 4)\nb = torch.randn(3, 4)\nt = torch.randint(0, 2, (3,))")
-    ex = ip.run_line_magic("memsave", '''bil "(a, b)" --loss "F.cross_entropy(out, t)" --static''')
+    ip.run_cell(
+        "bil = torch.nn.Bilinear(4, 4, 2)\na = torch.randn(3, 4)\nb = torch.randn(3, 4)\nt = torch.randint(0, 2, (3,))"
+    )
+    ex = ip.run_line_magic("memsave", """bil "(a, b)" --loss "F.cross_entropy(out, t)" --static""")
     ns = ip.user_ns
     ref = measure(Workload(ns["bil"], (ns["a"], ns["b"]), loss=lambda o: F.cross_entropy(o, ns["t"])), repeats=0)
     assert ex.baseline.saved_bytes == ref.saved_bytes
@@ -210,12 +215,15 @@ def test_a_shape_bug_names_the_line_and_the_module(ip):
     assert "%%memsave -t" in msg
 
 
-@pytest.mark.parametrize("line", [
-    "model torch.randn(16, 64)",                          # spaces in the batch, no quotes
-    "--optimizer sgd model torch.randn(16, 64)",          # options first
-    "model torch.randn(16, 64) -- --optimizer sgd",        # options after --
-    "model torch.randn(16, 64) --optimizer sgd",           # known options after the batch
-])
+@pytest.mark.parametrize(
+    "line",
+    [
+        "model torch.randn(16, 64)",  # spaces in the batch, no quotes
+        "--optimizer sgd model torch.randn(16, 64)",  # options first
+        "model torch.randn(16, 64) -- --optimizer sgd",  # options after --
+        "model torch.randn(16, 64) --optimizer sgd",  # known options after the batch
+    ],
+)
 def test_everything_after_the_model_is_the_batch(ip, line):
     ex = ip.run_line_magic("memsave", line + " --static" if "--" in line else line + " -- --static")
     assert isinstance(ex, Explorer)
@@ -294,5 +302,9 @@ def test_cell_magic_splits_outputs_from_saved_on_a_hugging_face_model(ip):
     assert m.end_of_forward.activations == m.saved_bytes and m.end_of_forward.outputs == m.output_bytes
     assert any("use_cache=False" in a for a in m.advice)
     # the engine, driving the same step, splits it the same way
-    ref = measure(Workload(ns["gpt"], {"input_ids": ns["ids"], "labels": ns["ids"]}, optimizer=None), repeats=0, steady_state=False)
+    ref = measure(
+        Workload(ns["gpt"], {"input_ids": ns["ids"], "labels": ns["ids"]}, optimizer=None),
+        repeats=0,
+        steady_state=False,
+    )
     assert (ref.saved_bytes, ref.output_bytes, ref.output_parts) == (m.saved_bytes, m.output_bytes, m.output_parts)

@@ -59,8 +59,10 @@ def test_committed_notebook_is_stripped(path):
         return
     nb = nbformat.read(str(path), as_version=4)
     problems = notebook_problems(nb)
-    assert not problems, f"{path.relative_to(ROOT)}:\n  " + "\n  ".join(problems) + (
-        "\nStrip it: jupyter nbconvert --clear-output --inplace, and keep its kernelspec"
+    assert not problems, (
+        f"{path.relative_to(ROOT)}:\n  "
+        + "\n  ".join(problems)
+        + ("\nStrip it: jupyter nbconvert --clear-output --inplace, and keep its kernelspec")
     )
 
 
@@ -123,7 +125,9 @@ def test_sync_writes_cells_ids_and_kernelspec_from_a_percent_file(tmp_path):
     pytest.importorskip("jupytext")
     sync = _sync_script()
     src = tmp_path / "99-t.py"
-    src.write_text('# %% [markdown]\n# # Title\n\n# %%\nx = 1\n\n# %% tags=["answer"] jupyter={"source_hidden": true}\nprint(x)\n')
+    src.write_text(
+        '# %% [markdown]\n# # Title\n\n# %%\nx = 1\n\n# %% tags=["answer"] jupyter={"source_hidden": true}\nprint(x)\n'
+    )
     nb = nbformat.reads(sync.build(src), as_version=4)
     assert [c.cell_type for c in nb.cells] == ["markdown", "code", "code"]
     assert [c.id for c in nb.cells] == ["cell-00", "cell-01", "cell-02"]

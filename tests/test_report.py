@@ -42,9 +42,12 @@ def test_report_of_a_measurement(tmp_path, mlp):
 
 def test_report_of_a_session_like_object(tmp_path, mlp):
     slower = dataclasses.replace(mlp, step_seconds=0.02, peak_bytes=mlp.peak_bytes - 1024)
-    plan = SimpleNamespace(name="freeze first", compile_budget=None, to_code=lambda loop="loss_only": "model[0].requires_grad_(False)")
-    session = SimpleNamespace(baseline=dataclasses.replace(mlp, step_seconds=0.01),
-                              history=[SimpleNamespace(plan=plan, measurement=slower)])
+    plan = SimpleNamespace(
+        name="freeze first", compile_budget=None, to_code=lambda loop="loss_only": "model[0].requires_grad_(False)"
+    )
+    session = SimpleNamespace(
+        baseline=dataclasses.replace(mlp, step_seconds=0.01), history=[SimpleNamespace(plan=plan, measurement=slower)]
+    )
     text = write_report(session, tmp_path / "s.html").read_text(encoding="utf-8")
     _assert_offline(text)
     assert "history_figure" in text and "freeze first" in text

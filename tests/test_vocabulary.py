@@ -98,7 +98,9 @@ def test_no_module_but_the_registry_spells_out_a_choice_list():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Assign):
                 names = _literal_names(node.value)
-                copies += [f"{rel}:{node.lineno} {kind}" for kind, members in lists.items() if len(names & members) >= 3]
+                copies += [
+                    f"{rel}:{node.lineno} {kind}" for kind, members in lists.items() if len(names & members) >= 3
+                ]
     assert not copies, copies
 
 
@@ -126,8 +128,10 @@ def test_every_strategy_has_a_branch_of_its_own():
 
     torch.manual_seed(0)
     wl = Workload(nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64)), torch.randn(4, 64))
-    peaks = {s: measure_parallel(wl, ParallelSpec(world_size=2, strategy=s), ranks=[0]).rank(0).peak_bytes
-             for s in V.STRATEGIES}
+    peaks = {
+        s: measure_parallel(wl, ParallelSpec(world_size=2, strategy=s), ranks=[0]).rank(0).peak_bytes
+        for s in V.STRATEGIES
+    }
     assert len(set(peaks.values())) == len(V.STRATEGIES), peaks
     assert peaks["ddp"] > peaks["fsdp"]
 
@@ -135,9 +139,16 @@ def test_every_strategy_has_a_branch_of_its_own():
 def _tiny_llama():
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                                   use_cache=False)
+    cfg = transformers.LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        use_cache=False,
+    )
     return transformers.LlamaForCausalLM(cfg)
 
 

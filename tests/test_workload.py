@@ -35,7 +35,7 @@ BATCHES = {
     "tuple": lambda: (torch.ones(4, 3), torch.zeros(4, 2)),
     "list": lambda: [torch.ones(4, 3), torch.zeros(4, 2)],
     "dict": lambda: {"a": torch.ones(4, 3), "b": torch.zeros(4, 2)},
-    "factory": lambda: (lambda: torch.ones(4, 3)),
+    "factory": lambda: lambda: torch.ones(4, 3),
 }
 
 
@@ -53,7 +53,12 @@ def test_factory_makes_a_fresh_batch_each_time():
 
 
 def test_dtype_and_input_grad_apply_to_floating_tensors_only():
-    wl = Workload(nn.Embedding(5, 3), {"input": torch.tensor([1, 2]), "x": torch.ones(2)}, dtype=torch.float64, input_requires_grad=True)
+    wl = Workload(
+        nn.Embedding(5, 3),
+        {"input": torch.tensor([1, 2]), "x": torch.ones(2)},
+        dtype=torch.float64,
+        input_requires_grad=True,
+    )
     b = wl.make_batch()
     assert b["input"].dtype == torch.int64 and not b["input"].requires_grad
     assert b["x"].dtype == torch.float64 and b["x"].requires_grad
@@ -75,7 +80,9 @@ def test_non_scalar_loss_is_one_line():
         wl.compute_loss(wl.forward(wl.make_batch()))
 
 
-@pytest.mark.parametrize("spec,kind", [("adamw", torch.optim.AdamW), ("sgd", torch.optim.SGD), ("adam", torch.optim.Adam)])
+@pytest.mark.parametrize(
+    "spec,kind", [("adamw", torch.optim.AdamW), ("sgd", torch.optim.SGD), ("adam", torch.optim.Adam)]
+)
 def test_optimizer_over_trainable_parameters_only(spec, kind):
     model = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 2))
     model[0].requires_grad_(False)
@@ -89,7 +96,9 @@ def test_no_optimizer_cases():
     assert Workload(model, torch.ones(1, 3), optimizer=None).make_optimizer() is None
     assert Workload(model, torch.ones(1, 3), optimizer="none").make_optimizer() is None
     assert Workload(model.requires_grad_(False), torch.ones(1, 3)).make_optimizer() is None
-    factory = Workload(nn.Linear(3, 2), torch.ones(1, 3), optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1)).make_optimizer()
+    factory = Workload(
+        nn.Linear(3, 2), torch.ones(1, 3), optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1)
+    ).make_optimizer()
     assert isinstance(factory, torch.optim.SGD)
 
 
@@ -115,14 +124,17 @@ def test_map_and_iter_tensors_keep_structure():
     assert [t.numel() for t in iter_tensors(Out(torch.ones(1), torch.ones(4)))] == [1, 4]
 
 
-@pytest.mark.parametrize("field, value, message", [
-    ("accumulation_steps", 0, "accumulation_steps must be a whole number >= 1, got 0"),
-    ("accumulation_steps", "2", "accumulation_steps must be a whole number >= 1, got '2'"),
-    ("accumulation_steps", True, "accumulation_steps must be a whole number >= 1, got True"),
-    ("set_to_none", "yes", "set_to_none must be True or False, got 'yes'"),
-    ("autocast_dtype", torch.float32, "autocast_dtype must be torch.bfloat16, torch.float16 or None"),
-    ("autocast_dtype", "bf16", "autocast_dtype must be torch.bfloat16, torch.float16 or None"),
-])
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("accumulation_steps", 0, "accumulation_steps must be a whole number >= 1, got 0"),
+        ("accumulation_steps", "2", "accumulation_steps must be a whole number >= 1, got '2'"),
+        ("accumulation_steps", True, "accumulation_steps must be a whole number >= 1, got True"),
+        ("set_to_none", "yes", "set_to_none must be True or False, got 'yes'"),
+        ("autocast_dtype", torch.float32, "autocast_dtype must be torch.bfloat16, torch.float16 or None"),
+        ("autocast_dtype", "bf16", "autocast_dtype must be torch.bfloat16, torch.float16 or None"),
+    ],
+)
 def test_step_knobs_are_validated(field, value, message):
     with pytest.raises(WorkloadError, match=message.replace("(", r"\(").replace(")", r"\)")):
         Workload(TwoArgs(), torch.ones(4, 3), **{field: value})

@@ -36,16 +36,30 @@ EXIT_USAGE = 2
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=PROG, description="See what a PyTorch training step keeps in memory.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    rep = sub.add_parser("report", help="measure a workload; print the answer, then the per-layer table; write an HTML report",
-                         description="Measure one training step of a demo workload or a Hugging Face model (by name, "
-                                     "fake mode) and report its memory: the peak, its split and the verdict first.")
+    rep = sub.add_parser(
+        "report",
+        help="measure a workload; print the answer, then the per-layer table; write an HTML report",
+        description="Measure one training step of a demo workload or a Hugging Face model (by name, "
+        "fake mode) and report its memory: the peak, its split and the verdict first.",
+    )
     add_model_arguments(rep, "cnn")
-    rep.add_argument("--batch", type=_positive_int, default=None, metavar="N", help="batch size (default: the model's own)")
-    rep.add_argument("--mode", choices=("real", "fake"), default=None,
-                     help="real: run the step; fake: shapes and bytes only (default: real; fake for gpt-7b and Hugging Face models)")
+    rep.add_argument(
+        "--batch", type=_positive_int, default=None, metavar="N", help="batch size (default: the model's own)"
+    )
+    rep.add_argument(
+        "--mode",
+        choices=("real", "fake"),
+        default=None,
+        help="real: run the step; fake: shapes and bytes only (default: real; fake for gpt-7b and Hugging Face models)",
+    )
     rep.add_argument("--device", default="cpu", metavar="DEVICE", help="cpu or cuda (default: cpu)")
-    rep.add_argument("--top", type=_positive_int, default=None, metavar="N",
-                     help="show the N modules whose own ops save the most instead of every module")
+    rep.add_argument(
+        "--top",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="show the N modules whose own ops save the most instead of every module",
+    )
     rep.add_argument("--out", default=None, metavar="FILE.html", help="also write a standalone HTML report here")
     rep.add_argument("--repeats", type=_positive_int, default=3, metavar="N", help=argparse.SUPPRESS)
     _add_tuner_arguments(rep)

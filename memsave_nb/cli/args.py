@@ -57,8 +57,10 @@ MAX_ACCUMULATE = 64  # each micro-step is run and measured; the peak stops chang
 def _accumulate(text: str) -> int:
     value = _positive_int(text)
     if value > MAX_ACCUMULATE:
-        raise argparse.ArgumentTypeError(f"at most {MAX_ACCUMULATE} micro-batches (each one runs; from the second on "
-                                         f"the peak no longer changes), got {value}")
+        raise argparse.ArgumentTypeError(
+            f"at most {MAX_ACCUMULATE} micro-batches (each one runs; from the second on "
+            f"the peak no longer changes), got {value}"
+        )
     return value
 
 
@@ -108,7 +110,9 @@ def _csv_ints(text: str) -> tuple[int, ...]:
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected numbers separated by commas, got {text[:40]!r}") from None
     if not values or min(values) < 1 or max(values) > MAX_COUNT:
-        raise argparse.ArgumentTypeError(f"expected positive numbers up to {MAX_COUNT} separated by commas, got {text[:40]!r}")
+        raise argparse.ArgumentTypeError(
+            f"expected positive numbers up to {MAX_COUNT} separated by commas, got {text[:40]!r}"
+        )
     return values
 
 

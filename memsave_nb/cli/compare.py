@@ -26,13 +26,28 @@ def _csv_setups(text: str) -> tuple[str, ...]:
 def add_compare_arguments(p: argparse.ArgumentParser) -> None:
     from .args import _csv_ints, _csv_precisions
 
-    p.add_argument("--compare", type=_csv_setups, default=None, metavar="SETUPS",
-                   help="Hugging Face models: one table across full, lora, qlora (LoRA: --lora or r=16; QLoRA: "
-                        "--quantize or nf4), x --compare-precisions x --compare-seq-lens")
-    p.add_argument("--compare-precisions", type=_csv_precisions, default=None, metavar="P,P",
-                   help="with --compare: the precisions to compare (default: the model's)")
-    p.add_argument("--compare-seq-lens", type=_csv_ints, default=None, metavar="T,T",
-                   help="with --compare: the sequence lengths to compare (default: --seq-len or the model's)")
+    p.add_argument(
+        "--compare",
+        type=_csv_setups,
+        default=None,
+        metavar="SETUPS",
+        help="Hugging Face models: one table across full, lora, qlora (LoRA: --lora or r=16; QLoRA: "
+        "--quantize or nf4), x --compare-precisions x --compare-seq-lens",
+    )
+    p.add_argument(
+        "--compare-precisions",
+        type=_csv_precisions,
+        default=None,
+        metavar="P,P",
+        help="with --compare: the precisions to compare (default: the model's)",
+    )
+    p.add_argument(
+        "--compare-seq-lens",
+        type=_csv_ints,
+        default=None,
+        metavar="T,T",
+        help="with --compare: the sequence lengths to compare (default: --seq-len or the model's)",
+    )
 
 
 def check_compare_args(args: argparse.Namespace) -> None:
@@ -44,9 +59,20 @@ def check_compare_args(args: argparse.Namespace) -> None:
             raise MemsaveError("--compare-precisions and --compare-seq-lens need --compare SETUPS")
         return
     if is_demo(args.model):
-        raise MemsaveError(f"--compare compares LoRA / QLoRA setups of a Hugging Face model; {args.model!r} is a demo model")
-    clash = [f for f, v in (("--from-config", args.from_config), ("--out", args.out), ("--max-seq", args.max_seq),
-                            ("--precision", args.precision), ("--world-size", wants_parallel(args))) if v]
+        raise MemsaveError(
+            f"--compare compares LoRA / QLoRA setups of a Hugging Face model; {args.model!r} is a demo model"
+        )
+    clash = [
+        f
+        for f, v in (
+            ("--from-config", args.from_config),
+            ("--out", args.out),
+            ("--max-seq", args.max_seq),
+            ("--precision", args.precision),
+            ("--world-size", wants_parallel(args)),
+        )
+        if v
+    ]
     if args.compare_seq_lens and args.seq_len is not None:
         clash.append("--seq-len")
     if clash:
@@ -83,16 +109,27 @@ def compare_rows(args: argparse.Namespace, base) -> list[dict]:
                 plan = base.replace(precision=precision)
                 with plan.apply(cw.workload) as applied:
                     m = measure(applied, mode="fake", repeats=1)
-                row = {"setup": setup, "lora": _variant(args, setup, seq).lora, "quantize": _variant(args, setup, seq).quantize,
-                       "precision": precision or "model's", "seq_len": cw.workload.batch.seq_len, "batch": cw.batch,
-                       "peak_bytes": m.peak_bytes, "peak_phase": m.peak_phase, "split": dict(m.peak_split.as_dict()),
-                       "fits": None, "verdict": None, "max_batch": None}
+                row = {
+                    "setup": setup,
+                    "lora": _variant(args, setup, seq).lora,
+                    "quantize": _variant(args, setup, seq).quantize,
+                    "precision": precision or "model's",
+                    "seq_len": cw.workload.batch.seq_len,
+                    "batch": cw.batch,
+                    "peak_bytes": m.peak_bytes,
+                    "peak_phase": m.peak_phase,
+                    "split": dict(m.peak_split.as_dict()),
+                    "fits": None,
+                    "verdict": None,
+                    "max_batch": None,
+                }
                 if target is not None:
                     v = verdict_of(target, m)
                     row["fits"], row["verdict"] = v["fits"], v["verdict"]
                     if args.max_batch:
-                        row["max_batch"] = max_batch(cw.workload, plan, target,
-                                                     measured=_same_probe(cw.workload, plan, m)).value
+                        row["max_batch"] = max_batch(
+                            cw.workload, plan, target, measured=_same_probe(cw.workload, plan, m)
+                        ).value
                 rows.append(row)
     return rows
 
@@ -108,8 +145,15 @@ def compare_table(rows: list[dict]) -> str:
     body = []
     for r in rows:
         name = r["setup"] + (f" {r['quantize']}" if r["quantize"] else "") + (f" {r['lora']}" if r["lora"] else "")
-        cells = [name, r["precision"], str(r["seq_len"]), str(r["batch"]), format_bytes(r["peak_bytes"]),
-                 format_bytes(r["split"].get("parameters", 0)), format_bytes(r["split"].get("activations", 0))]
+        cells = [
+            name,
+            r["precision"],
+            str(r["seq_len"]),
+            str(r["batch"]),
+            format_bytes(r["peak_bytes"]),
+            format_bytes(r["split"].get("parameters", 0)),
+            format_bytes(r["split"].get("activations", 0)),
+        ]
         cells += [r["verdict"]] * bool(with_target) + [str(r["max_batch"])] * bool(with_max)
         body.append(cells)
     return render_table(headers, body, right={2, 3, 4, 5, 6} | ({8} if with_max else set()))

@@ -28,8 +28,10 @@ def explain_lines(workload: Any, plan: Any, measurement: Any, target: Any = None
         if hints:
             best = min(hints, key=lambda h: h.peak_bytes)
             freed = m.peak_bytes - best.peak_bytes
-            lines.append(f"  the single knob that frees the most: {best.knob}: {best.change} -> peak "
-                         f"{format_bytes(best.peak_bytes)} ({format_bytes(max(freed, 0))} less), {target.verdict(best.peak_bytes)} (80% rule)")
+            lines.append(
+                f"  the single knob that frees the most: {best.knob}: {best.change} -> peak "
+                f"{format_bytes(best.peak_bytes)} ({format_bytes(max(freed, 0))} less), {target.verdict(best.peak_bytes)} (80% rule)"
+            )
         else:
             lines.append("  no single knob tried here lowers the peak")
     return lines

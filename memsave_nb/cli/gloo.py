@@ -53,8 +53,13 @@ def _factory(case: str | Callable[[], Any]) -> Callable[[], Any]:
     return CASES[case]
 
 
-def measure_gloo(case: str | Callable[[], Any], spec: ParallelSpec, start_method: str = "fork",
-                 timeout_s: float = 600.0, plan: Any = None) -> list[RankMeasurement]:
+def measure_gloo(
+    case: str | Callable[[], Any],
+    spec: ParallelSpec,
+    start_method: str = "fork",
+    timeout_s: float = 600.0,
+    plan: Any = None,
+) -> list[RankMeasurement]:
     """Each rank's measured step on a real gloo group (``parallel.cross_check.measure_gloo``)."""
     return _measure_gloo(_factory(case), spec, plan=plan, start_method=start_method, timeout_s=timeout_s)
 
@@ -69,14 +74,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--case", nargs="+", default=["tiny-gpt", "gpt", "mlp"], choices=sorted(CASES))
     ap.add_argument("--world-size", nargs="+", type=int, default=[2, 4])
     ap.add_argument("--ddp", action="store_true", help="classic DistributedDataParallel instead of FSDP2")
-    ap.add_argument("--gradient-as-bucket-view", action="store_true", help="with --ddp: gradients as views of its buckets")
+    ap.add_argument(
+        "--gradient-as-bucket-view", action="store_true", help="with --ddp: gradients as views of its buckets"
+    )
     ap.add_argument("--cpu-offload", action="store_true", help="FSDP2 with CPUOffloadPolicy (host and device totals)")
     args = ap.parse_args(argv)
     rows = []
     for case in args.case:
         for ws in args.world_size:
-            spec = ParallelSpec(world_size=ws, strategy="ddp" if args.ddp else "fsdp",
-                                gradient_as_bucket_view=args.gradient_as_bucket_view, cpu_offload=args.cpu_offload)
+            spec = ParallelSpec(
+                world_size=ws,
+                strategy="ddp" if args.ddp else "fsdp",
+                gradient_as_bucket_view=args.gradient_as_bucket_view,
+                cpu_offload=args.cpu_offload,
+            )
             rows.extend(cross_check(case, spec))
     print(markdown_table(rows))
     return 0 if all(r.difference_bytes == 0 and r.measured_host_bytes == r.predicted_host_bytes for r in rows) else 1

@@ -27,11 +27,21 @@ def verdict_of(target, measurement) -> dict:
     replayed = reserved_verdict(target, measurement)
     if replayed is not None:
         line = replayed.lines()[0]
-        return {"fits": replayed.fits, "rule": "allocator replay", "total_bytes": replayed.total_bytes,
-                "verdict": line.split(": ", 1)[1], "line": line}
+        return {
+            "fits": replayed.fits,
+            "rule": "allocator replay",
+            "total_bytes": replayed.total_bytes,
+            "verdict": line.split(": ", 1)[1],
+            "line": line,
+        }
     line = verdict_line(target, measurement.peak_bytes)
-    return {"fits": target.fits(measurement.peak_bytes), "rule": "headroom", "total_bytes": measurement.peak_bytes,
-            "verdict": line.split(": ", 1)[1], "line": line}
+    return {
+        "fits": target.fits(measurement.peak_bytes),
+        "rule": "headroom",
+        "total_bytes": measurement.peak_bytes,
+        "verdict": line.split(": ", 1)[1],
+        "line": line,
+    }
 
 
 def target_json(target) -> dict:
@@ -40,8 +50,13 @@ def target_json(target) -> dict:
 
 def search_json(r) -> dict:
     """A max-batch / max-sequence search (``target.SearchResult``)."""
-    return {"value": r.value, "peak_bytes": r.peak_bytes, "probes": [[v, p] for v, p in r.probes],
-            "limit": r.limit or None, "notes": list(r.notes)}
+    return {
+        "value": r.value,
+        "peak_bytes": r.peak_bytes,
+        "probes": [[v, p] for v, p in r.probes],
+        "limit": r.limit or None,
+        "notes": list(r.notes),
+    }
 
 
 def measurement_json(m, *, top: int | None = None) -> dict:
@@ -62,8 +77,10 @@ def measurement_json(m, *, top: int | None = None) -> dict:
         "mode": m.mode,
         "device": m.device,
         "cuda_peak_bytes": m.cuda_peak_bytes,
-        "layers": [{"name": s.name, "type": s.type_name, "saved_bytes_own": s.saved_bytes_own,
-                    "saved_bytes": s.saved_bytes} for s in layers],
+        "layers": [
+            {"name": s.name, "type": s.type_name, "saved_bytes_own": s.saved_bytes_own, "saved_bytes": s.saved_bytes}
+            for s in layers
+        ],
         "advice": list(m.advice),
         "notes": list(m.notes),
     }
@@ -77,12 +94,20 @@ def report_json(args: Any, cw, plan, measurement, title: str, top: int | None, n
     out: dict[str, Any] = {
         "schema": REPORT_SCHEMA,
         "title": title,
-        "setup": {"model": cw.name, "lora": getattr(args, "lora", None), "quantize": getattr(args, "quantize", None),
-                  "seq_len": seq if cw.hub and isinstance(seq, int) else None,
-                  "batch": plan.batch_size or cw.batch, "plan": None if plan.is_empty else plan.describe(),
-                  "loop": cw.workload.loop, "words": setup_words(args, cw.workload, cw.hub).lstrip(", ") or None},
+        "setup": {
+            "model": cw.name,
+            "lora": getattr(args, "lora", None),
+            "quantize": getattr(args, "quantize", None),
+            "seq_len": seq if cw.hub and isinstance(seq, int) else None,
+            "batch": plan.batch_size or cw.batch,
+            "plan": None if plan.is_empty else plan.describe(),
+            "loop": cw.workload.loop,
+            "words": setup_words(args, cw.workload, cw.hub).lstrip(", ") or None,
+        },
         **measurement_json(measurement, top=top),
-        "target": None, "max_batch": None, "max_seq": None,
+        "target": None,
+        "max_batch": None,
+        "max_seq": None,
     }
     out["notes"] = out["notes"] + list(notes)
     if args.target_gb is not None:
@@ -92,16 +117,23 @@ def report_json(args: Any, cw, plan, measurement, title: str, top: int | None, n
         target = cli_target(args)
         out["target"] = {**target_json(target), **verdict_of(target, measurement)}
         if args.max_batch:
-            out["max_batch"] = search_json(max_batch(cw.workload, plan, target,
-                                                     measured=_same_probe(cw.workload, plan, measurement)))
+            out["max_batch"] = search_json(
+                max_batch(cw.workload, plan, target, measured=_same_probe(cw.workload, plan, measurement))
+            )
         if args.max_seq:
             out["max_seq"] = search_json(max_seq_len(cw.workload, plan, target))
     return out
 
 
 def candidate_json(c) -> dict:
-    return {"label": c.label, "est_peak_bytes": c.est_peak_bytes, "est_seconds": c.est_seconds, "fits": c.fits,
-            "measured_peak_bytes": c.measured_peak_bytes, "measured_seconds": c.measured_seconds}
+    return {
+        "label": c.label,
+        "est_peak_bytes": c.est_peak_bytes,
+        "est_seconds": c.est_seconds,
+        "fits": c.fits,
+        "measured_peak_bytes": c.measured_peak_bytes,
+        "measured_seconds": c.measured_seconds,
+    }
 
 
 def plan_json(args: Any, result, hints=None, target=None) -> dict:
@@ -115,10 +147,15 @@ def plan_json(args: Any, result, hints=None, target=None) -> dict:
         "candidates": len(result.candidates),
         "fitting": len(result.fitting),
         "front": [candidate_json(c) for c in result.front],
-        "chosen": None if chosen is None else {**candidate_json(chosen),
-                                               "plan": json.loads(chosen.plan.to_json()),
-                                               "code": chosen.plan.to_code(loop=getattr(args, "loop", "loss_only"))},
-        "knobs_alone": None if hints is None else [
-            {"knob": h.knob, "change": h.change, "peak_bytes": h.peak_bytes, "fits": h.fits} for h in hints],
+        "chosen": None
+        if chosen is None
+        else {
+            **candidate_json(chosen),
+            "plan": json.loads(chosen.plan.to_json()),
+            "code": chosen.plan.to_code(loop=getattr(args, "loop", "loss_only")),
+        },
+        "knobs_alone": None
+        if hints is None
+        else [{"knob": h.knob, "change": h.change, "peak_bytes": h.peak_bytes, "fits": h.fits} for h in hints],
         "notes": list(result.notes),
     }

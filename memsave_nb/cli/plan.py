@@ -18,51 +18,117 @@ def add_parser(sub, positive_int) -> None:
     from .args import _fraction, _gb
     from .report import add_knob_arguments, add_model_arguments
 
-    p = sub.add_parser("plan", help="find the setups of a workload that fit a target GPU; the fastest that fits is chosen",
-                       description="Search freezing, checkpointing/offloading per block, precision and micro-batching "
-                                   "for the plans that fit a target GPU; print the Pareto front (lowest peak first) and "
-                                   "the chosen plan (the fastest that fits) as code.")
+    p = sub.add_parser(
+        "plan",
+        help="find the setups of a workload that fit a target GPU; the fastest that fits is chosen",
+        description="Search freezing, checkpointing/offloading per block, precision and micro-batching "
+        "for the plans that fit a target GPU; print the Pareto front (lowest peak first) and "
+        "the chosen plan (the fastest that fits) as code.",
+    )
     add_model_arguments(p, "gpt")
-    p.add_argument("--batch", type=positive_int, default=None, metavar="N", help="batch size (default: the model's own)")
-    p.add_argument("--seq-len", type=positive_int, default=None, metavar="T", help="Hugging Face models: the sequence length")
+    p.add_argument(
+        "--batch", type=positive_int, default=None, metavar="N", help="batch size (default: the model's own)"
+    )
+    p.add_argument(
+        "--seq-len", type=positive_int, default=None, metavar="T", help="Hugging Face models: the sequence length"
+    )
     p.add_argument("--target-gb", type=_gb, required=True, metavar="GB", help="the GPU's memory in GB")
-    p.add_argument("--headroom", type=_fraction, default=None, metavar="FRACTION",
-                   help="usable share of the target (default 0.8: the 80%% rule)")
-    p.add_argument("--gpu", default="H100", choices=sorted(GPUS) + ["host"],
-                   help="whose FLOP/s and bandwidth estimate the step time (default: H100); with --gpus, the GPUs' kind "
-                        "(its links between GPUs too)")
-    p.add_argument("--mode", choices=("real", "fake"), default=None,
-                   help="fake (default): shapes and bytes only; real: run the steps on this machine")
-    p.add_argument("--precisions", type=_csv_precisions, default=None, metavar="P,P",
-                   help=f"precisions to try, from {', '.join(PRECISIONS)} (default: fp32; with --gpus the planner "
-                        "searches them; --precision P keeps one)")
-    p.add_argument("--micro-batches", type=_csv_ints, default=(1,), metavar="K,K",
-                   help="gradient-accumulation splits to try, e.g. 1,2,4 (default: 1)")
-    p.add_argument("--last-blocks", type=_csv_ints, default=(), metavar="N,N",
-                   help="also try training only the last N blocks (default: full fine-tuning only); with --gpus one N: "
-                        "the freezing every layout keeps")
-    p.add_argument("--checkpoint", choices=("full", "save_matmuls"), default=None,
-                   help="the checkpointing kind: with --gpus every repeated block checkpointed this way on every "
-                        "layout; without, the only kind the search puts on blocks (default: searched)")
+    p.add_argument(
+        "--headroom",
+        type=_fraction,
+        default=None,
+        metavar="FRACTION",
+        help="usable share of the target (default 0.8: the 80%% rule)",
+    )
+    p.add_argument(
+        "--gpu",
+        default="H100",
+        choices=sorted(GPUS) + ["host"],
+        help="whose FLOP/s and bandwidth estimate the step time (default: H100); with --gpus, the GPUs' kind "
+        "(its links between GPUs too)",
+    )
+    p.add_argument(
+        "--mode",
+        choices=("real", "fake"),
+        default=None,
+        help="fake (default): shapes and bytes only; real: run the steps on this machine",
+    )
+    p.add_argument(
+        "--precisions",
+        type=_csv_precisions,
+        default=None,
+        metavar="P,P",
+        help=f"precisions to try, from {', '.join(PRECISIONS)} (default: fp32; with --gpus the planner "
+        "searches them; --precision P keeps one)",
+    )
+    p.add_argument(
+        "--micro-batches",
+        type=_csv_ints,
+        default=(1,),
+        metavar="K,K",
+        help="gradient-accumulation splits to try, e.g. 1,2,4 (default: 1)",
+    )
+    p.add_argument(
+        "--last-blocks",
+        type=_csv_ints,
+        default=(),
+        metavar="N,N",
+        help="also try training only the last N blocks (default: full fine-tuning only); with --gpus one N: "
+        "the freezing every layout keeps",
+    )
+    p.add_argument(
+        "--checkpoint",
+        choices=("full", "save_matmuls"),
+        default=None,
+        help="the checkpointing kind: with --gpus every repeated block checkpointed this way on every "
+        "layout; without, the only kind the search puts on blocks (default: searched)",
+    )
     add_knob_arguments(p)
-    p.add_argument("--gpus", type=positive_int, default=None, metavar="N",
-                   help="search how to spread the step over N GPUs of kind --gpu (DDP, FSDP2, HSDP, CPU offload, "
-                        "tensor parallel x FSDP2, pipeline stages x FSDP2); --target-gb is each GPU's memory")
-    p.add_argument("--tp", type=_csv_ints, default=None, metavar="T,T",
-                   help="with --gpus: tensor-parallel degrees to try (default 1,2,4,8 where they divide N within a node)")
-    p.add_argument("--pp", type=_csv_ints, default=None, metavar="P,P",
-                   help="with --gpus: pipeline stage counts to try where they split N and the blocks (default: 2,4,8 only when nothing without stages fits)")
-    p.add_argument("--global-batch", type=positive_int, default=None, metavar="N",
-                   help="with --gpus: sequences per optimizer step over all GPUs (default: the batch x N)")
+    p.add_argument(
+        "--gpus",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="search how to spread the step over N GPUs of kind --gpu (DDP, FSDP2, HSDP, CPU offload, "
+        "tensor parallel x FSDP2, pipeline stages x FSDP2); --target-gb is each GPU's memory",
+    )
+    p.add_argument(
+        "--tp",
+        type=_csv_ints,
+        default=None,
+        metavar="T,T",
+        help="with --gpus: tensor-parallel degrees to try (default 1,2,4,8 where they divide N within a node)",
+    )
+    p.add_argument(
+        "--pp",
+        type=_csv_ints,
+        default=None,
+        metavar="P,P",
+        help="with --gpus: pipeline stage counts to try where they split N and the blocks (default: 2,4,8 only when nothing without stages fits)",
+    )
+    p.add_argument(
+        "--global-batch",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="with --gpus: sequences per optimizer step over all GPUs (default: the batch x N)",
+    )
     p.add_argument("--save", default=None, metavar="PLAN.json", help="write the chosen plan here")
-    p.add_argument("--export", choices=sorted(TRAINERS), default=None,
-                   help="print the chosen plan as this trainer's config (hf: TrainingArguments, trl: SFTConfig, axolotl, accelerate)")
+    p.add_argument(
+        "--export",
+        choices=sorted(TRAINERS),
+        default=None,
+        help="print the chosen plan as this trainer's config (hf: TrainingArguments, trl: SFTConfig, axolotl, accelerate)",
+    )
     p.add_argument("--export-to", default=None, metavar="PATH", help="with --export: write that config here")
     from .worst import add_worst_arguments
 
     add_worst_arguments(p)
-    p.add_argument("--json", action="store_true",
-                   help="print the answer as one JSON object (schema memsave_nb.plan/1, docs/cli.md) instead of text")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print the answer as one JSON object (schema memsave_nb.plan/1, docs/cli.md) instead of text",
+    )
 
 
 def run_plan(args: argparse.Namespace) -> int:
@@ -80,8 +146,10 @@ def run_plan(args: argparse.Namespace) -> int:
 
     resolve_worst(args)  # --worst-of / --seq-lens-from: the longest sample's length is --seq-len
     if args.seq_len is not None and is_demo(args.model):
-        raise MemsaveError(f"plan --seq-len sets a Hugging Face model's sequence; {args.model!r} is a demo model "
-                           "(its batch keeps its own length)")
+        raise MemsaveError(
+            f"plan --seq-len sets a Hugging Face model's sequence; {args.model!r} is a demo model "
+            "(its batch keeps its own length)"
+        )
     if args.export_to and not args.export:
         raise MemsaveError("--export-to needs --export hf|trl|axolotl|accelerate")
     for flag, path in (("--save", args.save), ("--export-to", args.export_to)):
@@ -110,15 +178,25 @@ def run_plan(args: argparse.Namespace) -> int:
     base = knob_plan(args, hub=True)  # the knobs every plan keeps (a hub model took --seq-len at build time)
     precisions = _precisions(args.precisions or (base.precision or "fp32",))
     kinds = {"region_kinds": (args.checkpoint,)} if args.checkpoint else {}
-    result = plan_for(workload, target, mode=args.mode, device=args.gpu, freezing=freezing, precisions=precisions,
-                      micro_batches=args.micro_batches, base_plan=base.replace(precision=None), **kinds)
+    result = plan_for(
+        workload,
+        target,
+        mode=args.mode,
+        device=args.gpu,
+        freezing=freezing,
+        precisions=precisions,
+        micro_batches=args.micro_batches,
+        base_plan=base.replace(precision=None),
+        **kinds,
+    )
     if args.json:
         return _plan_json(args, result, workload, target)
     out = [result.summary(), "", "Pareto front (lowest peak first):"]
     rows = [("estimated peak", "estimated step", "fits", "plan")]
     for c in result.front:
-        rows.append((format_bytes(c.est_peak_bytes), f"{c.est_seconds * 1e3:.1f} ms",
-                     "yes" if c.fits else "no", c.label))
+        rows.append(
+            (format_bytes(c.est_peak_bytes), f"{c.est_seconds * 1e3:.1f} ms", "yes" if c.fits else "no", c.label)
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     for r in rows:
         out.append("  " + "  ".join(r[i].rjust(widths[i]) for i in range(3)) + "  " + r[3])
@@ -128,8 +206,11 @@ def run_plan(args: argparse.Namespace) -> int:
         from ..planner.what_fits import hint_lines, what_would_fit
 
         hints = what_would_fit(workload, Plan(), target, mode=args.mode)
-        out += ["", "Nothing searched fits. Each knob on its own from the baseline (fake-mode probes):",
-                *(f"  {line}" for line in hint_lines(hints, target))]
+        out += [
+            "",
+            "Nothing searched fits. Each knob on its own from the baseline (fake-mode probes):",
+            *(f"  {line}" for line in hint_lines(hints, target)),
+        ]
         out += [f"No plan fits: nothing written to {p}" for p in (args.save, args.export_to) if p]
     sys.stdout.write("\n".join(out) + "\n")
     return 0 if result.chosen is not None else 1
@@ -168,14 +249,24 @@ def _run_layout(args: argparse.Namespace, target) -> int:
     if args.micro_batches != (1,):
         raise MemsaveError("plan --gpus takes micro-batches from --global-batch; drop --micro-batches")
     if len(args.last_blocks) > 1:
-        raise MemsaveError("plan --gpus starts from one plan: give one --last-blocks N (plan without --gpus compares several)")
+        raise MemsaveError(
+            "plan --gpus starts from one plan: give one --last-blocks N (plan without --gpus compares several)"
+        )
     if args.accumulate is not None and args.global_batch is not None:
         raise MemsaveError("--global-batch sets the sequences per optimizer step; drop --accumulate")
     args.mode = "fake"
     workload = build(args).workload
-    result = plan_layout(workload, args.gpus, args.gpu, target, global_batch=args.global_batch,
-                         tensor_parallel=args.tp, pipeline_parallel=args.pp,
-                         precisions=_precisions(args.precisions or ("fp32",)), plan=_start_plan(args, workload))
+    result = plan_layout(
+        workload,
+        args.gpus,
+        args.gpu,
+        target,
+        global_batch=args.global_batch,
+        tensor_parallel=args.tp,
+        pipeline_parallel=args.pp,
+        precisions=_precisions(args.precisions or ("fp32",)),
+        plan=_start_plan(args, workload),
+    )
     out = [result.summary(), "", "Pareto front of the layouts that fit (lowest peak first):", result.front_table()]
     if result.remeasured is not None:
         out += ["", "The chosen layout measured per rank:", result.remeasured.table()]

@@ -19,33 +19,62 @@ def add_model_arguments(p: argparse.ArgumentParser, default: str) -> None:
     from ..hub import TASKS
     from ..hub.quant import QUANT_TYPES
 
-    p.add_argument("--model", default=default, metavar="NAME",
-                   help=f"a demo workload ({', '.join(zoo.NAMES)}), a catalogue name (qwen2.5-7b, llama-3.1-8b, ...), "
-                        f"a hub id (Qwen/Qwen2.5-7B) or a local folder / config.json (default: {default})")
-    p.add_argument("--lora", default=None, metavar="SETTINGS", help="Hugging Face models: LoRA, e.g. r=16 or "
-                   "r=16,alpha=32,target_modules=q_proj+v_proj")
-    p.add_argument("--quantize", choices=QUANT_TYPES, default=None, help="Hugging Face models: QLoRA base weights (needs --lora)")
-    p.add_argument("--task", choices=tuple(TASKS), default=None, help="Hugging Face models: the head (default: the config's)")
+    p.add_argument(
+        "--model",
+        default=default,
+        metavar="NAME",
+        help=f"a demo workload ({', '.join(zoo.NAMES)}), a catalogue name (qwen2.5-7b, llama-3.1-8b, ...), "
+        f"a hub id (Qwen/Qwen2.5-7B) or a local folder / config.json (default: {default})",
+    )
+    p.add_argument(
+        "--lora",
+        default=None,
+        metavar="SETTINGS",
+        help="Hugging Face models: LoRA, e.g. r=16 or r=16,alpha=32,target_modules=q_proj+v_proj",
+    )
+    p.add_argument(
+        "--quantize", choices=QUANT_TYPES, default=None, help="Hugging Face models: QLoRA base weights (needs --lora)"
+    )
+    p.add_argument(
+        "--task", choices=tuple(TASKS), default=None, help="Hugging Face models: the head (default: the config's)"
+    )
     from ..vocabulary import DEFAULT_LOOP, LOOPS
 
-    p.add_argument("--loop", choices=list(LOOPS), default=DEFAULT_LOOP,
-                   help="how long the model's output lives: loss_only (dropped before backward, as Hugging Face's "
-                        "Trainer and the exported code), keep_output_backward, keep_output_step (default: loss_only)")
+    p.add_argument(
+        "--loop",
+        choices=list(LOOPS),
+        default=DEFAULT_LOOP,
+        help="how long the model's output lives: loss_only (dropped before backward, as Hugging Face's "
+        "Trainer and the exported code), keep_output_backward, keep_output_step (default: loss_only)",
+    )
 
 
 def add_knob_arguments(p: argparse.ArgumentParser) -> None:
     """The plan's knob flags (``knob_plan`` turns them into a Plan): ``report`` and ``plan --gpus``."""
     from ..vocabulary import LOSSES, OPTIMIZERS, PRECISIONS
 
-    p.add_argument("--precision", choices=sorted(PRECISIONS), default=None, help="precision knob (default: the model's)")
+    p.add_argument(
+        "--precision", choices=sorted(PRECISIONS), default=None, help="precision knob (default: the model's)"
+    )
     p.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default=None, help="optimizer knob (default: AdamW)")
-    p.add_argument("--accumulate", type=_accumulate, default=None, metavar="K", help="K micro-batches per optimizer step")
+    p.add_argument(
+        "--accumulate", type=_accumulate, default=None, metavar="K", help="K micro-batches per optimizer step"
+    )
     p.add_argument("--keep-grads", action="store_true", help="zero_grad(set_to_none=False): gradients stay allocated")
-    p.add_argument("--loss", choices=tuple(LOSSES), default=None,
-                   help="causal LMs: 'chunked' runs cross-entropy through the LM head a chunk of tokens at a time "
-                        "(TRL's default, Liger's fused loss): the whole batch's logits are never built")
-    p.add_argument("--loss-chunk", type=_positive_int, default=None, metavar="TOKENS",
-                   help="with --loss chunked: tokens per chunk (default 1024)")
+    p.add_argument(
+        "--loss",
+        choices=tuple(LOSSES),
+        default=None,
+        help="causal LMs: 'chunked' runs cross-entropy through the LM head a chunk of tokens at a time "
+        "(TRL's default, Liger's fused loss): the whole batch's logits are never built",
+    )
+    p.add_argument(
+        "--loss-chunk",
+        type=_positive_int,
+        default=None,
+        metavar="TOKENS",
+        help="with --loss chunked: tokens per chunk (default 1024)",
+    )
 
 
 def check_knob_args(args: argparse.Namespace) -> None:
@@ -60,35 +89,73 @@ def _add_tuner_arguments(rep: argparse.ArgumentParser) -> None:
 
     rep.add_argument("--seq-len", type=_positive_int, default=None, metavar="T", help="cut or extend token inputs to T")
     add_knob_arguments(rep)
-    rep.add_argument("--target-gb", type=_gb, default=None, metavar="GB",
-                     help=f"the GPU's memory in GB (presets {', '.join(f'{g:g}' for g in PRESETS_GB)}): says fits / does not fit")
-    rep.add_argument("--headroom", type=_fraction, default=None, metavar="FRACTION",
-                     help="with --target-gb: usable share of the target (default 0.8: the 80%% rule)")
-    rep.add_argument("--max-batch", action="store_true", help="with --target-gb: the largest batch that fits (bisection, fake mode)")
-    rep.add_argument("--max-seq", action="store_true", help="with --target-gb: the longest sequence that fits (bisection, fake mode)")
-    rep.add_argument("--from-config", default=None, metavar="PATH",
-                     help="size this trainer config on --model: TrainingArguments / SFTConfig JSON, axolotl or accelerate YAML")
-    rep.add_argument("--checkpoint", choices=("full", "save_matmuls"), default=None,
-                     help="checkpoint every repeated block this way (full: keep only its input; save_matmuls: "
-                          "keep the matmuls' outputs, recompute the rest)")
+    rep.add_argument(
+        "--target-gb",
+        type=_gb,
+        default=None,
+        metavar="GB",
+        help=f"the GPU's memory in GB (presets {', '.join(f'{g:g}' for g in PRESETS_GB)}): says fits / does not fit",
+    )
+    rep.add_argument(
+        "--headroom",
+        type=_fraction,
+        default=None,
+        metavar="FRACTION",
+        help="with --target-gb: usable share of the target (default 0.8: the 80%% rule)",
+    )
+    rep.add_argument(
+        "--max-batch", action="store_true", help="with --target-gb: the largest batch that fits (bisection, fake mode)"
+    )
+    rep.add_argument(
+        "--max-seq", action="store_true", help="with --target-gb: the longest sequence that fits (bisection, fake mode)"
+    )
+    rep.add_argument(
+        "--from-config",
+        default=None,
+        metavar="PATH",
+        help="size this trainer config on --model: TrainingArguments / SFTConfig JSON, axolotl or accelerate YAML",
+    )
+    rep.add_argument(
+        "--checkpoint",
+        choices=("full", "save_matmuls"),
+        default=None,
+        help="checkpoint every repeated block this way (full: keep only its input; save_matmuls: "
+        "keep the matmuls' outputs, recompute the rest)",
+    )
     from .worst import add_worst_arguments
 
     add_worst_arguments(rep)
     from .compare import add_compare_arguments
 
     add_compare_arguments(rep)
-    rep.add_argument("--fit-gpus", action="store_true",
-                     help="which GPUs of the catalogue (H100, A100, L4, RTX 4090, ...) the step fits, and the max batch on each")
-    rep.add_argument("--explain", action="store_true",
-                     help="explain the peak: what the step holds then, which layers saved the most, and (with "
-                          "--target-gb) which single knob frees the most")
-    rep.add_argument("--json", action="store_true",
-                     help="print the answer as one JSON object (schema memsave_nb.report/1, docs/cli.md) instead of text")
+    rep.add_argument(
+        "--fit-gpus",
+        action="store_true",
+        help="which GPUs of the catalogue (H100, A100, L4, RTX 4090, ...) the step fits, and the max batch on each",
+    )
+    rep.add_argument(
+        "--explain",
+        action="store_true",
+        help="explain the peak: what the step holds then, which layers saved the most, and (with "
+        "--target-gb) which single knob frees the most",
+    )
+    rep.add_argument(
+        "--json",
+        action="store_true",
+        help="print the answer as one JSON object (schema memsave_nb.report/1, docs/cli.md) instead of text",
+    )
 
 
-KNOB_FLAGS = (("--seq-len", "seq_len"), ("--precision", "precision"), ("--optimizer", "optimizer"),
-              ("--accumulate", "accumulate"), ("--keep-grads", "keep_grads"), ("--loss", "loss"),
-              ("--loss-chunk", "loss_chunk"), ("--checkpoint", "checkpoint"))
+KNOB_FLAGS = (
+    ("--seq-len", "seq_len"),
+    ("--precision", "precision"),
+    ("--optimizer", "optimizer"),
+    ("--accumulate", "accumulate"),
+    ("--keep-grads", "keep_grads"),
+    ("--loss", "loss"),
+    ("--loss-chunk", "loss_chunk"),
+    ("--checkpoint", "checkpoint"),
+)
 
 
 def check_report_args(args: argparse.Namespace) -> None:
@@ -108,13 +175,27 @@ def check_report_args(args: argparse.Namespace) -> None:
     if args.from_config is not None:
         knobs = [flag for flag, key in KNOB_FLAGS if getattr(args, key) and not (key == "seq_len" and _is_hub(args))]
         if knobs:
-            why = " (precision: the config's bf16/fp16 over the dtype in the model's config.json)" if "--precision" in knobs else ""
+            why = (
+                " (precision: the config's bf16/fp16 over the dtype in the model's config.json)"
+                if "--precision" in knobs
+                else ""
+            )
             raise MemsaveError(f"--from-config sets the knobs; drop {', '.join(knobs)} (or edit the config){why}")
-        strategy = [f for f, k in (("--fsdp", "fsdp"), ("--ddp", "ddp"), ("--cpu-offload", "cpu_offload"),
-                                   ("--gradient-as-bucket-view", "gradient_as_bucket_view")) if getattr(args, k)]
+        strategy = [
+            f
+            for f, k in (
+                ("--fsdp", "fsdp"),
+                ("--ddp", "ddp"),
+                ("--cpu-offload", "cpu_offload"),
+                ("--gradient-as-bucket-view", "gradient_as_bucket_view"),
+            )
+            if getattr(args, k)
+        ]
         if strategy:
-            raise MemsaveError(f"--from-config sets the parallel strategy; drop {', '.join(strategy)} "
-                               "(--world-size N still sets the ranks)")
+            raise MemsaveError(
+                f"--from-config sets the parallel strategy; drop {', '.join(strategy)} "
+                "(--world-size N still sets the ranks)"
+            )
         from ..trainers.safe_read import read_file
 
         # a missing, unreadable, hostile (FIFO, device, alias bomb) file fails here, not after a build
@@ -260,7 +341,9 @@ def _report(args: argparse.Namespace) -> int:
     cw = build(args, device=args.device)
     plan, spec, notes = _plan_and_parallel(args, cw)
     if wants_parallel(args) or spec is not None:
-        single = [f for f, v in (("--json", args.json), ("--fit-gpus", args.fit_gpus), ("--explain", args.explain)) if v]
+        single = [
+            f for f, v in (("--json", args.json), ("--fit-gpus", args.fit_gpus), ("--explain", args.explain)) if v
+        ]
         if single:
             raise MemsaveError(f"{', '.join(single)}: for the single-device report; the per-rank report prints text")
         return report_parallel(args, cw, plan, spec, notes)
@@ -275,15 +358,23 @@ def _report(args: argparse.Namespace) -> int:
         from .json_out import dump, report_json
 
         obj = report_json(args, cw, plan, measurement, title, top, notes)
-        obj["setup"]["worst_sample"] = None if lengths is None else {
-            "seq_len": lengths.worst, "samples": lengths.samples, "median": lengths.quantile(0.5),
-            "p99": lengths.quantile(0.99)}
+        obj["setup"]["worst_sample"] = (
+            None
+            if lengths is None
+            else {
+                "seq_len": lengths.worst,
+                "samples": lengths.samples,
+                "median": lengths.quantile(0.5),
+                "p99": lengths.quantile(0.99),
+            }
+        )
         if args.explain:
             from .explain import explain_lines
             from .target import cli_target
 
-            obj["explain"] = explain_lines(cw.workload, plan, measurement,
-                                           cli_target(args) if args.target_gb is not None else None)
+            obj["explain"] = explain_lines(
+                cw.workload, plan, measurement, cli_target(args) if args.target_gb is not None else None
+            )
         if args.fit_gpus:
             from .gpu_fit import gpu_fit_rows
 
@@ -316,7 +407,6 @@ def _report(args: argparse.Namespace) -> int:
     if args.out:
         from ..report import write_report
 
-        path = write_report(measurement, args.out, title=title, top=args.top,
-                            answer=(peak_line(measurement), *answer))
+        path = write_report(measurement, args.out, title=title, top=args.top, answer=(peak_line(measurement), *answer))
         sys.stdout.write(f"\nWrote {path}\n")
     return 0

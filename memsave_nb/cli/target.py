@@ -37,7 +37,9 @@ def _same_probe(workload: "Workload", plan: "Plan", measurement: "Measurement") 
     return {plan.batch_size or workload.batch.batch_size: measurement}
 
 
-def cli_target_lines(workload: "Workload", plan: "Plan", measurement: "Measurement", args: Any) -> tuple[tuple[str, ...], str]:
+def cli_target_lines(
+    workload: "Workload", plan: "Plan", measurement: "Measurement", args: Any
+) -> tuple[tuple[str, ...], str]:
     """``(answer lines, explanation)``: the verdict and max batch / sequence, then the headroom line."""
     from memsave_nb.units import format_bytes
 
@@ -47,14 +49,18 @@ def cli_target_lines(workload: "Workload", plan: "Plan", measurement: "Measureme
     searched: list[Any] = []
     if args.max_batch:
         r = max_batch(workload, plan, target, measured=_same_probe(workload, plan, measurement))
-        answer.append(f"Max batch that fits: {r.value} (peak {format_bytes(r.peak_bytes or 0)}; {r.count} fake-mode probes, "
-                      f"{r.rule})" + (f"; {r.limit}" if r.limit else ""))
+        answer.append(
+            f"Max batch that fits: {r.value} (peak {format_bytes(r.peak_bytes or 0)}; {r.count} fake-mode probes, "
+            f"{r.rule})" + (f"; {r.limit}" if r.limit else "")
+        )
         answer += [f"  note: {n}" for n in r.notes]  # caveats on where the boundary lies, beside it
         searched.append(r)
     if args.max_seq:
         r = max_seq_len(workload, plan, target)
-        answer.append(f"Max sequence length that fits: {r.value} (peak {format_bytes(r.peak_bytes or 0)}; "
-                      f"{r.count} fake-mode probes, {r.rule})" + (f"; limited by {r.limit}" if r.limit else ""))
+        answer.append(
+            f"Max sequence length that fits: {r.value} (peak {format_bytes(r.peak_bytes or 0)}; "
+            f"{r.count} fake-mode probes, {r.rule})" + (f"; limited by {r.limit}" if r.limit else "")
+        )
         answer += [f"  note: {n}" for n in r.notes]
         searched.append(r)
     rules = {r.rule for r in searched}
@@ -65,6 +71,8 @@ def cli_target_lines(workload: "Workload", plan: "Plan", measurement: "Measureme
             rule = "; a search probe without a replay: " + target.line()
         elif args.headroom is not None:
             rule = "; --headroom applies only where no allocator replay exists (none here)"
-        return tuple(answer), ("\nTarget verdict and searches: the step's allocations replayed through a model of "
-                               "torch's CUDA caching allocator (docs/allocator.md), the 80% rule does not apply" + rule + "\n")
+        return tuple(answer), (
+            "\nTarget verdict and searches: the step's allocations replayed through a model of "
+            "torch's CUDA caching allocator (docs/allocator.md), the 80% rule does not apply" + rule + "\n"
+        )
     return tuple(answer), "\n" + target.line() + " (80% rule: no allocator replay for this step)\n"

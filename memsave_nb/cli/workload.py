@@ -37,13 +37,17 @@ def check_model_flags(args: argparse.Namespace) -> None:
     if is_demo(args.model):
         given = [f for f, v in (("--lora", args.lora), ("--quantize", args.quantize), ("--task", args.task)) if v]
         if given:
-            raise MemsaveError(f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} for Hugging Face models (catalogue names, hub ids, config.json); "
-                               f"{args.model!r} is a demo model")
+            raise MemsaveError(
+                f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} for Hugging Face models (catalogue names, hub ids, config.json); "
+                f"{args.model!r} is a demo model"
+            )
         if args.model == "gpt-7b" and args.mode == "real":
             raise MemsaveError("gpt-7b is built from fake tensors and only runs with --mode fake")
     elif args.mode == "real":
-        raise MemsaveError(f"{args.model!r} is built from its config on the meta device (no weights): "
-                           "it is measured with --mode fake only")
+        raise MemsaveError(
+            f"{args.model!r} is built from its config on the meta device (no weights): "
+            "it is measured with --mode fake only"
+        )
 
 
 def build(args: argparse.Namespace, *, device: str = "cpu") -> CliWorkload:
@@ -80,8 +84,13 @@ def _hub(args: argparse.Namespace) -> CliWorkload:
         with without_bitsandbytes():  # this process never hands peft a bitsandbytes layer: 1-2 s saved
             return _from_pretrained(name, **kwargs)
 
-    kwargs = dict(task=args.task, batch_size=args.batch or 1, seq_len=getattr(args, "seq_len", None),
-                  lora=args.lora, quantize=args.quantize)
+    kwargs = dict(
+        task=args.task,
+        batch_size=args.batch or 1,
+        seq_len=getattr(args, "seq_len", None),
+        lora=args.lora,
+        quantize=args.quantize,
+    )
     if getattr(args, "trainer_config", None) is not None:
         kwargs["dtype"] = loaded_dtype(args.model)  # the trainer's bf16/fp16 fields are autocast over it
     try:
@@ -158,8 +167,9 @@ def batch_bytes_per_sample(name: str) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def check_fits_this_machine(name: str, batch: int, mode: str, device: str = "cpu",
-                            available: int | None = None) -> None:
+def check_fits_this_machine(
+    name: str, batch: int, mode: str, device: str = "cpu", available: int | None = None
+) -> None:
     """Refuse, in one line and before anything is allocated, a demo batch this machine cannot hold
     (any mode: the zoo builds the batch for real) and a real-mode step it cannot run (CPU)."""
     from ..units import format_bytes
@@ -169,13 +179,17 @@ def check_fits_this_machine(name: str, batch: int, mode: str, device: str = "cpu
         return
     need = batch_bytes_per_sample(name) * batch
     if need > available // 2:  # the batch and the copies a resize or a device move makes
-        raise MemsaveError(f"batch {batch} of {name} holds {format_bytes(need)} of inputs alone; this machine has "
-                           f"{format_bytes(available)} available (at most half for inputs): use a smaller --batch")
+        raise MemsaveError(
+            f"batch {batch} of {name} holds {format_bytes(need)} of inputs alone; this machine has "
+            f"{format_bytes(available)} available (at most half for inputs): use a smaller --batch"
+        )
     if mode == "real" and device == "cpu" and batch > _default_batch(name):  # the defaults are sized to run
         peak = estimated_real_peak(name, batch)
         if peak > available:
-            raise MemsaveError(f"batch {batch} of {name} needs about {format_bytes(peak)} in real mode (fake-mode estimate); "
-                               f"this machine has {format_bytes(available)} available: use --mode fake or a smaller --batch")
+            raise MemsaveError(
+                f"batch {batch} of {name} needs about {format_bytes(peak)} in real mode (fake-mode estimate); "
+                f"this machine has {format_bytes(available)} available: use --mode fake or a smaller --batch"
+            )
 
 
 def estimated_real_peak(name: str, batch: int) -> int:

@@ -12,11 +12,20 @@ from ..errors import MemsaveError
 def add_worst_arguments(p: argparse.ArgumentParser) -> None:
     from .args import _csv_ints
 
-    p.add_argument("--worst-of", type=_csv_ints, default=None, metavar="T,T",
-                   help="Hugging Face models: the data's sequence lengths; the step is sized at the longest")
-    p.add_argument("--seq-lens-from", default=None, metavar="FILE",
-                   help="Hugging Face models: a file of sequence lengths (one a line) or a histogram ('LENGTH COUNT' "
-                        "a line); the step is sized at the longest")
+    p.add_argument(
+        "--worst-of",
+        type=_csv_ints,
+        default=None,
+        metavar="T,T",
+        help="Hugging Face models: the data's sequence lengths; the step is sized at the longest",
+    )
+    p.add_argument(
+        "--seq-lens-from",
+        default=None,
+        metavar="FILE",
+        help="Hugging Face models: a file of sequence lengths (one a line) or a histogram ('LENGTH COUNT' "
+        "a line); the step is sized at the longest",
+    )
 
 
 def resolve_worst(args: argparse.Namespace):
@@ -31,8 +40,10 @@ def resolve_worst(args: argparse.Namespace):
     from .workload import is_demo
 
     if is_demo(args.model):
-        raise MemsaveError(f"--worst-of / --seq-lens-from size a Hugging Face model's sequence; {args.model!r} is a "
-                           "demo model (its batch keeps its own length)")
+        raise MemsaveError(
+            f"--worst-of / --seq-lens-from size a Hugging Face model's sequence; {args.model!r} is a "
+            "demo model (its batch keeps its own length)"
+        )
     from ..hub.seq_lengths import lengths_of, read_lengths
 
     lengths = lengths_of(worst_of, "--worst-of") if worst_of is not None else read_lengths(str(from_file))

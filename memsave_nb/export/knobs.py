@@ -45,9 +45,11 @@ def knob_code(plan: Any, m: str) -> tuple[list[str], list[str]]:
         from memsave_nb.loss import DEFAULT_LOSS_CHUNK
 
         imports.append("from memsave_nb.loss import use_chunked_loss")
-        body += ["# the loss through the LM head in chunks of tokens (as TRL's SFTTrainer): no batch x seq x vocab logits;",
-                 f"# {m}(**batch) with labels now returns an output with .loss only",
-                 f"use_chunked_loss({m}, chunk={plan.loss_chunk or DEFAULT_LOSS_CHUNK!r})"]
+        body += [
+            "# the loss through the LM head in chunks of tokens (as TRL's SFTTrainer): no batch x seq x vocab logits;",
+            f"# {m}(**batch) with labels now returns an output with .loss only",
+            f"use_chunked_loss({m}, chunk={plan.loss_chunk or DEFAULT_LOSS_CHUNK!r})",
+        ]
     precision = plan.precision or "fp32"
     if precision in ("bf16", "bf16_master"):
         body.append(f"{m}.to(torch.bfloat16)  # parameters and buffers in bf16; cast floating inputs too")
@@ -95,28 +97,53 @@ def step_code(plan: Any, m: str, loop: str) -> list[str]:
     if loop not in LOOPS:
         raise PlanError(f"unknown loop {loop!r}; choose from {', '.join(LOOPS)}")
     autocast = _AUTOCAST_CODE.get(plan.precision or "fp32")
-    before_backward = ("        output = None  # only the loss goes into backward\n"
-                       if output_dropped(loop, "backward") else "")
-    before_step = ("        else:\n            output = None  # kept through backward, dropped before the step\n"
-                   if output_dropped(loop, "step") and not output_dropped(loop, "backward") else "")
+    before_backward = (
+        "        output = None  # only the loss goes into backward\n" if output_dropped(loop, "backward") else ""
+    )
+    before_step = (
+        "        else:\n            output = None  # kept through backward, dropped before the step\n"
+        if output_dropped(loop, "step") and not output_dropped(loop, "backward")
+        else ""
+    )
     masters = ""
     if plan.precision == "bf16_master":
-        before_step += ("    for p, master in zip(params, masters):  # fp32 gradients for the fp32 masters\n"
-                        "        master.grad = None if p.grad is None else p.grad.float()\n")
-        masters = ("    with torch.no_grad():\n"
-                   "        for p, master in zip(params, masters):\n"
-                   "            master.grad = None  # the fp32 master gradients go once the step is done\n"
-                   "            p.copy_(master)\n")
+        before_step += (
+            "    for p, master in zip(params, masters):  # fp32 gradients for the fp32 masters\n"
+            "        master.grad = None if p.grad is None else p.grad.float()\n"
+        )
+        masters = (
+            "    with torch.no_grad():\n"
+            "        for p, master in zip(params, masters):\n"
+            "            master.grad = None  # the fp32 master gradients go once the step is done\n"
+            "            p.copy_(master)\n"
+        )
     code = _STEP_CODE
     if autocast:
-        code = code.replace("FORWARD_CONTEXT", f"torch.autocast(next(model.parameters()).device.type, dtype={autocast})")
+        code = code.replace(
+            "FORWARD_CONTEXT", f"torch.autocast(next(model.parameters()).device.type, dtype={autocast})"
+        )
     else:  # no autocast: the forward's lines without the with block
         head, rest = code.split("        with FORWARD_CONTEXT:\n")
         forward, tail = rest.split("        loss = loss_fn(output)")
-        code = head + "".join(line[4:] + "\n" for line in forward.splitlines()) + "        loss = loss_fn(output)" + tail
-    code = (code.replace("DROP_BEFORE_BACKWARD", before_backward)
-            .replace("DROP_BEFORE_STEP", before_step).replace("MASTERS_AFTER_STEP", masters))
-    call = (f"# training_step({m}, micro_batches, optimizer, set_to_none=set_to_none)" if plan.has_knobs
-            else f"# training_step({m}, [batch], optimizer)")
-    return ["", "", f"# the training step memsave_nb measured (loop {loop!r}: {LOOPS[loop]})",
-            *code.splitlines(), "", "", call]
+        code = (
+            head + "".join(line[4:] + "\n" for line in forward.splitlines()) + "        loss = loss_fn(output)" + tail
+        )
+    code = (
+        code.replace("DROP_BEFORE_BACKWARD", before_backward)
+        .replace("DROP_BEFORE_STEP", before_step)
+        .replace("MASTERS_AFTER_STEP", masters)
+    )
+    call = (
+        f"# training_step({m}, micro_batches, optimizer, set_to_none=set_to_none)"
+        if plan.has_knobs
+        else f"# training_step({m}, [batch], optimizer)"
+    )
+    return [
+        "",
+        "",
+        f"# the training step memsave_nb measured (loop {loop!r}: {LOOPS[loop]})",
+        *code.splitlines(),
+        "",
+        "",
+        call,
+    ]

@@ -14,8 +14,11 @@ def parallel_code(spec: ParallelSpec, model_var: str = "model") -> tuple[list[st
     to ``model_var``."""
     m = model_var
     imports = ["import torch", "from torch.distributed.device_mesh import init_device_mesh"]
-    body = ["", f"# {spec.describe()}: launch with torchrun --nproc-per-node {spec.world_size} (or across nodes)",
-            'device_type = "cuda" if torch.cuda.is_available() else "cpu"']
+    body = [
+        "",
+        f"# {spec.describe()}: launch with torchrun --nproc-per-node {spec.world_size} (or across nodes)",
+        'device_type = "cuda" if torch.cuda.is_available() else "cpu"',
+    ]
     if spec.strategy == "ddp":
         imports.append("from torch.nn.parallel import DistributedDataParallel")
         body += [
@@ -70,8 +73,11 @@ def shard_code(spec: ParallelSpec, m: str, mesh: str) -> tuple[list[str], list[s
         "for name in shard_units:  # each unit gathers its parameters only while it runs",
         f"    fully_shard({m}.get_submodule(name), **fsdp_kwargs)",
         f"fully_shard({m}, **dict(fsdp_kwargs, reshard_after_forward={spec.reshard_root!r}))  # the root: everything "
-        + ("not in a unit, resharded after forward (as accelerate does)" if spec.reshard_root
-           else "not in a unit, kept gathered after forward (torch's default for the root)"),
+        + (
+            "not in a unit, resharded after forward (as accelerate does)"
+            if spec.reshard_root
+            else "not in a unit, kept gathered after forward (torch's default for the root)"
+        ),
         "# build the optimizer after this line, over the (now sharded) parameters",
     ]
     return imports, defs, calls
@@ -82,8 +88,9 @@ def _source(fn, signature: str) -> list[str]:
     return [signature, *lines[1:]]
 
 
-def tensor_parallel_code(spec: ParallelSpec, model_var: str = "model",
-                         mesh: str = "mesh") -> tuple[list[str], list[str], list[str]]:
+def tensor_parallel_code(
+    spec: ParallelSpec, model_var: str = "model", mesh: str = "mesh"
+) -> tuple[list[str], list[str], list[str]]:
     """``parallelize_module`` with the spec's plan on ``mesh["tp"]``: the very functions the sizing
     resolves the plan and builds PyTorch's styles with, so the script splits what was measured."""
     from memsave_nb import tp_plan as tp
@@ -102,6 +109,8 @@ def tensor_parallel_code(spec: ParallelSpec, model_var: str = "model",
         body += [*_source(tp._takes_hidden_states, "def _takes_hidden_states(module):"), "", ""]
         plan = f"default_tp_plan({m}, {spec.sequence_parallel!r})"
     body += [*_source(tp.tp_styles, "def tp_styles(plan, sequence_parallel):"), "", ""]
-    calls = [f"tp_plan = {plan}  # (module name, style): Megatron-style column / row splits",
-             f"parallelize_module({m}, {mesh}['tp'], tp_styles(tp_plan, {spec.sequence_parallel!r}))"]
+    calls = [
+        f"tp_plan = {plan}  # (module name, style): Megatron-style column / row splits",
+        f"parallelize_module({m}, {mesh}['tp'], tp_styles(tp_plan, {spec.sequence_parallel!r}))",
+    ]
     return imports, body, calls

@@ -76,8 +76,7 @@ def plan_code(plan: Any, model_var: str = "model", loop: str = DEFAULT_LOOP) -> 
     if regions:
         imports.append("import functools")
         imports.append(
-            "from torch.utils.checkpoint import CheckpointPolicy, checkpoint, "
-            "create_selective_checkpoint_contexts"
+            "from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts"
         )
         body += ["", *cache_off_code(m)]
         helper = _CHECKPOINT_HELPER
@@ -155,9 +154,7 @@ _CHECKPOINT_HELPER = textwrap.dedent(
 
 
 _REGION_ENTRY = "    def forward(*args, **kwargs):\n"
-_COMPACT_AT_ENTRY = (
-    "        compact()  # memory-saving layers: outputs held before the region shrink to masks now\n"
-)
+_COMPACT_AT_ENTRY = "        compact()  # memory-saving layers: outputs held before the region shrink to masks now\n"
 assert _REGION_ENTRY in _CHECKPOINT_HELPER
 
 _OPS_HELPER = textwrap.dedent(
@@ -236,8 +233,11 @@ def _policy_code(policy: RegionPolicy, fn_name: str) -> str:
     if policy.default.value == "save":
         from memsave_nb.checkpointing import CREATION_OPS
 
-        out[3:3] = ["", "# fresh buffers later filled in place (dropout masks) and views: cheap, never cached",
-                    f"CHEAP_OPS = {ops_literal(CREATION_OPS)}"]
+        out[3:3] = [
+            "",
+            "# fresh buffers later filled in place (dropout masks) and views: cheap, never cached",
+            f"CHEAP_OPS = {ops_literal(CREATION_OPS)}",
+        ]
         out += [
             "    if packet in CHEAP_OPS or op.is_view:",
             "        return CheckpointPolicy.PREFER_RECOMPUTE",

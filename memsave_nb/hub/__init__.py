@@ -13,5 +13,19 @@ from .load import TASKS, SyntheticBatch, from_pretrained, parse_dtype, pick_task
 from .lora import lora_config, parse_lora
 from .quant import QuantLinear, quantize_linears
 
-__all__ = ["from_pretrained", "parse_lora", "lora_config", "resolve_config", "catalogue", "catalogue_names",
-           "closest_names", "HubError", "TASKS", "SyntheticBatch", "pick_task", "parse_dtype", "QuantLinear", "quantize_linears"]
+__all__ = [
+    "from_pretrained",
+    "parse_lora",
+    "lora_config",
+    "resolve_config",
+    "catalogue",
+    "catalogue_names",
+    "closest_names",
+    "HubError",
+    "TASKS",
+    "SyntheticBatch",
+    "pick_task",
+    "parse_dtype",
+    "QuantLinear",
+    "quantize_linears",
+]

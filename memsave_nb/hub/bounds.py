@@ -18,12 +18,41 @@ MAX_REAL_BYTES = 4 * 2**30  # estimated weight bytes with empty_weights=False (r
 MAX_DIM = 2**31 - 1  # one size: torch kernels index with 32-bit ints in places
 
 # sizes that must be whole numbers >= 1 where a config holds them (None: the model's default)
-SIZE_KEYS = frozenset({
-    "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
-    "vocab_size", "max_position_embeddings", "n_embd", "n_layer", "n_head", "n_inner", "n_positions", "n_ctx",
-    "d_model", "d_ff", "d_kv", "num_heads", "num_layers", "num_decoder_layers", "encoder_layers", "decoder_layers",
-    "encoder_attention_heads", "decoder_attention_heads", "encoder_ffn_dim", "decoder_ffn_dim", "image_size",
-    "patch_size", "num_channels", "embedding_size", "moe_intermediate_size"})
+SIZE_KEYS = frozenset(
+    {
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "vocab_size",
+        "max_position_embeddings",
+        "n_embd",
+        "n_layer",
+        "n_head",
+        "n_inner",
+        "n_positions",
+        "n_ctx",
+        "d_model",
+        "d_ff",
+        "d_kv",
+        "num_heads",
+        "num_layers",
+        "num_decoder_layers",
+        "encoder_layers",
+        "decoder_layers",
+        "encoder_attention_heads",
+        "decoder_attention_heads",
+        "encoder_ffn_dim",
+        "decoder_ffn_dim",
+        "image_size",
+        "patch_size",
+        "num_channels",
+        "embedding_size",
+        "moe_intermediate_size",
+    }
+)
 EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")  # 0 or None: a dense model
 LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "num_decoder_layers", "encoder_layers", "decoder_layers")
 
@@ -40,7 +69,9 @@ def _check_size(key: str, value: Any, where: str, least: int) -> None:
     values = value if isinstance(value, (list, tuple)) and key in ("image_size", "patch_size") else [value]
     for v in values:
         if isinstance(v, bool) or not isinstance(v, int) or not least <= v <= MAX_DIM:
-            raise HubError(f"config {where}{key} must be a whole number from {least} to {MAX_DIM:,}, got {short(value, 40)}")
+            raise HubError(
+                f"config {where}{key} must be a whole number from {least} to {MAX_DIM:,}, got {short(value, 40)}"
+            )
 
 
 def _nodes(data: dict[str, Any], where: str = ""):
@@ -67,15 +98,24 @@ def check_config(config, dtype_bytes: int, empty_weights: bool) -> int:
         expert_inner = _first(node, "moe_intermediate_size") or inner
         vocab, positions = _first(node, "vocab_size"), _first(node, "max_position_embeddings", "n_positions")
         layers += depth
-        params += 2 * vocab * width + positions * width + depth * (4 * width * width + 3 * width * inner
-                                                                   + experts * 3 * width * expert_inner)
+        params += (
+            2 * vocab * width
+            + positions * width
+            + depth * (4 * width * width + 3 * width * inner + experts * 3 * width * expert_inner)
+        )
     if layers > MAX_LAYERS:
-        raise HubError(f"config has {layers:,} layers; models by name are built up to {MAX_LAYERS:,} "
-                       "(a build this deep would not finish): lower num_hidden_layers")
+        raise HubError(
+            f"config has {layers:,} layers; models by name are built up to {MAX_LAYERS:,} "
+            "(a build this deep would not finish): lower num_hidden_layers"
+        )
     if params > MAX_PARAMS:
-        raise HubError(f"config estimates {params:.3g} parameters; models by name are built up to {MAX_PARAMS:.0e}: "
-                       "check its sizes (hidden_size, vocab_size, experts)")
+        raise HubError(
+            f"config estimates {params:.3g} parameters; models by name are built up to {MAX_PARAMS:.0e}: "
+            "check its sizes (hidden_size, vocab_size, experts)"
+        )
     if not empty_weights and params * dtype_bytes > MAX_REAL_BYTES:
-        raise HubError(f"random weights would take about {params * dtype_bytes / 2**30:.3g} GiB here (limit "
-                       f"{MAX_REAL_BYTES / 2**30:.0f} GiB): use empty_weights=True and measure in fake mode")
+        raise HubError(
+            f"random weights would take about {params * dtype_bytes / 2**30:.3g} GiB here (limit "
+            f"{MAX_REAL_BYTES / 2**30:.0f} GiB): use empty_weights=True and measure in fake mode"
+        )
     return params

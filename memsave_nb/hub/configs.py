@@ -23,16 +23,39 @@ from typing import Any
 from ..errors import WorkloadError
 
 # the transformers release that added each config class people ask for (its release notes)
-_ADDED_IN = {"qwen3": "4.51", "gemma2": "4.42", "phi3": "4.40", "qwen2": "4.37", "mistral": "4.34",
-             "llama": "4.28", "gemma3": "4.50", "qwen3_moe": "4.51", "llama4": "4.51"}
+_ADDED_IN = {
+    "qwen3": "4.51",
+    "gemma2": "4.42",
+    "phi3": "4.40",
+    "qwen2": "4.37",
+    "mistral": "4.34",
+    "llama": "4.28",
+    "gemma3": "4.50",
+    "qwen3_moe": "4.51",
+    "llama4": "4.51",
+}
 
 
 MAX_CONFIG_BYTES = 4 * 2**20  # the largest config.json we read; real ones are a few kB (ImageNet labels: ~70 kB)
 # keys a config.json may hold that choose code or kernels, not sizes: never taken from a file
-CODE_KEYS = frozenset({"model_type", "transformers_version", "architectures", "auto_map", "attn_implementation",
-                       "_attn_implementation", "_attn_implementation_internal", "experts_implementation",
-                       "_experts_implementation", "_experts_implementation_internal", "use_kernels", "kernel_config",
-                       "quantization_config", "trust_remote_code"})
+CODE_KEYS = frozenset(
+    {
+        "model_type",
+        "transformers_version",
+        "architectures",
+        "auto_map",
+        "attn_implementation",
+        "_attn_implementation",
+        "_attn_implementation_internal",
+        "experts_implementation",
+        "_experts_implementation",
+        "_experts_implementation_internal",
+        "use_kernels",
+        "kernel_config",
+        "quantization_config",
+        "trust_remote_code",
+    }
+)
 
 
 class HubError(WorkloadError):
@@ -83,8 +106,10 @@ def config_class(model_type: str):
     if model_type not in CONFIG_MAPPING:
         added = _ADDED_IN.get(model_type)
         since = f" (added in transformers {added})" if added else ""
-        raise HubError(f"this transformers ({transformers.__version__}) does not know the config class {short(model_type, 40)}{since}: "
-                       "upgrade transformers, or give a config of a known model_type")
+        raise HubError(
+            f"this transformers ({transformers.__version__}) does not know the config class {short(model_type, 40)}{since}: "
+            "upgrade transformers, or give a config of a known model_type"
+        )
     return CONFIG_MAPPING[model_type]
 
 
@@ -165,15 +190,19 @@ def from_hub(repo_id: str, revision: str | None = None):
         if not local_only and os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
             break
         try:
-            return from_file(Path(hf_hub_download(repo_id, "config.json", revision=revision, local_files_only=local_only)))
+            return from_file(
+                Path(hf_hub_download(repo_id, "config.json", revision=revision, local_files_only=local_only))
+            )
         except HubError:
             raise
         except Exception as exc:  # noqa: BLE001 - every hub failure becomes the one-line error below
             last = exc
     near = closest_names(repo_id[:100])
     hint = f"; or a catalogue name ({', '.join(near)})" if near else ""
-    raise HubError(f"cannot get config.json of {short(repo_id, 50)} ({type(last).__name__}): no network and no local copy; "
-                   f"pass a local folder or config.json path, or a transformers PretrainedConfig{hint}")
+    raise HubError(
+        f"cannot get config.json of {short(repo_id, 50)} ({type(last).__name__}): no network and no local copy; "
+        f"pass a local folder or config.json path, or a transformers PretrainedConfig{hint}"
+    )
 
 
 def _exists(path: str) -> bool:
@@ -206,5 +235,7 @@ def resolve_config(name_or_path_or_config: Any, revision: str | None = None):
     if "/" in source:
         return from_hub(source, revision)
     near = closest_names(source[:100])
-    raise HubError(f"unknown model {short(source, 50)}; closest catalogue names: {', '.join(near) or 'none'} "
-                   "(or give a hub id like 'Qwen/Qwen2.5-7B', a local folder or a config.json)")
+    raise HubError(
+        f"unknown model {short(source, 50)}; closest catalogue names: {', '.join(near) or 'none'} "
+        "(or give a hub id like 'Qwen/Qwen2.5-7B', a local folder or a config.json)"
+    )

@@ -24,14 +24,31 @@ TASKS = {
     "image-classification": ("AutoModelForImageClassification", "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES"),
     "seq-classification": ("AutoModelForSequenceClassification", "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES"),
 }
-_ARCH_SUFFIX = {"ForCausalLM": "causal-lm", "LMHeadModel": "causal-lm", "ForConditionalGeneration": "seq2seq",
-                "ForMaskedLM": "masked-lm", "ForPreTraining": "masked-lm", "ForSequenceClassification": "seq-classification",
-                "ForImageClassification": "image-classification"}
-DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
-          "half": torch.float16, "fp32": torch.float32, "float32": torch.float32, "float": torch.float32}
+_ARCH_SUFFIX = {
+    "ForCausalLM": "causal-lm",
+    "LMHeadModel": "causal-lm",
+    "ForConditionalGeneration": "seq2seq",
+    "ForMaskedLM": "masked-lm",
+    "ForPreTraining": "masked-lm",
+    "ForSequenceClassification": "seq-classification",
+    "ForImageClassification": "image-classification",
+}
+DTYPES = {
+    "bf16": torch.bfloat16,
+    "bfloat16": torch.bfloat16,
+    "fp16": torch.float16,
+    "float16": torch.float16,
+    "half": torch.float16,
+    "fp32": torch.float32,
+    "float32": torch.float32,
+    "float": torch.float32,
+}
 DEFAULT_SEQ_LEN = 2048
 MAX_TOKENS = 2**27  # batch_size x seq_len: 134M tokens, 16x a 64 x 128k batch; a bound, so a typo is one line
-ATTENTION = ("sdpa", "eager")  # what sizing builds with: transformers' default (sdpa, else eager), never a config's choice
+ATTENTION = (
+    "sdpa",
+    "eager",
+)  # what sizing builds with: transformers' default (sdpa, else eager), never a config's choice
 
 
 def heads(model_type: str) -> list[str]:
@@ -49,7 +66,9 @@ def pick_task(config, task: str | None) -> str:
         if key not in TASKS:
             raise HubError(f"unknown task {short(task, 40)}; choose from {', '.join(TASKS)}")
         if key not in available:
-            raise HubError(f"{config.model_type} has no head for task {key!r} in this transformers; it has: {', '.join(available) or 'none'}")
+            raise HubError(
+                f"{config.model_type} has no head for task {key!r} in this transformers; it has: {', '.join(available) or 'none'}"
+            )
         return key
     for arch in getattr(config, "architectures", None) or []:
         for suffix, named in _ARCH_SUFFIX.items():
@@ -95,8 +114,16 @@ class SyntheticBatch:
 
     @classmethod
     def for_config(cls, config, task: str, batch_size: int, seq_len: int, dtype: torch.dtype) -> "SyntheticBatch":
-        return cls(task, batch_size, seq_len, dtype, getattr(config, "vocab_size", None) or 2,
-                   getattr(config, "num_labels", 2), getattr(config, "image_size", 224), getattr(config, "num_channels", 3))
+        return cls(
+            task,
+            batch_size,
+            seq_len,
+            dtype,
+            getattr(config, "vocab_size", None) or 2,
+            getattr(config, "num_labels", 2),
+            getattr(config, "image_size", 224),
+            getattr(config, "num_channels", 3),
+        )
 
     def resized(self, *, batch_size: int | None = None, seq_len: int | None = None) -> "SyntheticBatch":
         return dataclasses.replace(self, batch_size=batch_size or self.batch_size, seq_len=seq_len or self.seq_len)
@@ -109,8 +136,10 @@ class SyntheticBatch:
         b, t = self.batch_size, self.seq_len
         if self.task == "image-classification":
             size = self.image_size
-            return {"pixel_values": torch.randn(b, self.num_channels, size, size, dtype=self.dtype),
-                    "labels": torch.randint(0, self.num_labels, (b,))}
+            return {
+                "pixel_values": torch.randn(b, self.num_channels, size, size, dtype=self.dtype),
+                "labels": torch.randint(0, self.num_labels, (b,)),
+            }
         ids = torch.randint(0, self.vocab_size, (b, t))
         out = {"input_ids": ids}  # no attention_mask: all ones is no mask, and fake mode cannot read its values
         if self.task == "seq-classification":
@@ -135,10 +164,20 @@ def build_model(config, task: str, dtype: torch.dtype, empty_weights: bool, seed
         torch.manual_seed(seed)
         try:
             model = auto.from_config(config, dtype=dtype, attn_implementation=None)
-        except (ValueError, TypeError, RuntimeError, AttributeError, KeyError, IndexError, ZeroDivisionError,
-                OverflowError, AssertionError) as exc:
-            raise HubError(f"transformers cannot build {config.model_type} from this config "
-                           f"({type(exc).__name__}: {reason(exc)})") from exc
+        except (
+            ValueError,
+            TypeError,
+            RuntimeError,
+            AttributeError,
+            KeyError,
+            IndexError,
+            ZeroDivisionError,
+            OverflowError,
+            AssertionError,
+        ) as exc:
+            raise HubError(
+                f"transformers cannot build {config.model_type} from this config ({type(exc).__name__}: {reason(exc)})"
+            ) from exc
     if model.config._attn_implementation not in ATTENTION:
         raise HubError(f"built with attention {short(model.config._attn_implementation, 40)}, not one of {ATTENTION}")
     return model
@@ -193,8 +232,10 @@ def from_pretrained(
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 1 <= batch_size <= MAX_TOKENS:
         raise HubError(f"batch_size must be a whole number from 1 to {MAX_TOKENS:,}, got {short(batch_size, 40)}")
     if not (optimizer is None or callable(optimizer) or isinstance(optimizer, str) and len(optimizer) <= 40):
-        raise HubError(f"optimizer= takes a name like 'adamw', 'sgd' or 'none', or a function of the parameters; "
-                       f"got {short(optimizer, 40)}")
+        raise HubError(
+            f"optimizer= takes a name like 'adamw', 'sgd' or 'none', or a function of the parameters; "
+            f"got {short(optimizer, 40)}"
+        )
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
         raise HubError(f"seed must be a whole number from 0 to 2**63-1, got {short(seed, 40)}")
     torch_dtype = parse_dtype(dtype)
@@ -208,7 +249,9 @@ def from_pretrained(
     if isinstance(seq_len, bool) or not isinstance(seq_len, int) or not 1 <= seq_len <= MAX_TOKENS:
         raise HubError(f"seq_len must be a whole number from 1 to {MAX_TOKENS:,}, got {short(seq_len, 40)}")
     if batch_size * seq_len > MAX_TOKENS and task != "image-classification":
-        raise HubError(f"batch_size x seq_len = {batch_size * seq_len:,} tokens; models by name are sized up to {MAX_TOKENS:,}")
+        raise HubError(
+            f"batch_size x seq_len = {batch_size * seq_len:,} tokens; models by name are sized up to {MAX_TOKENS:,}"
+        )
     if limit is not None and seq_len > limit and task != "image-classification":
         raise HubError(f"seq_len {seq_len} is longer than the model's {limit} positions")
     peft_config = None if lora is None else lora_config(lora, task)  # bad settings fail before the build
@@ -219,7 +262,16 @@ def from_pretrained(
             model = apply_lora(model, peft_config)
     if quantize is not None:
         quantize_linears(model, quantize, keep=keep)
-    name = name_or_path_or_config if isinstance(name_or_path_or_config, str) else config.name_or_path or config.model_type
-    name = name if len(name) <= 120 else name[:117] + "..."  # a long path: shown in reports, cut like other quoted values
-    return Workload(model, SyntheticBatch.for_config(config, task, batch_size, seq_len, torch_dtype), optimizer=optimizer,
-                    name=name, sized_for=sized_for)
+    name = (
+        name_or_path_or_config if isinstance(name_or_path_or_config, str) else config.name_or_path or config.model_type
+    )
+    name = (
+        name if len(name) <= 120 else name[:117] + "..."
+    )  # a long path: shown in reports, cut like other quoted values
+    return Workload(
+        model,
+        SyntheticBatch.for_config(config, task, batch_size, seq_len, torch_dtype),
+        optimizer=optimizer,
+        name=name,
+        sized_for=sized_for,
+    )

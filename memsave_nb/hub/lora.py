@@ -20,8 +20,14 @@ from torch import nn
 
 from .configs import HubError, reason, short
 
-_ALIASES = {"alpha": "lora_alpha", "dropout": "lora_dropout", "target": "target_modules", "targets": "target_modules",
-            "save": "modules_to_save", "rank": "r"}
+_ALIASES = {
+    "alpha": "lora_alpha",
+    "dropout": "lora_dropout",
+    "target": "target_modules",
+    "targets": "target_modules",
+    "save": "modules_to_save",
+    "rank": "r",
+}
 _LIST_KEYS = ("target_modules", "modules_to_save")
 _PEFT_TASKS = {"causal-lm": "CAUSAL_LM", "seq-classification": "SEQ_CLS", "seq2seq": "SEQ_2_SEQ_LM"}
 MAX_RANK = 2**16  # above any model's width: a larger rank is a typo, and its adapters would not fit anywhere
@@ -41,8 +47,10 @@ def parse_lora(text: str) -> dict[str, Any]:
         key, sep, value = part.partition("=")
         key = key.strip().lower().replace("-", "_")
         if not sep or not value.strip() or not key.isidentifier():
-            raise HubError(f"cannot read LoRA setting {short(part, 40)}: write key=value, "
-                           "e.g. 'r=16,alpha=32,target_modules=q_proj+v_proj'")
+            raise HubError(
+                f"cannot read LoRA setting {short(part, 40)}: write key=value, "
+                "e.g. 'r=16,alpha=32,target_modules=q_proj+v_proj'"
+            )
         value = value.strip()
         if _ALIASES.get(key, key) in _LIST_KEYS:
             out[key] = value if value == "all-linear" else [v for v in value.split("+") if v]
@@ -71,10 +79,16 @@ def _names(kwargs: dict[str, Any], key: str) -> None:
     value = kwargs.get(key)
     if value is None or (isinstance(value, str) and 0 < len(value) <= 1000):
         return
-    if isinstance(value, (list, tuple, set)) and len(value) <= 1000 and all(isinstance(v, str) and 0 < len(v) <= 200 for v in value):
+    if (
+        isinstance(value, (list, tuple, set))
+        and len(value) <= 1000
+        and all(isinstance(v, str) and 0 < len(v) <= 200 for v in value)
+    ):
         kwargs[key] = list(value)
         return
-    raise HubError(f"LoRA {key} must be module names (a list of strings, a regex or 'all-linear'), got {short(value, 40)}")
+    raise HubError(
+        f"LoRA {key} must be module names (a list of strings, a regex or 'all-linear'), got {short(value, 40)}"
+    )
 
 
 @contextlib.contextmanager
@@ -129,8 +143,10 @@ def lora_config(spec: Any, task: str | None = None):
     if isinstance(spec, str):
         spec = parse_lora(spec)
     if isinstance(spec, bool) or not isinstance(spec, dict):
-        raise HubError(f"lora= takes a peft LoraConfig, a dict like dict(r=16, alpha=32) or a string like 'r=16,alpha=32', "
-                       f"not {type(spec).__name__}")
+        raise HubError(
+            f"lora= takes a peft LoraConfig, a dict like dict(r=16, alpha=32) or a string like 'r=16,alpha=32', "
+            f"not {type(spec).__name__}"
+        )
     if not all(isinstance(k, str) for k in spec):
         raise HubError(f"LoRA setting names must be strings, got {short(list(spec), 40)}")
     kwargs = {_ALIASES.get(k, k): v for k, v in spec.items()}

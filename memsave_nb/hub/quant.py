@@ -32,16 +32,32 @@ from torch import nn
 
 BLOCK = 64  # bitsandbytes' default 4-bit blocksize
 ABSMAX_BLOCK = 256  # its blocksize for the second (double) quantisation
-NF4 = (-1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453, -0.28444138169288635,
-       -0.18477343022823334, -0.09105003625154495, 0.0, 0.07958029955625534, 0.16093020141124725,
-       0.24611230194568634, 0.33791524171829224, 0.44070982933044434, 0.5626170039176941,
-       0.7229568362236023, 1.0)  # the NF4 levels (QLoRA paper, appendix E)
+NF4 = (
+    -1.0,
+    -0.6961928009986877,
+    -0.5250730514526367,
+    -0.39491748809814453,
+    -0.28444138169288635,
+    -0.18477343022823334,
+    -0.09105003625154495,
+    0.0,
+    0.07958029955625534,
+    0.16093020141124725,
+    0.24611230194568634,
+    0.33791524171829224,
+    0.44070982933044434,
+    0.5626170039176941,
+    0.7229568362236023,
+    1.0,
+)  # the NF4 levels (QLoRA paper, appendix E)
 QUANT_TYPES = ("nf4", "int8")
 
 
 # -- the kernels: one op each, like bitsandbytes' ------------------------------------------------
 @torch.library.custom_op("memsave_nb::dequantize_absmax", mutates_args=())
-def dequantize_absmax(absmax_q: torch.Tensor, absmax2: torch.Tensor, code2: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
+def dequantize_absmax(
+    absmax_q: torch.Tensor, absmax2: torch.Tensor, code2: torch.Tensor, offset: torch.Tensor
+) -> torch.Tensor:
     """Second-level dequantisation: uint8 absmax -> float32 absmax (one per 64-block)."""
     n = absmax_q.numel()
     scale = absmax2.repeat_interleave(ABSMAX_BLOCK)[:n]
@@ -54,7 +70,9 @@ def _(absmax_q, absmax2, code2, offset):
 
 
 @torch.library.custom_op("memsave_nb::dequantize_nf4", mutates_args=())
-def dequantize_nf4(packed: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor, rows: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
+def dequantize_nf4(
+    packed: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor, rows: int, cols: int, dtype: torch.dtype
+) -> torch.Tensor:
     """Packed 4-bit indices and float32 absmax -> the ``(rows, cols)`` weight in ``dtype``."""
     flat = packed.reshape(-1)
     idx = torch.stack((flat >> 4, flat & 15), dim=1).reshape(-1).long()
@@ -94,10 +112,14 @@ def _nf4_state(weight: torch.Tensor) -> dict[str, torch.Tensor]:
     code = torch.tensor(NF4, dtype=torch.float32, device=device)
     code2 = torch.linspace(-1.0, 1.0, 256, dtype=torch.float32, device=device)  # a signed 8-bit map
     if device.type == "meta":
-        return {"packed": torch.empty(-(-n // 2), 1, dtype=torch.uint8, device=device),
-                "absmax_q": torch.empty(blocks, dtype=torch.uint8, device=device),
-                "absmax2": torch.empty(outer, dtype=torch.float32, device=device),
-                "code2": code2, "offset": torch.empty((), dtype=torch.float32, device=device), "code": code}
+        return {
+            "packed": torch.empty(-(-n // 2), 1, dtype=torch.uint8, device=device),
+            "absmax_q": torch.empty(blocks, dtype=torch.uint8, device=device),
+            "absmax2": torch.empty(outer, dtype=torch.float32, device=device),
+            "code2": code2,
+            "offset": torch.empty((), dtype=torch.float32, device=device),
+            "code": code,
+        }
     flat = F.pad(weight.detach().float().reshape(-1), (0, blocks * BLOCK - n)).reshape(blocks, BLOCK)
     absmax = flat.abs().amax(dim=1).clamp_min(1e-12)
     idx = _nearest(flat / absmax[:, None], code).reshape(-1)
@@ -112,8 +134,10 @@ def _nf4_state(weight: torch.Tensor) -> dict[str, torch.Tensor]:
 
 def _int8_state(weight: torch.Tensor) -> dict[str, torch.Tensor]:
     if weight.device.type == "meta":
-        return {"weight": torch.empty(weight.shape, dtype=torch.int8, device="meta"),
-                "SCB": torch.empty(weight.shape[0], dtype=torch.float32, device="meta")}
+        return {
+            "weight": torch.empty(weight.shape, dtype=torch.int8, device="meta"),
+            "SCB": torch.empty(weight.shape[0], dtype=torch.float32, device="meta"),
+        }
     w = weight.detach().float()
     scb = w.abs().amax(dim=1).clamp_min(1e-12)
     return {"weight": torch.round(w * (127.0 / scb[:, None])).to(torch.int8), "SCB": scb}
@@ -209,8 +233,11 @@ def quantize_linears(model: nn.Module, quant_type: str, keep: tuple[nn.Module, .
     replaced = []
     for name, module in list(model.named_modules()):
         for child_name, child in list(module.named_children()):
-            if ((type(child) is nn.Linear or _is_conv1d(child)) and not child.weight.requires_grad
-                    and id(child) not in kept):
+            if (
+                (type(child) is nn.Linear or _is_conv1d(child))
+                and not child.weight.requires_grad
+                and id(child) not in kept
+            ):
                 setattr(module, child_name, QuantLinear(child, quant_type))
                 replaced.append(f"{name}.{child_name}" if name else child_name)
     return replaced

@@ -39,8 +39,10 @@ class Lengths:
         return self.worst
 
     def words(self) -> str:
-        return (f"worst sample {self.worst} tokens (longest of {self.samples:,} samples; "
-                f"median {self.quantile(0.5)}, 99th percentile {self.quantile(0.99)})")
+        return (
+            f"worst sample {self.worst} tokens (longest of {self.samples:,} samples; "
+            f"median {self.quantile(0.5)}, 99th percentile {self.quantile(0.99)})"
+        )
 
 
 def _length(value: Any, where: str) -> int:
@@ -83,7 +85,9 @@ def read_lengths(path: str | os.PathLike) -> Lengths:
     name = os.path.basename(os.fspath(path))[:40]
     try:
         if os.path.getsize(path) > MAX_FILE_BYTES:
-            raise WorkloadError(f"{name}: over {MAX_FILE_BYTES // 2**20} MiB; give lengths or a histogram, not a dataset")
+            raise WorkloadError(
+                f"{name}: over {MAX_FILE_BYTES // 2**20} MiB; give lengths or a histogram, not a dataset"
+            )
         with open(path, encoding="utf-8") as f:
             text = f.read()
     except (OSError, UnicodeDecodeError) as exc:

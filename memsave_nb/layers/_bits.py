@@ -120,8 +120,7 @@ def _spread_table(device: torch.device) -> Tensor:
     return table
 
 
-def unpack_bits(packed: Tensor, shape: torch.Size | tuple[int, ...],
-                dtype: torch.dtype = torch.bool) -> Tensor:
+def unpack_bits(packed: Tensor, shape: torch.Size | tuple[int, ...], dtype: torch.dtype = torch.bool) -> Tensor:
     """Inverse of :func:`pack_bits`: a contiguous tensor of ``shape`` holding 0/1, as bool or
     (``dtype=torch.uint8``, which the stock backward kernels take directly) as uint8."""
     numel = 1

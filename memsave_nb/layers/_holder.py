@@ -38,11 +38,11 @@ class OutputHolder:
     ``key`` (the layer module, optional) lets the holder remember, per layer, whether the
     output was left to it alone last time (see :func:`pack_early`)."""
 
-    __slots__ = ("output", "version", "packed", "shape", "relu", "bounds", "key",
-                 "__weakref__")
+    __slots__ = ("output", "version", "packed", "shape", "relu", "bounds", "key", "__weakref__")
 
-    def __init__(self, output: Tensor, relu: bool = True,
-                 bounds: tuple[float, float] | None = None, key: object = None) -> None:
+    def __init__(
+        self, output: Tensor, relu: bool = True, bounds: tuple[float, float] | None = None, key: object = None
+    ) -> None:
         self.relu = relu
         self.bounds = bounds  # hardtanh: the gradient passes strictly between the bounds
         self.output: Tensor | None = output.detach()

@@ -81,8 +81,7 @@ def _compile(compiler: str, folder: Path, target: Path, suffix: str) -> Path:
     fd, tmp = tempfile.mkstemp(prefix=target.stem, suffix=suffix, dir=folder)
     os.close(fd)
     try:
-        done = subprocess.run([compiler, *_FLAGS, "-o", tmp, str(_SOURCE)],
-                              capture_output=True, text=True, timeout=120)
+        done = subprocess.run([compiler, *_FLAGS, "-o", tmp, str(_SOURCE)], capture_output=True, text=True, timeout=120)
         if done.returncode != 0:
             raise RuntimeError(f"{compiler} failed: {done.stderr.strip()[-300:]}")
         os.replace(tmp, target)  # atomic: concurrent builders leave one whole file
@@ -147,32 +146,71 @@ def _load() -> ctypes.CDLL | None:
             else:
                 try:
                     lib = ctypes.CDLL(str(_build(compiler)))
-                    for name in ("memsave_pack_nonzero", "memsave_select_bits",
-                                 "memsave_relu_pack", "memsave_pool_offsets",
-                                 "memsave_pool_flat", "memsave_simd_level",
-                                 "memsave_scale_bits", "memsave_pack_positive"):
+                    for name in (
+                        "memsave_pack_nonzero",
+                        "memsave_select_bits",
+                        "memsave_relu_pack",
+                        "memsave_pool_offsets",
+                        "memsave_pool_flat",
+                        "memsave_simd_level",
+                        "memsave_scale_bits",
+                        "memsave_pack_positive",
+                    ):
                         getattr(lib, name).restype = ctypes.c_int
                     lib.memsave_simd_level.argtypes = [ctypes.c_int]
-                    lib.memsave_pack_nonzero.argtypes = [
-                        ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p]
+                    lib.memsave_pack_nonzero.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p]
                     lib.memsave_pack_positive.argtypes = lib.memsave_pack_nonzero.argtypes
                     p64 = ctypes.POINTER(ctypes.c_int64)
                     p32 = ctypes.POINTER(ctypes.c_int32)
                     lib.memsave_pool_offsets.argtypes = [
-                        ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, p64, p64, p64, p64, p32,
-                        ctypes.c_int64, ctypes.c_int, ctypes.c_void_p]
+                        ctypes.c_void_p,
+                        ctypes.c_int64,
+                        ctypes.c_int,
+                        p64,
+                        p64,
+                        p64,
+                        p64,
+                        p32,
+                        ctypes.c_int64,
+                        ctypes.c_int,
+                        ctypes.c_void_p,
+                    ]
                     lib.memsave_pool_flat.argtypes = [
-                        ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int, p64, p64,
-                        p64, p64, p64, ctypes.c_int64, ctypes.c_void_p]
+                        ctypes.c_void_p,
+                        ctypes.c_int,
+                        ctypes.c_int64,
+                        ctypes.c_int,
+                        p64,
+                        p64,
+                        p64,
+                        p64,
+                        p64,
+                        ctypes.c_int64,
+                        ctypes.c_void_p,
+                    ]
                     lib.memsave_relu_pack.argtypes = [
-                        ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p,
-                        ctypes.c_void_p]
+                        ctypes.c_void_p,
+                        ctypes.c_int64,
+                        ctypes.c_int,
+                        ctypes.c_void_p,
+                        ctypes.c_void_p,
+                    ]
                     lib.memsave_select_bits.argtypes = [
-                        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int,
-                        ctypes.c_void_p]
+                        ctypes.c_void_p,
+                        ctypes.c_void_p,
+                        ctypes.c_int64,
+                        ctypes.c_int,
+                        ctypes.c_void_p,
+                    ]
                     lib.memsave_scale_bits.argtypes = [
-                        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int,
-                        ctypes.c_double, ctypes.c_double, ctypes.c_void_p]
+                        ctypes.c_void_p,
+                        ctypes.c_void_p,
+                        ctypes.c_int64,
+                        ctypes.c_int,
+                        ctypes.c_double,
+                        ctypes.c_double,
+                        ctypes.c_void_p,
+                    ]
                 except (OSError, RuntimeError, subprocess.SubprocessError) as err:
                     lib, why = None, f"build failed: {err}"
         _state["why"] = why
@@ -263,8 +301,7 @@ def _pack(fn, t: Tensor) -> Tensor:
     if n < 2 * _MIN_CHUNK or torch.get_num_threads() == 1:  # one chunk: call it directly
         fn(src, n, size, dst)
         return packed
-    _run([lambda s=s, c=c: fn(src + s * size, c, size, dst + s // 8)
-          for s, c in _chunks(n)])
+    _run([lambda s=s, c=c: fn(src + s * size, c, size, dst + s // 8) for s, c in _chunks(n)])
     return packed
 
 
@@ -287,8 +324,7 @@ def relu_pack(x: Tensor, inplace: bool) -> tuple[Tensor, Tensor] | None:
     (then the caller runs ``relu`` and :func:`pack_nonzero`). The output's bytes are
     torch.relu's: negatives become +0, -0 and NaN pass unchanged."""
     lib = _load()
-    if lib is None or x.dtype not in _RELU_FLOATS or not numpy_ok(x) or not x.is_contiguous() \
-            or x.is_neg():
+    if lib is None or x.dtype not in _RELU_FLOATS or not numpy_ok(x) or not x.is_contiguous() or x.is_neg():
         return None
     n = x.numel()
     out = x if inplace else torch.empty_like(x, memory_format=torch.contiguous_format)
@@ -299,8 +335,7 @@ def relu_pack(x: Tensor, inplace: bool) -> tuple[Tensor, Tensor] | None:
     if n < 2 * _MIN_CHUNK or torch.get_num_threads() == 1:  # one chunk: call it directly
         fn(src, n, size, dst, bits)
     else:
-        _run([lambda s=s, c=c: fn(src + s * size, c, size, dst + s * size, bits + s // 8)
-              for s, c in _chunks(n)])
+        _run([lambda s=s, c=c: fn(src + s * size, c, size, dst + s * size, bits + s // 8) for s, c in _chunks(n)])
     return out, packed
 
 
@@ -340,8 +375,7 @@ def _masked_pass(name: str, grad: Tensor, packed: Tensor, *scalars: float) -> Te
     if n < 2 * _MIN_CHUNK or torch.get_num_threads() == 1:  # one chunk: call it directly
         fn(src, bits, n, size, *scalars, dst)
         return out
-    _run([lambda s=s, c=c: fn(src + s * size, bits + s // 8, c, size, *scalars, dst + s * size)
-          for s, c in _chunks(n)])
+    _run([lambda s=s, c=c: fn(src + s * size, bits + s // 8, c, size, *scalars, dst + s * size) for s, c in _chunks(n)])
     return out
 
 
@@ -359,8 +393,7 @@ def _pool_tables(deltas: tuple[int, ...]) -> tuple[ctypes.Array, ctypes.Array]:
 
 def _geometry(out_spatial, in_spatial, stride, padding) -> list:
     n = len(stride)
-    return [(ctypes.c_int64 * n)(*[int(v) for v in values])
-            for values in (out_spatial, in_spatial, stride, padding)]
+    return [(ctypes.c_int64 * n)(*[int(v) for v in values]) for values in (out_spatial, in_spatial, stride, padding)]
 
 
 def _planes(t: Tensor, out_spatial) -> int:
@@ -370,45 +403,71 @@ def _planes(t: Tensor, out_spatial) -> int:
     return t.numel() // spatial if spatial else 0
 
 
-def pool_offsets(flat: Tensor, out_spatial, in_spatial, stride, padding,
-                 deltas: list[int] | None, dtype: torch.dtype) -> Tensor | None:
+def pool_offsets(
+    flat: Tensor, out_spatial, in_spatial, stride, padding, deltas: list[int] | None, dtype: torch.dtype
+) -> Tensor | None:
     """A max pool's flat argmax (int64 per input plane, as stock's pooling returns it) -> its
     row-major offset inside the window, in ``dtype``, in one pass. ``deltas``: each kernel
     position's flat distance from the window's first element (``pool._kernel_deltas``).
     None where the kernel cannot run (then the caller's torch ops do it)."""
     lib = _load()
     n = len(stride)
-    if (lib is None or deltas is None or dtype not in _OFFSET_TYPES or flat.dtype != torch.int64
-            or not 1 <= n <= 3 or not numpy_ok(flat) or not flat.is_contiguous()):
+    if (
+        lib is None
+        or deltas is None
+        or dtype not in _OFFSET_TYPES
+        or flat.dtype != torch.int64
+        or not 1 <= n <= 3
+        or not numpy_ok(flat)
+        or not flat.is_contiguous()
+    ):
         return None
     local = torch.empty(flat.shape, dtype=dtype)
     planes = _planes(flat, out_spatial)
     if planes:
         table, _ = _pool_tables(tuple(deltas))
-        failed = lib.memsave_pool_offsets(flat.data_ptr(), planes, n,
-                                          *_geometry(out_spatial, in_spatial, stride, padding),
-                                          table, len(table), _OFFSET_TYPES[dtype],
-                                          local.data_ptr())
+        failed = lib.memsave_pool_offsets(
+            flat.data_ptr(),
+            planes,
+            n,
+            *_geometry(out_spatial, in_spatial, stride, padding),
+            table,
+            len(table),
+            _OFFSET_TYPES[dtype],
+            local.data_ptr(),
+        )
         if failed:  # an index outside its window: leave it to the torch ops
             return None
     return local
 
 
-def pool_flat(local: Tensor, out_spatial, in_spatial, stride, padding,
-              deltas: list[int] | None) -> Tensor | None:
+def pool_flat(local: Tensor, out_spatial, in_spatial, stride, padding, deltas: list[int] | None) -> Tensor | None:
     """The inverse of :func:`pool_offsets`: window offsets -> flat int64 argmax, one pass."""
     lib = _load()
     n = len(stride)
-    if (lib is None or deltas is None or local.dtype not in _OFFSET_TYPES or not 1 <= n <= 3
-            or not numpy_ok(local) or not local.is_contiguous()):
+    if (
+        lib is None
+        or deltas is None
+        or local.dtype not in _OFFSET_TYPES
+        or not 1 <= n <= 3
+        or not numpy_ok(local)
+        or not local.is_contiguous()
+    ):
         return None
     flat = torch.empty(local.shape, dtype=torch.int64)
     planes = _planes(local, out_spatial)
     if planes:
         _, delta_array = _pool_tables(tuple(deltas))
-        failed = lib.memsave_pool_flat(local.data_ptr(), _OFFSET_TYPES[local.dtype], planes, n,
-                                       *_geometry(out_spatial, in_spatial, stride, padding),
-                                       delta_array, len(deltas), flat.data_ptr())
+        failed = lib.memsave_pool_flat(
+            local.data_ptr(),
+            _OFFSET_TYPES[local.dtype],
+            planes,
+            n,
+            *_geometry(out_spatial, in_spatial, stride, padding),
+            delta_array,
+            len(deltas),
+            flat.data_ptr(),
+        )
         if failed:
             return None
     return flat

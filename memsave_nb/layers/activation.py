@@ -18,8 +18,7 @@ class _MaskedLeakyReLU(torch.autograd.Function):
     """``y = x if x > 0 else slope * x`` (``slope=None``: ReLU); backward needs only a mask."""
 
     @staticmethod
-    def forward(ctx: Any, x: Tensor, slope: float | None, inplace: bool, lazy: bool,
-                key: object = None) -> Tensor:
+    def forward(ctx: Any, x: Tensor, slope: float | None, inplace: bool, lazy: bool, key: object = None) -> Tensor:
         ctx.slope = slope
         ctx.shape = x.shape
         # With slope < 0 the output's sign no longer tells the input's: mask from the input.
@@ -77,15 +76,12 @@ class _MaskedLeakyReLU(torch.autograd.Function):
                 holder.release()
             if output is not None:  # stock's own kernels on the very output: no mask built
                 if ctx.slope is None:
-                    return (torch.ops.aten.threshold_backward(grad, output, 0),
-                            None, None, None, None)
-                return (torch.ops.aten.leaky_relu_backward(grad, output, ctx.slope, True),
-                        None, None, None, None)
+                    return (torch.ops.aten.threshold_backward(grad, output, 0), None, None, None, None)
+                return (torch.ops.aten.leaky_relu_backward(grad, output, ctx.slope, True), None, None, None, None)
         else:
             (packed,) = ctx.saved_tensors
         # one fused pass, where it runs
-        fused = (select_bits(grad, packed) if ctx.slope is None
-                 else scale_bits(grad, packed, 1.0, ctx.slope))
+        fused = select_bits(grad, packed) if ctx.slope is None else scale_bits(grad, packed, 1.0, ctx.slope)
         if fused is not None:
             return fused, None, None, None, None
         # stock's kernels read a 0/1 mask as the (output > 0) test they normally do; in the
@@ -93,17 +89,16 @@ class _MaskedLeakyReLU(torch.autograd.Function):
         mask = unpack_bits(packed, ctx.shape, torch.uint8).to(grad.dtype)
         if ctx.slope is None:
             return torch.ops.aten.threshold_backward(grad, mask, 0), None, None, None, None
-        return (torch.ops.aten.leaky_relu_backward(grad, mask, ctx.slope, False),
-                None, None, None, None)
+        return (torch.ops.aten.leaky_relu_backward(grad, mask, ctx.slope, False), None, None, None, None)
 
 
-def masked_leaky_relu(x: Tensor, slope: float | None = None, inplace: bool = False,
-                      key: object = None) -> Tensor:
+def masked_leaky_relu(x: Tensor, slope: float | None = None, inplace: bool = False, key: object = None) -> Tensor:
     """Leaky ReLU (ReLU for ``slope=None``) keeping a 1-bit mask, or nothing new when the
     output is kept by someone else anyway (see :mod:`._holder`; ``key``, the layer, lets it
     pack the mask early where that layer's output was left to it last time)."""
     if not (torch.is_grad_enabled() and x.requires_grad) or (
-            inplace and stock_refuses_inplace(x)):  # stock raises, before changing x
+        inplace and stock_refuses_inplace(x)
+    ):  # stock raises, before changing x
         if slope is None:
             return F.relu(x, inplace=inplace)
         return F.leaky_relu(x, slope, inplace=inplace)
@@ -133,12 +128,10 @@ class _MaskedHardtanh(torch.autograd.Function):
     """``y = clamp(x, low, high)``; backward needs only where ``low < x < high``: a mask."""
 
     @staticmethod
-    def forward(ctx: Any, x: Tensor, low: float, high: float, inplace: bool, lazy: bool,
-                key: object = None) -> Tensor:
+    def forward(ctx: Any, x: Tensor, low: float, high: float, inplace: bool, lazy: bool, key: object = None) -> Tensor:
         ctx.bounds = (low, high)
         ctx.shape = x.shape
-        out = torch._C._nn.hardtanh_(x, low, high) if inplace else torch._C._nn.hardtanh(
-            x, low, high)
+        out = torch._C._nn.hardtanh_(x, low, high) if inplace else torch._C._nn.hardtanh(x, low, high)
         if inplace:
             ctx.mark_dirty(x)
         if lazy:
@@ -168,8 +161,7 @@ class _MaskedHardtanh(torch.autograd.Function):
                 ctx.holder = None
                 holder.release()
             if output is not None:  # stock's kernel on the very output
-                return (torch.ops.aten.hardtanh_backward(grad, output, low, high),
-                        None, None, None, None, None)
+                return (torch.ops.aten.hardtanh_backward(grad, output, low, high), None, None, None, None, None)
         else:
             (packed,) = ctx.saved_tensors
         selected = select_bits(grad, packed)  # one fused pass, where it runs
@@ -177,16 +169,17 @@ class _MaskedHardtanh(torch.autograd.Function):
             return selected, None, None, None, None, None
         # a 0/1 mask through stock's ReLU kernel: grad where 1, exact zeros elsewhere
         mask = unpack_bits(packed, ctx.shape, torch.uint8)
-        return (torch.ops.aten.threshold_backward(grad, mask.to(grad.dtype), 0),
-                None, None, None, None, None)
+        return (torch.ops.aten.threshold_backward(grad, mask.to(grad.dtype), 0), None, None, None, None, None)
 
 
-def masked_hardtanh(x: Tensor, low: float = -1.0, high: float = 1.0, inplace: bool = False,
-                    key: object = None) -> Tensor:
+def masked_hardtanh(
+    x: Tensor, low: float = -1.0, high: float = 1.0, inplace: bool = False, key: object = None
+) -> Tensor:
     """Hardtanh (ReLU6 for 0, 6) keeping a 1-bit mask of the linear region, or nothing new
     when the output is kept by someone else anyway (see :mod:`._holder`)."""
     if not (torch.is_grad_enabled() and x.requires_grad) or (
-            inplace and stock_refuses_inplace(x)):  # stock raises, before changing x
+        inplace and stock_refuses_inplace(x)
+    ):  # stock raises, before changing x
         return F.hardtanh(x, low, high, inplace)
     lazy = _holder.begin_layer()
     out = apply(_MaskedHardtanh, x, float(low), float(high), inplace, lazy, key if lazy else None)

@@ -59,17 +59,12 @@ class _MemSaveBatchNormMixin:
         if mod.training:  # batch statistics: stock's path, before any parameter lookup (each
             return super().forward(input)  # goes through Module.__getattr__, per call)
         weight, bias = mod.weight, mod.bias
-        use_running = (
-            not mod.training and mod.running_mean is not None and mod.running_var is not None
-        )
-        grads = torch.is_grad_enabled() and (
-            input.requires_grad or (bias is not None and bias.requires_grad)
-        )
+        use_running = not mod.training and mod.running_mean is not None and mod.running_var is not None
+        grads = torch.is_grad_enabled() and (input.requires_grad or (bias is not None and bias.requires_grad))
         if use_running and grads and not (weight is not None and weight.requires_grad):
             mod._check_input_dim(input)
             _holder.compact(_holder.RECENT)
-            out = apply(_FrozenAffineBatchNorm, input, weight, bias, mod.running_mean,
-                        mod.running_var, mod.eps)
+            out = apply(_FrozenAffineBatchNorm, input, weight, bias, mod.running_mean, mod.running_var, mod.eps)
             return out
         return super().forward(input)  # type: ignore[misc]
 

@@ -48,9 +48,7 @@ class _Convolution(torch.autograd.Function):
         ctx.x_channels_last = _channels_last(x)
         ctx.bias_sizes = None if bias is None else list(bias.shape)
         ctx.save_for_backward(x if need_w else None, weight if need_x else None)
-        return torch.convolution(
-            x, weight, bias, stride, padding, dilation, transposed, output_padding, groups
-        )
+        return torch.convolution(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
@@ -62,8 +60,7 @@ class _Convolution(torch.autograd.Function):
         if need_x and not need_w:
             # The input gradient alone is the adjoint convolution run forward: as fast as
             # stock's backward kernel, and it needs no stand-in for the input.
-            grad_x = _adjoint(grad, weight, ctx.x_shape, stride, padding, dilation, transposed,
-                              output_padding, groups)
+            grad_x = _adjoint(grad, weight, ctx.x_shape, stride, padding, dilation, transposed, output_padding, groups)
         if (need_x and grad_x is None) or need_w or need_b:
             if x is None:
                 x = grad.new_empty(1).expand(ctx.x_shape)  # shape only: not read
@@ -71,8 +68,17 @@ class _Convolution(torch.autograd.Function):
                 weight = grad.new_empty(1).expand(ctx.w_shape)
             mask = [need_x and grad_x is None, need_w, need_b]
             gx, grad_w, grad_b = torch.ops.aten.convolution_backward(
-                grad, x, weight, ctx.bias_sizes, stride, padding, dilation, transposed,
-                output_padding, groups, mask,
+                grad,
+                x,
+                weight,
+                ctx.bias_sizes,
+                stride,
+                padding,
+                dilation,
+                transposed,
+                output_padding,
+                groups,
+                mask,
             )
             if mask[0]:
                 grad_x = gx
@@ -82,35 +88,45 @@ class _Convolution(torch.autograd.Function):
         return grad_x, grad_w, grad_b, None, None, None, None, None, None
 
 
-def _adjoint(grad: Tensor, weight: Tensor, x_shape: torch.Size, stride: list[int],
-             padding: list[int], dilation: list[int], transposed: bool,
-             output_padding: list[int], groups: int) -> Tensor | None:
+def _adjoint(
+    grad: Tensor,
+    weight: Tensor,
+    x_shape: torch.Size,
+    stride: list[int],
+    padding: list[int],
+    dilation: list[int],
+    transposed: bool,
+    output_padding: list[int],
+    groups: int,
+) -> Tensor | None:
     """Input gradient of a (transposed) convolution as the forward of its adjoint, or None
     when the adjoint cannot reproduce the input size (then the caller uses the backward op)."""
     n = len(stride)
     k = weight.shape[2:]
     out = grad.shape[2:]
-    if (groups == 1 and all(size == 1 for size in k) and not any(padding)
-            and (not transposed or (all(s == 1 for s in stride) and not any(output_padding)))):
+    if (
+        groups == 1
+        and all(size == 1 for size in k)
+        and not any(padding)
+        and (not transposed or (all(s == 1 for s in stride) and not any(output_padding)))
+    ):
         return _pointwise_adjoint(grad, weight, x_shape, stride, transposed)
     if transposed:
         # the adjoint is a plain convolution; it lands on the input size iff output_padding < stride
         if any(op >= s for op, s in zip(output_padding, stride)):
             return None
-        return torch.convolution(grad, weight, None, stride, padding, dilation, False,
-                                          [0] * n, groups)
+        return torch.convolution(grad, weight, None, stride, padding, dilation, False, [0] * n, groups)
     extra = [
-        x_shape[2 + d] - ((out[d] - 1) * stride[d] - 2 * padding[d] + dilation[d] * (k[d] - 1) + 1)
-        for d in range(n)
+        x_shape[2 + d] - ((out[d] - 1) * stride[d] - 2 * padding[d] + dilation[d] * (k[d] - 1) + 1) for d in range(n)
     ]
     if any(e < 0 or e >= max(stride[d], dilation[d]) for d, e in enumerate(extra)):
         return None
-    return torch.convolution(grad, weight, None, stride, padding, dilation, True, extra,
-                                      groups)
+    return torch.convolution(grad, weight, None, stride, padding, dilation, True, extra, groups)
 
 
-def _pointwise_adjoint(grad: Tensor, weight: Tensor, x_shape: torch.Size, stride: list[int],
-                       transposed: bool) -> Tensor:
+def _pointwise_adjoint(
+    grad: Tensor, weight: Tensor, x_shape: torch.Size, stride: list[int], transposed: bool
+) -> Tensor:
     """1x1 convolution's input gradient as one matmul (faster here than the convolution
     kernels, which pick slow paths for channel-reducing 1x1s); strided: into every s-th pixel."""
     batch, c_out = grad.shape[:2]
@@ -162,8 +178,12 @@ def convolution(
         padding_l = _tuple(padding, n)
     out_pad = [0] * n if output_padding is None else _tuple(output_padding, n)
     bias_grad = bias is not None and bias.requires_grad
-    if (torch.is_grad_enabled() and not weight.requires_grad and (x.requires_grad or bias_grad)
-            and x.shape[2:].numel() != 1):
+    if (
+        torch.is_grad_enabled()
+        and not weight.requires_grad
+        and (x.requires_grad or bias_grad)
+        and x.shape[2:].numel() != 1
+    ):
         # (A 1x1 feature map, as squeeze-excite's pooled vector, runs stock below: stock keeps
         # N x C numbers there, less than our Function's per-call cost is worth.)
         # Only with a frozen weight does stock keep more than needed (the input); with a
@@ -177,8 +197,7 @@ def convolution(
             low = torch.get_autocast_dtype(device)
             x, weight = x.to(low), weight.to(low)
             bias = None if bias is None else bias.to(low)
-        out = apply(_Convolution, x, weight, bias, stride_l, padding_l, dilation_l, transposed,
-                    out_pad, groups)
+        out = apply(_Convolution, x, weight, bias, stride_l, padding_l, dilation_l, transposed, out_pad, groups)
     elif transposed:  # the stock functionals: autocast wraps them (not aten.convolution)
         out = _CONV_T[n](x, weight, bias, stride_l, padding_l, out_pad, groups, dilation_l)
     else:
@@ -190,9 +209,7 @@ _CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 _CONV_T = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
 
 
-def _string_padding(
-    x: Tensor, padding: str, kernel: Sequence[int], dilation: list[int]
-) -> tuple[Tensor, list[int]]:
+def _string_padding(x: Tensor, padding: str, kernel: Sequence[int], dilation: list[int]) -> tuple[Tensor, list[int]]:
     """Explicit padding for 'valid'/'same'; odd totals pad one extra on the right, as stock."""
     n = len(kernel)
     if padding == "valid":
@@ -226,7 +243,13 @@ class _MemSaveConvMixin:
         else:
             padding = self.padding  # type: ignore[attr-defined]
         return convolution(
-            input, weight, bias, self.stride, padding, self.dilation, self.groups  # type: ignore[attr-defined]
+            input,
+            weight,
+            bias,
+            self.stride,  # type: ignore[attr-defined]
+            padding,
+            self.dilation,  # type: ignore[attr-defined]
+            self.groups,  # type: ignore[attr-defined]
         )
 
 
@@ -247,9 +270,7 @@ class _MemSaveConvTransposeMixin:
 
     def forward(self, input: Tensor, output_size: list[int] | None = None) -> Tensor:
         if self.padding_mode != "zeros":  # type: ignore[attr-defined]
-            raise ValueError(
-                f"Only `zeros` padding mode is supported for {type(self).__mro__[2].__name__}"
-            )
+            raise ValueError(f"Only `zeros` padding mode is supported for {type(self).__mro__[2].__name__}")
         n = self.weight.dim() - 2  # type: ignore[attr-defined]
         output_padding = self._output_padding(  # type: ignore[attr-defined]
             input,

@@ -70,12 +70,12 @@ def _scaled(grad: Tensor, packed: Tensor, scale: Tensor) -> Tensor | None:
     return scale_bits(grad, packed, scale.item(), 0.0)
 
 
-def masked_dropout(x: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False
-                   ) -> Tensor:
+def masked_dropout(x: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> Tensor:
     """``F.dropout`` keeping a 1-bit mask; the trivial cases (eval, p in {0, 1}, no grad) are
     stock, where nothing or no mask is kept anyway."""
-    if not (training and 0.0 < p < 1.0 and torch.is_grad_enabled() and x.requires_grad
-            and x.numel() > 0) or (inplace and stock_refuses_inplace(x)):
+    if not (training and 0.0 < p < 1.0 and torch.is_grad_enabled() and x.requires_grad and x.numel() > 0) or (
+        inplace and stock_refuses_inplace(x)
+    ):
         return F.dropout(x, p, training, inplace)  # (an in-place op stock refuses: it raises)
     _holder.compact(_holder.RECENT)
     return _Dropout.apply(x, p, inplace)
@@ -97,8 +97,7 @@ class _NoiseDropout(torch.autograd.Function):
     ``noise = scale * bernoulli``; autograd keeps ``noise`` in float, backward needs its bits."""
 
     @staticmethod
-    def forward(ctx: Any, x: Tensor, p: float, feature: bool, alpha: bool, inplace: bool
-                ) -> Tensor:
+    def forward(ctx: Any, x: Tensor, p: float, feature: bool, alpha: bool, inplace: bool) -> Tensor:
         # the draw exactly as ATen's _dropout_impl makes it: same shape, same order
         if feature:
             noise = x.new_empty((x.shape[0], x.shape[1]) + (1,) * (x.dim() - 2))
@@ -140,12 +139,14 @@ class _NoiseDropout(torch.autograd.Function):
         return grad.mul(mask.mul_(scale)), None, None, None, None  # as stock: grad * noise
 
 
-def masked_noise_dropout(x: Tensor, p: float, training: bool, inplace: bool, feature: bool,
-                         alpha: bool) -> Tensor | None:
+def masked_noise_dropout(
+    x: Tensor, p: float, training: bool, inplace: bool, feature: bool, alpha: bool
+) -> Tensor | None:
     """Feature / alpha dropout keeping 1 bit per noise element, or None where stock keeps
     nothing (eval, p in {0, 1}, no gradient, empty input): the caller runs stock then."""
-    if not (training and 0.0 < p < 1.0 and torch.is_grad_enabled() and x.requires_grad
-            and x.numel() > 0) or (inplace and stock_refuses_inplace(x)):
+    if not (training and 0.0 < p < 1.0 and torch.is_grad_enabled() and x.requires_grad and x.numel() > 0) or (
+        inplace and stock_refuses_inplace(x)
+    ):
         return None  # (an in-place op stock refuses: stock's forward raises)
     _holder.compact(_holder.RECENT)
     return _NoiseDropout.apply(x, p, feature, alpha, inplace)

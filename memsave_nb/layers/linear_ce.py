@@ -40,8 +40,9 @@ def _wide(t: Tensor) -> Tensor:
     return t if t.dtype in (torch.float32, torch.float64) else t.float()
 
 
-def _chunk_logits(h: Tensor, weight: Tensor, bias: Tensor | None, logit_scale: float = 1.0,
-                  softcap: float | None = None) -> Tensor:
+def _chunk_logits(
+    h: Tensor, weight: Tensor, bias: Tensor | None, logit_scale: float = 1.0, softcap: float | None = None
+) -> Tensor:
     """The chunk's logits as the model's loss sees them; with ``softcap`` the buffer holds
     ``tanh(z / cap)`` (the caller multiplies by ``cap``, or keeps it for the derivative)."""
     out = _wide(h @ weight.t() if bias is None else torch.addmm(bias, h, weight.t()))
@@ -57,8 +58,17 @@ class _ChunkedLinearCE(torch.autograd.Function):
     (``f``: times ``logit_scale``, then ``cap * tanh(. / cap)`` when ``softcap``)."""
 
     @staticmethod
-    def forward(ctx, hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor,  # type: ignore[override]
-                chunk: int, scale: float, logit_scale: float = 1.0, softcap: float | None = None) -> Tensor:
+    def forward(
+        ctx,
+        hidden: Tensor,
+        weight: Tensor,
+        bias: Tensor | None,
+        targets: Tensor,  # type: ignore[override]
+        chunk: int,
+        scale: float,
+        logit_scale: float = 1.0,
+        softcap: float | None = None,
+    ) -> Tensor:
         cdt = _compute_dtype(hidden)
         with torch.autocast(hidden.device.type, enabled=False):
             w = weight.to(cdt)
@@ -141,10 +151,19 @@ def valid_positions(labels: Tensor, ignore_index: int = -100, count: int | None 
     return order[:count], count
 
 
-def chunked_linear_cross_entropy(hidden: Tensor, weight: Tensor, labels: Tensor, *, bias: Tensor | None = None,
-                                 chunk: int = 1024, ignore_index: int = -100, reduction: str = "mean",
-                                 valid_count: int | None = None, logit_scale: float = 1.0,
-                                 softcap: float | None = None) -> Tensor:
+def chunked_linear_cross_entropy(
+    hidden: Tensor,
+    weight: Tensor,
+    labels: Tensor,
+    *,
+    bias: Tensor | None = None,
+    chunk: int = 1024,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    valid_count: int | None = None,
+    logit_scale: float = 1.0,
+    softcap: float | None = None,
+) -> Tensor:
     """``F.cross_entropy(hidden @ weight.T + bias, labels, ignore_index=..., reduction=...)`` over the
     flattened leading dimensions, without building the ``(tokens, vocab)`` logits: ``chunk`` tokens at
     a time in forward and backward. ``reduction``: ``"mean"`` (over the kept positions; 0 when none)
@@ -167,5 +186,6 @@ def chunked_linear_cross_entropy(hidden: Tensor, weight: Tensor, labels: Tensor,
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < float("inf")):
             raise ValueError(f"{name} must be a positive finite number, got {v!r}")
     scale = 1.0 / max(count, 1) if reduction == "mean" else 1.0
-    return _ChunkedLinearCE.apply(h, weight, bias, flat, chunk, scale, float(logit_scale),
-                                  None if softcap is None else float(softcap))
+    return _ChunkedLinearCE.apply(
+        h, weight, bias, flat, chunk, scale, float(logit_scale), None if softcap is None else float(softcap)
+    )

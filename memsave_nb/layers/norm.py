@@ -24,8 +24,7 @@ def _opmath(dtype: torch.dtype) -> torch.dtype:
 
 class _RMSNorm(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, x: Tensor, weight: Tensor, shape: tuple[int, ...],
-                eps: float | None) -> Tensor:
+    def forward(ctx: Any, x: Tensor, weight: Tensor, shape: tuple[int, ...], eps: float | None) -> Tensor:
         dims = tuple(range(x.dim() - len(shape), x.dim()))
         # stock defaults eps to the machine epsilon of the compute (opmath) dtype
         eps_value = torch.finfo(_opmath(x.dtype)).eps if eps is None else eps
@@ -65,8 +64,7 @@ class MemSaveRMSNorm(nn.RMSNorm):
 
     def forward(self, x: Tensor) -> Tensor:
         weight = self.weight
-        if (torch.is_grad_enabled() and weight is not None and weight.requires_grad
-                and x.requires_grad):
+        if torch.is_grad_enabled() and weight is not None and weight.requires_grad and x.requires_grad:
             _holder.compact(_holder.RECENT)
             return _RMSNorm.apply(x, weight, tuple(self.normalized_shape), self.eps)
         return super().forward(x)

@@ -35,8 +35,9 @@ def window_index_dtype(window_numel: int) -> torch.dtype:
     return torch.int32
 
 
-def _window_starts(out_shape: Sequence[int], stride: list[int], padding: list[int], n: int,
-                   device: torch.device) -> list[Tensor]:
+def _window_starts(
+    out_shape: Sequence[int], stride: list[int], padding: list[int], n: int, device: torch.device
+) -> list[Tensor]:
     """Per spatial dim, the input coordinate where each output position's window starts,
     shaped to broadcast over the last ``n`` dims."""
     starts = []
@@ -48,8 +49,9 @@ def _window_starts(out_shape: Sequence[int], stride: list[int], padding: list[in
     return starts
 
 
-def _window_base(out_spatial: Sequence[int], in_spatial: Sequence[int], stride: list[int],
-                 padding: list[int], device: torch.device) -> Tensor:
+def _window_base(
+    out_spatial: Sequence[int], in_spatial: Sequence[int], stride: list[int], padding: list[int], device: torch.device
+) -> Tensor:
     """Flat input index of each window's first element (it may lie in the padding)."""
     n = len(in_spatial)
     starts = _window_starts(out_spatial, stride, padding, n, device)
@@ -61,8 +63,7 @@ def _window_base(out_spatial: Sequence[int], in_spatial: Sequence[int], stride: 
     return base
 
 
-def _kernel_deltas(in_spatial: Sequence[int], kernel: list[int],
-                   dilation: list[int]) -> list[int] | None:
+def _kernel_deltas(in_spatial: Sequence[int], kernel: list[int], dilation: list[int]) -> list[int] | None:
     """Flat-index distance from a window's first element to each kernel position (row-major),
     or None when two positions share a distance (a window wider than the input) or the
     lookup table would be large: then offsets are computed by division instead."""
@@ -93,9 +94,17 @@ def _chunks(batch: int, per_sample: int) -> list[tuple[int, int]]:
     return [(i, min(batch, i + step)) for i in range(0, batch, step)]
 
 
-def _window_offsets(flat: Tensor, out_spatial: Sequence[int], in_spatial: Sequence[int],
-                    kernel: list[int], stride: list[int], padding: list[int],
-                    dilation: list[int], dtype: torch.dtype, inplace: bool = True) -> Tensor:
+def _window_offsets(
+    flat: Tensor,
+    out_spatial: Sequence[int],
+    in_spatial: Sequence[int],
+    kernel: list[int],
+    stride: list[int],
+    padding: list[int],
+    dilation: list[int],
+    dtype: torch.dtype,
+    inplace: bool = True,
+) -> Tensor:
     """Flat input indices (consumed in place unless ``inplace=False``: then no tensor is
     changed in place, as a SAC region requires) -> row-major offsets inside each window."""
     n = len(kernel)
@@ -121,9 +130,15 @@ def _window_offsets(flat: Tensor, out_spatial: Sequence[int], in_spatial: Sequen
     return local.to(dtype)
 
 
-def _flat_indices(local: Tensor, out_spatial: Sequence[int], in_spatial: Sequence[int],
-                  kernel: list[int], stride: list[int], padding: list[int],
-                  dilation: list[int]) -> Tensor:
+def _flat_indices(
+    local: Tensor,
+    out_spatial: Sequence[int],
+    in_spatial: Sequence[int],
+    kernel: list[int],
+    stride: list[int],
+    padding: list[int],
+    dilation: list[int],
+) -> Tensor:
     """Window offsets -> flat int64 input indices, on two int64 temporaries."""
     n = len(kernel)
     starts = _window_starts(out_spatial, stride, padding, n, local.device)
@@ -149,8 +164,15 @@ class _MaxPool(torch.autograd.Function):
     """Max pooling keeping only the argmax offset inside its window."""
 
     @staticmethod
-    def forward(ctx: Any, x: Tensor, kernel: list[int], stride: list[int], padding: list[int],
-                dilation: list[int], ceil_mode: bool) -> Tensor:
+    def forward(
+        ctx: Any,
+        x: Tensor,
+        kernel: list[int],
+        stride: list[int],
+        padding: list[int],
+        dilation: list[int],
+        ceil_mode: bool,
+    ) -> Tensor:
         n = len(kernel)
         window = 1
         for k in kernel:
@@ -164,9 +186,11 @@ class _MaxPool(torch.autograd.Function):
         def lookup() -> Tensor:  # delta -> window offset by one lookup, no integer division
             if not tables:
                 # built out of place: inside a SAC region every op output may be cached
-                tables.append(torch.zeros(max(deltas) + 1, dtype=dtype, device=x.device).index_put(
-                    (torch.tensor(deltas, device=x.device),),
-                    torch.arange(len(deltas), device=x.device).to(dtype)))
+                tables.append(
+                    torch.zeros(max(deltas) + 1, dtype=dtype, device=x.device).index_put(
+                        (torch.tensor(deltas, device=x.device),), torch.arange(len(deltas), device=x.device).to(dtype)
+                    )
+                )
             return tables[0]
 
         # Under saved-tensor hooks (checkpointing, SAC) the pool's indices may sit in SAC's
@@ -174,13 +198,15 @@ class _MaxPool(torch.autograd.Function):
         own_indices = _holder.lazy_allowed()
 
         def offsets(flat: Tensor, out_spatial: Sequence[int]) -> Tensor:
-            local = pool_offsets(flat, out_spatial, in_spatial, stride, padding, deltas,
-                                 dtype)  # one C pass, where it runs
+            local = pool_offsets(
+                flat, out_spatial, in_spatial, stride, padding, deltas, dtype
+            )  # one C pass, where it runs
             if local is not None:
                 return local
             if deltas is None:
-                return _window_offsets(flat, out_spatial, in_spatial, kernel, stride, padding,
-                                       dilation, dtype, own_indices)
+                return _window_offsets(
+                    flat, out_spatial, in_spatial, kernel, stride, padding, dilation, dtype, own_indices
+                )
             base = _window_base(out_spatial, in_spatial, stride, padding, flat.device)
             flat = flat.sub_(base) if own_indices else flat.sub(base)
             return lookup().index_select(0, flat.reshape(-1)).view(flat.shape)
@@ -192,8 +218,7 @@ class _MaxPool(torch.autograd.Function):
             out_chunks, local_chunks = [], []
             per_sample = x.shape[1:].numel()
             for lo, hi in _chunks(x.shape[0], per_sample):
-                o, flat = pool(x[lo:hi], kernel, stride, padding, dilation, ceil_mode,
-                               return_indices=True)
+                o, flat = pool(x[lo:hi], kernel, stride, padding, dilation, ceil_mode, return_indices=True)
                 local_chunks.append(offsets(flat, o.shape[-n:]))
                 out_chunks.append(o)
                 del flat
@@ -225,28 +250,33 @@ class _MaxPool(torch.autograd.Function):
             spans = list(_chunks(x_shape[0], grad.shape[1:].numel()))
         for lo, hi in spans:
             g, loc, gx = grad[lo:hi], local[lo:hi], grad_x[lo:hi]
-            flat = pool_flat(loc, g.shape[-n:], in_spatial, stride, padding,
-                             ctx.deltas)  # one C pass, where it runs
+            flat = pool_flat(loc, g.shape[-n:], in_spatial, stride, padding, ctx.deltas)  # one C pass, where it runs
             if flat is None and ctx.deltas is None:
-                flat = _flat_indices(loc, g.shape[-n:], in_spatial, kernel, stride, padding,
-                                     dilation)
+                flat = _flat_indices(loc, g.shape[-n:], in_spatial, kernel, stride, padding, dilation)
             elif flat is None:
                 if deltas_t is None:
                     deltas_t = torch.tensor(ctx.deltas, dtype=torch.int64, device=grad.device)
                 flat = deltas_t.index_select(0, loc.reshape(-1).int()).view(loc.shape)
                 flat.add_(_window_base(g.shape[-n:], in_spatial, stride, padding, g.device))
             if differentiable:
-                grad_x = _stock_backward(g, None, flat, kernel, stride, padding, dilation,
-                                         ceil_mode, x_shape)
+                grad_x = _stock_backward(g, None, flat, kernel, stride, padding, dilation, ceil_mode, x_shape)
             else:
                 _stock_backward(g, gx, flat, kernel, stride, padding, dilation, ceil_mode)
             del flat
         return grad_x, None, None, None, None, None
 
 
-def _stock_backward(grad: Tensor, grad_x: Tensor | None, flat: Tensor, kernel: list[int],
-                    stride: list[int], padding: list[int], dilation: list[int],
-                    ceil_mode: bool, x_shape: Sequence[int] | None = None) -> Tensor:
+def _stock_backward(
+    grad: Tensor,
+    grad_x: Tensor | None,
+    flat: Tensor,
+    kernel: list[int],
+    stride: list[int],
+    padding: list[int],
+    dilation: list[int],
+    ceil_mode: bool,
+    x_shape: Sequence[int] | None = None,
+) -> Tensor:
     """Stock's max-pool backward kernel, writing into ``grad_x`` (which it zero-fills), or,
     with ``grad_x=None``, returning a new (differentiable) gradient of shape ``x_shape``; the
     input it asks for only lends its shape, so a one-element stand-in serves."""
@@ -258,12 +288,14 @@ def _stock_backward(grad: Tensor, grad_x: Tensor | None, flat: Tensor, kernel: l
         shape = [*shape[:-1], 1, shape[-1]]
         kernel, stride = [1, *kernel], [1, *stride]
         padding, dilation = [0, *padding], [1, *dilation]
-    backward = (torch.ops.aten.max_pool2d_with_indices_backward if len(kernel) == 2
-                else torch.ops.aten.max_pool3d_with_indices_backward)
+    backward = (
+        torch.ops.aten.max_pool2d_with_indices_backward
+        if len(kernel) == 2
+        else torch.ops.aten.max_pool3d_with_indices_backward
+    )
     stand_in = grad.new_empty(1).expand(shape)
     if grad_x is not None:
-        backward.grad_input(grad, stand_in, kernel, stride, padding, dilation, ceil_mode, flat,
-                            grad_input=grad_x)
+        backward.grad_input(grad, stand_in, kernel, stride, padding, dilation, ceil_mode, flat, grad_input=grad_x)
         return grad_x
     out = backward.default(grad, stand_in, kernel, stride, padding, dilation, ceil_mode, flat)
     return out.squeeze(-2) if one_d else out
@@ -283,13 +315,20 @@ def _cat(chunks: list[Tensor]) -> Tensor:
         out = out.contiguous(memory_format=fmt)
     lo = 0
     for c in chunks:
-        out[lo:lo + c.shape[0]].copy_(c)
+        out[lo : lo + c.shape[0]].copy_(c)
         lo += c.shape[0]
     return out
 
 
-def max_pool(x: Tensor, n: int, kernel_size: int | Sequence[int], stride: int | Sequence[int] | None,
-             padding: int | Sequence[int], dilation: int | Sequence[int], ceil_mode: bool) -> Tensor:
+def max_pool(
+    x: Tensor,
+    n: int,
+    kernel_size: int | Sequence[int],
+    stride: int | Sequence[int] | None,
+    padding: int | Sequence[int],
+    dilation: int | Sequence[int],
+    ceil_mode: bool,
+) -> Tensor:
     """N-d max pooling keeping window-local argmax positions in the smallest integer type."""
     kernel = _tuple(kernel_size, n)
     stride_l = kernel if (stride is None or stride == [] or stride == ()) else _tuple(stride, n)
@@ -307,8 +346,7 @@ class _MemSaveMaxPoolMixin:
         mod: Any = self
         if mod.return_indices:
             return super().forward(input)  # type: ignore[misc]
-        return max_pool(input, self._n, mod.kernel_size, mod.stride, mod.padding, mod.dilation,
-                        mod.ceil_mode)
+        return max_pool(input, self._n, mod.kernel_size, mod.stride, mod.padding, mod.dilation, mod.ceil_mode)
 
 
 class MemSaveMaxPool1d(_MemSaveMaxPoolMixin, nn.MaxPool1d):
@@ -403,8 +441,9 @@ class _AdaptiveMaxPool(torch.autograd.Function):
             grad, flat = grad.unsqueeze(-2), flat.unsqueeze(-2)
             shape = [*shape[:-1], 1, shape[-1]]
         stand_in = grad.new_empty(1).expand(shape)  # only its shape is read
-        backward = (torch.ops.aten.adaptive_max_pool3d_backward if n == 3
-                    else torch.ops.aten.adaptive_max_pool2d_backward)
+        backward = (
+            torch.ops.aten.adaptive_max_pool3d_backward if n == 3 else torch.ops.aten.adaptive_max_pool2d_backward
+        )
         grad_x = backward(grad, stand_in, flat)
         return (grad_x.squeeze(-2) if n == 1 else grad_x), None, None
 

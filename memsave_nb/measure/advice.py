@@ -14,8 +14,9 @@ ADVICE_SHARE_CACHE = 0.01
 _CACHE_PARTS = ("past_key_values", "present_key_values", "mems", "cache")
 
 
-def advice_for(parts: tuple[tuple[str, int], ...], kept_bytes: int, peak_bytes: int,
-               loop: str = "keep_output_step") -> tuple[str, ...]:
+def advice_for(
+    parts: tuple[tuple[str, int], ...], kept_bytes: int, peak_bytes: int, loop: str = "keep_output_step"
+) -> tuple[str, ...]:
     """One-line hints for outputs that keep much memory to the end of the step, and what frees them.
 
     ``kept_bytes``: saved for backward plus outputs at the end of forward; a part gets a hint when
@@ -38,7 +39,9 @@ def advice_for(parts: tuple[tuple[str, int], ...], kept_bytes: int, peak_bytes: 
                 "(loss = model(**batch).loss), compute the loss inside the model or use a chunked cross-entropy (Plan(loss='chunked'))"
             )
         elif name != "loss":
-            hints.append(f"the output {name!r} stays alive to the end of the step ({size}, {share}): drop it after the loss if training does not need it")
+            hints.append(
+                f"the output {name!r} stays alive to the end of the step ({size}, {share}): drop it after the loss if training does not need it"
+            )
     return tuple(hints)
 
 

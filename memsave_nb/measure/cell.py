@@ -167,7 +167,7 @@ def measure_callable(
             if rec.phase == "setup" and rec.kind is None:
                 rec.phase = "forward"
         tracker.event_phase[:] = ["forward" if p == "setup" else p for p in tracker.event_phase]
-    for t in (data() if data is not None else ()):
+    for t in data() if data is not None else ():
         if isinstance(t, torch.Tensor) and t.grad_fn is None and not _is_param_of(t, model_list):
             idx = tracker.record_of(t)
             if idx is not None and tracker.records[idx].kind is None:

@@ -68,10 +68,11 @@ def cuda_step_note(attention: dict[str, int] | None = None, step: str | None = "
 
     words = [f"{step} optimizer step"] if step else []
     words += [title_words(attention)] if attention else (["the CPU's attention (a real step)"] if real else [])
-    why = {"foreach": "the optimizer left to pick its implementation takes torch's GPU default, the foreach step "
-                      "(its temporaries counted)",
-           "fused": "the fused step asked for (the trainer's adamw_torch_fused default) runs in place"}.get(
-        step or "", "the optimizer runs as asked")
+    why = {
+        "foreach": "the optimizer left to pick its implementation takes torch's GPU default, the foreach step "
+        "(its temporaries counted)",
+        "fused": "the fused step asked for (the trainer's adamw_torch_fused default) runs in place",
+    }.get(step or "", "the optimizer runs as asked")
     return f"sized as CUDA runs it: {', '.join(words) or 'no optimizer step'}. On a CPU twin of the step: {why}"
 
 
@@ -80,7 +81,7 @@ def sized_words(notes: tuple[str, ...] | list[str]) -> str:
     ``", sized as CUDA runs it (foreach optimizer step, flash attention)"``; "" for any other step."""
     head = "sized as CUDA runs it: "
     note = next((n for n in notes if n.startswith(head)), None)
-    return "" if note is None else f", sized as CUDA runs it ({note[len(head):].split('.')[0]})"
+    return "" if note is None else f", sized as CUDA runs it ({note[len(head) :].split('.')[0]})"
 
 
 def clear_grads(model: nn.Module, set_to_none: bool) -> None:

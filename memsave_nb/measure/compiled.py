@@ -152,11 +152,14 @@ class _Loop:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
             cuda["baseline"] = torch.cuda.memory_allocated()
-        prof = torch.profiler.profile(activities=activities, profile_memory=True, record_shapes=False) if profile else None
+        prof = (
+            torch.profiler.profile(activities=activities, profile_memory=True, record_shapes=False) if profile else None
+        )
         try:
             if prof is not None:
                 prof.__enter__()
             try:
+
                 def next_batch(last: bool) -> Any:
                     nonlocal batch_storages
                     # the batch exists before its micro-step in a loop: made outside the marks
@@ -182,8 +185,15 @@ class _Loop:
 
                 first_forward = [True]
                 # the last batch, output and loss live on to the end of the profile, as in the loop
-                left = training_step(workload, next_batch, optimizer, runner="compiled", on_phase=on_phase,  # noqa: F841 (held)
-                                     context=context, on_forward_end=forward_end)
+                left = training_step(  # noqa: F841 (held to the end of the profile)
+                    workload,
+                    next_batch,
+                    optimizer,
+                    runner="compiled",
+                    on_phase=on_phase,
+                    context=context,
+                    on_forward_end=forward_end,
+                )
                 if on_cuda:
                     torch.cuda.synchronize()
                     cuda["peak"] = torch.cuda.max_memory_allocated()
@@ -231,7 +241,9 @@ def _nbytes(tensors, seen: set) -> int:
 def _static_bytes(model: nn.Module, optimizer: Any) -> dict[str, int]:
     seen: set[int] = set()
     params = _nbytes(list(model.parameters()) + list(model.buffers()), seen)
-    state = _nbytes((t for s in optimizer.state.values() for t in iter_tensors(s)), seen) if optimizer is not None else 0
+    state = (
+        _nbytes((t for s in optimizer.state.values() for t in iter_tensors(s)), seen) if optimizer is not None else 0
+    )
     grads = _nbytes((p.grad for p in model.parameters()), seen)
     return {"parameters": params, "optimizer_state": state, "gradients": grads, "inputs": 0}
 
@@ -265,7 +277,7 @@ def _memory_events(prof: Any, device_type: str) -> tuple[list[tuple[int, int, in
             if f.device.type == device_type and f.alloc_size != 0:
                 events.append((e.start_time_ns, f.ptr, f.alloc_size))
         elif e.name.startswith(_MARK):
-            marks.setdefault(e.name[len(_MARK):], []).append((e.start_time_ns, e.end_time_ns))
+            marks.setdefault(e.name[len(_MARK) :], []).append((e.start_time_ns, e.end_time_ns))
     # stable in time; at equal times keep allocations after frees of the same pointer
     events.sort(key=lambda ev: (ev[0], ev[2] > 0))
     for spans in marks.values():
@@ -380,7 +392,9 @@ def _summarise(workload: Workload, model: nn.Module, step: _Profiled, times: lis
         modules=tuple(rows),
         ops=(),
         module_ops=(),
-        timeline=Timeline(phase=tuple(phases), by_category={c: tuple(v) for c, v in series.items()}, phase_starts=phase_starts),
+        timeline=Timeline(
+            phase=tuple(phases), by_category={c: tuple(v) for c, v in series.items()}, phase_starts=phase_starts
+        ),
         step_seconds=statistics.median(times) if times else None,
         step_seconds_all=tuple(times),
         flops=0,

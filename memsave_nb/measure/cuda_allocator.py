@@ -280,8 +280,9 @@ class CachingAllocator:
         self._top += -(-size // K_ROUND_LARGE) * K_ROUND_LARGE
         return addr
 
-    def _new_segment(self, size: int, stream: int, small: bool, addr: int | None = None,
-                     expandable: bool = False) -> Segment:
+    def _new_segment(
+        self, size: int, stream: int, small: bool, addr: int | None = None, expandable: bool = False
+    ) -> Segment:
         if addr is None:  # an expandable segment reserves address space to grow into
             addr = self._address(1 << 40 if expandable else size)
         self._made += 1

@@ -34,8 +34,12 @@ import torch.nn.functional as F
 from ..workload import SIZED_GPUS, check_gpu
 
 FLASH, EFFICIENT, CUDNN, MATH = "flash", "memory-efficient", "cudnn", "math"
-TITLE = {FLASH: "flash attention", EFFICIENT: "memory-efficient attention", CUDNN: "cuDNN attention",
-         MATH: "math attention"}
+TITLE = {
+    FLASH: "flash attention",
+    EFFICIENT: "memory-efficient attention",
+    CUDNN: "cuDNN attention",
+    MATH: "math attention",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,8 +68,16 @@ def _sm(gpu: Gpu, low: tuple[int, int], high: tuple[int, int]) -> bool:
     return low <= (gpu.major, gpu.minor) <= high
 
 
-def select_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None,
-                   dropout_p: float, is_causal: bool, enable_gqa: bool, gpu: Gpu) -> str:
+def select_backend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    attn_mask: torch.Tensor | None,
+    dropout_p: float,
+    is_causal: bool,
+    enable_gqa: bool,
+    gpu: Gpu,
+) -> str:
     """The backend CUDA's ``select_sdp_backend`` returns for these inputs on ``gpu``."""
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         return MATH  # check_tensor_shapes: the fused kernels take 4-D inputs only
@@ -82,20 +94,41 @@ def select_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask:
         if backend == CUDNN:  # check_cudnn_tensor_shapes, check_cudnn_d256_bprop_head_dim (cuDNN > 9.22)
             limit = 256 if gpu.cudnn_first else 128
             bprop = (d_qk <= 128 and d_v <= 128) or (d_qk, d_v) in ((192, 128), (256, 256))
-            ok = (low_precision and _sm(gpu, (8, 0), (12, 1)) and dropout_p * 16 == math.floor(dropout_p * 16)
-                  and d_qk <= limit and d_v <= limit and d_qk % 8 == 0 and d_v % 8 == 0 and k.size(2) != 1
-                  and (not grad or not gpu.cudnn_first or bprop))
+            ok = (
+                low_precision
+                and _sm(gpu, (8, 0), (12, 1))
+                and dropout_p * 16 == math.floor(dropout_p * 16)
+                and d_qk <= limit
+                and d_v <= limit
+                and d_qk % 8 == 0
+                and d_v % 8 == 0
+                and k.size(2) != 1
+                and (not grad or not gpu.cudnn_first or bprop)
+            )
         elif backend == FLASH:
             sm86_89_120 = _sm(gpu, (8, 6), (8, 9)) or _sm(gpu, (12, 0), (12, 1))
             big_head = d_qk > 192 and (d_qk <= 224 or dropout_p > 0)
-            ok = (attn_mask is None and d_qk == k.size(-1) == d_v and d_qk <= 256 and _sm(gpu, (8, 0), (12, 1))
-                  and not (grad and sm86_89_120 and big_head)
-                  and not (is_causal and q.size(2) != k.size(2)) and low_precision)
+            ok = (
+                attn_mask is None
+                and d_qk == k.size(-1) == d_v
+                and d_qk <= 256
+                and _sm(gpu, (8, 0), (12, 1))
+                and not (grad and sm86_89_120 and big_head)
+                and not (is_causal and q.size(2) != k.size(2))
+                and low_precision
+            )
         elif backend == EFFICIENT:
             align = (8 if half else 4) if gpu.major >= 8 else (8 if half and gpu.major >= 7 else 1)
-            dtypes = (torch.float16, torch.float32, torch.bfloat16) if gpu.major >= 8 else (torch.float16, torch.float32)
-            ok = (_sm(gpu, (5, 0), (12, 1)) and d_qk == k.size(-1) and d_qk % align == 0 and d_v % align == 0
-                  and q.dtype in dtypes)
+            dtypes = (
+                (torch.float16, torch.float32, torch.bfloat16) if gpu.major >= 8 else (torch.float16, torch.float32)
+            )
+            ok = (
+                _sm(gpu, (5, 0), (12, 1))
+                and d_qk == k.size(-1)
+                and d_qk % align == 0
+                and d_v % align == 0
+                and q.dtype in dtypes
+            )
         else:
             ok = True
         if ok:
@@ -126,18 +159,21 @@ def run_backend(backend: str, q, k, v, attn_mask, dropout_p: float, is_causal: b
     """The CUDA composite's call for ``backend`` (``attention.cpp``), returning the output."""
     if backend == MATH:
         return torch.ops.aten._scaled_dot_product_attention_math(
-            q, k, v, _additive(attn_mask, q.dtype), dropout_p, is_causal, None, scale=scale, enable_gqa=enable_gqa)[0]
+            q, k, v, _additive(attn_mask, q.dtype), dropout_p, is_causal, None, scale=scale, enable_gqa=enable_gqa
+        )[0]
     lse = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     if backend == CUDNN:
         return torch.ops.aten._scaled_dot_product_cudnn_attention(
-            q, k, v, _additive(attn_mask, q.dtype), lse, dropout_p, is_causal, False, scale=scale)[0]
+            q, k, v, _additive(attn_mask, q.dtype), lse, dropout_p, is_causal, False, scale=scale
+        )[0]
     if backend == EFFICIENT:
         mask = _additive(attn_mask, q.dtype)
         mask = _preprocess_mask(mask, q, k) if mask is not None else None
         if k.size(1) != q.size(1):  # GQA: its backward returns per-query-head grads; repeat as math does
             k, v = (t.repeat_interleave(q.size(1) // t.size(1), dim=1) for t in (k, v))
         return torch.ops.aten._scaled_dot_product_efficient_attention(
-            q, k, v, mask, lse, dropout_p, is_causal, scale=scale)[0]
+            q, k, v, mask, lse, dropout_p, is_causal, scale=scale
+        )[0]
     d = q.size(-1)
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     if d % 8:  # pad_last_dim<8>: padded copies of q, k, v go into the kernel (and are saved)
@@ -153,14 +189,14 @@ class CudaAttention:
         self.gpu = gpu
         self.backends: dict[str, int] = {}
 
-    def __call__(self, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-                 enable_gqa=False):
+    def __call__(self, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
         dropout_p, is_causal, enable_gqa = float(dropout_p), bool(is_causal), bool(enable_gqa)
         if torch.is_autocast_enabled("cpu"):  # the twin's autocast stands for CUDA's, whose lower-precision
             low = torch.get_autocast_dtype("cpu")  # list holds scaled_dot_product_attention (cached_cast:
             query, key, value, attn_mask = (  # every floating argument but float64 goes to the low dtype)
                 t.to(low) if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64 else t
-                for t in (query, key, value, attn_mask))
+                for t in (query, key, value, attn_mask)
+            )
         with torch.autocast("cpu", enabled=False):
             backend = select_backend(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa, self.gpu)
             self.backends[backend] = self.backends.get(backend, 0) + 1

@@ -69,8 +69,14 @@ def _seed(alloc: CachingAllocator, seg: dict, live: dict[int, int]) -> dict[int,
     for i, a in enumerate(inside):
         size = round_size(live[a], alloc.settings.roundup_power2_divisions)
         limit = inside[i + 1] if i + 1 < len(inside) else end
-        free = alloc._by_key[next(k for k in alloc._free[small] if alloc._by_key[k].segment is s
-                                  and alloc._by_key[k].addr <= a < alloc._by_key[k].addr + alloc._by_key[k].size)]
+        free = alloc._by_key[
+            next(
+                k
+                for k in alloc._free[small]
+                if alloc._by_key[k].segment is s
+                and alloc._by_key[k].addr <= a < alloc._by_key[k].addr + alloc._by_key[k].size
+            )
+        ]
         if free.addr < a:  # split off the free bytes in front
             alloc._remove(free)
             front = Block(free.addr, a - free.addr, s, prev=free.prev)
@@ -145,7 +151,9 @@ def replay(snapshot: dict, device: int = 0, settings: Settings | None = None, tr
         by_trace_addr[seg.addr] = seg
     model_segments, dump_segments = [], []
     for s in sorted(segments, key=lambda s: (s["address"] not in order, order.get(s["address"], 0), s["address"])):
-        dump_segments.append((s["total_size"], _shape((b["size"], b["state"] == "active_allocated") for b in s["blocks"])))
+        dump_segments.append(
+            (s["total_size"], _shape((b["size"], b["state"] == "active_allocated") for b in s["blocks"]))
+        )
         found = by_trace_addr.get(s["address"])
         if found is not None:
             model_segments.append((found.size, _shape((b.size, b.allocated) for b in found.blocks())))

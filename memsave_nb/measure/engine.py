@@ -82,7 +82,9 @@ def measure(
             raise WorkloadError("a torch.compile'd model cannot be measured in fake mode; measure it in real mode")
         from .compiled import measure_compiled
 
-        return measure_compiled(workload, mode=mode, repeats=repeats, cancel_event=cancel_event, steady_state=steady_state)
+        return measure_compiled(
+            workload, mode=mode, repeats=repeats, cancel_event=cancel_event, steady_state=steady_state
+        )
     model = workload.model
     with model_lock(model):  # a concurrent fake-mode run swaps the parameters: check inside the lock
         if mode == "real" and _has_fake_tensors(model):
@@ -101,29 +103,64 @@ def measure(
 
         try:
             if mode == "fake":
-                with collector_paused(), _fake_model(model, workload.device) as fake_mode, \
-                        fake_compat.same_path_as_real(workload), sized_attention(workload) as attention:
-                    result = _run(workload, fake_mode=fake_mode, flops=flops, cancel_event=cancel_event,
-                                  steady_state=steady_state, repeats=0, first_step_peak=first_step_peak,
-                                  restore=restore)
+                with (
+                    collector_paused(),
+                    _fake_model(model, workload.device) as fake_mode,
+                    fake_compat.same_path_as_real(workload),
+                    sized_attention(workload) as attention,
+                ):
+                    result = _run(
+                        workload,
+                        fake_mode=fake_mode,
+                        flops=flops,
+                        cancel_event=cancel_event,
+                        steady_state=steady_state,
+                        repeats=0,
+                        first_step_peak=first_step_peak,
+                        restore=restore,
+                    )
             else:
-                result = _run(workload, fake_mode=None, flops=flops, cancel_event=cancel_event,
-                              steady_state=steady_state, repeats=repeats, first_step_peak=first_step_peak,
-                              restore=restore, after_tracked=_memory_first(workload, steady_state, on_memory))
+                result = _run(
+                    workload,
+                    fake_mode=None,
+                    flops=flops,
+                    cancel_event=cancel_event,
+                    steady_state=steady_state,
+                    repeats=repeats,
+                    first_step_peak=first_step_peak,
+                    restore=restore,
+                    after_tracked=_memory_first(workload, steady_state, on_memory),
+                )
         finally:
             snapshot.restore(model)
             for t, g in leaves:
                 t.grad = g
     tracker, cuda, times, first_peak, parts, optimizer_kind = result
     with collector_paused() if mode == "fake" else contextlib.nullcontext():  # gc_pause.py: its per-module rows too
-        m = _summarise(tracker, workload, mode, times, cuda, first_step_peak=first_peak, steady_state=steady_state,
-                       output_parts=parts)
+        m = _summarise(
+            tracker,
+            workload,
+            mode,
+            times,
+            cuda,
+            first_step_peak=first_peak,
+            steady_state=steady_state,
+            output_parts=parts,
+        )
     if mode == "fake" and optimizer_kind is not None:
         m = dataclasses.replace(m, notes=m.notes + (foreach_note(optimizer_kind),))
     if workload.sized_for == "cuda":
-        m = dataclasses.replace(m, notes=(cuda_step_note(attention.backends if attention else None,
-                                                     workload.__dict__.get("cuda_step"),
-                                                     mode == "real" and torch.device(workload.device).type == "cpu"),) + m.notes)
+        m = dataclasses.replace(
+            m,
+            notes=(
+                cuda_step_note(
+                    attention.backends if attention else None,
+                    workload.__dict__.get("cuda_step"),
+                    mode == "real" and torch.device(workload.device).type == "cpu",
+                ),
+            )
+            + m.notes,
+        )
     if tracker.workspace_statuses:
         m = dataclasses.replace(m, notes=m.notes + workspace_notes(tracker.workspace_statuses))
     return m
@@ -136,14 +173,21 @@ def _memory_first(workload: Workload, steady_state: bool, on_memory: Callable[[M
         return None
 
     def after_tracked(tracker, cuda, first_peak, parts) -> None:
-        m = _summarise(tracker, workload, "real", [], cuda, first_step_peak=first_peak,
-                       steady_state=steady_state, output_parts=parts)
+        m = _summarise(
+            tracker,
+            workload,
+            "real",
+            [],
+            cuda,
+            first_step_peak=first_peak,
+            steady_state=steady_state,
+            output_parts=parts,
+        )
         if tracker.workspace_statuses:
             m = dataclasses.replace(m, notes=m.notes + workspace_notes(tracker.workspace_statuses))
         on_memory(m)
 
     return after_tracked
-
 
 
 def _is_compiled(model: nn.Module) -> bool:

@@ -72,8 +72,17 @@ class _Facts:
 
 
 _ONES_OPS = ("ones.default", "new_ones.default", "ones_like.default")
-_KEEPS_ONES = ("_to_copy.default", "clone.default", "view.default", "unsqueeze.default", "expand.default",
-               "slice.Tensor", "alias.default", "contiguous.default", "detach.default")
+_KEEPS_ONES = (
+    "_to_copy.default",
+    "clone.default",
+    "view.default",
+    "unsqueeze.default",
+    "expand.default",
+    "slice.Tensor",
+    "alias.default",
+    "contiguous.default",
+    "detach.default",
+)
 
 
 def _storage_key(t: torch.Tensor) -> int:
@@ -113,8 +122,11 @@ class _OnesTracker(TorchDispatchMode):
         kind = self._kind.get(func)
         if kind is None:
             kind = self._kind_of(func)
-        if kind and isinstance(out, torch.Tensor) and out.dim() == 2 and (
-            kind == 1 or (args and facts.all_ones(args[0]))
+        if (
+            kind
+            and isinstance(out, torch.Tensor)
+            and out.dim() == 2
+            and (kind == 1 or (args and facts.all_ones(args[0])))
         ):
             facts.note_ones(out)
         return out

@@ -52,8 +52,9 @@ except (ImportError, AttributeError):  # pragma: no cover - another torch
     _ft = None
 
 _MARK = ("memsave_nb quick fake-dispatch key",)
-_SCALARS = frozenset({int, float, bool, complex, str, type(None), torch.dtype, torch.device, torch.layout,
-                      torch.memory_format})
+_SCALARS = frozenset(
+    {int, float, bool, complex, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format}
+)
 _STRIDED = torch.strided
 _FAKE_KEY = torch._C._TorchDispatchModeKey.FAKE
 _get_mode = torch._C._get_dispatch_mode
@@ -64,7 +65,10 @@ _set_meta_in_tls, _empty_strided = torch._C._set_meta_in_tls_dispatch_include, t
 _set_conj, _set_neg = torch._C._set_conj, torch._C._set_neg
 _OVERLOAD = torch._ops.OpOverload
 _make_subclass = torch.Tensor._make_subclass
-_throw_on_data_ptr, _warn_on_data_ptr = torch._C._set_throw_on_mutable_data_ptr, torch._C._set_warn_deprecated_on_mutable_data_ptr
+_throw_on_data_ptr, _warn_on_data_ptr = (
+    torch._C._set_throw_on_mutable_data_ptr,
+    torch._C._set_warn_deprecated_on_mutable_data_ptr,
+)
 
 
 @functools.lru_cache(maxsize=None)
@@ -79,15 +83,26 @@ def supported() -> bool:
         return False
     mode = FakeTensorMode()
     info_fields = set(getattr(_ft._DispatchCacheEntryOutputInfo, "__dataclass_fields__", ()))
-    return (params == ("self", "state", "func", "args", "kwargs")
-            and out_params == ("self", "state", "entry", "key", "func", "args")
-            and isinstance(getattr(FakeTensorMode, "cache", None), dict)
-            and callable(getattr(FakeTensorMode, "_cached_dispatch_impl", None))
-            and callable(getattr(FakeTensorMode, "dispatch", None))
-            and all(hasattr(mode, a) for a in ("_allow_unsafe_data_ptr_access", "allow_meta", "in_kernel_invocation",
-                                               "cache_enabled", "cache_crosscheck_enabled", "shape_env"))
-            and {"inplace_idx", "metadata", "view_idx", "constant_value"} <= info_fields
-            and {"output_infos", "is_output_tuple"} <= set(getattr(_VALID, "__dataclass_fields__", ())))
+    return (
+        params == ("self", "state", "func", "args", "kwargs")
+        and out_params == ("self", "state", "entry", "key", "func", "args")
+        and isinstance(getattr(FakeTensorMode, "cache", None), dict)
+        and callable(getattr(FakeTensorMode, "_cached_dispatch_impl", None))
+        and callable(getattr(FakeTensorMode, "dispatch", None))
+        and all(
+            hasattr(mode, a)
+            for a in (
+                "_allow_unsafe_data_ptr_access",
+                "allow_meta",
+                "in_kernel_invocation",
+                "cache_enabled",
+                "cache_crosscheck_enabled",
+                "shape_env",
+            )
+        )
+        and {"inplace_idx", "metadata", "view_idx", "constant_value"} <= info_fields
+        and {"output_infos", "is_output_tuple"} <= set(getattr(_VALID, "__dataclass_fields__", ()))
+    )
 
 
 def _flatten(mode: Any, out: list, items: Any) -> bool:
@@ -100,8 +115,20 @@ def _flatten(mode: Any, out: list, items: Any) -> bool:
         elif kind is FakeTensor:
             if a.fake_mode is not mode or a.constant is not None or a.layout is not _STRIDED:
                 return False
-            out.append((a.dtype, a.shape, a.stride(), a.device, a.storage_offset(), a.untyped_storage().nbytes(),
-                        a.requires_grad, a.is_conj(), a.is_neg(), a.is_inference()))
+            out.append(
+                (
+                    a.dtype,
+                    a.shape,
+                    a.stride(),
+                    a.device,
+                    a.storage_offset(),
+                    a.untyped_storage().nbytes(),
+                    a.requires_grad,
+                    a.is_conj(),
+                    a.is_neg(),
+                    a.is_inference(),
+                )
+            )
         elif kind is list or kind is tuple:
             out.append(kind)
             out.append(len(a))
@@ -114,8 +141,14 @@ def _flatten(mode: Any, out: list, items: Any) -> bool:
 
 def quick_key(mode: Any, func: Any, args: Any, kwargs: Any) -> Any:
     """The quick cache key of one op, or None where it does not cover the arguments."""
-    values = [_MARK, func, torch.get_default_dtype(), _default_device(), torch.is_inference_mode_enabled(),
-              _proxy_mode() is not None]
+    values = [
+        _MARK,
+        func,
+        torch.get_default_dtype(),
+        _default_device(),
+        torch.is_inference_mode_enabled(),
+        _proxy_mode() is not None,
+    ]
     if args and not _flatten(mode, values, args):
         return None
     if kwargs:
@@ -148,8 +181,13 @@ if _ft is not None:
             handler = _META_HANDLERS.get(func)
             if handler is not None:
                 return handler(args)
-            if (self.cache_enabled and self.shape_env is None and not self.cache_crosscheck_enabled
-                    and func not in _DIRECTLY and not _LOG.isEnabledFor(_DEBUG)):
+            if (
+                self.cache_enabled
+                and self.shape_env is None
+                and not self.cache_crosscheck_enabled
+                and func not in _DIRECTLY
+                and not _LOG.isEnabledFor(_DEBUG)
+            ):
                 key = quick_key(self, func, args, kwargs)
                 if key is not None:
                     entry = FakeTensorMode.cache.get(key)
@@ -177,8 +215,14 @@ def _output(mode: Any, info: Any, func: Any, args: Any) -> Any:
         with _PreserveKeys():
             _set_meta_in_tls(True)
             try:
-                empty = _empty_strided(meta.shape, meta.stride, dtype=meta.dtype, layout=meta.layout, device="meta",
-                                       requires_grad=meta.requires_grad)
+                empty = _empty_strided(
+                    meta.shape,
+                    meta.stride,
+                    dtype=meta.dtype,
+                    layout=meta.layout,
+                    device="meta",
+                    requires_grad=meta.requires_grad,
+                )
                 if meta.is_conj:
                     _set_conj(empty, True)
                 if meta.is_neg:

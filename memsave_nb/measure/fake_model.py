@@ -12,6 +12,7 @@ from torch import nn
 
 from .fake_dispatch import quick_dispatch
 
+
 def _fake_twin(fake_mode, t: torch.Tensor, device: torch.device) -> torch.Tensor:
     """A fake tensor for ``t``; a meta tensor presents as the workload's device (as if built there
     under ``FakeTensorMode``)."""

@@ -15,7 +15,16 @@ from typing import Any, ContextManager, Iterable
 
 import torch
 
-_INIT_GROUP_ARGS = ("self", "group", "params_with_grad", "grads", "exp_avgs", "exp_avg_sqs", "max_exp_avg_sqs", "state_steps")
+_INIT_GROUP_ARGS = (
+    "self",
+    "group",
+    "params_with_grad",
+    "grads",
+    "exp_avgs",
+    "exp_avg_sqs",
+    "max_exp_avg_sqs",
+    "state_steps",
+)
 
 
 def _zero_grad_step_types() -> tuple[type, ...]:
@@ -55,8 +64,9 @@ def init_optimizer_state(optimizer: torch.optim.Optimizer) -> bool:
     return True
 
 
-def make_state_on_zero_grads(optimizer: torch.optim.Optimizer, trainable: Iterable[torch.Tensor],
-                             step_context: ContextManager[Any] | None = None) -> None:
+def make_state_on_zero_grads(
+    optimizer: torch.optim.Optimizer, trainable: Iterable[torch.Tensor], step_context: ContextManager[Any] | None = None
+) -> None:
     """Give each trainable parameter a zero gradient and let the optimizer make its state
     (``_init_group`` where it can, else one ``step()``, its hooks not called). The gradients stay: the caller drops or
     keeps them (``zero_grad(set_to_none=False)``)."""
@@ -83,5 +93,8 @@ def makes_state_without_a_step(optimizer: Any) -> bool:
     """True for an optimizer whose first-step state ``make_state_on_zero_grads`` reproduces: one of
     ``ZERO_GRAD_STEP``, or a wrapper that says so of itself (``makes_state_on_zero_grads`` True: the
     knobs' fp32 master weights over one of those)."""
-    return (optimizer is None or type(optimizer) in ZERO_GRAD_STEP
-            or getattr(optimizer, "makes_state_on_zero_grads", False) is True)
+    return (
+        optimizer is None
+        or type(optimizer) in ZERO_GRAD_STEP
+        or getattr(optimizer, "makes_state_on_zero_grads", False) is True
+    )

@@ -15,8 +15,9 @@ from .cuda_allocator import NO_LIMIT, Block, CachingAllocator, Settings
 from .result import ReservedMemory
 
 
-def ops_of(events: list[tuple[int, int]], records: list,
-           preexisting: set[int] | None = None) -> tuple[tuple[int, int, int], ...]:
+def ops_of(
+    events: list[tuple[int, int]], records: list, preexisting: set[int] | None = None
+) -> tuple[tuple[int, int, int], ...]:
     """The tracker's events as allocator calls ``(key, n, event)``: n > 0 mallocs n bytes under
     key, n == 0 frees it; ``event`` is the timeline index (-1: a preexisting record, allocated
     first). A ``resize_`` is a new block, then the old one freed, as torch does it."""
@@ -79,8 +80,13 @@ def with_workspace(ops: tuple[tuple[int, int, int], ...], nbytes: int, event: in
     return ops[:at] + ((key, nbytes, max(event, 0)),) + ops[at:]
 
 
-def replay_tracker(events: list[tuple[int, int]], records: list, preexisting: set[int] | None = None,
-                   conf: str | None = None, workspace: tuple[int, int, str] | None = None) -> ReservedMemory:
+def replay_tracker(
+    events: list[tuple[int, int]],
+    records: list,
+    preexisting: set[int] | None = None,
+    conf: str | None = None,
+    workspace: tuple[int, int, str] | None = None,
+) -> ReservedMemory:
     """Replay ``(record index, +/-bytes)`` events; ``preexisting`` records are allocated first.
     ``workspace``: (bytes, event, source) of an allocation below the dispatcher kept to the end
     (``cublas_workspace``), replayed at that event. One reserved-timeline entry per event."""

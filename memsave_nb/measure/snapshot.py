@@ -25,14 +25,33 @@ MAX_SNAPSHOT_BYTES = 2 << 30
 def _segments(alloc: CachingAllocator) -> list[dict]:
     out = []
     for seg in sorted(alloc.segments, key=lambda g: g.addr):
-        blocks: list[dict[str, Any]] = [{"address": b.addr, "size": b.size, "requested_size": b.requested if b.allocated else b.size,
-                   "state": "active_allocated" if b.allocated else "inactive", "frames": []} for b in seg.blocks()]
+        blocks: list[dict[str, Any]] = [
+            {
+                "address": b.addr,
+                "size": b.size,
+                "requested_size": b.requested if b.allocated else b.size,
+                "state": "active_allocated" if b.allocated else "inactive",
+                "frames": [],
+            }
+            for b in seg.blocks()
+        ]
         used = sum(b["size"] for b in blocks if b["state"] == "active_allocated")
-        out.append({"device": 0, "address": seg.addr, "total_size": seg.size, "allocated_size": used,
-                    "active_size": used, "requested_size": sum(b["requested_size"] for b in blocks
-                                                               if b["state"] == "active_allocated"),
-                    "stream": seg.stream, "segment_type": "small" if seg.small else "large",
-                    "segment_pool_id": (0, 0), "is_expandable": seg.expandable, "frames": [], "blocks": blocks})
+        out.append(
+            {
+                "device": 0,
+                "address": seg.addr,
+                "total_size": seg.size,
+                "allocated_size": used,
+                "active_size": used,
+                "requested_size": sum(b["requested_size"] for b in blocks if b["state"] == "active_allocated"),
+                "stream": seg.stream,
+                "segment_type": "small" if seg.small else "large",
+                "segment_pool_id": (0, 0),
+                "is_expandable": seg.expandable,
+                "frames": [],
+                "blocks": blocks,
+            }
+        )
     return out
 
 
@@ -50,8 +69,11 @@ def export_snapshot(ops, conf: str | None = None) -> dict:
             alloc.free(blocks.pop(key))
     for t, e in enumerate(alloc.trace):
         e["time_us"] = t
-    return {"segments": _segments(alloc), "device_traces": [alloc.trace],
-            "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": settings_of(conf)[1]}}
+    return {
+        "segments": _segments(alloc),
+        "device_traces": [alloc.trace],
+        "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": settings_of(conf)[1]},
+    }
 
 
 class _ContainersOnly(pickle.Unpickler):

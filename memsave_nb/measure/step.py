@@ -22,6 +22,7 @@ from .optimizer_state import make_state_on_zero_grads, makes_state_without_a_ste
 from .tracker import INPUT, PARAMETER, MemoryTracker
 from .training_step import training_step
 
+
 class _Step:
     """Training steps with phase bookkeeping, shared by tracked and timed runs.
 
@@ -88,8 +89,12 @@ class _Step:
         """Between steps, as a training loop clears grads."""
         clear_grads(self.workload.model, self.workload.set_to_none)
 
-    def run(self, make_batch: Callable[[], Any], on_forward_end: Callable[[Any, Any], None] | None = None,
-            saved_hook: Callable[[torch.Tensor], None] | None = None) -> list[Any]:
+    def run(
+        self,
+        make_batch: Callable[[], Any],
+        on_forward_end: Callable[[Any, Any], None] | None = None,
+        saved_hook: Callable[[torch.Tensor], None] | None = None,
+    ) -> list[Any]:
         """One training step: k micro-steps (forward, loss / k, backward), then the optimizer; the
         last micro-step's output lives as the workload's ``loop`` says (``output_dropped``).
 
@@ -116,8 +121,15 @@ class _Step:
                 return fake_compat.optimizer_numbers()
             return contextlib.nullcontext()
 
-        left = training_step(wl, next_batch, lambda: self.optimizer, runner="engine", on_phase=on_phase,
-                             context=context, on_forward_end=on_forward_end)
+        left = training_step(
+            wl,
+            next_batch,
+            lambda: self.optimizer,
+            runner="engine",
+            on_phase=on_phase,
+            context=context,
+            on_forward_end=on_forward_end,
+        )
         del left  # the loss lives to the end of the step in every loop (a trainer logs it)
         return held
 
@@ -130,7 +142,9 @@ class _Step:
         return [t for s in self.optimizer.state.values() for t in iter_tensors(s)]
 
 
-def _packer(note: Callable[[torch.Tensor], None], tracker: MemoryTracker | None) -> Callable[[torch.Tensor], torch.Tensor]:
+def _packer(
+    note: Callable[[torch.Tensor], None], tracker: MemoryTracker | None
+) -> Callable[[torch.Tensor], torch.Tensor]:
     """A pack hook that notes what autograd saves and keeps it as autograd would.
 
     A tensor made by autograd is kept detached: the same storage, and no reference cycle through a
@@ -199,9 +213,18 @@ class _OptimizerBackup:
             g.update(saved)
 
 
-def _run(workload: Workload, *, fake_mode, flops: bool, cancel_event, steady_state: bool, repeats: int,
-         first_step_peak: bool = False, restore: Callable[[], None] | None = None,
-         after_tracked: Callable[..., None] | None = None):
+def _run(
+    workload: Workload,
+    *,
+    fake_mode,
+    flops: bool,
+    cancel_event,
+    steady_state: bool,
+    repeats: int,
+    first_step_peak: bool = False,
+    restore: Callable[[], None] | None = None,
+    after_tracked: Callable[..., None] | None = None,
+):
     """The steps of one measurement: the optimizer's state (made cheaply, or by a whole first
     step), the tracked step, (timed steps).
 
@@ -212,18 +235,40 @@ def _run(workload: Workload, *, fake_mode, flops: bool, cancel_event, steady_sta
     ``after_tracked(tracker, cuda, first_peak, parts)``: called once, after the tracked step that
     counts and before the timed steps (only when there are timed steps)."""
     if steady_state and not first_step_peak:
-        result = _run_once(workload, fake_mode=fake_mode, flops=flops, cancel_event=cancel_event,
-                           warm_up="state", repeats=repeats, after_tracked=after_tracked)
+        result = _run_once(
+            workload,
+            fake_mode=fake_mode,
+            flops=flops,
+            cancel_event=cancel_event,
+            warm_up="state",
+            repeats=repeats,
+            after_tracked=after_tracked,
+        )
         if result is not None:
             return result
         if restore is not None:
             restore()
-    return _run_once(workload, fake_mode=fake_mode, flops=flops, cancel_event=cancel_event,
-                     warm_up="step" if steady_state else None, repeats=repeats, after_tracked=after_tracked)
+    return _run_once(
+        workload,
+        fake_mode=fake_mode,
+        flops=flops,
+        cancel_event=cancel_event,
+        warm_up="step" if steady_state else None,
+        repeats=repeats,
+        after_tracked=after_tracked,
+    )
 
 
-def _run_once(workload: Workload, *, fake_mode, flops: bool, cancel_event, warm_up: str | None, repeats: int,
-              after_tracked: Callable[..., None] | None = None):
+def _run_once(
+    workload: Workload,
+    *,
+    fake_mode,
+    flops: bool,
+    cancel_event,
+    warm_up: str | None,
+    repeats: int,
+    after_tracked: Callable[..., None] | None = None,
+):
     """``warm_up``: None (first step), ``"step"`` (a whole first step) or ``"state"`` (state on
     zero gradients; None is returned when that proved unlike a first step)."""
     model = workload.model
@@ -300,8 +345,7 @@ def _make_state(step: _Step) -> list[torch.Tensor] | None:
     if not makes_state_without_a_step(optimizer):
         return None
     if optimizer is not None:
-        make_state_on_zero_grads(optimizer, trainable,
-                                 fake_compat.optimizer_numbers() if step.fake else None)
+        make_state_on_zero_grads(optimizer, trainable, fake_compat.optimizer_numbers() if step.fake else None)
     elif not step.workload.set_to_none:  # no state to make: only the zeroed grads a step leaves
         for p in trainable:
             p.grad = torch.zeros_like(p)

@@ -14,6 +14,7 @@ from .reserved import replay_tracker
 from .result import CATEGORIES, Measurement, MemorySplit, ModuleStats, OpStats, Timeline
 from .tracker import INPUT, MemoryTracker
 
+
 def _categorise(tracker: MemoryTracker) -> list[str]:
     """Each storage's category, decided once the step is over."""
     fwd_end = tracker.forward_end.get("event")  # type: ignore[attr-defined]
@@ -39,9 +40,17 @@ def _categorise(tracker: MemoryTracker) -> list[str]:
     return kinds
 
 
-def _summarise(tracker: MemoryTracker, workload: Workload, mode: str, times: list[float], cuda: dict, *,
-               first_step_peak: int | None = None, steady_state: bool = False,
-               output_parts: list[tuple[str, set[int]]] | None = None) -> Measurement:
+def _summarise(
+    tracker: MemoryTracker,
+    workload: Workload,
+    mode: str,
+    times: list[float],
+    cuda: dict,
+    *,
+    first_step_peak: int | None = None,
+    steady_state: bool = False,
+    output_parts: list[tuple[str, set[int]]] | None = None,
+) -> Measurement:
     kinds = _categorise(tracker)
     live = {c: 0 for c in CATEGORIES}
     series: dict[str, list[int]] = {c: [] for c in CATEGORIES}
@@ -89,11 +98,15 @@ def _summarise(tracker: MemoryTracker, workload: Workload, mode: str, times: lis
     flop_counts = tracker.flop_counts  # type: ignore[attr-defined]
     ops = tuple(
         OpStats(op=op, count=op_counts.get(op, 0), saved_bytes=saved_by_op.get(op, 0), flops=flop_counts.get(op, 0))
-        for op in sorted(set(op_counts) | set(saved_by_op) | set(flop_counts), key=lambda o: (-saved_by_op.get(o, 0), o))
+        for op in sorted(
+            set(op_counts) | set(saved_by_op) | set(flop_counts), key=lambda o: (-saved_by_op.get(o, 0), o)
+        )
     )
     module_ops = tuple(
         (m, op, n, saved_by_module_op.get((m, op), 0))
-        for (m, op), n in sorted(set(tracker.op_calls.items()) | {(k, 0) for k in saved_by_module_op if k not in tracker.op_calls})
+        for (m, op), n in sorted(
+            set(tracker.op_calls.items()) | {(k, 0) for k in saved_by_module_op if k not in tracker.op_calls}
+        )
     )
     phases = tracker.event_phase
     return Measurement(
@@ -108,7 +121,9 @@ def _summarise(tracker: MemoryTracker, workload: Workload, mode: str, times: lis
         modules=modules,
         ops=ops,
         module_ops=module_ops,
-        timeline=Timeline(phase=tuple(phases), by_category={c: tuple(v) for c, v in series.items()}, phase_starts=phase_starts),
+        timeline=Timeline(
+            phase=tuple(phases), by_category={c: tuple(v) for c, v in series.items()}, phase_starts=phase_starts
+        ),
         step_seconds=statistics.median(times) if times else None,
         step_seconds_all=tuple(times),
         flops=sum(flop_counts.values()),
@@ -118,9 +133,11 @@ def _summarise(tracker: MemoryTracker, workload: Workload, mode: str, times: lis
         output_parts=parts,
         first_step_peak_bytes=first_step_peak,
         steady_state=steady_state,
-        advice=advice_for(parts, saved_total + output_total, max(peak, 0), workload.loop) + autocast_advice(workload, ops, saved_total),
-        reserved=replay_tracker(tracker.events, tracker.records, preexisting,
-                                workspace=_cublas_workspace(workload, phase_starts)),
+        advice=advice_for(parts, saved_total + output_total, max(peak, 0), workload.loop)
+        + autocast_advice(workload, ops, saved_total),
+        reserved=replay_tracker(
+            tracker.events, tracker.records, preexisting, workspace=_cublas_workspace(workload, phase_starts)
+        ),
     )
 
 
@@ -134,7 +151,9 @@ def _cublas_workspace(workload: Workload, phase_starts: dict[str, int]) -> tuple
     return workspace_bytes(getattr(workload, "gpu", None)), phase_starts.get("forward", 0), SOURCE
 
 
-def _output_part_bytes(parts: list[tuple[str, set[int]]], tracker: MemoryTracker, kinds: list[str]) -> tuple[tuple[str, int], ...]:
+def _output_part_bytes(
+    parts: list[tuple[str, set[int]]], tracker: MemoryTracker, kinds: list[str]
+) -> tuple[tuple[str, int], ...]:
     """Bytes each named part of the output keeps alive beyond what autograd saved (each storage
     counted once, in the first part that reaches it)."""
     seen: set[int] = set()
@@ -186,8 +205,9 @@ def _subtree_params(named: list[tuple[str, nn.Module]]) -> dict[int, tuple[int, 
     return out
 
 
-def _module_rows(model: nn.Module, tracker: MemoryTracker, saved_own: dict[str, int],
-                 output_own: dict[str, int] | None = None) -> Iterator[ModuleStats]:
+def _module_rows(
+    model: nn.Module, tracker: MemoryTracker, saved_own: dict[str, int], output_own: dict[str, int] | None = None
+) -> Iterator[ModuleStats]:
     named = list(model.named_modules())
     output_own = output_own or {}
     rolled = _roll_up(named, saved_own)

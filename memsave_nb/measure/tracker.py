@@ -52,8 +52,17 @@ class StorageRecord:
 
     __slots__ = ("nbytes", "module", "op", "phase", "born", "died", "kind", "late")
 
-    def __init__(self, nbytes: int, module: str, op: str, phase: str, born: int, died: int | None = None,
-                 kind: str | None = None, late: bool = False):
+    def __init__(
+        self,
+        nbytes: int,
+        module: str,
+        op: str,
+        phase: str,
+        born: int,
+        died: int | None = None,
+        kind: str | None = None,
+        late: bool = False,
+    ):
         self.nbytes = nbytes
         self.module = module
         self.op = op
@@ -64,8 +73,10 @@ class StorageRecord:
         self.late = late
 
     def __repr__(self) -> str:
-        return (f"StorageRecord(nbytes={self.nbytes}, module={self.module!r}, op={self.op!r}, phase={self.phase!r}, "
-                f"born={self.born}, died={self.died}, kind={self.kind!r}, late={self.late})")
+        return (
+            f"StorageRecord(nbytes={self.nbytes}, module={self.module!r}, op={self.op!r}, phase={self.phase!r}, "
+            f"born={self.born}, died={self.died}, kind={self.kind!r}, late={self.late})"
+        )
 
 
 class _DispatchWatcher(TorchDispatchMode):

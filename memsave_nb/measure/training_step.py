@@ -31,11 +31,17 @@ def _no_context(phase: str, last: bool) -> ContextManager[Any]:
     return contextlib.nullcontext()
 
 
-def training_step(workload: Workload, next_batch: Callable[[bool], Any], optimizer: Any, *,
-                  runner: str, forward: Callable[[Any], Any] | None = None,
-                  on_phase: Callable[[str, bool], None] = _no_phase,
-                  context: Callable[[str, bool], ContextManager[Any]] = _no_context,
-                  on_forward_end: Callable[[Any, torch.Tensor], None] | None = None) -> tuple[Any, Any, Any]:
+def training_step(
+    workload: Workload,
+    next_batch: Callable[[bool], Any],
+    optimizer: Any,
+    *,
+    runner: str,
+    forward: Callable[[Any], Any] | None = None,
+    on_phase: Callable[[str, bool], None] = _no_phase,
+    context: Callable[[str, bool], ContextManager[Any]] = _no_context,
+    on_forward_end: Callable[[Any, torch.Tensor], None] | None = None,
+) -> tuple[Any, Any, Any]:
     """One optimizer step: ``accumulation_steps`` k micro-steps (batch, forward, loss / k,
     backward), then ``optimizer.step()``; the last micro-step's output lives as ``workload.loop``
     says (``output_dropped``); the loss lives to the end of the step (a trainer logs it).
@@ -79,8 +85,12 @@ def training_step(workload: Workload, next_batch: Callable[[bool], Any], optimiz
     return batch, output, loss
 
 
-def optimizer_step(optimizer: Any, *, on_phase: Callable[[str, bool], None] = _no_phase,
-                   context: Callable[[str, bool], ContextManager[Any]] = _no_context) -> None:
+def optimizer_step(
+    optimizer: Any,
+    *,
+    on_phase: Callable[[str, bool], None] = _no_phase,
+    context: Callable[[str, bool], ContextManager[Any]] = _no_context,
+) -> None:
     """The step's end: ``optimizer.step()`` (when there is one), then "done". The pipeline runner
     calls it after torch's schedule, which runs the micro-batches' forwards and backwards itself."""
     if callable(optimizer) and not isinstance(optimizer, torch.optim.Optimizer):

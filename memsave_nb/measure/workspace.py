@@ -96,8 +96,11 @@ def _signature(func: Any, args: tuple, kwargs: dict) -> tuple:
         return a
 
     # the kernel ATen picks also follows the thread count and the oneDNN switches
-    backend = (torch.get_num_threads(), torch._C._get_mkldnn_enabled(), torch._C._get_mkldnn_deterministic()
-               if hasattr(torch._C, "_get_mkldnn_deterministic") else None)
+    backend = (
+        torch.get_num_threads(),
+        torch._C._get_mkldnn_enabled(),
+        torch._C._get_mkldnn_deterministic() if hasattr(torch._C, "_get_mkldnn_deterministic") else None,
+    )
     return (func, key(args), tuple(sorted((k, key(v)) for k, v in kwargs.items())), backend)
 
 
@@ -109,8 +112,9 @@ def _allocation_peak(run: Callable[[], Any]) -> tuple[int, int] | None:
     disable = getattr(torch.autograd, "_disable_profiler_legacy", None)
     if enable is None or disable is None or torch.autograd._profiler_enabled():
         return None
-    config = torch.autograd.ProfilerConfig(torch.autograd.ProfilerState.CPU, False, True, False, False, False,
-                                           torch._C._profiler._ExperimentalConfig())
+    config = torch.autograd.ProfilerConfig(
+        torch.autograd.ProfilerState.CPU, False, True, False, False, False, torch._C._profiler._ExperimentalConfig()
+    )
     try:
         enable(config)
     except RuntimeError:  # another thread's profiler holds it
@@ -147,7 +151,10 @@ def _fake_probe(func: Any, args: tuple, kwargs: dict, out: Any) -> tuple[int, bo
 
     batched = _BATCHED_ARGS[func]
     # inputs and outputs both become real memory (a 4096-image conv's output is larger than its input)
-    full = sum(t.untyped_storage().nbytes() for t in _tensors(args) + _tensors(out if isinstance(out, (list, tuple)) else (out,)))
+    full = sum(
+        t.untyped_storage().nbytes()
+        for t in _tensors(args) + _tensors(out if isinstance(out, (list, tuple)) else (out,))
+    )
     batch = args[batched[0]].shape[0] if args[batched[0]].dim() else 1
     small = batch
     if full > PROBE_BYTES and batch > MIN_PROBE_BATCH:
@@ -205,13 +212,19 @@ def workspace_notes(statuses: set[str]) -> tuple[str, ...]:
     statuses): where the figure is a bound or misses some, and that a GPU's are not these."""
     if not statuses:
         return ()
-    notes = ["CPU convolution workspaces (oneDNN's reorders and scratch) are counted as temporaries, as this "
-             "CPU allocates them; a CUDA GPU runs cuDNN, whose workspaces depend on the algorithm it picks and "
-             "are not counted: measure on the GPU (cuda_peak_bytes) to see them"]
+    notes = [
+        "CPU convolution workspaces (oneDNN's reorders and scratch) are counted as temporaries, as this "
+        "CPU allocates them; a CUDA GPU runs cuDNN, whose workspaces depend on the algorithm it picks and "
+        "are not counted: measure on the GPU (cuda_peak_bytes) to see them"
+    ]
     if BOUND in statuses:
-        notes.append("some convolution workspaces were sized from a smaller batch and scaled up (fake mode, "
-                     "probe over 16 MiB): an upper bound, not exact")
+        notes.append(
+            "some convolution workspaces were sized from a smaller batch and scaled up (fake mode, "
+            "probe over 16 MiB): an upper bound, not exact"
+        )
     if UNMEASURED in statuses:
-        notes.append("some convolution workspaces were not counted: a profiler was already running, and a "
-                     "second cannot start to measure them")
+        notes.append(
+            "some convolution workspaces were not counted: a profiler was already running, and a "
+            "second cannot start to measure them"
+        )
     return tuple(notes)

@@ -14,6 +14,17 @@ from .result import CATEGORIES, ParallelMeasurement, RankMeasurement, Unseen, un
 from ..parallel_spec import ParallelError, ParallelSpec
 
 __all__ = [
-    "cross_check", "CATEGORIES", "CrossCheckRow", "ParallelError", "ParallelMeasurement", "ParallelSpec", "RankMeasurement", "Unseen",
-    "measure_parallel", "measure_pipeline", "measure_rank", "split_stages", "unseen_lines",
+    "cross_check",
+    "CATEGORIES",
+    "CrossCheckRow",
+    "ParallelError",
+    "ParallelMeasurement",
+    "ParallelSpec",
+    "RankMeasurement",
+    "Unseen",
+    "measure_parallel",
+    "measure_pipeline",
+    "measure_rank",
+    "split_stages",
+    "unseen_lines",
 ]

@@ -38,7 +38,9 @@ def fsdp_kwargs(spec: ParallelSpec, mesh: Any) -> dict[str, Any]:
 
     kw: dict[str, Any] = {"mesh": mesh, "reshard_after_forward": spec.reshard_after_forward}
     if spec.param_dtype or spec.reduce_dtype:
-        kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=_dtype(spec.param_dtype), reduce_dtype=_dtype(spec.reduce_dtype))
+        kw["mp_policy"] = MixedPrecisionPolicy(
+            param_dtype=_dtype(spec.param_dtype), reduce_dtype=_dtype(spec.reduce_dtype)
+        )
     if spec.cpu_offload:
         kw["offload_policy"] = CPUOffloadPolicy(pin_memory=False)
     return kw

@@ -78,7 +78,9 @@ class _RealIndexTensors(TorchDispatchMode):
 
         kwargs = kwargs or {}
         tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
-        if (not tensors and kwargs.get("dtype") == torch.int32) or (tensors and not any(isinstance(t, FakeTensor) for t in tensors)):
+        if (not tensors and kwargs.get("dtype") == torch.int32) or (
+            tensors and not any(isinstance(t, FakeTensor) for t in tensors)
+        ):
             with _disable_current_modes():
                 return func(*args, **kwargs)
         return func(*args, **kwargs)

@@ -30,8 +30,14 @@ from .step import tracked_step
 from .twin import fake_twin
 
 
-def measure_parallel(workload: Workload, spec: ParallelSpec | None = None, plan: Any = None, *,
-                     ranks: Sequence[int] | None = None, steady: bool = True) -> ParallelMeasurement:
+def measure_parallel(
+    workload: Workload,
+    spec: ParallelSpec | None = None,
+    plan: Any = None,
+    *,
+    ranks: Sequence[int] | None = None,
+    steady: bool = True,
+) -> ParallelMeasurement:
     """Per-rank peak and split of one training step of ``workload`` under ``spec``.
 
     ``plan`` (a ``memsave_nb.Plan``) is applied to the twin first: freezing, memory-saving layers,
@@ -58,10 +64,16 @@ def measure_parallel(workload: Workload, spec: ParallelSpec | None = None, plan:
             chosen.append((r, (r,)))
     results = tuple(measure_rank(workload, spec, plan, rank=r, ranks=g, steady=steady) for r, g in chosen)
     worst = max(results, key=lambda r: (r.device_bytes, r.peak_bytes, -r.rank))
-    unseen = unseen_lines(spec, worst.device_bytes, max(r.offload_h2d_bytes for r in results),
-                          max(r.offload_d2h_bytes for r in results), max(r.foreach_temp_bytes for r in results))
-    return ParallelMeasurement(spec=spec, ranks=results, steady=steady, plan_name=getattr(plan, "name", "") or "",
-                               unseen=unseen)
+    unseen = unseen_lines(
+        spec,
+        worst.device_bytes,
+        max(r.offload_h2d_bytes for r in results),
+        max(r.offload_d2h_bytes for r in results),
+        max(r.foreach_temp_bytes for r in results),
+    )
+    return ParallelMeasurement(
+        spec=spec, ranks=results, steady=steady, plan_name=getattr(plan, "name", "") or "", unseen=unseen
+    )
 
 
 def _check_optimizer(workload: Workload, spec: ParallelSpec, plan: Any) -> None:
@@ -81,10 +93,12 @@ def _rank_error(rank: int, exc: BaseException) -> ParallelError:
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     hint = ""
     if "mixed torch.Tensor and DTensor" in first:  # a real run raises the same: say why and what to change
-        hint = (" (with tensor parallel over every rank and no FSDP2, the parameters outside the TP plan, e.g. the "
-                "norms, stay plain tensors, and a foreach optimizer cannot step them with the DTensors; PyTorch "
-                "raises this in a real run too: turn sequence_parallel on, shard with FSDP2 over 2+ ranks, or use "
-                "foreach=False)")
+        hint = (
+            " (with tensor parallel over every rank and no FSDP2, the parameters outside the TP plan, e.g. the "
+            "norms, stay plain tensors, and a foreach optimizer cannot step them with the DTensors; PyTorch "
+            "raises this in a real run too: turn sequence_parallel on, shard with FSDP2 over 2+ ranks, or use "
+            "foreach=False)"
+        )
     return ParallelError(f"rank {rank}: the step failed: {type(exc).__name__}: {show(first, 200)[1:-1]}{hint}")
 
 
@@ -93,8 +107,15 @@ def _rank_error(rank: int, exc: BaseException) -> ParallelError:
 _PROCESS_GROUP_LOCK = threading.RLock()
 
 
-def measure_rank(workload: Workload, spec: ParallelSpec, plan: Any = None, *, rank: int = 0,
-                 ranks: tuple[int, ...] | None = None, steady: bool = True) -> RankMeasurement:
+def measure_rank(
+    workload: Workload,
+    spec: ParallelSpec,
+    plan: Any = None,
+    *,
+    rank: int = 0,
+    ranks: tuple[int, ...] | None = None,
+    steady: bool = True,
+) -> RankMeasurement:
     """One rank in fake mode (see ``measure_parallel``)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -126,8 +147,7 @@ def measure_rank(workload: Workload, spec: ParallelSpec, plan: Any = None, *, ra
                 # an optimizer that reads a scalar (Adafactor's step count) gets the single-device answer
                 try:
                     with optimizer_numbers():
-                        return tracked_step(wl, called, batch, rank=rank, ranks=ranks or (rank,),
-                                            steady=steady)
+                        return tracked_step(wl, called, batch, rank=rank, ranks=ranks or (rank,), steady=steady)
                 except (MemsaveError, KeyboardInterrupt):
                     raise
                 except Exception as exc:  # noqa: BLE001 - one line, the cause kept
@@ -142,7 +162,9 @@ def _sequence_parallel_error(exc: BaseException) -> ParallelError:
     from ..checkpointing import show
 
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return ParallelError(f"sequence_parallel: the model's forward does not run on sequence shards ({show(first, 160)[1:-1]})")
+    return ParallelError(
+        f"sequence_parallel: the model's forward does not run on sequence shards ({show(first, 160)[1:-1]})"
+    )
 
 
 @contextlib.contextmanager

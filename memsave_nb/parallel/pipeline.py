@@ -155,9 +155,21 @@ class StageRank:
     """One pipeline rank, built: its ``PipelineStage``(s), torch's schedule and the optimizer over
     its stages' parameters. ``step()`` runs one training step (the schedule, then the optimizer)."""
 
-    def __init__(self, workload: Workload, spec: ParallelSpec, all_stages: Sequence[nn.Module], rank: int, batch: Any, *,
-                 loss_fn: Callable | None = None, target: torch.Tensor | None = None, fake: bool = True,
-                 mesh: Any = None, metadata: list | None = None, sharded: bool = False):
+    def __init__(
+        self,
+        workload: Workload,
+        spec: ParallelSpec,
+        all_stages: Sequence[nn.Module],
+        rank: int,
+        batch: Any,
+        *,
+        loss_fn: Callable | None = None,
+        target: torch.Tensor | None = None,
+        fake: bool = True,
+        mesh: Any = None,
+        metadata: list | None = None,
+        sharded: bool = False,
+    ):
         """``metadata``: each stage's (inputs, outputs) examples when already taken; ``sharded``: this
         rank's stages already carry their TP / FSDP2 (set up outside fake mode, ``measure_pipeline``)."""
         from torch.distributed.pipelining import PipelineStage
@@ -172,13 +184,20 @@ class StageRank:
             if not sharded:
                 shard_stages([all_stages[i] for i in mine], spec, mesh, fake=fake)
         device = torch.device(workload.device)
-        self.stages = [PipelineStage(all_stages[i], i, len(all_stages), device, input_args=meta[i][0],
-                                     output_args=meta[i][1], group=group) for i in mine]
+        self.stages = [
+            PipelineStage(
+                all_stages[i], i, len(all_stages), device, input_args=meta[i][0], output_args=meta[i][1], group=group
+            )
+            for i in mine
+        ]
         # the schedule splits a target beside the inputs; none given: an empty one
         self.target = target if target is not None else torch.empty(self.args[0].shape[0], 0)
         cls = _schedule_class(spec.schedule)
-        self.schedule = cls(self.stages if cls.__name__ == "ScheduleInterleaved1F1B" else self.stages[0],
-                            spec.microbatches, loss_fn=loss)
+        self.schedule = cls(
+            self.stages if cls.__name__ == "ScheduleInterleaved1F1B" else self.stages[0],
+            spec.microbatches,
+            loss_fn=loss,
+        )
         if fake:
             _static_vote(self.schedule)
         self.root = nn.ModuleList(all_stages[i] for i in mine)
@@ -192,8 +211,11 @@ class StageRank:
     def step(self, tracker: ShardTracker | None = None, marks: dict | None = None) -> None:
         held = sends_hold_their_tensors() if self.fake else contextlib.nullcontext()
         with _phases(self.stages, tracker, marks), held:
-            self.schedule.step(*(self.args if self.first else ()), target=self.target if self.last else None,
-                               return_outputs=self.keep_outputs)
+            self.schedule.step(
+                *(self.args if self.first else ()),
+                target=self.target if self.last else None,
+                return_outputs=self.keep_outputs,
+            )
         CALLS["pipeline"] += 1
 
         def on_phase(phase: str, last: bool) -> None:
@@ -210,9 +232,15 @@ class StageRank:
     def alive_between_steps(self) -> list[torch.Tensor]:
         """What lives from one step to the next: parameters, buffers, optimizer state, the stages'
         receive buffers, the batch and the target (gradients are dropped between steps)."""
-        return [*self.params, *(b for b in self.root.buffers() if b is not None), *self.optimizer_state(),
-                *unsharded_tensors(self.root),
-                *recv_buffers(self.stages), *self.args, self.target]
+        return [
+            *self.params,
+            *(b for b in self.root.buffers() if b is not None),
+            *self.optimizer_state(),
+            *unsharded_tensors(self.root),
+            *recv_buffers(self.stages),
+            *self.args,
+            self.target,
+        ]
 
     def measure(self, steady: bool = True) -> RankMeasurement:
         """One tracked step (``steady``: after a whole first step, as training's step 2 on)."""
@@ -235,27 +263,63 @@ class StageRank:
             opt = {tracker.record_of(_local(t)) for t in self.optimizer_state()}
             unsharded = {tracker.record_of(t) for t in unsharded_tensors(self.root)}
         kinds = categorise(tracker, grads - {None}, opt - {None}, unsharded - {None}, marks)
-        result = summarise(tracker, kinds, marks, rank=self.rank, ranks=(self.rank,), seconds=time.perf_counter() - start)
+        result = summarise(
+            tracker, kinds, marks, rank=self.rank, ranks=(self.rank,), seconds=time.perf_counter() - start
+        )
         # the collectives and point-to-point sends the tracked step ran (what the layout planner times)
-        return dataclasses.replace(result, collectives=tuple(
-            (op, size, calls, nbytes) for (op, size), (calls, nbytes) in sorted(tracker.collectives.items())),
-            segment_peaks=segment_peaks(tracker, marks.get("segments", [])))
+        return dataclasses.replace(
+            result,
+            collectives=tuple(
+                (op, size, calls, nbytes) for (op, size), (calls, nbytes) in sorted(tracker.collectives.items())
+            ),
+            segment_peaks=segment_peaks(tracker, marks.get("segments", [])),
+        )
 
 
-def rank_step(workload: Workload, spec: ParallelSpec, all_stages: Sequence[nn.Module], rank: int, batch: Any, *,
-              loss_fn: Callable | None = None, target: torch.Tensor | None = None, fake: bool = True,
-              steady: bool = True, mesh: Any = None, metadata: list | None = None, sharded: bool = False) -> RankMeasurement:
+def rank_step(
+    workload: Workload,
+    spec: ParallelSpec,
+    all_stages: Sequence[nn.Module],
+    rank: int,
+    batch: Any,
+    *,
+    loss_fn: Callable | None = None,
+    target: torch.Tensor | None = None,
+    fake: bool = True,
+    steady: bool = True,
+    mesh: Any = None,
+    metadata: list | None = None,
+    sharded: bool = False,
+) -> RankMeasurement:
     """Build this rank's stage(s) and schedule on the current default group and measure one step."""
-    return StageRank(workload, spec, all_stages, rank, batch, loss_fn=loss_fn, target=target, fake=fake,
-                     mesh=mesh, metadata=metadata, sharded=sharded).measure(steady)
+    return StageRank(
+        workload,
+        spec,
+        all_stages,
+        rank,
+        batch,
+        loss_fn=loss_fn,
+        target=target,
+        fake=fake,
+        mesh=mesh,
+        metadata=metadata,
+        sharded=sharded,
+    ).measure(steady)
 
 
 def stage_spec(spec: ParallelSpec) -> ParallelSpec:
     """Within one stage: the pipeline rank's own ranks, TP and FSDP2 (HSDP) with the spec's options."""
-    return ParallelSpec(world_size=spec.world_size // spec.pipeline_parallel, replicate=spec.replicate,
-                        tensor_parallel=spec.tensor_parallel, sequence_parallel=spec.sequence_parallel,
-                        tp_plan=spec.tp_plan, reshard_after_forward=spec.reshard_after_forward,
-                        reshard_root=spec.reshard_root, param_dtype=spec.param_dtype, reduce_dtype=spec.reduce_dtype)
+    return ParallelSpec(
+        world_size=spec.world_size // spec.pipeline_parallel,
+        replicate=spec.replicate,
+        tensor_parallel=spec.tensor_parallel,
+        sequence_parallel=spec.sequence_parallel,
+        tp_plan=spec.tp_plan,
+        reshard_after_forward=spec.reshard_after_forward,
+        reshard_root=spec.reshard_root,
+        param_dtype=spec.param_dtype,
+        reduce_dtype=spec.reduce_dtype,
+    )
 
 
 def shard_stages(stages: Sequence[nn.Module], spec: ParallelSpec, mesh: Any, *, fake: bool) -> None:
@@ -281,11 +345,15 @@ def _phases(stages, tracker: ShardTracker | None, marks: dict | None):
 
         def forward_one_chunk(*a, _f=fwd, _i=stage.stage_index, **k):
             tracker.phase = "forward"
-            segments.append((len(tracker.events), f"forward {_i}.{sum(s[1].startswith(f'forward {_i}.') for s in segments)}"))
+            segments.append(
+                (len(tracker.events), f"forward {_i}.{sum(s[1].startswith(f'forward {_i}.') for s in segments)}")
+            )
             return _f(*a, **k)
 
         def backward_one_chunk(*a, _b=bwd, _i=stage.stage_index, **k):
-            segments.append((len(tracker.events), f"backward {_i}.{sum(s[1].startswith(f'backward {_i}.') for s in segments)}"))
+            segments.append(
+                (len(tracker.events), f"backward {_i}.{sum(s[1].startswith(f'backward {_i}.') for s in segments)}")
+            )
             if "forward_end" not in marks:  # the first backward: every in-flight micro-batch is alive
                 marks["forward_end"] = len(tracker.events)
             marks["live"] |= set(tracker.live_records())
@@ -301,9 +369,17 @@ def _phases(stages, tracker: ShardTracker | None, marks: dict | None):
             del stage.forward_one_chunk, stage.backward_one_chunk
 
 
-def measure_pipeline(workload: Workload, spec: ParallelSpec, plan: Any = None, *, stages: StageSplit | None = None,
-                     loss_fn: Callable | None = None, target: torch.Tensor | None = None,
-                     steady: bool = True, ranks: Sequence[int] | None = None) -> ParallelMeasurement:
+def measure_pipeline(
+    workload: Workload,
+    spec: ParallelSpec,
+    plan: Any = None,
+    *,
+    stages: StageSplit | None = None,
+    loss_fn: Callable | None = None,
+    target: torch.Tensor | None = None,
+    steady: bool = True,
+    ranks: Sequence[int] | None = None,
+) -> ParallelMeasurement:
     """Each pipeline rank's peak and split under ``spec.schedule`` with ``spec.microbatches``.
 
     The model is split into ``pipeline_parallel`` stages (interleaved: two per rank) by
@@ -351,8 +427,20 @@ def measure_pipeline(workload: Workload, spec: ParallelSpec, plan: Any = None, *
                     batch = _fake_batch(wl, fake_mode)
                     tgt = fake_mode.from_tensor(target) if target is not None else None
                     try:
-                        r = rank_step(wl, spec, all_stages, rank, batch, loss_fn=loss_fn, target=tgt, fake=True,
-                                      steady=steady, mesh=mesh, metadata=metadata, sharded=tp)
+                        r = rank_step(
+                            wl,
+                            spec,
+                            all_stages,
+                            rank,
+                            batch,
+                            loss_fn=loss_fn,
+                            target=tgt,
+                            fake=True,
+                            steady=steady,
+                            mesh=mesh,
+                            metadata=metadata,
+                            sharded=tp,
+                        )
                         results.append(dataclasses.replace(r, ranks=tuple(range(rank, rank + per_stage))))
                     except (MemsaveError, KeyboardInterrupt):
                         raise
@@ -360,8 +448,13 @@ def measure_pipeline(workload: Workload, spec: ParallelSpec, plan: Any = None, *
                         raise _rank_error(rank, exc) from exc
     results = tuple(results)
     worst = max(results, key=lambda r: (r.peak_bytes, -r.rank))
-    return ParallelMeasurement(spec=spec, ranks=results, steady=steady, plan_name=getattr(plan, "name", "") or "",
-                               unseen=unseen_lines(spec, worst.peak_bytes))
+    return ParallelMeasurement(
+        spec=spec,
+        ranks=results,
+        steady=steady,
+        plan_name=getattr(plan, "name", "") or "",
+        unseen=unseen_lines(spec, worst.peak_bytes),
+    )
 
 
 def _split(model: nn.Module, spec: ParallelSpec, stages: StageSplit | None) -> list[nn.Module]:
@@ -394,8 +487,15 @@ def segment_peaks(tracker: ShardTracker, segments: list) -> tuple[tuple[str, int
     return tuple(out.items())
 
 
-def _sharded_on_meta(wl: Workload, spec: ParallelSpec, all_stages: Sequence[nn.Module], pp_rank: int, mesh: Any,
-                     loss_fn: Callable | None, target: Any) -> list:
+def _sharded_on_meta(
+    wl: Workload,
+    spec: ParallelSpec,
+    all_stages: Sequence[nn.Module],
+    pp_rank: int,
+    mesh: Any,
+    loss_fn: Callable | None,
+    target: Any,
+) -> list:
     """Under TP the stages are sharded outside fake mode, on the meta device (a mesh cannot be
     sliced inside ``FakeTensorMode``: ``DeviceMesh._concatenate`` runs ``nonzero``, as for FSDP2 x
     TP in ``measure.measure_rank``); the stages' metadata are taken first, on meta, from plain modules."""

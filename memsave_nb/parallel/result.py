@@ -34,8 +34,13 @@ class Unseen:
     source: str
 
 
-def unseen_lines(spec: ParallelSpec, peak_bytes: int, offload_h2d_bytes: int = 0,
-                 offload_d2h_bytes: int = 0, foreach_temp_bytes: int = 0) -> tuple[Unseen, ...]:
+def unseen_lines(
+    spec: ParallelSpec,
+    peak_bytes: int,
+    offload_h2d_bytes: int = 0,
+    offload_d2h_bytes: int = 0,
+    foreach_temp_bytes: int = 0,
+) -> tuple[Unseen, ...]:
     """The explicit lines added beside every per-rank peak (figures per rank).
 
     ``peak_bytes`` is the device peak; under CPU offload ``offload_*_bytes`` are the upper bounds
@@ -44,50 +49,77 @@ def unseen_lines(spec: ParallelSpec, peak_bytes: int, offload_h2d_bytes: int = 0
     """
     lines = []
     if foreach_temp_bytes:
-        lines.append(Unseen(
-            "optimizer step on a GPU: foreach temporaries (estimate, upper bound)", 0, foreach_temp_bytes,
-            "sized on CPU shards, the optimizer ran torch's single-tensor step; on CUDA, torch's default "
-            "(foreach=None) picks the foreach step, whose temporaries over all parameters at once reach about "
-            "the trainable shard bytes (measured on one device: +3.2 MB for 3.8 MB of parameters); transient, "
-            "so 0 if not at the peak. Pass the optimizer knob 'adamw_foreach' to size that step itself",
-        ))
+        lines.append(
+            Unseen(
+                "optimizer step on a GPU: foreach temporaries (estimate, upper bound)",
+                0,
+                foreach_temp_bytes,
+                "sized on CPU shards, the optimizer ran torch's single-tensor step; on CUDA, torch's default "
+                "(foreach=None) picks the foreach step, whose temporaries over all parameters at once reach about "
+                "the trainable shard bytes (measured on one device: +3.2 MB for 3.8 MB of parameters); transient, "
+                "so 0 if not at the peak. Pass the optimizer knob 'adamw_foreach' to size that step itself",
+            )
+        )
     if spec.cpu_offload:
-        lines.append(Unseen(
-            "CPU offload: device copy of each shard before its all-gather (estimate, upper bound)", 0, offload_h2d_bytes,
-            "FSDP2 copies the host shards of a group to the device before the all-gather (_fsdp_param.py "
-            "all_gather_inputs: .to(device)); on a CPU mesh that copy is a no-op. Bound: the largest group's "
-            "padded shard bytes (one parameter's with a param_dtype cast); transient, so 0 if not at the peak",
-        ))
-        lines.append(Unseen(
-            "CPU offload: device gradient shards before their copy to the host (estimate, upper bound)", 0, offload_d2h_bytes,
-            "FSDP2 reduce-scatters on the device and then copies the gradient shards to the host "
-            "(_fsdp_collectives.py foreach_reduce: .to('cpu')); on a CPU mesh they are the host gradients. Bound: "
-            "the largest group's padded shard bytes in the parameters' dtype; transient, so 0 if not at the peak",
-        ))
+        lines.append(
+            Unseen(
+                "CPU offload: device copy of each shard before its all-gather (estimate, upper bound)",
+                0,
+                offload_h2d_bytes,
+                "FSDP2 copies the host shards of a group to the device before the all-gather (_fsdp_param.py "
+                "all_gather_inputs: .to(device)); on a CPU mesh that copy is a no-op. Bound: the largest group's "
+                "padded shard bytes (one parameter's with a param_dtype cast); transient, so 0 if not at the peak",
+            )
+        )
+        lines.append(
+            Unseen(
+                "CPU offload: device gradient shards before their copy to the host (estimate, upper bound)",
+                0,
+                offload_d2h_bytes,
+                "FSDP2 reduce-scatters on the device and then copies the gradient shards to the host "
+                "(_fsdp_collectives.py foreach_reduce: .to('cpu')); on a CPU mesh they are the host gradients. Bound: "
+                "the largest group's padded shard bytes in the parameters' dtype; transient, so 0 if not at the peak",
+            )
+        )
     if spec.world_size > 1:
         n = spec.communicators
-        lines.append(Unseen(
-            f"communication library buffers (NCCL, {n} communicator{'s' if n > 1 else ''})",
-            n * 256 * MIB, n * 512 * MIB,
-            "about 0.5 GB per communicator is the typical published estimate; NCCL sizes its buffers by "
-            "NCCL_BUFFSIZE (default 4 MiB) per channel and peer (NCCL environment-variable docs)",
-        ))
-    lines.append(Unseen(
-        "CUDA context and kernels", 300 * MIB, 500 * MIB,
-        "CUDA runtime context per GPU, 300-500 MB depending on driver and loaded kernels (PyTorch CUDA notes)",
-    ))
-    lines.append(Unseen(
-        "kernel workspaces (cuBLAS; cuDNN not bounded)", 0, 32 * MIB,
-        "memory a kernel allocates below the dispatcher. cuBLAS: one workspace per handle and stream, up to "
-        "32 MiB (NVIDIA's recommendation on Hopper and later, 4 MiB before), taken from PyTorch's caching "
-        "allocator. cuDNN convolutions pick a workspace per algorithm: not bounded here. On the CPU, oneDNN "
-        "convolutions do the same (docs/parallel.md, 'Against the allocator's own record')",
-    ))
-    lines.append(Unseen(
-        "allocator fragmentation and headroom", 0, peak_bytes // 4,
-        "Fujii et al. 2024 (arXiv 2411.06465, 454 runs on A100/H100): estimates below 80% of GPU memory "
-        "never ran out of memory, i.e. keep up to 25% above the counted peak",
-    ))
+        lines.append(
+            Unseen(
+                f"communication library buffers (NCCL, {n} communicator{'s' if n > 1 else ''})",
+                n * 256 * MIB,
+                n * 512 * MIB,
+                "about 0.5 GB per communicator is the typical published estimate; NCCL sizes its buffers by "
+                "NCCL_BUFFSIZE (default 4 MiB) per channel and peer (NCCL environment-variable docs)",
+            )
+        )
+    lines.append(
+        Unseen(
+            "CUDA context and kernels",
+            300 * MIB,
+            500 * MIB,
+            "CUDA runtime context per GPU, 300-500 MB depending on driver and loaded kernels (PyTorch CUDA notes)",
+        )
+    )
+    lines.append(
+        Unseen(
+            "kernel workspaces (cuBLAS; cuDNN not bounded)",
+            0,
+            32 * MIB,
+            "memory a kernel allocates below the dispatcher. cuBLAS: one workspace per handle and stream, up to "
+            "32 MiB (NVIDIA's recommendation on Hopper and later, 4 MiB before), taken from PyTorch's caching "
+            "allocator. cuDNN convolutions pick a workspace per algorithm: not bounded here. On the CPU, oneDNN "
+            "convolutions do the same (docs/parallel.md, 'Against the allocator's own record')",
+        )
+    )
+    lines.append(
+        Unseen(
+            "allocator fragmentation and headroom",
+            0,
+            peak_bytes // 4,
+            "Fujii et al. 2024 (arXiv 2411.06465, 454 runs on A100/H100): estimates below 80% of GPU memory "
+            "never ran out of memory, i.e. keep up to 25% above the counted peak",
+        )
+    )
     return tuple(lines)
 
 
@@ -136,14 +168,23 @@ class RankMeasurement:
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "rank": self.rank, "ranks": list(self.ranks), "peak_bytes": self.peak_bytes,
-            "peak_split": dict(self.peak_split), "peak_phase": self.peak_phase,
-            "saved_bytes": self.saved_bytes, "end_split": dict(self.end_split), "seconds": self.seconds,
-            "backend_staging_bytes": self.backend_staging_bytes, "peak_without_staging_bytes": self.peak_without_staging_bytes,
-            "device_peak_bytes": self.device_peak_bytes, "device_peak_phase": self.device_peak_phase,
+            "rank": self.rank,
+            "ranks": list(self.ranks),
+            "peak_bytes": self.peak_bytes,
+            "peak_split": dict(self.peak_split),
+            "peak_phase": self.peak_phase,
+            "saved_bytes": self.saved_bytes,
+            "end_split": dict(self.end_split),
+            "seconds": self.seconds,
+            "backend_staging_bytes": self.backend_staging_bytes,
+            "peak_without_staging_bytes": self.peak_without_staging_bytes,
+            "device_peak_bytes": self.device_peak_bytes,
+            "device_peak_phase": self.device_peak_phase,
             "device_peak_split": None if self.device_peak_split is None else dict(self.device_peak_split),
-            "host_peak_bytes": self.host_peak_bytes, "offload_h2d_bytes": self.offload_h2d_bytes,
-            "offload_d2h_bytes": self.offload_d2h_bytes, "foreach_temp_bytes": self.foreach_temp_bytes,
+            "host_peak_bytes": self.host_peak_bytes,
+            "offload_h2d_bytes": self.offload_h2d_bytes,
+            "offload_d2h_bytes": self.offload_d2h_bytes,
+            "foreach_temp_bytes": self.foreach_temp_bytes,
             "collectives": [list(c) for c in self.collectives],
         }
 
@@ -196,29 +237,43 @@ class ParallelMeasurement:
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "spec": self.spec.to_dict(), "steady": self.steady, "plan": self.plan_name,
-            "ranks": [r.as_dict() for r in self.ranks], "worst_rank": self.worst.rank,
-            "peak_bytes": self.peak_bytes, "device_peak_bytes": self.device_peak_bytes,
+            "spec": self.spec.to_dict(),
+            "steady": self.steady,
+            "plan": self.plan_name,
+            "ranks": [r.as_dict() for r in self.ranks],
+            "worst_rank": self.worst.rank,
+            "peak_bytes": self.peak_bytes,
+            "device_peak_bytes": self.device_peak_bytes,
             "host_peak_bytes": self.host_peak_bytes,
-            "unseen": [{"name": u.name, "low_bytes": u.low_bytes, "high_bytes": u.high_bytes, "source": u.source} for u in self.unseen],
+            "unseen": [
+                {"name": u.name, "low_bytes": u.low_bytes, "high_bytes": u.high_bytes, "source": u.source}
+                for u in self.unseen
+            ],
         }
 
     def table(self) -> str:
         """A plain-text per-rank table with the unseen lines under it."""
+
         def fmt(n: int) -> str:
             return f"{n / GIB:9.2f} GiB" if n >= GIB else f"{n / MIB:9.1f} MiB"
 
         offload = self.host_peak_bytes is not None
         head = f"{self.spec.describe()}{' (steady state)' if self.steady else ' (first step)'}"
         if offload:  # the split at the device peak; host memory in its own column
+
             def split(r: RankMeasurement) -> dict[str, int]:
                 return r.device_peak_split or {}
+
             head += "; device = GPU memory, host = CPU memory (sharded parameters, gradients, optimizer)"
             first = "rank(s)        device peak   host peak     "
         else:
+
             def split(r: RankMeasurement) -> dict[str, int]:
                 return r.peak_split
-            first = "rank(s)        peak          " if self.spec.pipeline_parallel == 1 else "rank (stage)   peak          "
+
+            first = (
+                "rank(s)        peak          " if self.spec.pipeline_parallel == 1 else "rank (stage)   peak          "
+            )
         cols = [c for c in CATEGORIES if any(split(r).get(c) for r in self.ranks)]
         lines = [head, first + "  ".join(f"{c:>14.14}" for c in cols)]
         pp = self.spec.pipeline_parallel
@@ -227,13 +282,17 @@ class ParallelMeasurement:
             if pp > 1:
                 label = f"{_ranks_label(r.ranks)} (stage {','.join(map(str, stages_of(self.spec, r.rank)))})"
             host = f"{fmt(r.host_peak_bytes or 0)}  " if offload else ""
-            lines.append(f"{label:<14} {fmt(r.device_bytes)}  {host}" + "  ".join(f"{fmt(split(r).get(c, 0)):>14}" for c in cols))
+            lines.append(
+                f"{label:<14} {fmt(r.device_bytes)}  {host}" + "  ".join(f"{fmt(split(r).get(c, 0)):>14}" for c in cols)
+            )
         where = " on the device" if offload else ""
         lines.append(f"worst rank {self.worst.rank}: {fmt(self.device_peak_bytes)} counted{where}")
         for u in self.unseen:
             lines.append(f"  + {u.name}: {fmt(u.low_bytes).strip()} .. {fmt(u.high_bytes).strip()}  [{u.source}]")
-        lines.append(f"worst rank with unseen lines: {fmt(self.device_peak_bytes + self.unseen_low_bytes).strip()} .. "
-                     f"{fmt(self.device_peak_bytes + self.unseen_high_bytes).strip()}{where}")
+        lines.append(
+            f"worst rank with unseen lines: {fmt(self.device_peak_bytes + self.unseen_low_bytes).strip()} .. "
+            f"{fmt(self.device_peak_bytes + self.unseen_high_bytes).strip()}{where}"
+        )
         if offload:
             lines.append(f"host memory per rank (worst): {fmt(self.host_peak_bytes).strip()}")
         return "\n".join(lines)

@@ -66,8 +66,12 @@ _HF_PARTS = ("embed_tokens", "layers", "norm", "rotary_emb")
 
 def is_hf_decoder(model: nn.Module) -> bool:
     inner = getattr(model, "model", None)
-    return (isinstance(inner, nn.Module) and all(hasattr(inner, a) for a in _HF_PARTS)
-            and isinstance(inner.layers, nn.ModuleList) and isinstance(getattr(model, "lm_head", None), nn.Module))
+    return (
+        isinstance(inner, nn.Module)
+        and all(hasattr(inner, a) for a in _HF_PARTS)
+        and isinstance(inner.layers, nn.ModuleList)
+        and isinstance(getattr(model, "lm_head", None), nn.Module)
+    )
 
 
 class HFDecoderStage(nn.Module):
@@ -113,9 +117,11 @@ def split_stages(model: nn.Module, n: int) -> list[nn.Module]:
         return [GPTStage(model, a, b) for a, b in _even(len(model.blocks), n)]
     if is_hf_decoder(model):
         return [HFDecoderStage(model, a, b) for a, b in _even(len(model.model.layers), n)]
-    raise ParallelError(f"pipeline stages: {type(model).__name__} is neither an nn.Sequential, GPT-shaped nor a "
-                        f"Hugging Face decoder; "
-                        f"pass stages=fn(model, n) -> n stage modules")
+    raise ParallelError(
+        f"pipeline stages: {type(model).__name__} is neither an nn.Sequential, GPT-shaped nor a "
+        f"Hugging Face decoder; "
+        f"pass stages=fn(model, n) -> n stage modules"
+    )
 
 
 def _token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -130,8 +136,9 @@ def _causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.float().view(-1, logits.size(-1)), shifted.reshape(-1), ignore_index=-100)
 
 
-def stage_inputs(model: nn.Module, batch: Any, loss_fn: Callable | None, target: Any,
-                 workload_loss: Callable[[Any], torch.Tensor]) -> tuple[tuple, Any, Callable]:
+def stage_inputs(
+    model: nn.Module, batch: Any, loss_fn: Callable | None, target: Any, workload_loss: Callable[[Any], torch.Tensor]
+) -> tuple[tuple, Any, Callable]:
     """(positional inputs of the first stage, target, loss_fn(output, target_chunk)) for a batch.
 
     A tensor or tuple batch goes in as it is; the zoo GPT's ``{"idx", "targets"}`` gives the token
@@ -141,7 +148,12 @@ def stage_inputs(model: nn.Module, batch: Any, loss_fn: Callable | None, target:
     model = unwrap_peft(model)
     if isinstance(batch, dict) and is_gpt_shaped(model) and {"idx", "targets"} <= set(batch):
         return (batch["idx"],), batch["targets"] if target is None else target, loss_fn or _token_loss
-    if isinstance(batch, dict) and is_hf_decoder(model) and set(batch) <= {"input_ids", "labels"} and "input_ids" in batch:
+    if (
+        isinstance(batch, dict)
+        and is_hf_decoder(model)
+        and set(batch) <= {"input_ids", "labels"}
+        and "input_ids" in batch
+    ):
         labels = batch.get("labels", batch["input_ids"]) if target is None else target
         return (batch["input_ids"],), labels, loss_fn or _causal_lm_loss
     if isinstance(batch, torch.Tensor):
@@ -149,6 +161,8 @@ def stage_inputs(model: nn.Module, batch: Any, loss_fn: Callable | None, target:
     elif isinstance(batch, (tuple, list)) and batch and all(isinstance(t, torch.Tensor) for t in batch):
         args = tuple(batch)
     else:
-        raise ParallelError("pipeline stages take a tensor or a tuple of tensors as the batch (split into micro-batches "
-                            "on dim 0), or the zoo GPT's {'idx', 'targets'}")
+        raise ParallelError(
+            "pipeline stages take a tensor or a tuple of tensors as the batch (split into micro-batches "
+            "on dim 0), or the zoo GPT's {'idx', 'targets'}"
+        )
     return tuple(args), target, loss_fn or (lambda output, _target: workload_loss(output))

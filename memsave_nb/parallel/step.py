@@ -30,7 +30,9 @@ from .tracker import ShardTracker, local_shard
 _local = local_shard  # the name pipeline.py imports
 
 
-def _run(workload: Workload, model: nn.Module, batch: Any, optimizer, tracker: ShardTracker | None, marks: dict) -> None:
+def _run(
+    workload: Workload, model: nn.Module, batch: Any, optimizer, tracker: ShardTracker | None, marks: dict
+) -> None:
     """The engine's training step (``training_step``) on this rank's model, the same batch for
     each micro-step, the tracker's phase following the step's."""
 
@@ -44,8 +46,15 @@ def _run(workload: Workload, model: nn.Module, batch: Any, optimizer, tracker: S
             marks["live"] = set(tracker.live_records())
 
     forward = workload.forward if model is workload.model else functools.partial(_call, workload, model)
-    left = training_step(workload, lambda last: batch, optimizer, runner="per_rank", forward=forward,
-                         on_phase=on_phase, on_forward_end=forward_end)
+    left = training_step(
+        workload,
+        lambda last: batch,
+        optimizer,
+        runner="per_rank",
+        forward=forward,
+        on_phase=on_phase,
+        on_forward_end=forward_end,
+    )
     del left  # the loss lives to the end of the step in every loop (a trainer logs it)
 
 
@@ -59,8 +68,9 @@ def _call(workload: Workload, model: nn.Module, batch: Any) -> Any:
     return workload.replace(model=model).forward(batch)
 
 
-def tracked_step(workload: Workload, model: nn.Module, batch: Any, *, rank: int, ranks: tuple[int, ...],
-                 steady: bool | str = True) -> RankMeasurement:
+def tracked_step(
+    workload: Workload, model: nn.Module, batch: Any, *, rank: int, ranks: tuple[int, ...], steady: bool | str = True
+) -> RankMeasurement:
     """Run (steady: two steps, the second tracked) and summarise one rank.
 
     ``workload.model`` is the sharded module whose parameters train; ``model`` is what is called
@@ -114,29 +124,56 @@ def tracked_step(workload: Workload, model: nn.Module, batch: Any, *, rank: int,
     kinds = categorise(tracker, grads - {None}, opt - {None}, unsharded - {None}, marks)
     staging = backend_staging(tracker, kinds)
     result = summarise(tracker, kinds, marks, rank=rank, ranks=ranks, seconds=time.perf_counter() - start, host=host)
-    result = dataclasses.replace(result, collectives=tuple(
-        (op, size, calls, nbytes) for (op, size), (calls, nbytes) in sorted(tracker.collectives.items())))
+    result = dataclasses.replace(
+        result,
+        collectives=tuple(
+            (op, size, calls, nbytes) for (op, size), (calls, nbytes) in sorted(tracker.collectives.items())
+        ),
+    )
     if host:
         h2d, d2h = copy_bounds(workload.model)
         result = dataclasses.replace(result, offload_h2d_bytes=h2d, offload_d2h_bytes=d2h)
     elif optimizer is not None and single_tensor_default(optimizer):
         # under CPU offload the step runs on the host, single-tensor, as measured; on a GPU it would not
-        result = dataclasses.replace(result, foreach_temp_bytes=sum(
-            local_shard(p).numel() * local_shard(p).element_size() for g in optimizer.param_groups for p in g["params"]))
+        result = dataclasses.replace(
+            result,
+            foreach_temp_bytes=sum(
+                local_shard(p).numel() * local_shard(p).element_size()
+                for g in optimizer.param_groups
+                for p in g["params"]
+            ),
+        )
     if not staging:
         return result
     # A real backend's own staging copies: counted in ``peak_bytes``; the peak without them is kept
     # beside it, since the fake backend (and NCCL) make no such copies.
     without = summarise(tracker, kinds, marks, rank=rank, ranks=ranks, seconds=result.seconds, skip=staging, host=host)
-    return dataclasses.replace(result, backend_staging_bytes=sum(tracker.records[i].nbytes for i in staging),
-                               peak_without_staging_bytes=without.peak_bytes)
+    return dataclasses.replace(
+        result,
+        backend_staging_bytes=sum(tracker.records[i].nbytes for i in staging),
+        peak_without_staging_bytes=without.peak_bytes,
+    )
 
 
 # A storage first met as the output of a view op was allocated below the dispatcher, where no
 # Python mode sees it: inside a collective that is the backend's own buffer (gloo reduce-scatters
 # by all-reducing a full-size copy of the input and takes this rank's chunk of it in ``wait()``).
-_VIEW_OPS = frozenset({"aten.chunk", "aten.split", "aten.split_with_sizes", "aten.narrow", "aten.slice", "aten.select",
-                       "aten.view", "aten._reshape_alias", "aten.as_strided", "aten.unbind", "aten.alias", "aten.reshape"})
+_VIEW_OPS = frozenset(
+    {
+        "aten.chunk",
+        "aten.split",
+        "aten.split_with_sizes",
+        "aten.narrow",
+        "aten.slice",
+        "aten.select",
+        "aten.view",
+        "aten._reshape_alias",
+        "aten.as_strided",
+        "aten.unbind",
+        "aten.alias",
+        "aten.reshape",
+    }
+)
 
 
 def backend_staging(tracker: ShardTracker, kinds: list[str]) -> set[int]:
@@ -158,7 +195,9 @@ def categorise(tracker: ShardTracker, grads: set, opt: set, unsharded: set, mark
             kinds.append("unsharded_parameters")
         elif i in tracker.comm_records:
             kinds.append("communication")
-        elif i in tracker.redistribute_records and not rec.late and not (rec.phase == "forward" and i in live_at_fwd_end):
+        elif (
+            i in tracker.redistribute_records and not rec.late and not (rec.phase == "forward" and i in live_at_fwd_end)
+        ):
             kinds.append("communication")  # TP's collective buffers; one kept for backward is an activation
         elif rec.late:
             kinds.append(INPUT if rec.died is None else "temporaries")
@@ -169,8 +208,17 @@ def categorise(tracker: ShardTracker, grads: set, opt: set, unsharded: set, mark
     return kinds
 
 
-def summarise(tracker: ShardTracker, kinds: list[str], marks: dict, *, rank: int, ranks: tuple[int, ...],
-              seconds: float, skip: set[int] = frozenset(), host: set[int] = frozenset()) -> RankMeasurement:
+def summarise(
+    tracker: ShardTracker,
+    kinds: list[str],
+    marks: dict,
+    *,
+    rank: int,
+    ranks: tuple[int, ...],
+    seconds: float,
+    skip: set[int] = frozenset(),
+    host: set[int] = frozenset(),
+) -> RankMeasurement:
     """Peak and split over the step's events; with ``host`` (records in host memory under CPU
     offload) also the device peak (everything else) and its split, and the host peak."""
     live = {c: 0 for c in CATEGORIES}
@@ -206,8 +254,24 @@ def summarise(tracker: ShardTracker, kinds: list[str], marks: dict, *, rank: int
             host_peak = max(host_peak, host_live)
         if fwd_end is not None and e == fwd_end - 1:
             saved = live["activations"]
-    return RankMeasurement(rank=rank, ranks=ranks, peak_bytes=max(peak, 0), peak_split=peak_split,
-                           peak_phase=peak_phase, saved_bytes=saved, end_split=dict(live),
-                           events=len(tracker.events), seconds=seconds,
-                           **(dict(device_peak_bytes=max(device_peak, 0), device_peak_split=device_split,
-                                   device_peak_phase=device_phase, host_peak_bytes=host_peak) if host else {}))
+    return RankMeasurement(
+        rank=rank,
+        ranks=ranks,
+        peak_bytes=max(peak, 0),
+        peak_split=peak_split,
+        peak_phase=peak_phase,
+        saved_bytes=saved,
+        end_split=dict(live),
+        events=len(tracker.events),
+        seconds=seconds,
+        **(
+            dict(
+                device_peak_bytes=max(device_peak, 0),
+                device_peak_split=device_split,
+                device_peak_phase=device_phase,
+                host_peak_bytes=host_peak,
+            )
+            if host
+            else {}
+        ),
+    )

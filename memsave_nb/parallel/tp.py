@@ -27,10 +27,14 @@ def resolve_tp_plan(model: nn.Module, spec: ParallelSpec) -> list[tuple[str, str
     if not spec.tp_plan:
         plan = default_tp_plan(model, spec.sequence_parallel)
         if not any(s == "colwise" for _, s in plan):
-            raise ParallelError("tensor_parallel: no attention or MLP projections found for the default plan; pass tp_plan")
+            raise ParallelError(
+                "tensor_parallel: no attention or MLP projections found for the default plan; pass tp_plan"
+            )
         if spec.sequence_parallel and any(n.endswith(".base_layer") for n, _ in plan):
-            raise ParallelError("sequence_parallel with LoRA layers: peft adds lora_B's plain output to the base layer's "
-                                "sequence-sharded DTensor; size TP without sequence_parallel")
+            raise ParallelError(
+                "sequence_parallel with LoRA layers: peft adds lora_B's plain output to the base layer's "
+                "sequence-sharded DTensor; size TP without sequence_parallel"
+            )
     else:
         names = [n for n, _ in model.named_modules() if n]
         for pattern, _ in spec.tp_plan:
@@ -43,7 +47,9 @@ def resolve_tp_plan(model: nn.Module, spec: ParallelSpec) -> list[tuple[str, str
         if style in ("norm", "gather_input", "gather_hidden_states"):
             continue
         if not isinstance(mod, (nn.Linear, nn.Embedding)):
-            raise ParallelError(f"tp_plan: {name!r} is a {type(mod).__name__}; style {style!r} splits a Linear or Embedding")
+            raise ParallelError(
+                f"tp_plan: {name!r} is a {type(mod).__name__}; style {style!r} splits a Linear or Embedding"
+            )
     _check_divisible(model, plan, spec.tensor_parallel)
     return plan
 
@@ -103,7 +109,6 @@ def apply_tensor_parallel(model: nn.Module, spec: ParallelSpec, tp_mesh: Any) ->
     return parallelize_module(model, tp_mesh, tp_styles(resolve_tp_plan(model, spec), spec.sequence_parallel))
 
 
-
 def clear_dtensor_caches() -> None:
     """Forget DTensor's sharding-propagation and redistribution caches.
 
@@ -117,13 +122,18 @@ def clear_dtensor_caches() -> None:
     from torch.distributed.tensor._sharding_prop import ShardingPropagator
 
     prop = DTensor._op_dispatcher.sharding_propagator
-    for cache in (getattr(prop, "propagate_op_sharding", None), getattr(ShardingPropagator, "_propagate_tensor_meta_cached", None),
-                  getattr(_redistribute, "_gen_transform_infos", None)):
+    for cache in (
+        getattr(prop, "propagate_op_sharding", None),
+        getattr(ShardingPropagator, "_propagate_tensor_meta_cached", None),
+        getattr(_redistribute, "_gen_transform_infos", None),
+    ):
         clear = getattr(cache, "cache_clear", None)
         if callable(clear):
             clear()
-    for clear in (getattr(_redistribute, "clear_redistribute_planner_cache", None),
-                  getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None)):  # the C++ fast path's
+    for clear in (
+        getattr(_redistribute, "clear_redistribute_planner_cache", None),
+        getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None),
+    ):  # the C++ fast path's
         if callable(clear):
             clear()
 

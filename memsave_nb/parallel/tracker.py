@@ -127,7 +127,9 @@ class _ShardWatcher(_DispatchWatcher):
             out = func(*args, **kwargs) if kwargs else func(*args)
             if releases is not None and func is releases.wait_op and args:
                 releases.waited(args[0])
-        if not self.tracker._in_propagation and _active_fake_mode() is self.entry_fake_mode:  # not DTensor's sharding propagation
+        if (
+            not self.tracker._in_propagation and _active_fake_mode() is self.entry_fake_mode
+        ):  # not DTensor's sharding propagation
             act = self.async_collective
             if act is not None and (act in types or type(out) is act):
                 self.tracker._observe(func, *_collective_results_unwrapped(act, args, kwargs, out))
@@ -267,6 +269,7 @@ def _patched_resize(tracker: ShardTracker) -> Iterator[None]:
 
 def _counted(tracker: ShardTracker, depth: str, fn):
     """``fn`` with the tracker's ``depth`` counter raised while it runs (what it allocates is marked)."""
+
     @functools.wraps(fn)
     def inner(*args, **kwargs):
         setattr(tracker, depth, getattr(tracker, depth) + 1)
@@ -302,8 +305,11 @@ def _marked_collectives(tracker: ShardTracker) -> Iterator[None]:
 
 
 # DTensor's redistribution of a local tensor, as the modules that call it hold it (imported by name)
-_REDISTRIBUTE_HOLDERS = ("torch.distributed.tensor._redistribute", "torch.distributed.tensor._dispatch",
-                         "torch.distributed.tensor._api")
+_REDISTRIBUTE_HOLDERS = (
+    "torch.distributed.tensor._redistribute",
+    "torch.distributed.tensor._dispatch",
+    "torch.distributed.tensor._api",
+)
 
 
 @contextlib.contextmanager

@@ -33,8 +33,15 @@ GRACE_S = 2.0  # the longest the rank waits for a worker thread (it needs micros
 # the functional collectives (TP's redistributions) that make one Work for one output
 _FUNCTIONAL = ("all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce", "all_to_all_single", "broadcast")
 # the torch.distributed calls FSDP2 and HSDP make (by module attribute: patched for the step)
-_C10D_CALLS = ("all_gather_single", "reduce_scatter_single", "all_reduce", "all_gather_into_tensor",
-               "reduce_scatter_tensor", "all_to_all_single", "broadcast")
+_C10D_CALLS = (
+    "all_gather_single",
+    "reduce_scatter_single",
+    "all_reduce",
+    "all_gather_into_tensor",
+    "reduce_scatter_tensor",
+    "all_to_all_single",
+    "broadcast",
+)
 
 
 def _functional_ops() -> frozenset:

@@ -122,6 +122,7 @@ def step_cost(workload: "Workload", plan: "Plan", regions: Iterable[str], device
         grads_before = {id(p): p.grad for p in model.parameters()}
         mode = _CostMode(cost)
         handles = []
+
         def enter(name: str):
             def hook(module: Any, args: Any) -> None:
                 mode.region_stack.append(name)
@@ -161,6 +162,10 @@ def _fake_batch(workload: "Workload", fake_mode: Any) -> Any:
 
     from memsave_nb.workload import map_tensors
 
-    raw = workload.batch() if callable(workload.batch) and not isinstance(workload.batch, torch.Tensor) else workload.batch
+    raw = (
+        workload.batch()
+        if callable(workload.batch) and not isinstance(workload.batch, torch.Tensor)
+        else workload.batch
+    )
     converted = map_tensors(raw, lambda t: t if isinstance(t, FakeTensor) else fake_mode.from_tensor(t))
     return workload.replace(batch=converted).make_batch()

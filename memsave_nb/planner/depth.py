@@ -68,8 +68,9 @@ def at_depth(model: nn.Module, blocks: Blocks, depth: int) -> nn.Module:
     return root
 
 
-def extrapolate(model: nn.Module, blocks: Blocks, run: Callable[[nn.Module, tuple[str, ...]], dict[str, float]],
-                stages: int = 1) -> dict[str, float]:
+def extrapolate(
+    model: nn.Module, blocks: Blocks, run: Callable[[nn.Module, tuple[str, ...]], dict[str, float]], stages: int = 1
+) -> dict[str, float]:
     """``run(model, block_names)`` gives numbers (peak, split, seconds) for one model; the same numbers
     for the whole depth, from two shallow depths when the model is deep, else from the model itself.
     ``stages``: pipeline stages the blocks are split over evenly; each stage is cut to 3 and 4 blocks

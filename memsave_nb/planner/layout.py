@@ -59,8 +59,15 @@ if TYPE_CHECKING:  # pragma: no cover
     from memsave_nb.parallel.result import ParallelMeasurement
     from memsave_nb.workload import Workload
 
-__all__ = ["LayoutCandidate", "LayoutResult", "check_layout_args", "plan_layout", "TP_DEGREES", "PP_DEGREES",
-           "REGION_KINDS"]
+__all__ = [
+    "LayoutCandidate",
+    "LayoutResult",
+    "check_layout_args",
+    "plan_layout",
+    "TP_DEGREES",
+    "PP_DEGREES",
+    "REGION_KINDS",
+]
 
 
 def plan_layout(
@@ -127,9 +134,11 @@ def plan_layout(
     notes = search.notes
     if start_plan.words:
         notes.append(f"starts from the plan: {start_plan.words}")
-    notes.append("communication: the payloads of the collectives each per-rank fake run recorded, times the "
-                 "ring factors, over the stated links; before a layout is measured (to decide whether to) and "
-                 "for CPU offload's copies, the standard sizes")
+    notes.append(
+        "communication: the payloads of the collectives each per-rank fake run recorded, times the "
+        "ring factors, over the stated links; before a layout is measured (to decide whether to) and "
+        "for CPU offload's copies, the standard sizes"
+    )
     if not blocks.names:
         region_kinds = (None,)
         notes.append("no repeated blocks: no checkpointing searched")
@@ -150,8 +159,10 @@ def plan_layout(
         candidates, pruned = search_groups(search, groups(flat))
         if any(c.fits for c in candidates):
             if pp_specs:
-                notes.append("pipeline stages not searched: a layout without them fits "
-                             "(pipeline_parallel=(1, 2, 4, 8) or --pp 1,2,4,8 compares them)")
+                notes.append(
+                    "pipeline stages not searched: a layout without them fits "
+                    "(pipeline_parallel=(1, 2, 4, 8) or --pp 1,2,4,8 compares them)"
+                )
         else:
             more, more_pruned = search_groups(search, groups(pp_specs))
             candidates, pruned = candidates + more, pruned + more_pruned
@@ -165,10 +176,23 @@ def plan_layout(
         remeasured = _remeasure(workload, chosen, store)
         remeasure_seconds = time.process_time() - begin
     total = time.process_time() - start
-    return LayoutResult(gpus=gpus, device=device, fabric=fabric, target=target, global_batch=global_batch,
-                        candidates=ranked, front=front, chosen=chosen, remeasured=remeasured, pruned=pruned,
-                        notes=notes, cpu_seconds=total, measurements=sizes.measurements,
-                        search_cpu_seconds=total - remeasure_seconds, remeasure_cpu_seconds=remeasure_seconds)
+    return LayoutResult(
+        gpus=gpus,
+        device=device,
+        fabric=fabric,
+        target=target,
+        global_batch=global_batch,
+        candidates=ranked,
+        front=front,
+        chosen=chosen,
+        remeasured=remeasured,
+        pruned=pruned,
+        notes=notes,
+        cpu_seconds=total,
+        measurements=sizes.measurements,
+        search_cpu_seconds=total - remeasure_seconds,
+        remeasure_cpu_seconds=remeasure_seconds,
+    )
 
 
 def _remeasure(workload: "Workload", chosen: LayoutCandidate, store: Measured) -> "ParallelMeasurement":

@@ -18,7 +18,11 @@ MAX_GLOBAL_BATCH = 1 << 24
 def _check(gpus: Any, tensor_parallel: Any, fabric: Fabric, explicit_tp: bool) -> list[int]:
     if isinstance(gpus, bool) or not isinstance(gpus, int) or not 1 <= gpus <= 1 << 16:
         raise PlanError(f"gpus must be a whole number in [1, 65536], got {show(gpus)}")
-    if isinstance(tensor_parallel, (str, bytes)) or not isinstance(tensor_parallel, (list, tuple)) or not tensor_parallel:
+    if (
+        isinstance(tensor_parallel, (str, bytes))
+        or not isinstance(tensor_parallel, (list, tuple))
+        or not tensor_parallel
+    ):
         raise PlanError(f"tensor_parallel must be a list of degrees, got {show(tensor_parallel)}")
     out = []
     for tp in tensor_parallel:
@@ -26,7 +30,11 @@ def _check(gpus: Any, tensor_parallel: Any, fabric: Fabric, explicit_tp: bool) -
             raise PlanError(f"tensor_parallel degrees are whole numbers >= 1, got {show(tp)}")
         if gpus % tp or tp > fabric.gpus_per_node:
             if explicit_tp:
-                why = f"{gpus} GPUs are not divisible by it" if gpus % tp else f"it spans more than a node of {fabric.gpus_per_node}"
+                why = (
+                    f"{gpus} GPUs are not divisible by it"
+                    if gpus % tp
+                    else f"it spans more than a node of {fabric.gpus_per_node}"
+                )
                 raise PlanError(f"tensor_parallel {tp}: {why}")
             continue
         out.append(tp)
@@ -51,8 +59,12 @@ def micro_batches(per_rank: int, most: int) -> list[int]:
 def check_stage_counts(pipeline_parallel: Any) -> list[int]:
     """The pipeline stage counts to search (default ``PP_DEGREES``), duplicates dropped."""
     pps = PP_DEGREES if pipeline_parallel is None else pipeline_parallel
-    if isinstance(pps, (str, bytes)) or not isinstance(pps, (list, tuple)) or not pps or \
-            any(isinstance(p, bool) or not isinstance(p, int) or p < 1 for p in pps):
+    if (
+        isinstance(pps, (str, bytes))
+        or not isinstance(pps, (list, tuple))
+        or not pps
+        or any(isinstance(p, bool) or not isinstance(p, int) or p < 1 for p in pps)
+    ):
         raise PlanError(f"pipeline_parallel must be a list of stage counts >= 1, got {show(pipeline_parallel)}")
     return list(dict.fromkeys(pps))
 
@@ -60,9 +72,14 @@ def check_stage_counts(pipeline_parallel: Any) -> list[int]:
 def check_batches(global_batch: Any, max_micro_batches: Any) -> None:
     if isinstance(global_batch, bool) or not isinstance(global_batch, int) or not 1 <= global_batch <= MAX_GLOBAL_BATCH:
         raise PlanError(f"global_batch must be a whole number in [1, {MAX_GLOBAL_BATCH}], got {show(global_batch)}")
-    if isinstance(max_micro_batches, bool) or not isinstance(max_micro_batches, int) or \
-            not 1 <= max_micro_batches <= MAX_MICROBATCHES:
-        raise PlanError(f"max_micro_batches must be a whole number in [1, {MAX_MICROBATCHES}], got {show(max_micro_batches)}")
+    if (
+        isinstance(max_micro_batches, bool)
+        or not isinstance(max_micro_batches, int)
+        or not 1 <= max_micro_batches <= MAX_MICROBATCHES
+    ):
+        raise PlanError(
+            f"max_micro_batches must be a whole number in [1, {MAX_MICROBATCHES}], got {show(max_micro_batches)}"
+        )
 
 
 def _gpu_names() -> list[str]:

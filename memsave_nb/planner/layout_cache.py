@@ -33,12 +33,24 @@ _PLAIN = (int, float, str, bool, bytes, type(None))
 
 
 def _model_key(model) -> tuple:
-    params = tuple((n, tuple(p.shape), p.dtype, str(p.device), p.requires_grad, type(p).__name__)
-                   for n, p in model.named_parameters(remove_duplicate=False))
+    params = tuple(
+        (n, tuple(p.shape), p.dtype, str(p.device), p.requires_grad, type(p).__name__)
+        for n, p in model.named_parameters(remove_duplicate=False)
+    )
     buffers = tuple((n, tuple(b.shape), b.dtype, str(b.device)) for n, b in model.named_buffers(remove_duplicate=False))
-    modules = tuple((n, type(m), m.training, len(m._forward_hooks), len(m._forward_pre_hooks),
-                     len(m._backward_hooks), len(getattr(m, "_backward_pre_hooks", ())), "forward" in m.__dict__)
-                    for n, m in model.named_modules(remove_duplicate=False))
+    modules = tuple(
+        (
+            n,
+            type(m),
+            m.training,
+            len(m._forward_hooks),
+            len(m._forward_pre_hooks),
+            len(m._backward_hooks),
+            len(getattr(m, "_backward_pre_hooks", ())),
+            "forward" in m.__dict__,
+        )
+        for n, m in model.named_modules(remove_duplicate=False)
+    )
     config = getattr(model, "config", None)
     to_json = getattr(config, "to_json_string", None)
     return params, buffers, modules, to_json() if callable(to_json) else repr(config)
@@ -49,8 +61,9 @@ def _field_values(workload: "Workload") -> tuple:
 
 
 def _same_fields(a: tuple, b: tuple) -> bool:
-    return len(a) == len(b) and all(x is y or (isinstance(x, _PLAIN) and type(x) is type(y) and x == y)
-                                    for x, y in zip(a, b))
+    return len(a) == len(b) and all(
+        x is y or (isinstance(x, _PLAIN) and type(x) is type(y) and x == y) for x, y in zip(a, b)
+    )
 
 
 def store_for(workload: "Workload", start: StartPlan, blocks: Blocks) -> Measured:

@@ -33,7 +33,7 @@ class Timing(NamedTuple):
 
 def _optimizer_state_factor(workload: "Workload", precision: str | None, plan: "Plan | None" = None) -> float:
     """Optimizer state bytes per trainable parameter byte, where known (a lower bound: 0 if not)."""
-    name = (plan.optimizer if plan is not None and plan.optimizer else workload.optimizer)
+    name = plan.optimizer if plan is not None and plan.optimizer else workload.optimizer
     name = name if isinstance(name, str) else ""
     if precision == "bf16_master":
         return 0.0
@@ -71,8 +71,9 @@ class LayoutSearch:
             return state + max(saved, (total + trainable) / (pp * spec.tensor_parallel))
         return state + max(trainable / n, saved)
 
-    def estimate_peak(self, spec: ParallelSpec, kind: str | None, precision: str | None, mb: int, k: int,
-                      mbs: Sequence[int] = (1,)) -> float:
+    def estimate_peak(
+        self, spec: ParallelSpec, kind: str | None, precision: str | None, mb: int, k: int, mbs: Sequence[int] = (1,)
+    ) -> float:
         """Measured at the smallest and the largest micro-batch of the layout, a straight line between:
         a peak is the largest of sums that grow linearly with the batch, so the line is exact at both
         ends and above the peak in between (on the safe side). Accumulation adds the gradients held
@@ -90,8 +91,9 @@ class LayoutSearch:
             peak += max(0.0, trainable / ways(spec) - split.get("gradients", 0.0))
         return peak
 
-    def counted_payloads(self, spec: ParallelSpec, kind: str | None, precision: str | None, mb: int,
-                         mbs: Sequence[int]) -> dict[str, float]:
+    def counted_payloads(
+        self, spec: ParallelSpec, kind: str | None, precision: str | None, mb: int, mbs: Sequence[int]
+    ) -> dict[str, float]:
         """The collectives' payloads at micro-batch ``mb``: measured at the smallest and largest micro-batch
         (TP's grow with it, FSDP2's do not), a straight line between."""
         a = self.sizes.rank_split(spec, kind, precision, mbs[0])
@@ -114,17 +116,23 @@ class LayoutSearch:
             total, trainable, k = total / pp, trainable / pp, spec.microbatches
         if spec.strategy == "ddp":
             crosses = spec.world_size > node
-            out.append(("DDP all-reduce", k * ring_all_reduce(trainable, spec.world_size) / self.fabric.bandwidth(crosses)))
+            out.append(
+                ("DDP all-reduce", k * ring_all_reduce(trainable, spec.world_size) / self.fabric.bandwidth(crosses))
+            )
         else:
             n = spec.shard_size
             crosses = n * tp > node
             # forward gathers everything; backward again what forward resharded (the root: as the spec says)
-            again = 0 if not spec.reshard_after_forward else total - (0 if spec.reshard_root else sizes.root_bytes(spec))
+            again = (
+                0 if not spec.reshard_after_forward else total - (0 if spec.reshard_root else sizes.root_bytes(spec))
+            )
             nbytes = ring_all_gather((total + again) / tp, n) + ring_all_gather(trainable / tp, n)
             out.append(("FSDP2 all-gather/reduce-scatter", k * nbytes / self.fabric.bandwidth(crosses)))
             if spec.replicate > 1:
                 r = spec.replicate
-                out.append(("HSDP all-reduce", k * ring_all_reduce(trainable / tp / n, r) / self.fabric.inter_bytes_per_second))
+                out.append(
+                    ("HSDP all-reduce", k * ring_all_reduce(trainable / tp / n, r) / self.fabric.inter_bytes_per_second)
+                )
             if spec.cpu_offload:
                 out.append(("CPU offload copies", k * (total + trainable) / n / self.fabric.host_bytes_per_second))
         if tp > 1:
@@ -164,12 +172,16 @@ class LayoutSearch:
                 bw = self.fabric.bandwidth(spec.world_size > node)
             else:  # FSDP2's all-gather and reduce-scatter over the shard dimension
                 name, bw = "FSDP2 all-gather/reduce-scatter", self.fabric.bandwidth(n * tp > node)
-            sent = ring_all_reduce(payload, n) if "all_reduce" in op or "allreduce" in op else ring_all_gather(payload, n)
+            sent = (
+                ring_all_reduce(payload, n) if "all_reduce" in op or "allreduce" in op else ring_all_gather(payload, n)
+            )
             families[name] = families.get(name, 0.0) + k * sent / bw
         out = list(families.items())
         if spec.cpu_offload:
             total, trainable = self.sizes.param_bytes()
-            out.append(("CPU offload copies", k * (total + trainable) / spec.shard_size / self.fabric.host_bytes_per_second))
+            out.append(
+                ("CPU offload copies", k * (total + trainable) / spec.shard_size / self.fabric.host_bytes_per_second)
+            )
         return out
 
     def step_seconds(self, spec: ParallelSpec, kind: str | None, precision: str | None, mb: int) -> float:
@@ -177,8 +189,15 @@ class LayoutSearch:
         cost = self.sizes.cost(kind, precision, mb)
         return sum(cost.get(p, 0.0) for p in ("forward", "backward", "recompute")) / spec.tensor_parallel
 
-    def timing(self, spec: ParallelSpec, kind: str | None, precision: str | None, mb: int, k: int,
-               comm: list[tuple[str, float]] | None = None) -> Timing:
+    def timing(
+        self,
+        spec: ParallelSpec,
+        kind: str | None,
+        precision: str | None,
+        mb: int,
+        k: int,
+        comm: list[tuple[str, float]] | None = None,
+    ) -> Timing:
         """One candidate's compute, communication per family and step seconds; ``comm`` defaults to
         the standard sizes (``comm``)."""
         cost = self.sizes.cost(kind, precision, mb)
@@ -195,16 +214,30 @@ class LayoutSearch:
         critical = sum(s for name, s in comm if not name.startswith(DATA_PARALLEL))
         return Timing(compute, tuple(comm), compute + critical + (max(0.0, dp - compute) if self.overlap else dp))
 
-    def candidate(self, spec: ParallelSpec, kind: str | None, precision: str | None, mb: int, k: int,
-                  mbs: Sequence[int] = (1,)) -> LayoutCandidate:
+    def candidate(
+        self, spec: ParallelSpec, kind: str | None, precision: str | None, mb: int, k: int, mbs: Sequence[int] = (1,)
+    ) -> LayoutCandidate:
         pp = spec.pipeline_parallel
         k = 1 if pp > 1 else k  # PP: the schedule's micro-batches (spec.microbatches), measured as one step
         peak = self.estimate_peak(spec, kind, precision, mb, k, mbs)
         counted = self.counted_payloads(spec, kind, precision, mb, mbs)
         t = self.timing(spec, kind, precision, mb, k, self.counted_comm(spec, counted, k) if counted else None)
         bubble = pipeline_seconds(self.step_seconds(spec, kind, precision, mb), spec)[1] if pp > 1 else 0.0
-        plan = self.sizes.plan_for(self.sizes.blocks.names, kind, precision, mb * spec.microbatches if pp > 1 else mb, k, spec)
-        return LayoutCandidate(spec=spec, regions=kind, precision=precision, micro_batch=mb, accumulation=k, plan=plan,
-                               est_peak_bytes=int(peak), compute_seconds=t.compute, comm_seconds=t.comm,
-                               step_seconds=t.seconds, fits=self.target.fits(peak), pipeline_stages=pp,
-                               bubble_seconds=bubble)
+        plan = self.sizes.plan_for(
+            self.sizes.blocks.names, kind, precision, mb * spec.microbatches if pp > 1 else mb, k, spec
+        )
+        return LayoutCandidate(
+            spec=spec,
+            regions=kind,
+            precision=precision,
+            micro_batch=mb,
+            accumulation=k,
+            plan=plan,
+            est_peak_bytes=int(peak),
+            compute_seconds=t.compute,
+            comm_seconds=t.comm,
+            step_seconds=t.seconds,
+            fits=self.target.fits(peak),
+            pipeline_stages=pp,
+            bubble_seconds=bubble,
+        )

@@ -58,8 +58,10 @@ class RankSizes:
             low = precision in ("bf16", "bf16_master") and p.is_floating_point()
             return p.numel() * (min(2, p.element_size()) if low else p.element_size())
 
-        return (sum(size(p) for _, p in named),
-                sum(size(p) for n, p in named if (n in trains if trains is not None else p.requires_grad)))
+        return (
+            sum(size(p) for _, p in named),
+            sum(size(p) for n, p in named if (n in trains if trains is not None else p.requires_grad)),
+        )
 
     def root_bytes(self, spec: ParallelSpec) -> int:
         """Bytes of the parameters in no FSDP2 unit (the root's), which torch's default does not
@@ -81,7 +83,9 @@ class RankSizes:
 
         first = self.workload.model.get_submodule(self.blocks.names[0]) if self.blocks.names else self.workload.model
         hidden = next((m.in_features for m in first.modules() if isinstance(m, nn.Linear)), 0)
-        vocab = next((m.out_features for m in reversed(list(self.workload.model.modules())) if isinstance(m, nn.Linear)), 0)
+        vocab = next(
+            (m.out_features for m in reversed(list(self.workload.model.modules())) if isinstance(m, nn.Linear)), 0
+        )
         return hidden, vocab
 
     def seq_len(self) -> int:
@@ -98,8 +102,15 @@ class RankSizes:
         return p.element_size() if p is not None else 4
 
     # -- measurements, each key once -----------------------------------------------------------
-    def plan_for(self, names: Sequence[str], kind: str | None, precision: str | None, mb: int, k: int = 1,
-                 spec: ParallelSpec | None = None) -> Plan:
+    def plan_for(
+        self,
+        names: Sequence[str],
+        kind: str | None,
+        precision: str | None,
+        mb: int,
+        k: int = 1,
+        spec: ParallelSpec | None = None,
+    ) -> Plan:
         """The start plan with one candidate's choices: ``kind`` on the blocks ``names``."""
         return self.start.with_choices({n: kind for n in names} if kind else {}, precision, mb, k, spec)
 
@@ -117,7 +128,9 @@ class RankSizes:
             self.store.saved[key] = extrapolate(self.workload.model, self.blocks, run)["saved"]
         return self.store.saved[key]
 
-    def rank_split(self, spec: ParallelSpec, kind: str | None, precision: str | None, mb: int = 1, k: int = 1) -> dict[str, float]:
+    def rank_split(
+        self, spec: ParallelSpec, kind: str | None, precision: str | None, mb: int = 1, k: int = 1
+    ) -> dict[str, float]:
         """The worst rank's device peak (key "peak") and split, at full depth."""
         key = (spec, kind, precision, mb, k)
         if key not in self.store.rank:
@@ -139,7 +152,12 @@ class RankSizes:
                 counted = {f"coll:{op}:{n}": float(b) for op, n, _, b in getattr(w, "collectives", ())}
                 # pipeline stages: every rank's peak per micro-batch phase, each extrapolated on its own
                 segments = {f"segment:{r.rank}:{label}": float(b) for r in m.ranks for label, b in r.segment_peaks}
-                return {"peak": float(m.device_peak_bytes), **{c: float(v) for c, v in split.items()}, **counted, **segments}
+                return {
+                    "peak": float(m.device_peak_bytes),
+                    **{c: float(v) for c, v in split.items()},
+                    **counted,
+                    **segments,
+                }
 
             out = extrapolate(self.workload.model, self.blocks, run, stages=pp)
             out["peak"] = max([out["peak"], *(v for k, v in out.items() if k.startswith("segment:"))])
@@ -154,7 +172,9 @@ class RankSizes:
             from memsave_nb.planner.cost import step_cost
 
             def run(model, names):
-                c = step_cost(self.workload.replace(model=model), self.plan_for(names, None, precision, mb), names, self.device)
+                c = step_cost(
+                    self.workload.replace(model=model), self.plan_for(names, None, precision, mb), names, self.device
+                )
                 out = dict(c.seconds)
                 for k in REGION_KINDS[1:]:
                     out[f"recompute {k}"] = sum(c.recompute_seconds(n, k) for n in names)

@@ -65,8 +65,10 @@ def search_groups(search: LayoutSearch, groups: Sequence[Group]) -> tuple[list[L
         if not any(c.fits for c in new):
             dead.add((spec, precision))
     if skipped:
-        search.notes.append(f"{skipped} layout/checkpointing pairs not measured: even their fastest micro-batch is "
-                            "estimated slower than a candidate that fits (the front is over those measured)")
+        search.notes.append(
+            f"{skipped} layout/checkpointing pairs not measured: even their fastest micro-batch is "
+            "estimated slower than a candidate that fits (the front is over those measured)"
+        )
     return candidates, pruned
 
 

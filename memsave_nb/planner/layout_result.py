@@ -47,7 +47,9 @@ class LayoutCandidate:
         if self.pipeline_stages > 1:
             parts.append(f"micro-batch {self.micro_batch} x {self.spec.microbatches} in the schedule")
         else:
-            parts.append(f"micro-batch {self.micro_batch}" + (f" x {self.accumulation}" if self.accumulation > 1 else ""))
+            parts.append(
+                f"micro-batch {self.micro_batch}" + (f" x {self.accumulation}" if self.accumulation > 1 else "")
+            )
         return ", ".join(parts)
 
 
@@ -83,24 +85,32 @@ class LayoutResult:
         return "\n".join("  " + "  ".join(r[i].rjust(widths[i]) for i in range(3)) + "  " + r[3] for r in rows)
 
     def summary(self) -> str:
-        lines = [f"layout planner: {self.gpus} x {self.device.name}, target {self.target.label} "
-                 f"(under {format_bytes(self.target.usable_bytes)}), global batch {self.global_batch}; "
-                 f"{len(self.candidates)} candidates, {len(self.fitting)} fit; {self.measurements} per-rank measurements; "
-                 f"{self.search_cpu_seconds:.1f} s CPU searching, {self.remeasure_cpu_seconds:.1f} s re-measuring"]
+        lines = [
+            f"layout planner: {self.gpus} x {self.device.name}, target {self.target.label} "
+            f"(under {format_bytes(self.target.usable_bytes)}), global batch {self.global_batch}; "
+            f"{len(self.candidates)} candidates, {len(self.fitting)} fit; {self.measurements} per-rank measurements; "
+            f"{self.search_cpu_seconds:.1f} s CPU searching, {self.remeasure_cpu_seconds:.1f} s re-measuring"
+        ]
         if self.chosen is None and self.fitting:  # the estimates said yes, the checks said no
-            lines.append("no layout chosen: the fastest estimated to fit measured over the target at their "
-                         "micro-batch (notes below); the front lists estimates, not checked layouts")
+            lines.append(
+                "no layout chosen: the fastest estimated to fit measured over the target at their "
+                "micro-batch (notes below); the front lists estimates, not checked layouts"
+            )
         elif self.chosen is None:
             lines.append("no layout fits")
         else:
             c = self.chosen
             comm = ", ".join(f"{k} {_seconds(v)}" for k, v in c.comm_seconds if v) or "none"
             bubble = f", of which the pipeline's bubble {_seconds(c.bubble_seconds)}" if c.pipeline_stages > 1 else ""
-            lines.append(f"chosen: {c.label}: estimated step {_seconds(c.step_seconds)} (compute {_seconds(c.compute_seconds)}{bubble}; "
-                         f"communication {comm}), peak {format_bytes(c.est_peak_bytes)} estimated")
+            lines.append(
+                f"chosen: {c.label}: estimated step {_seconds(c.step_seconds)} (compute {_seconds(c.compute_seconds)}{bubble}; "
+                f"communication {comm}), peak {format_bytes(c.est_peak_bytes)} estimated"
+            )
             if self.remeasured is not None:
                 peak = self.remeasured.device_peak_bytes
-                lines.append(f"re-measured per rank at full depth: worst rank {format_bytes(peak)} ({self.target.verdict(peak)})")
+                lines.append(
+                    f"re-measured per rank at full depth: worst rank {format_bytes(peak)} ({self.target.verdict(peak)})"
+                )
         lines += [f"pruned by the lower bound: {p}" for p in self.pruned]
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)

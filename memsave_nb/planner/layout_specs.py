@@ -56,8 +56,14 @@ def _most_saving_first(kind: str | None) -> int:
     return len(REGION_KINDS) if kind is None else REGION_KINDS.index(kind)
 
 
-def groups_for(specs: Sequence[ParallelSpec], global_batch: int, max_micro_batches: int,
-               region_kinds: Sequence[str | None], precisions: Sequence[str | None], notes: list[str]) -> list[Group]:
+def groups_for(
+    specs: Sequence[ParallelSpec],
+    global_batch: int,
+    max_micro_batches: int,
+    region_kinds: Sequence[str | None],
+    precisions: Sequence[str | None],
+    notes: list[str],
+) -> list[Group]:
     """The groups to measure, each layout's most memory-saving kind first; a layout the global batch
     does not split over is left out with a note."""
     groups: list[Group] = []

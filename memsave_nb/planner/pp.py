@@ -52,8 +52,9 @@ def splittable(model: nn.Module) -> bool:
     return isinstance(model, nn.Sequential) or is_gpt_shaped(model) or is_hf_decoder(model)
 
 
-def pipeline_specs(gpus: int, model: nn.Module, blocks: Blocks, pps: Sequence[int],
-                   tps: Sequence[int] = (1,)) -> tuple[list[ParallelSpec], list[str]]:
+def pipeline_specs(
+    gpus: int, model: nn.Module, blocks: Blocks, pps: Sequence[int], tps: Sequence[int] = (1,)
+) -> tuple[list[ParallelSpec], list[str]]:
     """PP (x TP) x FSDP2 specs (one micro-batch as placeholder: the candidate sets it) and, in
     words, the stage counts left out and why. ``tps``: the TP degrees searched (within a node)."""
     specs, notes = [], []
@@ -61,16 +62,21 @@ def pipeline_specs(gpus: int, model: nn.Module, blocks: Blocks, pps: Sequence[in
     if not wanted:
         return specs, notes
     if not splittable(model):
-        notes.append(f"pipeline stages not searched: {type(model).__name__} is neither an nn.Sequential, GPT-shaped "
-                     "nor a Hugging Face decoder (measure_pipeline takes stages=fn(model, n) for it)")
+        notes.append(
+            f"pipeline stages not searched: {type(model).__name__} is neither an nn.Sequential, GPT-shaped "
+            "nor a Hugging Face decoder (measure_pipeline takes stages=fn(model, n) for it)"
+        )
         return specs, notes
     depth = len(model) if isinstance(model, nn.Sequential) else blocks.depth
     for p in wanted:
         if gpus % p or depth % p:
             notes.append(f"PP {p}: {gpus} GPUs and {depth} blocks do not both split {p} ways")
             continue
-        specs += [ParallelSpec(world_size=gpus, pipeline_parallel=p, tensor_parallel=tp, schedule=SCHEDULE)
-                  for tp in tps if (gpus // p) % tp == 0]
+        specs += [
+            ParallelSpec(world_size=gpus, pipeline_parallel=p, tensor_parallel=tp, schedule=SCHEDULE)
+            for tp in tps
+            if (gpus // p) % tp == 0
+        ]
     return specs, notes
 
 

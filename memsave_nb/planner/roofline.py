@@ -34,12 +34,54 @@ class Device:
 
 
 GPUS: dict[str, Device] = {
-    "H100": Device("H100 SXM", 989e12, 67e12, 3.35e12, 80, source="NVIDIA H100 Tensor Core GPU datasheet (SXM5: BF16 989 TFLOPS dense, FP32 67 TFLOPS, HBM3 3.35 TB/s)"),
-    "H200": Device("H200 SXM", 989e12, 67e12, 4.8e12, 141, source="NVIDIA H200 Tensor Core GPU datasheet (BF16 989 TFLOPS dense, FP32 67 TFLOPS, HBM3e 4.8 TB/s, 141 GB)"),
-    "A100": Device("A100 SXM 80GB", 312e12, 19.5e12, 2.039e12, 80, source="NVIDIA A100 datasheet (BF16 312 TFLOPS dense, FP32 19.5 TFLOPS, HBM2e 2,039 GB/s)"),
-    "A100-40": Device("A100 SXM 40GB", 312e12, 19.5e12, 1.555e12, 40, source="NVIDIA A100 datasheet (40GB SXM: BF16 312 TFLOPS dense, FP32 19.5 TFLOPS, HBM2 1,555 GB/s)"),
-    "L4": Device("L4", 121e12, 30.3e12, 300e9, 24, source="NVIDIA L4 datasheet (BF16 242 TFLOPS with sparsity = 121 dense, FP32 30.3 TFLOPS, 300 GB/s)"),
-    "RTX 4090": Device("GeForce RTX 4090", 165.2e12, 82.6e12, 1008e9, 24, source="NVIDIA Ada Lovelace architecture whitepaper (BF16 tensor 165.2 TFLOPS dense with FP32 accumulate, FP32 82.6 TFLOPS, 1,008 GB/s)"),
+    "H100": Device(
+        "H100 SXM",
+        989e12,
+        67e12,
+        3.35e12,
+        80,
+        source="NVIDIA H100 Tensor Core GPU datasheet (SXM5: BF16 989 TFLOPS dense, FP32 67 TFLOPS, HBM3 3.35 TB/s)",
+    ),
+    "H200": Device(
+        "H200 SXM",
+        989e12,
+        67e12,
+        4.8e12,
+        141,
+        source="NVIDIA H200 Tensor Core GPU datasheet (BF16 989 TFLOPS dense, FP32 67 TFLOPS, HBM3e 4.8 TB/s, 141 GB)",
+    ),
+    "A100": Device(
+        "A100 SXM 80GB",
+        312e12,
+        19.5e12,
+        2.039e12,
+        80,
+        source="NVIDIA A100 datasheet (BF16 312 TFLOPS dense, FP32 19.5 TFLOPS, HBM2e 2,039 GB/s)",
+    ),
+    "A100-40": Device(
+        "A100 SXM 40GB",
+        312e12,
+        19.5e12,
+        1.555e12,
+        40,
+        source="NVIDIA A100 datasheet (40GB SXM: BF16 312 TFLOPS dense, FP32 19.5 TFLOPS, HBM2 1,555 GB/s)",
+    ),
+    "L4": Device(
+        "L4",
+        121e12,
+        30.3e12,
+        300e9,
+        24,
+        source="NVIDIA L4 datasheet (BF16 242 TFLOPS with sparsity = 121 dense, FP32 30.3 TFLOPS, 300 GB/s)",
+    ),
+    "RTX 4090": Device(
+        "GeForce RTX 4090",
+        165.2e12,
+        82.6e12,
+        1008e9,
+        24,
+        source="NVIDIA Ada Lovelace architecture whitepaper (BF16 tensor 165.2 TFLOPS dense with FP32 accumulate, FP32 82.6 TFLOPS, 1,008 GB/s)",
+    ),
 }
 
 
@@ -80,5 +122,13 @@ def calibrate_host() -> Device:
         bandwidth = 2 * big.numel() * 4 / _median_seconds(lambda: out.copy_(big))
         tiny = torch.ones(4)
         overhead = _median_seconds(lambda: [tiny.add(1) for _ in range(100)]) / 100
-        _HOST = Device("this CPU (calibrated)", flops, flops, bandwidth, 0, overhead, source="measured: 384x384 matmul, 8 MiB copy, 100 tiny adds")
+        _HOST = Device(
+            "this CPU (calibrated)",
+            flops,
+            flops,
+            bandwidth,
+            0,
+            overhead,
+            source="measured: 384x384 matmul, 8 MiB copy, 100 tiny adds",
+        )
     return _HOST

@@ -162,7 +162,9 @@ def _merge(base: Plan, freezing: Plan, **knobs: Any) -> Plan:
     return base.replace(
         frozen=freezing.frozen or base.frozen,
         trainable=freezing.trainable or base.trainable,
-        input_requires_grad=freezing.input_requires_grad if freezing.input_requires_grad is not None else base.input_requires_grad,
+        input_requires_grad=freezing.input_requires_grad
+        if freezing.input_requires_grad is not None
+        else base.input_requires_grad,
         bn_eval=freezing.bn_eval or base.bn_eval,
         **knobs,
     )
@@ -318,14 +320,17 @@ def plan_for(
             notes.append(f"re-measuring {c.label}: {' '.join(str(exc).split())[:160]}")
             continue
         fit = fit_of(target, m, fixes=False)  # the report's verdict on the re-measured step
-        c2 = dataclasses.replace(c, measured_peak_bytes=m.peak_bytes, measured_verdict=fit.verdict(target),
-                                 fits=fit.fits)
+        c2 = dataclasses.replace(
+            c, measured_peak_bytes=m.peak_bytes, measured_verdict=fit.verdict(target), fits=fit.fits
+        )
         remeasured.append(c2)
         if fit.fits:
             chosen = c2
             break
     front = pareto_front(ranked, key=lambda c: (c.est_peak_bytes, c.est_seconds))
-    return PlannerResult(target, dev, ranked, front, chosen, remeasured, time.perf_counter() - start, measurements, notes)
+    return PlannerResult(
+        target, dev, ranked, front, chosen, remeasured, time.perf_counter() - start, measurements, notes
+    )
 
 
 def _sequence(value: Any, name: str) -> list[Any]:
@@ -334,8 +339,15 @@ def _sequence(value: Any, name: str) -> list[Any]:
     return list(value)
 
 
-def _check_choices(link: Any, micro_batches: Any, region_kinds: Any, precisions: Any, memsave: Any,
-                   remeasure: Any, compile_budgets: Any) -> None:
+def _check_choices(
+    link: Any,
+    micro_batches: Any,
+    region_kinds: Any,
+    precisions: Any,
+    memsave: Any,
+    remeasure: Any,
+    compile_budgets: Any,
+) -> None:
     """Every list the planner takes, checked in one line each before any measurement."""
     if not isinstance(link, str) or link not in LINKS:
         raise PlanError(f"link {show(link)}: choose one of {sorted(LINKS)}")
@@ -376,7 +388,9 @@ def _check_freezing(freezing: Any) -> dict[str, Plan]:
     return {str(label): plan for label, plan in freezing.items()}
 
 
-def _assignments(regions: list[str], kinds: list[str], options: dict[tuple[str, str], tuple[float, float]]) -> Iterable[dict[str, str]]:
+def _assignments(
+    regions: list[str], kinds: list[str], options: dict[tuple[str, str], tuple[float, float]]
+) -> Iterable[dict[str, str]]:
     yield {}
     for kind in kinds:
         for n in range(1, len(regions) + 1):
@@ -400,8 +414,16 @@ def _assignments(regions: list[str], kinds: list[str], options: dict[tuple[str, 
         yield dict(current)
 
 
-def _estimate(cfg: _Config, assignment: dict[str, str], options, transient: dict[str, float], k: int, batch: int,
-              target: Target, dev: Device) -> Candidate:
+def _estimate(
+    cfg: _Config,
+    assignment: dict[str, str],
+    options,
+    transient: dict[str, float],
+    k: int,
+    batch: int,
+    target: Target,
+    dev: Device,
+) -> Candidate:
     m = cfg.measurement
     reductions = [options[(r, kind)][0] for r, kind in assignment.items()]
     added = sum(options[(r, kind)][1] for r, kind in assignment.items())
@@ -426,8 +448,13 @@ def _grad_bytes(m: "Measurement") -> int:
     return max(m.timeline.by_category["gradients"]) if len(m.timeline) else 0
 
 
-def _compiled_candidates(workload: "Workload", g0: _Config, budgets: Sequence[float], target: Target,
-                         cancel_event: threading.Event | None = None) -> tuple[list[Candidate], int]:
+def _compiled_candidates(
+    workload: "Workload",
+    g0: _Config,
+    budgets: Sequence[float],
+    target: Target,
+    cancel_event: threading.Event | None = None,
+) -> tuple[list[Candidate], int]:
     """One real measurement per budget (and one eager, timed): the peak is measured, the time is
     the first configuration's estimate times the measured compiled / eager step-time ratio."""
     from memsave_nb.measure import measure
@@ -442,7 +469,16 @@ def _compiled_candidates(workload: "Workload", g0: _Config, budgets: Sequence[fl
             m = measure(wl, mode="real", repeats=3, cancel_event=cancel_event)
         ratio = (m.step_seconds or 0.0) / (eager.step_seconds or 1.0)
         fit = fit_of(target, m, fixes=False)  # the compiled route has no replay: the 80% rule, said so
-        out.append(Candidate(plan, f"{g0.label}, compile {b:g}", m.peak_bytes, g0.cost.total_seconds * ratio,
-                             fit.fits, measured_peak_bytes=m.peak_bytes, measured_seconds=m.step_seconds,
-                             measured_verdict=fit.verdict(target)))
+        out.append(
+            Candidate(
+                plan,
+                f"{g0.label}, compile {b:g}",
+                m.peak_bytes,
+                g0.cost.total_seconds * ratio,
+                fit.fits,
+                measured_peak_bytes=m.peak_bytes,
+                measured_seconds=m.step_seconds,
+                measured_verdict=fit.verdict(target),
+            )
+        )
     return out, 1 + len(budgets)

@@ -32,12 +32,18 @@ class StartPlan:
 
     def with_choices(self, regions: dict, precision: str | None, batch_size: int, accumulation: int, spec) -> Plan:
         """The kept choices plus one candidate's own."""
-        return self.plan.replace(regions=regions, precision=precision, batch_size=batch_size,
-                                 accumulation_steps=accumulation if accumulation > 1 else None, parallel=spec)
+        return self.plan.replace(
+            regions=regions,
+            precision=precision,
+            batch_size=batch_size,
+            accumulation_steps=accumulation if accumulation > 1 else None,
+            parallel=spec,
+        )
 
 
-def start_from(plan: Plan | None, blocks: Blocks, region_kinds: Sequence[str | None],
-               precisions: Sequence[str | None]) -> StartPlan:
+def start_from(
+    plan: Plan | None, blocks: Blocks, region_kinds: Sequence[str | None], precisions: Sequence[str | None]
+) -> StartPlan:
     """What the search keeps from ``plan`` and which kinds and precisions it still searches."""
     if plan is None:
         return StartPlan(Plan(), tuple(region_kinds), tuple(precisions), None, "")
@@ -69,8 +75,10 @@ def _uniform_kind(regions: dict, blocks: Blocks) -> str:
     every_block = set(regions) == set(blocks.names)
     kind = next((name for name, p in known.items() if every_block and all(v == p for v in regions.values())), None)
     if kind is None:
-        raise PlanError("the layout planner keeps a plan's checkpointing only when every block is checkpointed alike "
-                        "(full or save_matmuls); clear the plan's regions to let it choose")
+        raise PlanError(
+            "the layout planner keeps a plan's checkpointing only when every block is checkpointed alike "
+            "(full or save_matmuls); clear the plan's regions to let it choose"
+        )
     return kind
 
 
@@ -86,5 +94,5 @@ def blocks_alike(plan: Plan, model, blocks: Blocks) -> bool:
     if not (plan.frozen or plan.trainable):
         return True
     trains = plan.trainable_parameter_names(model)
-    per_block = {frozenset(n[len(b) + 1:] for n in trains if n.startswith(b + ".")) for b in blocks.names}
+    per_block = {frozenset(n[len(b) + 1 :] for n in trains if n.startswith(b + ".")) for b in blocks.names}
     return len(per_block) == 1

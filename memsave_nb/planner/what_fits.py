@@ -65,8 +65,15 @@ def hint_lines(hints: Sequence[KnobHint], target: Target) -> list[str]:
     return lines
 
 
-def what_would_fit(workload: "Workload", plan: "Plan", target: Target, *, mode: str = "fake",
-                   gpus: bool = True, cancel_event: threading.Event | None = None) -> list[KnobHint]:
+def what_would_fit(
+    workload: "Workload",
+    plan: "Plan",
+    target: Target,
+    *,
+    mode: str = "fake",
+    gpus: bool = True,
+    cancel_event: threading.Event | None = None,
+) -> list[KnobHint]:
     """Each knob on its own from ``plan``, with the peak it reaches (see the module doc), in the
     order above. ``gpus=False`` skips the per-rank FSDP2 probes (the slowest)."""
     from memsave_nb.checkpointing import suggest_regions
@@ -96,11 +103,27 @@ def what_would_fit(workload: "Workload", plan: "Plan", target: Target, *, mode: 
         r = max_batch(workload, plan, target, mode=mode, upper=batch - 1, cancel_event=cancel_event)
         smallest = min((pk, v) for v, pk in r.probes if pk is not None) if any(pk for _, pk in r.probes) else None
         if r.value >= 1:  # the search judged each probe with fit_of: its answer is the verdict's
-            hints.append(KnobHint("smaller batch", f"batch {r.value} (from {batch})", r.peak_bytes or 0, True,
-                                  plan.replace(batch_size=r.value), f"fits ({r.rule})"))
+            hints.append(
+                KnobHint(
+                    "smaller batch",
+                    f"batch {r.value} (from {batch})",
+                    r.peak_bytes or 0,
+                    True,
+                    plan.replace(batch_size=r.value),
+                    f"fits ({r.rule})",
+                )
+            )
         elif smallest is not None:
-            hints.append(KnobHint("smaller batch", f"batch {smallest[1]} (from {batch})", smallest[0], False,
-                                  plan.replace(batch_size=smallest[1]), f"does not fit ({r.rule})"))
+            hints.append(
+                KnobHint(
+                    "smaller batch",
+                    f"batch {smallest[1]} (from {batch})",
+                    smallest[0],
+                    False,
+                    plan.replace(batch_size=smallest[1]),
+                    f"does not fit ({r.rule})",
+                )
+            )
         _micro_batches(plan, batch, peak, add, target)
     for precision in LOW_PRECISIONS:
         if plan.precision != precision:
@@ -116,7 +139,12 @@ def what_would_fit(workload: "Workload", plan: "Plan", target: Target, *, mode: 
     if regions:
         for knob, kind in (("checkpointing", "full"), ("offload", "offload")):
             p = plan.replace(regions={r: kind for r in regions})
-            add(knob, f"every block ({len(regions)}) {'checkpointed' if kind == 'full' else 'offloaded to the host'}", p, peak(p))
+            add(
+                knob,
+                f"every block ({len(regions)}) {'checkpointed' if kind == 'full' else 'offloaded to the host'}",
+                p,
+                peak(p),
+            )
     if gpus:
         _more_gpus(workload, plan, target, hints, cancel_event)
     return hints
@@ -153,8 +181,9 @@ def _freezing(workload: "Workload", plan: "Plan", peak: Callable, add: Callable)
     add("freezing", "train only the last block", p, peak(p))
 
 
-def _more_gpus(workload: "Workload", plan: "Plan", target: Target, hints: list[KnobHint],
-               cancel_event: threading.Event | None) -> None:
+def _more_gpus(
+    workload: "Workload", plan: "Plan", target: Target, hints: list[KnobHint], cancel_event: threading.Event | None
+) -> None:
     """The fewest GPUs (FSDP2, one block per group) whose worst rank fits, measured per rank; the
     largest count's figure when none does."""
     from memsave_nb.parallel import ParallelSpec, measure_parallel

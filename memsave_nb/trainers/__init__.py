@@ -19,8 +19,16 @@ from memsave_nb.plan import Plan
 from . import accelerate, axolotl, hf, trl
 from ._common import Exported, Imported, TrainerConfigError, load_config, lora_of
 
-__all__ = ["TRAINERS", "from_trainer", "to_trainer", "detect", "lora_settings", "Imported", "Exported",
-           "TrainerConfigError"]
+__all__ = [
+    "TRAINERS",
+    "from_trainer",
+    "to_trainer",
+    "detect",
+    "lora_settings",
+    "Imported",
+    "Exported",
+    "TrainerConfigError",
+]
 
 TRAINERS: dict[str, ModuleType] = {"hf": hf, "trl": trl, "axolotl": axolotl, "accelerate": accelerate}
 
@@ -44,8 +52,9 @@ def detect(config: Any) -> str:
     return "hf"
 
 
-def from_trainer(config: Any, model: nn.Module | None = None, *, trainer: str | None = None,
-                 world_size: int | None = None) -> Imported:
+def from_trainer(
+    config: Any, model: nn.Module | None = None, *, trainer: str | None = None, world_size: int | None = None
+) -> Imported:
     """A trainer config (object, dict, JSON/YAML text or path) -> ``Imported(plan, parallel, notes)``:
     the plan the trainer would run on ``model`` (its layers name the checkpointed regions), and
     one line per choice the plan does not size. ``trainer``: ``"hf"|"trl"|"axolotl"|"accelerate"``
@@ -54,8 +63,9 @@ def from_trainer(config: Any, model: nn.Module | None = None, *, trainer: str | 
     return _module(name).read(config, model=model, world_size=world_size)
 
 
-def to_trainer(plan: Plan, trainer: str, *, parallel: ParallelSpec | None = None,
-               model: nn.Module | None = None) -> Exported:
+def to_trainer(
+    plan: Plan, trainer: str, *, parallel: ParallelSpec | None = None, model: nn.Module | None = None
+) -> Exported:
     """A plan -> ``Exported(text, fields, notes)``: ``trainer``'s own config for every choice it can
     express, and one line for each it cannot. Pass ``model`` to check region choices against the
     layers the trainer counts."""

@@ -22,11 +22,23 @@ from memsave_nb.plan import Plan
 
 from .safe_read import TrainerConfigError, check_bounds, parse_text, read_file
 
-__all__ = ["Imported", "Exported", "TrainerConfigError", "load_config", "checkpoint_layers", "regions_for",
-           "every_n_of", "parallel_of", "dump", "unwritable", "truthy",
-           "whole", "real", "name_of", "table"]
-
-
+__all__ = [
+    "Imported",
+    "Exported",
+    "TrainerConfigError",
+    "load_config",
+    "checkpoint_layers",
+    "regions_for",
+    "every_n_of",
+    "parallel_of",
+    "dump",
+    "unwritable",
+    "truthy",
+    "whole",
+    "real",
+    "name_of",
+    "table",
+]
 
 
 class Imported(NamedTuple):
@@ -53,8 +65,9 @@ def load_config(config: Any) -> dict[str, Any]:
     Files and text are read within :mod:`.safe_read`'s bounds; every result is walked against them."""
     if isinstance(config, Mapping):
         d = dict(config)
-    elif isinstance(config, os.PathLike) or (isinstance(config, str) and "\n" not in config and
-                                             config.strip().endswith((".json", ".yaml", ".yml"))):
+    elif isinstance(config, os.PathLike) or (
+        isinstance(config, str) and "\n" not in config and config.strip().endswith((".json", ".yaml", ".yml"))
+    ):
         d = read_file(config)
     elif isinstance(config, str):
         d = parse_text(config, "text")
@@ -64,7 +77,9 @@ def load_config(config: Any) -> dict[str, Any]:
     elif hasattr(config, "to_dict"):
         d = dict(config.to_dict())
     else:
-        raise TrainerConfigError(f"a trainer config must be a dict, an arguments object, JSON/YAML text or a path, got {show(config)}")
+        raise TrainerConfigError(
+            f"a trainer config must be a dict, an arguments object, JSON/YAML text or a path, got {show(config)}"
+        )
     check_bounds(d, "trainer config")
     bad = [k for k in d if not isinstance(k, str)]
     if bad:
@@ -87,12 +102,15 @@ def dump(fields: Mapping[str, Any], fmt: str) -> str:
 def checkpoint_layers(model: nn.Module) -> list[str]:
     """Names of the repeated blocks, in order: Hugging Face's ``GradientCheckpointingLayer``
     modules (what ``activation_checkpointing_enable`` counts), else the project's suggestion."""
-    names = [n for n, m in model.named_modules()
-             if any(c.__name__ == "GradientCheckpointingLayer" for c in type(m).__mro__)]
+    names = [
+        n for n, m in model.named_modules() if any(c.__name__ == "GradientCheckpointingLayer" for c in type(m).__mro__)
+    ]
     return names or list(suggest_regions(model))
 
 
-def regions_for(model: nn.Module | None, kind: RegionKind, every_n: int = 1) -> tuple[dict[str, RegionPolicy], list[str]]:
+def regions_for(
+    model: nn.Module | None, kind: RegionKind, every_n: int = 1
+) -> tuple[dict[str, RegionPolicy], list[str]]:
     """Regions of ``kind`` on every ``every_n``-th checkpoint layer (index % n == 0, as
     transformers picks them), and a note when there is no model to name them."""
     if model is None:
@@ -123,14 +141,20 @@ def every_n_of(plan: Plan, model: nn.Module | None, kind: RegionKind) -> tuple[i
             n = cand
             break
     outside = sorted(chosen - set(layers))
-    what = f"regions {', '.join(outside)} are not layers the trainer counts" if outside else \
-        f"{len(chosen)} chosen layers are not every n-th one"
-    return n, [f"{kind.value} checkpointing: the trainer checkpoints every n-th layer only; {what}: "
-               f"wrote every_n_layers={n}, which checkpoints {len(range(0, len(layers), n))} of {len(layers)} layers"]
+    what = (
+        f"regions {', '.join(outside)} are not layers the trainer counts"
+        if outside
+        else f"{len(chosen)} chosen layers are not every n-th one"
+    )
+    return n, [
+        f"{kind.value} checkpointing: the trainer checkpoints every n-th layer only; {what}: "
+        f"wrote every_n_layers={n}, which checkpoints {len(range(0, len(layers), n))} of {len(layers)} layers"
+    ]
 
 
-def parallel_of(fsdp: Mapping[str, Any], world_size: int | None, model: nn.Module | None,
-                notes: list[str]) -> ParallelSpec:
+def parallel_of(
+    fsdp: Mapping[str, Any], world_size: int | None, model: nn.Module | None, notes: list[str]
+) -> ParallelSpec:
     """A ``ParallelSpec`` from normalised FSDP settings (``version``, ``cpu_offload``,
     ``reshard_after_forward``, ``transformer_layer_cls_to_wrap``)."""
     version = whole(fsdp, "version", 2, 1, 2)
@@ -152,21 +176,30 @@ def parallel_of(fsdp: Mapping[str, Any], world_size: int | None, model: nn.Modul
     if classes and model is not None:
         shard = tuple(n for n, m in model.named_modules() if type(m).__name__ in set(classes))
         if not shard:
-            notes.append(f"transformer_layer_cls_to_wrap {list(classes)}: no such module in the model; shards the repeated blocks")
+            notes.append(
+                f"transformer_layer_cls_to_wrap {list(classes)}: no such module in the model; shards the repeated blocks"
+            )
     elif classes:
         notes.append("transformer_layer_cls_to_wrap: pass model= to name those modules; shards the repeated blocks")
     # accelerate's FSDP2 plugin passes reshard_after_forward to the root too (torch's own default keeps it)
-    return ParallelSpec(world_size=world_size, strategy="fsdp", shard_modules=shard,
-                        reshard_after_forward=reshard, reshard_root=bool(reshard),
-                        cpu_offload=truthy(fsdp.get("cpu_offload", False), "cpu_offload"))
+    return ParallelSpec(
+        world_size=world_size,
+        strategy="fsdp",
+        shard_modules=shard,
+        reshard_after_forward=reshard,
+        reshard_root=bool(reshard),
+        cpu_offload=truthy(fsdp.get("cpu_offload", False), "cpu_offload"),
+    )
 
 
 def root_note(spec: ParallelSpec, notes: list[str]) -> None:
     """Accelerate reshards the FSDP2 root as it does the units; say so where the spec differs."""
     if spec.strategy == "fsdp" and spec.reshard_root != spec.reshard_after_forward:
         kept = "kept gathered after forward (torch's default)" if not spec.reshard_root else "resharded after forward"
-        notes.append(f"FSDP2 root {kept} as sized; accelerate applies reshard_after_forward="
-                     f"{spec.reshard_after_forward} to the root too, so the trainer's per-rank peak differs")
+        notes.append(
+            f"FSDP2 root {kept} as sized; accelerate applies reshard_after_forward="
+            f"{spec.reshard_after_forward} to the root too, so the trainer's per-rank peak differs"
+        )
 
 
 _STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2")
@@ -238,8 +271,10 @@ def unwritable(plan: Plan, seq_field: bool = False) -> list[str]:
     """Plan choices no trainer config holds (the model is the user's to change)."""
     notes = []
     if plan.frozen or plan.trainable:
-        notes.append("frozen/trainable parameters: set requires_grad in your script before building the trainer "
-                     "(it trains what requires grad)")
+        notes.append(
+            "frozen/trainable parameters: set requires_grad in your script before building the trainer "
+            "(it trains what requires grad)"
+        )
     if plan.memsave:
         notes.append("memory-saving layers: apply memsave_nb.convert(model) before building the trainer")
     if plan.compile_budget is not None:
@@ -264,8 +299,10 @@ def wrap_classes(spec: ParallelSpec, model: nn.Module | None, notes: list[str]) 
         picked = tuple(n for n, m in model.named_modules() if type(m).__name__ in classes)
         if picked == spec.shard_modules:
             return classes
-    notes.append("FSDP units by module name: trainers wrap by class (transformer_layer_cls_to_wrap); these units are "
-                 "not all modules of some classes (or no model= was given), so the trainer's default wrapping is written")
+    notes.append(
+        "FSDP units by module name: trainers wrap by class (transformer_layer_cls_to_wrap); these units are "
+        "not all modules of some classes (or no model= was given), so the trainer's default wrapping is written"
+    )
     return []
 
 
@@ -281,5 +318,9 @@ def lora_of(model: nn.Module | None) -> dict[str, Any] | None:
     if str(getattr(cfg, "peft_type", "")).split(".")[-1].upper() != "LORA":
         return None
     targets = cfg.target_modules
-    return {"r": cfg.r, "lora_alpha": cfg.lora_alpha, "lora_dropout": cfg.lora_dropout,
-            "target_modules": targets if isinstance(targets, str) else sorted(targets or ())}
+    return {
+        "r": cfg.r,
+        "lora_alpha": cfg.lora_alpha,
+        "lora_dropout": cfg.lora_dropout,
+        "target_modules": targets if isinstance(targets, str) else sorted(targets or ()),
+    }

@@ -17,8 +17,22 @@ from memsave_nb.checkpointing import RegionKind, show
 from memsave_nb.parallel_spec import ParallelSpec
 from memsave_nb.plan import Plan
 
-from ._common import (Exported, Imported, dump, every_n_of, load_config, name_of, parallel_of, root_note,
-                      regions_for, table, truthy, unwritable, whole, wrap_classes)
+from ._common import (
+    Exported,
+    Imported,
+    dump,
+    every_n_of,
+    load_config,
+    name_of,
+    parallel_of,
+    root_note,
+    regions_for,
+    table,
+    truthy,
+    unwritable,
+    whole,
+    wrap_classes,
+)
 
 __all__ = ["read", "write"]
 
@@ -52,7 +66,9 @@ def read(config: Any, model: nn.Module | None = None, world_size: int | None = N
         kw["parallel"] = ParallelSpec(world_size=n, strategy="ddp")
     elif dist not in ("NO", "MULTI_CPU"):
         notes.append(f"distributed_type={show(dist)}: not sized (the project sizes FSDP2 and DDP)")
-    notes.append("batch size, optimizer and accumulation: in your script, not the accelerate config; the workload's are measured")
+    notes.append(
+        "batch size, optimizer and accumulation: in your script, not the accelerate config; the workload's are measured"
+    )
     plan = Plan(name="accelerate", **kw)
     return Imported(plan, plan.parallel, tuple(notes))
 
@@ -61,10 +77,14 @@ def write(plan: Plan, parallel: ParallelSpec | None = None, model: nn.Module | N
     """A plan -> an accelerate config YAML (``accelerate launch --config_file``)."""
     notes: list[str] = []
     spec = parallel if parallel is not None else plan.parallel
-    out: dict[str, Any] = {"compute_environment": "LOCAL_MACHINE",
-                           "mixed_precision": _PRECISION_OUT.get(plan.precision or "fp32", "no")}
+    out: dict[str, Any] = {
+        "compute_environment": "LOCAL_MACHINE",
+        "mixed_precision": _PRECISION_OUT.get(plan.precision or "fp32", "no"),
+    }
     if plan.precision == "bf16":
-        notes.append("precision 'bf16': load the model in bfloat16 in your script; mixed_precision=bf16 then runs it pure bf16")
+        notes.append(
+            "precision 'bf16': load the model in bfloat16 in your script; mixed_precision=bf16 then runs it pure bf16"
+        )
     if plan.precision == "bf16_master":
         notes.append("precision 'bf16_master': accelerate keeps no fp32 master copy; wrote mixed_precision=bf16")
     full_n, more = every_n_of(plan, model, RegionKind.FULL)
@@ -73,17 +93,22 @@ def write(plan: Plan, parallel: ParallelSpec | None = None, model: nn.Module | N
         out["distributed_type"] = "NO"
         out["num_processes"] = 1
         if full_n is not None:
-            notes.append("activation checkpointing without FSDP: not an accelerate config field; "
-                         "call model.gradient_checkpointing_enable() in your script")
+            notes.append(
+                "activation checkpointing without FSDP: not an accelerate config field; "
+                "call model.gradient_checkpointing_enable() in your script"
+            )
     elif spec.strategy == "ddp":
         out["distributed_type"] = "MULTI_GPU"
         out["num_processes"] = spec.world_size
     else:
         out["distributed_type"] = "FSDP"
         out["num_processes"] = spec.world_size
-        cfg: dict[str, Any] = {"fsdp_version": 2, "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
-                               "fsdp_reshard_after_forward": spec.reshard_after_forward,
-                               "fsdp_offload_params": spec.cpu_offload}
+        cfg: dict[str, Any] = {
+            "fsdp_version": 2,
+            "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+            "fsdp_reshard_after_forward": spec.reshard_after_forward,
+            "fsdp_offload_params": spec.cpu_offload,
+        }
         classes = wrap_classes(spec, model, notes)
         root_note(spec, notes)
         if classes:
@@ -91,13 +116,17 @@ def write(plan: Plan, parallel: ParallelSpec | None = None, model: nn.Module | N
         if full_n is not None:
             cfg["fsdp_activation_checkpointing"] = True
             if full_n != 1:
-                notes.append(f"every {full_n}-th layer checkpointed: FSDP's activation checkpointing takes every block; "
-                             "wrote it on (more recompute, less memory than the plan)")
+                notes.append(
+                    f"every {full_n}-th layer checkpointed: FSDP's activation checkpointing takes every block; "
+                    "wrote it on (more recompute, less memory than the plan)"
+                )
         if spec.replicate > 1:
             notes.append(f"HSDP replicate={spec.replicate}: set parallelism_config in your script; written as FSDP2")
         out["fsdp_config"] = cfg
     if any(p.kind is RegionKind.SELECTIVE for p in plan.regions.values()):
-        notes.append("selective (per-op) checkpointing: not an accelerate field; apply the plan's regions in your script")
+        notes.append(
+            "selective (per-op) checkpointing: not an accelerate field; apply the plan's regions in your script"
+        )
     if any(p.kind is RegionKind.OFFLOAD for p in plan.regions.values()):
         notes.append("offload regions: not an accelerate field; apply the plan's regions in your script")
     for knob in ("batch_size", "accumulation_steps", "optimizer", "seq_len"):

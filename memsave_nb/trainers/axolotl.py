@@ -23,8 +23,23 @@ from memsave_nb.parallel_spec import ParallelSpec
 from memsave_nb.plan import Plan
 
 from . import hf
-from ._common import (Exported, Imported, TrainerConfigError, dump, every_n_of, load_config, lora_of, name_of,
-                      parallel_of, root_note, regions_for, table, truthy, unwritable, whole)
+from ._common import (
+    Exported,
+    Imported,
+    TrainerConfigError,
+    dump,
+    every_n_of,
+    load_config,
+    lora_of,
+    name_of,
+    parallel_of,
+    root_note,
+    regions_for,
+    table,
+    truthy,
+    unwritable,
+    whole,
+)
 from .patterns import compile_bounded
 
 __all__ = ["read", "write"]
@@ -45,7 +60,9 @@ def read(config: Any, model: nn.Module | None = None, world_size: int | None = N
         notes.append("bf16: auto: sized as bf16 (what a bf16-capable GPU picks)")
     bf16 = bf16 == "auto" or truthy(bf16, "bf16")
     if bf16 and fp16:
-        raise TrainerConfigError("bf16 and fp16 are both set: axolotl passes both to TrainingArguments, which refuses that")
+        raise TrainerConfigError(
+            "bf16 and fp16 are both set: axolotl passes both to TrainingArguments, which refuses that"
+        )
     kw["precision"] = hf.precision_of(bf16, fp16, hf._model_dtype(model), notes)
     optim = name_of(d, "optimizer")
     if optim is not None:
@@ -61,14 +78,18 @@ def read(config: Any, model: nn.Module | None = None, world_size: int | None = N
         raise TrainerConfigError(f"selective_checkpointing.save: must be a list of op names, got {show(save)}")
     regions: dict[str, RegionPolicy] = {}
     if save:
-        regions, more = regions_for(model, RegionKind.SELECTIVE) if model is not None else ({}, ["selective regions: pass model="])
+        regions, more = (
+            regions_for(model, RegionKind.SELECTIVE) if model is not None else ({}, ["selective regions: pass model="])
+        )
         regions = {k: RegionPolicy.save(save) for k in regions}
         notes += more
     elif ckpt in ("offload", "offload_disk"):
         regions, more = regions_for(model, RegionKind.OFFLOAD)
         notes += more
-        notes.append(f"gradient_checkpointing: {ckpt}: axolotl checkpoints each layer and moves its inputs off the device; "
-                     "sized as offloading each layer's saved tensors")
+        notes.append(
+            f"gradient_checkpointing: {ckpt}: axolotl checkpoints each layer and moves its inputs off the device; "
+            "sized as offloading each layer's saved tensors"
+        )
     elif ckpt:
         regions, more = regions_for(model, RegionKind.FULL)
         notes += more
@@ -99,11 +120,15 @@ def read(config: Any, model: nn.Module | None = None, world_size: int | None = N
         given = {"r": whole(d, "lora_r"), "lora_alpha": d.get("lora_alpha")}
         differ = sorted(k for k, v in given.items() if v is not None and v != lora[k])
         if differ:
-            notes.append(f"adapter: {show(adapter)}: the model's LoRA differs in {', '.join(differ)} "
-                         f"({', '.join(f'{k}={lora[k]}' for k in differ)}); the model's is sized")
+            notes.append(
+                f"adapter: {show(adapter)}: the model's LoRA differs in {', '.join(differ)} "
+                f"({', '.join(f'{k}={lora[k]}' for k in differ)}); the model's is sized"
+            )
     elif adapter:
-        notes.append(f"adapter: {show(adapter)} (r={show(d.get('lora_r'))}): sized on the model as given; wrap it with "
-                     "peft.get_peft_model(model, LoraConfig(...)) first to size the adapter")
+        notes.append(
+            f"adapter: {show(adapter)} (r={show(d.get('lora_r'))}): sized on the model as given; wrap it with "
+            "peft.get_peft_model(model, LoraConfig(...)) first to size the adapter"
+        )
         if adapter == "qlora":
             notes.append("qlora: 4-bit base weights are not sized (the model's own dtype is measured)")
     if d.get("fsdp_version") is not None or d.get("fsdp_config"):
@@ -166,16 +191,28 @@ def write(plan: Plan, parallel: ParallelSpec | None = None, model: nn.Module | N
     if plan.frozen == ("*",) and plan.trainable:
         out["unfrozen_parameters"] = [_regex(n) for n in plan.trainable]
     elif plan.frozen or plan.trainable:
-        notes.append("frozen parameters other than 'all but these': axolotl's unfrozen_parameters freezes all the rest; not written")
+        notes.append(
+            "frozen parameters other than 'all but these': axolotl's unfrozen_parameters freezes all the rest; not written"
+        )
     lora = lora_of(model)
     if lora is not None:
-        out.update({"adapter": "lora", "lora_r": lora["r"], "lora_alpha": lora["lora_alpha"],
-                    "lora_dropout": lora["lora_dropout"], "lora_target_modules": lora["target_modules"]})
+        out.update(
+            {
+                "adapter": "lora",
+                "lora_r": lora["r"],
+                "lora_alpha": lora["lora_alpha"],
+                "lora_dropout": lora["lora_dropout"],
+                "lora_target_modules": lora["target_modules"],
+            }
+        )
     spec = parallel if parallel is not None else plan.parallel
     if spec is not None:
         if spec.strategy == "fsdp":
             out["fsdp_version"] = 2
-            out["fsdp_config"] = {"reshard_after_forward": spec.reshard_after_forward, "offload_params": spec.cpu_offload}
+            out["fsdp_config"] = {
+                "reshard_after_forward": spec.reshard_after_forward,
+                "offload_params": spec.cpu_offload,
+            }
             root_note(spec, notes)
         notes.append(f"world size {spec.world_size}: launch that many processes; not a config field")
     notes += [n for n in unwritable(plan, seq_field=True) if not n.startswith("frozen")]

@@ -21,12 +21,32 @@ from .safe_read import TrainerConfigError
 __all__ = ["SIZED", "class_fields", "check_fields"]
 
 # the fields whose values the readers turn into the plan (hf.read_fields, hf.read, trl.read)
-SIZED = frozenset({
-    "per_device_train_batch_size", "gradient_accumulation_steps", "bf16", "fp16", "optim",
-    "gradient_checkpointing", "gradient_checkpointing_kwargs", "activation_checkpointing",
-    "activation_checkpointing_kwargs", "fsdp", "fsdp_config", "label_smoothing_factor", "torch_compile",
-    "use_liger_kernel", "deepspeed", "optim_args", "max_length", "activation_offloading", "loss_type",
-    "packing", "padding_free", "use_cpu"})  # use_cpu: TRL's head runs its CPU path (trl.py)
+SIZED = frozenset(
+    {
+        "per_device_train_batch_size",
+        "gradient_accumulation_steps",
+        "bf16",
+        "fp16",
+        "optim",
+        "gradient_checkpointing",
+        "gradient_checkpointing_kwargs",
+        "activation_checkpointing",
+        "activation_checkpointing_kwargs",
+        "fsdp",
+        "fsdp_config",
+        "label_smoothing_factor",
+        "torch_compile",
+        "use_liger_kernel",
+        "deepspeed",
+        "optim_args",
+        "max_length",
+        "activation_offloading",
+        "loss_type",
+        "packing",
+        "padding_free",
+        "use_cpu",
+    }
+)  # use_cpu: TRL's head runs its CPU path (trl.py)
 
 
 @functools.lru_cache(maxsize=None)
@@ -58,7 +78,9 @@ def check_fields(config: Any, d: Mapping[str, Any], trainer: str, notes: list[st
         hint = f" (did you mean {near[0]!r}?)" if near else ""
         cls = "SFTConfig" if trainer == "trl" else "TrainingArguments"
         raise TrainerConfigError(f"{show(unknown[0], 50)}: not a field of {cls}, which refuses it{hint}")
-    unsized = sorted(k for k, v in d.items() if k not in SIZED and k != "output_dir" and not _same(v, defaults.get(k, v)))
+    unsized = sorted(
+        k for k, v in d.items() if k not in SIZED and k != "output_dir" and not _same(v, defaults.get(k, v))
+    )
     if unsized:
         more = f" and {len(unsized) - 6} more" if len(unsized) > 6 else ""
         notes.append(f"fields set but not sized (they do not change the plan): {', '.join(unsized[:6])}{more}")

@@ -26,8 +26,24 @@ from memsave_nb.loss_trl import TRL_LOSSES
 from memsave_nb.parallel_spec import ParallelSpec
 from memsave_nb.plan import Plan
 
-from ._common import (Exported, Imported, TrainerConfigError, dump, every_n_of, load_config, name_of, parallel_of, root_note,
-                      real, regions_for, table, truthy, unwritable, whole, wrap_classes)
+from ._common import (
+    Exported,
+    Imported,
+    TrainerConfigError,
+    dump,
+    every_n_of,
+    load_config,
+    name_of,
+    parallel_of,
+    root_note,
+    real,
+    regions_for,
+    table,
+    truthy,
+    unwritable,
+    whole,
+    wrap_classes,
+)
 from .fields import check_fields
 
 __all__ = ["DEFAULTS", "OPTIM", "read", "write", "read_fields", "write_fields"]
@@ -50,12 +66,22 @@ OPTIM: dict[str, str] = {
     "adamw_8bit": "adamw_8bit",
     "sgd": "sgd",
     # bitsandbytes' layouts (optimizers_extra.py); paged ones sized on the device (an upper bound)
-    "paged_adamw_8bit": "adamw_8bit", "lion_32bit": "lion", "paged_lion_32bit": "lion",
-    "lion_8bit": "lion_8bit", "paged_lion_8bit": "lion_8bit",
+    "paged_adamw_8bit": "adamw_8bit",
+    "lion_32bit": "lion",
+    "paged_lion_32bit": "lion",
+    "lion_8bit": "lion_8bit",
+    "paged_lion_8bit": "lion_8bit",
 }
-_OPTIM_OUT = {"adamw": "adamw_torch", "adamw_foreach": "adamw_torch", "adamw_fused": "adamw_torch_fused",
-              "adafactor": "adafactor", "adamw_8bit": "adamw_bnb_8bit", "sgd": "sgd", "lion": "lion_32bit",
-              "lion_8bit": "lion_8bit"}
+_OPTIM_OUT = {
+    "adamw": "adamw_torch",
+    "adamw_foreach": "adamw_torch",
+    "adamw_fused": "adamw_torch_fused",
+    "adafactor": "adafactor",
+    "adamw_8bit": "adamw_bnb_8bit",
+    "sgd": "sgd",
+    "lion": "lion_32bit",
+    "lion_8bit": "lion_8bit",
+}
 
 # fields that change memory and that no plan field sizes: reported when set
 _UNSIZED = {
@@ -97,10 +123,14 @@ def optim_of(optim: str, notes: list[str], momentum: float = 0.0) -> dict[str, A
         raise TrainerConfigError(f"optim {show(optim)}: not a TrainingArguments optimizer name")
     if optim in OPTIM:
         if optim == "adafactor":
-            notes.append("optim='adafactor': transformers' Adafactor sized as torch.optim.Adafactor (both factored second moments)")
+            notes.append(
+                "optim='adafactor': transformers' Adafactor sized as torch.optim.Adafactor (both factored second moments)"
+            )
         if optim.startswith("paged_"):
-            notes.append(f"optim={optim!r}: bitsandbytes pages the state of parameters of 1e5+ elements to host memory "
-                         "under pressure; sized on the device (an upper bound)")
+            notes.append(
+                f"optim={optim!r}: bitsandbytes pages the state of parameters of 1e5+ elements to host memory "
+                "under pressure; sized on the device (an upper bound)"
+            )
         if optim == "sgd":
             if momentum:
                 return {"optimizer": "sgd_momentum"}
@@ -119,13 +149,22 @@ def optim_names() -> frozenset[str] | None:
     return frozenset(o.value for o in OptimizerNames)
 
 
-def read_fields(d: Mapping[str, Any], model: nn.Module | None, world_size: int | None,
-                defaults: Mapping[str, Any], notes: list[str], *, trl: bool = False) -> dict[str, Any]:
+def read_fields(
+    d: Mapping[str, Any],
+    model: nn.Module | None,
+    world_size: int | None,
+    defaults: Mapping[str, Any],
+    notes: list[str],
+    *,
+    trl: bool = False,
+) -> dict[str, Any]:
     """Plan keyword arguments from TrainingArguments fields (shared with TRL's SFTConfig:
     ``trl=True`` reads its ``gradient_checkpointing_kwargs={"selective": True}``)."""
     get = lambda k: d[k] if d.get(k) is not None else defaults.get(k)  # noqa: E731
-    kw: dict[str, Any] = {"batch_size": whole(d, "per_device_train_batch_size", defaults["per_device_train_batch_size"]),
-                          "accumulation_steps": whole(d, "gradient_accumulation_steps", 1)}
+    kw: dict[str, Any] = {
+        "batch_size": whole(d, "per_device_train_batch_size", defaults["per_device_train_batch_size"]),
+        "accumulation_steps": whole(d, "gradient_accumulation_steps", 1),
+    }
     bf16, fp16 = truthy(get("bf16"), "bf16"), truthy(get("fp16"), "fp16")
     if bf16 and fp16:
         raise TrainerConfigError("bf16 and fp16 are both set: TrainingArguments refuses that")
@@ -144,14 +183,19 @@ def read_fields(d: Mapping[str, Any], model: nn.Module | None, world_size: int |
     if ckpt is None:
         ckpt = defaults.get("gradient_checkpointing", False)
     ckpt = truthy(ckpt, "gradient_checkpointing")
-    kwargs_key = "activation_checkpointing_kwargs" if d.get("activation_checkpointing_kwargs") is not None \
+    kwargs_key = (
+        "activation_checkpointing_kwargs"
+        if d.get("activation_checkpointing_kwargs") is not None
         else "gradient_checkpointing_kwargs"
+    )
     ckpt_kwargs = table(d, kwargs_key)
     fsdp_on, fsdp_cfg = _fsdp(d, notes)
     if fsdp_on and truthy(fsdp_cfg.get("activation_checkpointing"), "fsdp_config.activation_checkpointing"):
         if ckpt:
-            raise TrainerConfigError("activation_checkpointing and fsdp_config['activation_checkpointing'] are both on: "
-                                     "the Trainer refuses that; keep the FSDP one")
+            raise TrainerConfigError(
+                "activation_checkpointing and fsdp_config['activation_checkpointing'] are both on: "
+                "the Trainer refuses that; keep the FSDP one"
+            )
         ckpt = True
     selective = truthy(ckpt_kwargs.pop("selective", False), "selective")
     if selective:
@@ -162,8 +206,10 @@ def read_fields(d: Mapping[str, Any], model: nn.Module | None, world_size: int |
         ckpt_kwargs.pop("every_n_layers", None)
         kind = RegionKind.OFFLOAD if offload else RegionKind.FULL
         if offload:
-            notes.append("checkpointing with offload: the Trainer checkpoints each layer and holds its inputs on the host; "
-                         "sized as offloading each layer's saved tensors (same device bytes, more host bytes)")
+            notes.append(
+                "checkpointing with offload: the Trainer checkpoints each layer and holds its inputs on the host; "
+                "sized as offloading each layer's saved tensors (same device bytes, more host bytes)"
+            )
         kw["regions"], more = regions_for(model, kind, every_n)
         notes += more
         if selective:
@@ -171,15 +217,19 @@ def read_fields(d: Mapping[str, Any], model: nn.Module | None, world_size: int |
 
             ops = [op for op in SAC_SAVED_OPS if hasattr(torch.ops.aten, op.split(".")[1])]
             kw["regions"] = {name: RegionPolicy.save(ops) for name in kw["regions"]}
-            notes.append("selective checkpointing (TRL): each checkpointed layer saves its attention op's outputs "
-                         "and recomputes the rest, as trl's SAC policy does")
+            notes.append(
+                "selective checkpointing (TRL): each checkpointed layer saves its attention op's outputs "
+                "and recomputes the rest, as trl's SAC policy does"
+            )
         ckpt_kwargs.pop("use_reentrant", None)
         if ckpt_kwargs:
             notes.append(f"checkpoint kwargs {show(sorted(ckpt_kwargs))}: passed to torch.utils.checkpoint, not sized")
     if fsdp_on:
         kw["parallel"] = parallel_of(fsdp_cfg, world_size, model, notes)
     for key, what in _UNSIZED.items():
-        if d.get(key) and not (key == "optim_args" and kw.get("optimizer") == "sgd_momentum" and set(optim_args) <= _SGD_SIZED):
+        if d.get(key) and not (
+            key == "optim_args" and kw.get("optimizer") == "sgd_momentum" and set(optim_args) <= _SGD_SIZED
+        ):
             notes.append(f"{key}: {what}")
     return kw
 
@@ -192,18 +242,23 @@ def embedding_gap(knob: str, model: nn.Module | None) -> int:
     if model is None:
         return 0
     moments = 2 if knob == "adamw_8bit" else 1
-    weights = {id(m.weight): m.weight for m in model.modules()
-               if isinstance(m, nn.Embedding) and m.weight.requires_grad}
-    return sum(state_bytes_per_parameter(w.numel(), moments, 32) - state_bytes_per_parameter(w.numel(), moments, 8)
-               for w in weights.values())
+    weights = {
+        id(m.weight): m.weight for m in model.modules() if isinstance(m, nn.Embedding) and m.weight.requires_grad
+    }
+    return sum(
+        state_bytes_per_parameter(w.numel(), moments, 32) - state_bytes_per_parameter(w.numel(), moments, 8)
+        for w in weights.values()
+    )
 
 
 def embedding_note(knob: str, model: nn.Module | None, notes: list[str]) -> None:
     gap = embedding_gap(knob, model)
     if model is None or gap:
         size = f"{gap:,} B" if model is not None else "pass model= to count them"
-        notes.append(f"{knob}: the Trainer keeps nn.Embedding weights' optimizer state in 32 bits (bitsandbytes' "
-                     f"module override), above the 8-bit layout sized here: {size}")
+        notes.append(
+            f"{knob}: the Trainer keeps nn.Embedding weights' optimizer state in 32 bits (bitsandbytes' "
+            f"module override), above the 8-bit layout sized here: {size}"
+        )
 
 
 _SGD_SIZED = {"momentum", "dampening", "weight_decay", "nesterov"}  # no state beyond the momentum buffer
@@ -238,17 +293,25 @@ def _number_in(args: Mapping[str, str], key: str) -> float:
 
 
 # trl 1.16 models/selective_activation_checkpointing.py: the aten attention ops its policy saves
-SAC_SAVED_OPS = ("aten._scaled_dot_product_flash_attention", "aten._scaled_dot_product_efficient_attention",
-                 "aten._scaled_dot_product_cudnn_attention", "aten._scaled_dot_product_flash_attention_for_cpu")
+SAC_SAVED_OPS = (
+    "aten._scaled_dot_product_flash_attention",
+    "aten._scaled_dot_product_efficient_attention",
+    "aten._scaled_dot_product_cudnn_attention",
+    "aten._scaled_dot_product_flash_attention_for_cpu",
+)
 
 
 def _check_selective(trl: bool, ckpt: bool, ckpt_kwargs: Mapping[str, Any]) -> None:
     """TRL's ``selective`` key is refused where TRL (or torch, for TrainingArguments) refuses it."""
     if not trl:
-        raise TrainerConfigError("gradient_checkpointing_kwargs 'selective' is TRL's (SFTConfig); the Trainer passes it "
-                                 "to torch.utils.checkpoint, which refuses it")
+        raise TrainerConfigError(
+            "gradient_checkpointing_kwargs 'selective' is TRL's (SFTConfig); the Trainer passes it "
+            "to torch.utils.checkpoint, which refuses it"
+        )
     if not ckpt:
-        raise TrainerConfigError("gradient_checkpointing_kwargs 'selective' needs gradient_checkpointing=True (TRL refuses it alone)")
+        raise TrainerConfigError(
+            "gradient_checkpointing_kwargs 'selective' needs gradient_checkpointing=True (TRL refuses it alone)"
+        )
     if truthy(ckpt_kwargs.get("use_reentrant"), "use_reentrant"):
         raise TrainerConfigError("gradient_checkpointing_kwargs 'selective' needs use_reentrant=False (TRL refuses it)")
 
@@ -287,9 +350,13 @@ def read(config: Any, model: nn.Module | None = None, world_size: int | None = N
     smoothing = real(d, "label_smoothing_factor", 0.0, 0.0, 1.0)
     if smoothing > 0:
         kw["loss"] = "hf_smooth"
-        notes.append(f"label_smoothing_factor={smoothing}: the Trainer's LabelSmoother holds the negated log-softmax "
-                     "of the full logits (batch x seq x vocab, twice) beside them; sized as loss='hf_smooth'")
-    notes.append("sequence length: TrainingArguments has none; it comes from your data (the workload's batch keeps its own)")
+        notes.append(
+            f"label_smoothing_factor={smoothing}: the Trainer's LabelSmoother holds the negated log-softmax "
+            "of the full logits (batch x seq x vocab, twice) beside them; sized as loss='hf_smooth'"
+        )
+    notes.append(
+        "sequence length: TrainingArguments has none; it comes from your data (the workload's batch keeps its own)"
+    )
     plan = Plan(name="hf", **kw)
     return Imported(plan, plan.parallel, tuple(notes))
 
@@ -297,8 +364,9 @@ def read(config: Any, model: nn.Module | None = None, world_size: int | None = N
 # -- export ----------------------------------------------------------------------------------------
 
 
-def write_fields(plan: Plan, parallel: ParallelSpec | None, model: nn.Module | None,
-                 notes: list[str], seq_field: bool = False) -> dict[str, Any]:
+def write_fields(
+    plan: Plan, parallel: ParallelSpec | None, model: nn.Module | None, notes: list[str], seq_field: bool = False
+) -> dict[str, Any]:
     """TrainingArguments fields for a plan (shared with TRL's SFTConfig)."""
     out: dict[str, Any] = {}
     if plan.batch_size is not None:
@@ -311,8 +379,10 @@ def write_fields(plan: Plan, parallel: ParallelSpec | None, model: nn.Module | N
         if plan.precision == "bf16":
             notes.append("precision 'bf16': load the model with dtype=torch.bfloat16; bf16=True then runs it pure bf16")
         if plan.precision == "bf16_master":
-            notes.append("precision 'bf16_master': the Trainer keeps no fp32 master copy; wrote bf16=True "
-                         "(load the model in float32 for autocast, or in bfloat16 for pure bf16)")
+            notes.append(
+                "precision 'bf16_master': the Trainer keeps no fp32 master copy; wrote bf16=True "
+                "(load the model in float32 for autocast, or in bfloat16 for pure bf16)"
+            )
     if plan.optimizer is not None:
         if plan.optimizer == "sgd_momentum":  # the Trainer's _get_sgd passes optim_args' momentum to torch's SGD
             out["optim"], out["optim_args"] = "sgd", "momentum=0.9"
@@ -320,10 +390,14 @@ def write_fields(plan: Plan, parallel: ParallelSpec | None, model: nn.Module | N
             out["optim"] = _OPTIM_OUT[plan.optimizer]
         elif plan.optimizer == "adam":
             out["optim"] = "adamw_torch"
-            notes.append("optimizer 'adam': the Trainer has no Adam; wrote optim='adamw_torch' (AdamW with the Trainer's "
-                         "default weight_decay=0 is Adam, same state bytes; reads back as 'adamw')")
+            notes.append(
+                "optimizer 'adam': the Trainer has no Adam; wrote optim='adamw_torch' (AdamW with the Trainer's "
+                "default weight_decay=0 is Adam, same state bytes; reads back as 'adamw')"
+            )
         else:
-            notes.append(f"optimizer {show(plan.optimizer)}: no Trainer optim runs it; not written (set optim yourself)")
+            notes.append(
+                f"optimizer {show(plan.optimizer)}: no Trainer optim runs it; not written (set optim yourself)"
+            )
         if plan.optimizer == "adamw_foreach":
             notes.append("optimizer 'adamw_foreach': written as optim='adamw_torch' (torch picks foreach)")
     spec = parallel if parallel is not None else plan.parallel
@@ -333,7 +407,9 @@ def write_fields(plan: Plan, parallel: ParallelSpec | None, model: nn.Module | N
     off_n, more = every_n_of(plan, model, RegionKind.OFFLOAD)
     notes += more
     if full_n is not None and off_n is not None:
-        notes.append("full and offload regions together: the Trainer has one checkpointing switch; wrote the full regions")
+        notes.append(
+            "full and offload regions together: the Trainer has one checkpointing switch; wrote the full regions"
+        )
         off_n = None
     n = full_n or off_n
     if n is not None:
@@ -351,8 +427,10 @@ def write_fields(plan: Plan, parallel: ParallelSpec | None, model: nn.Module | N
     else:
         fsdp_ckpt = False
     if any(p.kind is RegionKind.SELECTIVE for p in plan.regions.values()):
-        notes.append("selective (per-op) checkpointing: not a Trainer argument (all layers or none); "
-                     "apply the plan's regions to the model in your script, or use axolotl's selective_checkpointing")
+        notes.append(
+            "selective (per-op) checkpointing: not a Trainer argument (all layers or none); "
+            "apply the plan's regions to the model in your script, or use axolotl's selective_checkpointing"
+        )
     if spec is not None:
         out.update(_fsdp_fields(spec, fsdp_ckpt, model, notes))
     notes += unwritable(plan, seq_field)
@@ -361,7 +439,9 @@ def write_fields(plan: Plan, parallel: ParallelSpec | None, model: nn.Module | N
 
 def _fsdp_fields(spec: ParallelSpec, ckpt: bool, model: nn.Module | None, notes: list[str]) -> dict[str, Any]:
     if spec.strategy == "ddp":
-        notes.append(f"DDP x{spec.world_size}: no Trainer argument; launch {spec.world_size} processes (torchrun/accelerate)")
+        notes.append(
+            f"DDP x{spec.world_size}: no Trainer argument; launch {spec.world_size} processes (torchrun/accelerate)"
+        )
         return {}
     cfg: dict[str, Any] = {"version": 2, "reshard_after_forward": spec.reshard_after_forward}
     if spec.cpu_offload:
@@ -376,7 +456,9 @@ def _fsdp_fields(spec: ParallelSpec, ckpt: bool, model: nn.Module | None, notes:
         notes.append(f"HSDP replicate={spec.replicate}: not a Trainer FSDP2 argument; sized for it, written as FSDP2")
     if spec.param_dtype or spec.reduce_dtype:
         notes.append("FSDP mixed-precision dtypes: follow bf16/fp16, not written separately")
-    notes.append(f"world size {spec.world_size}: launch that many processes (torchrun/accelerate); not a Trainer argument")
+    notes.append(
+        f"world size {spec.world_size}: launch that many processes (torchrun/accelerate); not a Trainer argument"
+    )
     return {"fsdp": True, "fsdp_config": cfg}
 
 
@@ -390,6 +472,8 @@ def write(plan: Plan, parallel: ParallelSpec | None = None, model: nn.Module | N
     elif plan.loss in TRL_LOSSES:
         notes.append(f"loss {plan.loss!r} is TRL's fused LM head: not a TrainingArguments field (export 'trl')")
     if plan.loss == "chunked":
-        notes.append("chunked loss: not a TrainingArguments field (the Trainer computes the model's own loss over the "
-                     "full logits); TRL's SFTTrainer chunks it (export 'trl'), or call memsave_nb.loss.use_chunked_loss(model)")
+        notes.append(
+            "chunked loss: not a TrainingArguments field (the Trainer computes the model's own loss over the "
+            "full logits); TRL's SFTTrainer chunks it (export 'trl'), or call memsave_nb.loss.use_chunked_loss(model)"
+        )
     return Exported(dump(out, "json"), out, tuple(notes))

@@ -29,8 +29,12 @@ __all__ = ["MAX_PATTERN", "MAX_REPEATS", "compile_bounded"]
 MAX_PATTERN = 500
 MAX_REPEATS = 3  # `.*` x 3 over a 100-character name: 10^6 steps at worst
 _REPEATS = {_c.MAX_REPEAT, _c.MIN_REPEAT, getattr(_c, "POSSESSIVE_REPEAT", _c.MAX_REPEAT)}
-_REFUSED = {_c.GROUPREF: "a backreference", _c.ASSERT: "a lookaround", _c.ASSERT_NOT: "a lookaround",
-            getattr(_c, "GROUPREF_EXISTS", _c.GROUPREF): "a conditional group"}
+_REFUSED = {
+    _c.GROUPREF: "a backreference",
+    _c.ASSERT: "a lookaround",
+    _c.ASSERT_NOT: "a lookaround",
+    getattr(_c, "GROUPREF_EXISTS", _c.GROUPREF): "a conditional group",
+}
 
 
 def compile_bounded(pattern: Any, key: str) -> re.Pattern:

@@ -17,8 +17,16 @@ from typing import Any, Mapping
 
 from memsave_nb.checkpointing import PlanError, show
 
-__all__ = ["MAX_BYTES", "MAX_DEPTH", "MAX_VALUES", "MAX_ALIASES", "TrainerConfigError", "read_file", "parse_text",
-           "check_bounds"]
+__all__ = [
+    "MAX_BYTES",
+    "MAX_DEPTH",
+    "MAX_VALUES",
+    "MAX_ALIASES",
+    "TrainerConfigError",
+    "read_file",
+    "parse_text",
+    "check_bounds",
+]
 
 MAX_BYTES = 1 << 20  # a trainer config is a few KB; 1 MiB parses in well under a second
 MAX_DEPTH = 32

@@ -26,8 +26,20 @@ from memsave_nb.parallel_spec import ParallelSpec
 from memsave_nb.plan import Plan
 
 from . import hf
-from ._common import (Exported, Imported, TrainerConfigError, dump, every_n_of, load_config, lora_of, name_of, real,
-                      regions_for, truthy, whole)
+from ._common import (
+    Exported,
+    Imported,
+    TrainerConfigError,
+    dump,
+    every_n_of,
+    load_config,
+    lora_of,
+    name_of,
+    real,
+    regions_for,
+    truthy,
+    whole,
+)
 from .fields import check_fields
 
 __all__ = ["DEFAULTS", "read", "write"]
@@ -59,13 +71,17 @@ def _read_loss(d: dict[str, Any], model: nn.Module | None, notes: list[str]) -> 
     path = "torch folds, every position" if device == "cpu" else "Triton folds, valid positions only"
     smoothing = real(d, "label_smoothing_factor", 0.0, 0.0, 1.0)
     if smoothing > 0:
-        notes.append(f"label_smoothing_factor={smoothing}: TRL runs the full logits through the label "
-                     f"smoother, then a no-grad fused pass for its metrics ({path}); sized as loss='trl_smooth_{device}'")
+        notes.append(
+            f"label_smoothing_factor={smoothing}: TRL runs the full logits through the label "
+            f"smoother, then a no-grad fused pass for its metrics ({path}); sized as loss='trl_smooth_{device}'"
+        )
         return {"loss": f"trl_smooth_{device}"}
     alias = " ('chunked_nll' is TRL's deprecated alias of 'nll')" if loss_type == "chunked_nll" else ""
     dft = "; DFT weights each token's loss by its detached probability (same buffers)" if loss_type == "dft" else ""
-    notes.append(f"loss_type={loss_type!r}{alias}: TRL's fused LM head projects {TILE_TOKENS} tokens x {TILE_VOCAB} vocabulary "
-                 f"entries at a time ({path}); sized as loss='trl_{device}'{dft}")
+    notes.append(
+        f"loss_type={loss_type!r}{alias}: TRL's fused LM head projects {TILE_TOKENS} tokens x {TILE_VOCAB} vocabulary "
+        f"entries at a time ({path}); sized as loss='trl_{device}'{dft}"
+    )
     return {"loss": f"trl_{device}"}
 
 
@@ -83,13 +99,17 @@ def read(config: Any, model: nn.Module | None = None, world_size: int | None = N
         notes.append(f"max_length={max_length}: TRL truncates to it; sized at that length (shorter data is shorter)")
     if truthy(d.get("activation_offloading"), "activation_offloading"):
         if kw.get("regions"):
-            notes.append("activation_offloading with checkpointing: TRL offloads the checkpointed layers' inputs; "
-                         "sized as the checkpointing alone")
+            notes.append(
+                "activation_offloading with checkpointing: TRL offloads the checkpointed layers' inputs; "
+                "sized as the checkpointing alone"
+            )
         else:
             kw["regions"], more = regions_for(model, RegionKind.OFFLOAD)
             notes += more
-            notes.append("activation_offloading: TRL offloads every saved tensor of the forward; sized as offload "
-                         "regions on every layer (the embedding's and head's saved tensors stay on device)")
+            notes.append(
+                "activation_offloading: TRL offloads every saved tensor of the forward; sized as offload "
+                "regions on every layer (the embedding's and head's saved tensors stay on device)"
+            )
     kw.update(_read_loss(d, model, notes))
     for key in ("packing", "padding_free"):
         if truthy(d.get(key), key):
@@ -103,9 +123,15 @@ def write(plan: Plan, parallel: ParallelSpec | None = None, model: nn.Module | N
     defaults differ from TrainingArguments', so checkpointing and bf16 are always written."""
     notes: list[str] = []
     offload_only = every_n_of(plan, model, RegionKind.OFFLOAD)[0] == 1 and not any(
-        p.kind is RegionKind.FULL for p in plan.regions.values())
+        p.kind is RegionKind.FULL for p in plan.regions.values()
+    )
     if offload_only:  # TRL's own switch for offloading activations
-        plan = Plan(**{**_plan_kwargs(plan), "regions": {k: v for k, v in plan.regions.items() if v.kind is not RegionKind.OFFLOAD}})
+        plan = Plan(
+            **{
+                **_plan_kwargs(plan),
+                "regions": {k: v for k, v in plan.regions.items() if v.kind is not RegionKind.OFFLOAD},
+            }
+        )
     out = hf.write_fields(plan, parallel, model, notes, seq_field=True)
     # transformers 5.25's names (gradient_checkpointing* are deprecated aliases it warns about);
     # SFTConfig defaults checkpointing to True, so it is always said
@@ -121,11 +147,15 @@ def write(plan: Plan, parallel: ParallelSpec | None = None, model: nn.Module | N
     if plan.seq_len is not None:
         out["max_length"] = plan.seq_len
     else:
-        notes.append(f"sequence length not in the plan: SFTConfig's default max_length={DEFAULTS['max_length']} truncates")
+        notes.append(
+            f"sequence length not in the plan: SFTConfig's default max_length={DEFAULTS['max_length']} truncates"
+        )
     if offload_only:
         out["activation_offloading"] = True
-        notes.append("offload regions on every layer: wrote activation_offloading=True (TRL offloads every saved "
-                     "tensor of the forward, a little more than the layers')")
+        notes.append(
+            "offload regions on every layer: wrote activation_offloading=True (TRL offloads every saved "
+            "tensor of the forward, a little more than the layers')"
+        )
     out["loss_type"] = "nll"  # TRL 1.16's name for its chunked loss (also SFTConfig's default)
     if plan.loss in TRL_LOSSES:  # TRL's own head, as TRL runs it on the device the plan names
         if plan.loss.endswith("cpu"):
@@ -134,12 +164,16 @@ def write(plan: Plan, parallel: ParallelSpec | None = None, model: nn.Module | N
             out["label_smoothing_factor"] = 0.1
             notes.append("label smoothing: wrote label_smoothing_factor=0.1 (any factor above 0 runs the same buffers)")
     else:
-        notes.append(f"loss {plan.loss or 'as the workload computes it'}: TRL always computes the loss through its own "
-                     "fused LM head; wrote loss_type='nll' (loss='trl_cuda', or 'trl_cpu' on the CPU, sizes it)")
+        notes.append(
+            f"loss {plan.loss or 'as the workload computes it'}: TRL always computes the loss through its own "
+            "fused LM head; wrote loss_type='nll' (loss='trl_cuda', or 'trl_cpu' on the CPU, sizes it)"
+        )
     lora = lora_of(model)
     if lora is not None:
         args = ", ".join(f"{k}={v!r}" for k, v in lora.items())
-        notes.append(f"LoRA is not an SFTConfig field: pass the peft model, or SFTTrainer(..., peft_config=LoraConfig({args}))")
+        notes.append(
+            f"LoRA is not an SFTConfig field: pass the peft model, or SFTTrainer(..., peft_config=LoraConfig({args}))"
+        )
     return Exported(dump(out, "json"), out, tuple(notes))
 
 

@@ -69,7 +69,9 @@ class BudgetPanel(W.VBox):
         self.message.add_class("memsave-budget-error")
         self.reason = W.HTML(
             f"<div style='color:#8a6d3b'><b>Not available here:</b> {html.escape(disabled_reason)}</div>"
-            if disabled_reason else "")
+            if disabled_reason
+            else ""
+        )
         self.reason.add_class("memsave-budget-disabled")
         if disabled_reason:
             for w in (self.enable, self.slider, self.budgets, self.sweep_button):
@@ -79,13 +81,15 @@ class BudgetPanel(W.VBox):
         self.enable.observe(self._user_change, "value")
         self.slider.observe(self._user_change, "value")
         self.sweep_button.on_click(self._user_sweep)
-        super().__init__([
-            self.reason,
-            W.HBox([self.enable, self.slider]),
-            W.HBox([self.budgets, self.sweep_button, self.message]),
-            self.note,
-            bokeh_widget(self.plot.figure),
-        ])
+        super().__init__(
+            [
+                self.reason,
+                W.HBox([self.enable, self.slider]),
+                W.HBox([self.budgets, self.sweep_button, self.message]),
+                self.note,
+                bokeh_widget(self.plot.figure),
+            ]
+        )
         self.add_class("memsave-budget-panel")
 
     def _user_change(self, _change) -> None:

@@ -16,8 +16,9 @@ def workload_by_name(name: str, device: str, mode: str, hub_kwargs: dict[str, An
 
     if name in zoo.NAMES:
         if hub_kwargs:
-            raise WorkloadError(f"{', '.join(sorted(hub_kwargs))} apply to Hugging Face models by name; "
-                                f"{name!r} is a demo model")
+            raise WorkloadError(
+                f"{', '.join(sorted(hub_kwargs))} apply to Hugging Face models by name; {name!r} is a demo model"
+            )
         return zoo.make(name, device=device), mode
     from memsave_nb.hub import from_pretrained
 

@@ -121,15 +121,31 @@ class Explorer(ExplorerRuns, W.VBox):
         self._max_batch: tuple[Plan, Target, int] | None = None
         self.target_verdict = _label("", "memsave-target-verdict", display="none")
         # two designed lines (memory; time) rather than one that wraps anywhere
-        memory_row = W.HBox([
-            W.HTML("<b>saved</b>", layout=W.Layout(flex="0 0 auto", margin="0 6px 0 0")), self.saved_total, self.saved_bytes,
-            self.saved_delta, self.output_kept,
-            W.HTML("<b>peak</b>", layout=W.Layout(flex="0 0 auto", margin="0 6px 0 8px")), self.peak_total,
-            self.peak_bytes, self.peak_delta, self.first_step, self.reserved,
-        ], layout=W.Layout(flex_flow="row wrap", align_items="center"))
-        time_row = W.HBox([W.HTML("<b>step</b>", layout=W.Layout(flex="0 0 auto", margin="0 6px 0 0")), self.step_time, self.cuda_peak,
-                           self.target_verdict],
-                          layout=W.Layout(flex_flow="row wrap", align_items="center"))
+        memory_row = W.HBox(
+            [
+                W.HTML("<b>saved</b>", layout=W.Layout(flex="0 0 auto", margin="0 6px 0 0")),
+                self.saved_total,
+                self.saved_bytes,
+                self.saved_delta,
+                self.output_kept,
+                W.HTML("<b>peak</b>", layout=W.Layout(flex="0 0 auto", margin="0 6px 0 8px")),
+                self.peak_total,
+                self.peak_bytes,
+                self.peak_delta,
+                self.first_step,
+                self.reserved,
+            ],
+            layout=W.Layout(flex_flow="row wrap", align_items="center"),
+        )
+        time_row = W.HBox(
+            [
+                W.HTML("<b>step</b>", layout=W.Layout(flex="0 0 auto", margin="0 6px 0 0")),
+                self.step_time,
+                self.cuda_peak,
+                self.target_verdict,
+            ],
+            layout=W.Layout(flex_flow="row wrap", align_items="center"),
+        )
         for row in (memory_row, time_row):
             row.add_class("memsave-summary-row")
         self.summary = W.VBox([memory_row, time_row])
@@ -141,24 +157,38 @@ class Explorer(ExplorerRuns, W.VBox):
 
         self.status = W.HTML("idle")
         self.status.add_class("memsave-status")
-        self.progress = W.IntProgress(value=0, min=0, max=1, layout=W.Layout(width="160px", visibility="hidden",
-                                                                              flex="0 0 auto"))
+        self.progress = W.IntProgress(
+            value=0, min=0, max=1, layout=W.Layout(width="160px", visibility="hidden", flex="0 0 auto")
+        )
         self.progress.add_class("memsave-progress")
         self.progress_text = W.HTML("")
         self.progress_text.add_class("memsave-progress-text")
         # fixed widths that do not shrink: at 700 px the buttons keep their words
-        self.cancel_button = W.Button(description="cancel", icon="stop", disabled=True,
-                                      layout=W.Layout(width="100px", min_width="100px", flex="0 0 auto"))
+        self.cancel_button = W.Button(
+            description="cancel",
+            icon="stop",
+            disabled=True,
+            layout=W.Layout(width="100px", min_width="100px", flex="0 0 auto"),
+        )
         self.cancel_button.add_class("memsave-cancel")
-        self.run_button = W.Button(description="run", icon="play", layout=W.Layout(width="90px", min_width="90px",
-                                                                                  flex="0 0 auto"),
-                                   tooltip="measure the current plan now")
+        self.run_button = W.Button(
+            description="run",
+            icon="play",
+            layout=W.Layout(width="90px", min_width="90px", flex="0 0 auto"),
+            tooltip="measure the current plan now",
+        )
         self.run_button.add_class("memsave-run")
-        self.live = W.Checkbox(value=live, description="live reruns", indent=False,
-                               layout=W.Layout(width="120px", min_width="110px", flex="0 0 auto"))
+        self.live = W.Checkbox(
+            value=live,
+            description="live reruns",
+            indent=False,
+            layout=W.Layout(width="120px", min_width="110px", flex="0 0 auto"),
+        )
         self.live.add_class("memsave-live")
-        self.status_bar = W.HBox([self.run_button, self.cancel_button, self.live, self.progress, self.progress_text,
-                                  self.status], layout=W.Layout(align_items="center", flex_flow="row wrap"))
+        self.status_bar = W.HBox(
+            [self.run_button, self.cancel_button, self.live, self.progress, self.progress_text, self.status],
+            layout=W.Layout(align_items="center", flex_flow="row wrap"),
+        )
         self._run_started: float | None = None
         self._progress_label = ""
         self._ticker: threading.Thread | None = None
@@ -172,44 +202,70 @@ class Explorer(ExplorerRuns, W.VBox):
             self._presets = presets_for(wl)  # the workload: no input-only preset for token-id batches
         except Exception:  # noqa: BLE001 - presets are a convenience; the explorer works without
             self._presets = {}
-        self.preset = W.Dropdown(options=[("plan preset…", "")] + [(k, k) for k in self._presets], value="",
-                                 layout=W.Layout(width="220px"))
+        self.preset = W.Dropdown(
+            options=[("plan preset…", "")] + [(k, k) for k in self._presets], value="", layout=W.Layout(width="220px")
+        )
         self.preset.add_class("memsave-preset")
-        self.input_grad = W.Checkbox(value=bool(getattr(wl, "input_requires_grad", False)),
-                                     description="input requires grad", indent=False, layout=W.Layout(width="160px"))
+        self.input_grad = W.Checkbox(
+            value=bool(getattr(wl, "input_requires_grad", False)),
+            description="input requires grad",
+            indent=False,
+            layout=W.Layout(width="160px"),
+        )
         self.input_grad.add_class("memsave-input-grad")
-        self.bn_eval = W.Checkbox(value=False, description="batch norm in eval mode", indent=False,
-                                  layout=W.Layout(width="190px"))
+        self.bn_eval = W.Checkbox(
+            value=False, description="batch norm in eval mode", indent=False, layout=W.Layout(width="190px")
+        )
         self.bn_eval.add_class("memsave-bn-eval")
         self.reset_button = W.Button(description="reset plan", icon="undo", layout=W.Layout(width="110px"))
         self.reset_button.add_class("memsave-reset")
 
         # -- panels ------------------------------------------------------------------------------
-        self.table = LayerTable(self.editor, max_open_rows=max_open_rows, on_select=self._on_select,
-                                tied=tied_by_module(self.model))
+        self.table = LayerTable(
+            self.editor, max_open_rows=max_open_rows, on_select=self._on_select, tied=tied_by_module(self.model)
+        )
         self._unsavable: list | None = None
         self.sac = SacPanel(self.editor, unsavable=self._unsavable_in)
-        self.budget = BudgetPanel(self.editor, on_sweep=self.sweep,
-                                  disabled_reason=("fake tensors do not compile: open the explorer in real mode "
-                                                   "to try a compile budget") if session.mode == "fake" else "")
-        self.results = ResultsPanel(base_entry, on_pick=self._on_pick, first_step=(session.first_step_peak, self.show_first_step_peak))
+        self.budget = BudgetPanel(
+            self.editor,
+            on_sweep=self.sweep,
+            disabled_reason=("fake tensors do not compile: open the explorer in real mode to try a compile budget")
+            if session.mode == "fake"
+            else "",
+        )
+        self.results = ResultsPanel(
+            base_entry, on_pick=self._on_pick, first_step=(session.first_step_peak, self.show_first_step_peak)
+        )
         self.code = W.HTML()
         self.code.add_class("memsave-plan-code")
         self.code_text = ""
         self._failed_plan: Plan | None = None  # the plan whose last run failed: never exported
         self.plan_json = W.Textarea(layout=W.Layout(width="100%", height="120px"))
         self.plan_json.add_class("memsave-plan-json")
-        layers_tab = W.VBox([
-            W.HBox([self.preset, self.input_grad, self.bn_eval, self.reset_button,
-                    self.table.expand_all, self.table.collapse_all], layout=W.Layout(flex_flow="row wrap")),
-            self.table,
-        ])
-        code_tab = W.VBox([
-            W.HTML("<small>Run this once after building the model (before building the optimizer):</small>"),
-            self.code,
-            W.HTML("<small>The plan as JSON (<code>Plan.from_json</code> reads it back):</small>"),
-            self.plan_json,
-        ])
+        layers_tab = W.VBox(
+            [
+                W.HBox(
+                    [
+                        self.preset,
+                        self.input_grad,
+                        self.bn_eval,
+                        self.reset_button,
+                        self.table.expand_all,
+                        self.table.collapse_all,
+                    ],
+                    layout=W.Layout(flex_flow="row wrap"),
+                ),
+                self.table,
+            ]
+        )
+        code_tab = W.VBox(
+            [
+                W.HTML("<small>Run this once after building the model (before building the optimizer):</small>"),
+                self.code,
+                W.HTML("<small>The plan as JSON (<code>Plan.from_json</code> reads it back):</small>"),
+                self.plan_json,
+            ]
+        )
         from .parallel_panel import ParallelPanel
 
         # per-rank sizing, on demand; judged against the "Fit a GPU" target
@@ -219,8 +275,20 @@ class Explorer(ExplorerRuns, W.VBox):
         for i, t in enumerate(TAB_TITLES):
             self.tabs.set_title(i, t)
 
-        super().__init__([bokehjs_loader(), explorer_style(), narrow_tables_style(), self.title, self.summary, self.advice, self.loss_note, self.status_bar,
-                          self.error_box, self.tabs])
+        super().__init__(
+            [
+                bokehjs_loader(),
+                explorer_style(),
+                narrow_tables_style(),
+                self.title,
+                self.summary,
+                self.advice,
+                self.loss_note,
+                self.status_bar,
+                self.error_box,
+                self.tabs,
+            ]
+        )
         self.add_class("memsave-explorer")
 
         # -- wiring ------------------------------------------------------------------------------
@@ -247,9 +315,16 @@ class Explorer(ExplorerRuns, W.VBox):
     def _title_for(self, plan: Plan | None) -> str:
         """The title for the plan on display: its batch and sequence follow the plan's knobs."""
         wl = self.session.workload
-        return title_html(getattr(wl, "name", "workload"), type(self.model).__name__, self.session.mode,
-                          str(getattr(wl, "device", "cpu")), wl.loop, wl.sized_for, batch_words(wl, plan),
-                          html.escape(sized_words(getattr(getattr(self, "baseline", None), "notes", ()))))
+        return title_html(
+            getattr(wl, "name", "workload"),
+            type(self.model).__name__,
+            self.session.mode,
+            str(getattr(wl, "device", "cpu")),
+            wl.loop,
+            wl.sized_for,
+            batch_words(wl, plan),
+            html.escape(sized_words(getattr(getattr(self, "baseline", None), "notes", ()))),
+        )
 
     # -- public API ----------------------------------------------------------------------------
     @property
@@ -368,7 +443,9 @@ class Explorer(ExplorerRuns, W.VBox):
         self._syncing = True
         try:
             irg = self.editor.input_requires_grad
-            self.input_grad.value = bool(irg) if irg is not None else bool(getattr(self.session.workload, "input_requires_grad", False))
+            self.input_grad.value = (
+                bool(irg) if irg is not None else bool(getattr(self.session.workload, "input_requires_grad", False))
+            )
             self.bn_eval.value = bool(self.editor.bn_eval)
             self.preset.value = ""
         finally:
@@ -455,25 +532,48 @@ class Explorer(ExplorerRuns, W.VBox):
             self.peak_total.value = format_bytes(m.peak_bytes)
             self.peak_bytes.value = f"{m.peak_bytes:,} B"
             self.peak_delta.value = _delta_text(m.peak_bytes, base.peak_bytes)
-            self.step_time.value = (format_time_spread(m) + (f", {time_change(m, base)}" if entry is not self.session.baseline_entry
-                                    and m.step_seconds is not None else "")) if m.step_seconds is not None else self._untimed_text(entry)
+            self.step_time.value = (
+                (
+                    format_time_spread(m)
+                    + (
+                        f", {time_change(m, base)}"
+                        if entry is not self.session.baseline_entry and m.step_seconds is not None
+                        else ""
+                    )
+                )
+                if m.step_seconds is not None
+                else self._untimed_text(entry)
+            )
             outputs = int(getattr(m, "output_bytes", 0) or 0)
             self.output_kept.value = f"+ {format_bytes(outputs)} outputs and caches" if outputs else ""
-            self.output_kept.tooltip = (f"outputs and caches the step keeps to the end of forward, not saved for "
-                                        f"backward ({outputs:,} B); {m.saved_bytes + outputs:,} B kept in all"
-                                        ) if outputs else None
+            self.output_kept.tooltip = (
+                (
+                    f"outputs and caches the step keeps to the end of forward, not saved for "
+                    f"backward ({outputs:,} B); {m.saved_bytes + outputs:,} B kept in all"
+                )
+                if outputs
+                else None
+            )
             self.output_kept.layout.display = "" if outputs else "none"
             first = getattr(m, "first_step_peak_bytes", None)
             show_first = first is not None and first != m.peak_bytes
             self.first_step.value = f"(step 1: {format_bytes(first)})" if show_first else ""
-            self.first_step.tooltip = (f"the peak of training's steady-state step; the first step peaks at "
-                                       f"{first:,} B") if show_first else None
+            self.first_step.tooltip = (
+                (f"the peak of training's steady-state step; the first step peaks at {first:,} B")
+                if show_first
+                else None
+            )
             self.first_step.layout.display = "" if show_first else "none"
             advice = tuple(getattr(m, "advice", ()) or ())
             self.advice.value = (
-                "<ul style='margin:2px 0;font-size:90%;color:#8a6d3b'>"
-                + "".join(f"<li>{html.escape(a)}</li>" for a in advice) + "</ul>"
-            ) if advice else ""
+                (
+                    "<ul style='margin:2px 0;font-size:90%;color:#8a6d3b'>"
+                    + "".join(f"<li>{html.escape(a)}</li>" for a in advice)
+                    + "</ul>"
+                )
+                if advice
+                else ""
+            )
             self.advice.layout.display = "" if advice else "none"
             self.cuda_peak.value = (
                 f"CUDA allocator peak {format_bytes(m.cuda_peak_bytes)}" if m.cuda_peak_bytes is not None else ""
@@ -506,13 +606,18 @@ class Explorer(ExplorerRuns, W.VBox):
         self.plan_json.value = plan.to_json(indent=1)
 
     def _set_status(self, state: str, text: str = "") -> None:
-        color = {"running": "#1f77b4", "waiting": "#1f77b4", "error": "#d62728", "cancelled": "#b8860b",
-                 "done": "#2ca02c", "changed": "#b8860b"}.get(state, "#555")
+        color = {
+            "running": "#1f77b4",
+            "waiting": "#1f77b4",
+            "error": "#d62728",
+            "cancelled": "#b8860b",
+            "done": "#2ca02c",
+            "changed": "#b8860b",
+        }.get(state, "#555")
         icon = "<span class='memsave-spinner'></span>" if state in ("running", "waiting") else ""
         self.state = state
         self.status.value = (
-            f"<span style='color:{color}'>{icon}<b>{html.escape(state)}</b></span> "
-            f"<small>{html.escape(text)}</small>"
+            f"<span style='color:{color}'>{icon}<b>{html.escape(state)}</b></span> <small>{html.escape(text)}</small>"
         )
 
 
@@ -583,10 +688,18 @@ def explore(
                 raise WorkloadError("a Workload brings its own batch and loss; pass the model to use other ones")
         elif isinstance(model_or_workload, nn.Module):
             if batch is None:
-                raise WorkloadError("pass a batch: explore(model, batch) (a tensor, tuple, dict or a function making one)")
+                raise WorkloadError(
+                    "pass a batch: explore(model, batch) (a tensor, tuple, dict or a function making one)"
+                )
             _check_model_device(model_or_workload, device, mode)
-            workload = Workload(model_or_workload, batch, loss=loss, optimizer=optimizer, device=device,
-                                name=type(model_or_workload).__name__)
+            workload = Workload(
+                model_or_workload,
+                batch,
+                loss=loss,
+                optimizer=optimizer,
+                device=device,
+                name=type(model_or_workload).__name__,
+            )
         else:
             raise WorkloadError(
                 f"explore() takes a torch.nn.Module, a Workload, a Session or a demo name, "

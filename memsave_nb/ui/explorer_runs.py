@@ -45,8 +45,11 @@ class ExplorerRuns:
         start = time.perf_counter()
         before, early = self.entry, []
         try:
-            entry = self.session.run(plan, cancel_event=cancel_event,
-                                     on_memory=lambda e: self._show_memory_first(e, cancel_event, generation, early))
+            entry = self.session.run(
+                plan,
+                cancel_event=cancel_event,
+                on_memory=lambda e: self._show_memory_first(e, cancel_event, generation, early),
+            )
         except Cancelled:
             self._timing_stopped(early, before, generation)
             if self._user_cancelled:
@@ -64,8 +67,9 @@ class ExplorerRuns:
         self._end("done", f"{plan.describe()} in {time.perf_counter() - start:.2f} s")
         return entry
 
-    def _show_memory_first(self, entry: Entry, cancel_event: threading.Event, generation: int,
-                           early: list[Entry]) -> None:
+    def _show_memory_first(
+        self, entry: Entry, cancel_event: threading.Event, generation: int, early: list[Entry]
+    ) -> None:
         """The memory numbers of a real-mode run as soon as its tracked step is done; the time
         column reads "timing..." until the timed steps finish (a newer request skips this).
 
@@ -182,8 +186,11 @@ class ExplorerRuns:
             message = str(exc)
         else:
             message = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
-        kind = "out of memory" if "out of memory" in message.lower() else (
-            "the step failed" if isinstance(exc, StepError) else "the run failed")
+        kind = (
+            "out of memory"
+            if "out of memory" in message.lower()
+            else ("the step failed" if isinstance(exc, StepError) else "the run failed")
+        )
         self.error = message
         undone = ""
         if plan is not None:

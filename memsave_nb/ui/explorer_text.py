@@ -11,19 +11,33 @@ from memsave_nb.vocabulary import DEFAULT_LOOP, LOOPS
 from .format import format_delta_bytes
 
 
-def title_html(name: str, type_name: str, mode: str, device: str, loop: str = DEFAULT_LOOP,
-               sized_for: str | None = None, shape: str = "", sized: str = "") -> str:
+def title_html(
+    name: str,
+    type_name: str,
+    mode: str,
+    device: str,
+    loop: str = DEFAULT_LOOP,
+    sized_for: str | None = None,
+    shape: str = "",
+    sized: str = "",
+) -> str:
     """The explorer's title; the class name once when the workload is named after it; the batch
     and sequence sized (``shape``, from ``ui/sized.py``: a model by name's synthetic batch is
     otherwise invisible); the training loop measured (how long the output lives), with its meaning
     on hover; for a step sized as CUDA runs it (``Workload.sized_for``), that (``sized``: the words
     with the attention backend, from the baseline's notes), so a CPU twin's number is never read as
     the CPU's."""
-    what = html.escape(type_name) if name in ("", type_name, "workload") else f"{html.escape(name)}: {html.escape(type_name)}"
+    what = (
+        html.escape(type_name)
+        if name in ("", type_name, "workload")
+        else f"{html.escape(name)}: {html.escape(type_name)}"
+    )
     shape_html = f" <span class='memsave-sized'>({html.escape(shape)})</span>" if shape else ""
     cuda = sized or (", sized as CUDA runs it (foreach optimizer step)" if sized_for == "cuda" else "")
-    return (f"<b>memsave explorer</b> &mdash; {what}{shape_html}, {html.escape(mode)} mode on {html.escape(device)}{cuda}, "
-            f"<span title='{html.escape(LOOPS.get(loop, ''), quote=True)}'>loop {html.escape(loop)}</span>")
+    return (
+        f"<b>memsave explorer</b> &mdash; {what}{shape_html}, {html.escape(mode)} mode on {html.escape(device)}{cuda}, "
+        f"<span title='{html.escape(LOOPS.get(loop, ''), quote=True)}'>loop {html.escape(loop)}</span>"
+    )
 
 
 def loss_note_html(workload: Any, mode: str) -> str:
@@ -37,10 +51,14 @@ def loss_note_html(workload: Any, mode: str) -> str:
     if kind == "tensor":
         return "<small>loss: the sum of the model's output (pass <code>loss=...</code> for your own)</small>"
     if kind is None:  # the forward could not be run apart from the step: say the rule, not a guess
-        return ("<small>loss: the model's own <code>loss</code> output when it returns one, else the sum of its "
-                "output (pass <code>loss=...</code> for your own)</small>")
-    return (f"<small>loss: the model returns a {html.escape(kind)} without a <code>loss</code>; the step uses the sum "
-            "of every floating-point tensor in it. Pass <code>loss=...</code> to use your own.</small>")
+        return (
+            "<small>loss: the model's own <code>loss</code> output when it returns one, else the sum of its "
+            "output (pass <code>loss=...</code> for your own)</small>"
+        )
+    return (
+        f"<small>loss: the model returns a {html.escape(kind)} without a <code>loss</code>; the step uses the sum "
+        "of every floating-point tensor in it. Pass <code>loss=...</code> to use your own.</small>"
+    )
 
 
 def output_kind(workload: Any, *, fake: bool = False) -> str | None:

@@ -58,7 +58,6 @@ from .plot_base import (  # noqa: F401 - the colours and Plot are public here to
 )
 
 
-
 # -- per-layer saved activations ------------------------------------------------------------
 def layer_label(name: str, type_name: str) -> str:
     """The axis label of a module: ``"features.0 (Conv2d)"``; the root is ``"(model) (Net)"``."""
@@ -120,8 +119,16 @@ def layer_bars_data(
         if m.is_leaf:
             rows.append((m.name, layer_label(m.name, m.type_name), m.type_name, m, saved + outputs, outputs))
         elif saved or outputs:
-            rows.append((f"{m.name} (own)" if m.name else "(own)", own_label(m.name, m.type_name), m.type_name, m,
-                         saved + outputs, outputs))
+            rows.append(
+                (
+                    f"{m.name} (own)" if m.name else "(own)",
+                    own_label(m.name, m.type_name),
+                    m.type_name,
+                    m,
+                    saved + outputs,
+                    outputs,
+                )
+            )
     others: tuple[int, int, int] | None = None
     if top is not None and len(rows) > max(0, top):
         keep_n = max(0, top - 1) if top > 0 else 0
@@ -130,14 +137,36 @@ def layer_bars_data(
         rest = [rows[i] for i in range(len(rows)) if i not in kept_idx]
         others = (len(rest), sum(r[4] for r in rest), sum(r[5] for r in rest))
         rows = [rows[i] for i in range(len(rows)) if i in kept_idx]
-    base_rows = {r["name"]: r["saved_bytes"] for r in _rows_as_dicts(layer_bars_data(baseline, leaves_only=leaves_only))} \
-        if baseline is not None else {}
-    data: Data = {k: [] for k in (
-        "name", "label", "type_name", "depth", "output_shape", "saved_bytes", "backward_bytes", "output_bytes",
-        "saved_label", "share", "share_label", "baseline_bytes", "delta_bytes", "delta_label", "text", "color",
-    )}
+    base_rows = (
+        {r["name"]: r["saved_bytes"] for r in _rows_as_dicts(layer_bars_data(baseline, leaves_only=leaves_only))}
+        if baseline is not None
+        else {}
+    )
+    data: Data = {
+        k: []
+        for k in (
+            "name",
+            "label",
+            "type_name",
+            "depth",
+            "output_shape",
+            "saved_bytes",
+            "backward_bytes",
+            "output_bytes",
+            "saved_label",
+            "share",
+            "share_label",
+            "baseline_bytes",
+            "delta_bytes",
+            "delta_label",
+            "text",
+            "color",
+        )
+    }
 
-    def add(name: str, label: str, type_name: str, depth: int, shape: str, kept: int, outputs: int, before: int | None) -> None:
+    def add(
+        name: str, label: str, type_name: str, depth: int, shape: str, kept: int, outputs: int, before: int | None
+    ) -> None:
         share = kept / total if total else 0.0
         before = kept if before is None else before
         delta = kept - before
@@ -164,7 +193,16 @@ def layer_bars_data(
         data["color"].append(BAR_COLOR if delta == 0 else (MORE_COLOR if delta > 0 else LESS_COLOR))
 
     for name, label, type_name, m, kept, outputs in rows:
-        add(name, label, type_name, m.depth, format_shape(m.output_shape), kept, outputs, base_rows.get(name) if baseline is not None else None)
+        add(
+            name,
+            label,
+            type_name,
+            m.depth,
+            format_shape(m.output_shape),
+            kept,
+            outputs,
+            base_rows.get(name) if baseline is not None else None,
+        )
     if others is not None:
         count, kept, outputs = others
         before = None
@@ -213,17 +251,52 @@ def layer_bars(
         tools="save,reset",
         name="layer_bars_figure",
     )
-    fig.hbar(y="label", right="baseline_bytes", height=0.8, source=source, fill_alpha=0.0,
-             line_color="#555555", line_dash="dashed", visible=baseline is not None, name="baseline_bars")
+    fig.hbar(
+        y="label",
+        right="baseline_bytes",
+        height=0.8,
+        source=source,
+        fill_alpha=0.0,
+        line_color="#555555",
+        line_dash="dashed",
+        visible=baseline is not None,
+        name="baseline_bars",
+    )
     bars = fig.hbar(y="label", right="backward_bytes", height=0.6, source=source, color="color", name="saved_bars")
-    fig.hbar(y="label", left="backward_bytes", right="saved_bytes", height=0.6, source=source,
-             color=CATEGORY_COLORS["outputs"], name="output_bars")
-    fig.add_layout(LabelSet(x="saved_bytes", y="label", text="text", source=source, x_offset=4, y_offset=-6,
-                            text_font_size="9pt", text_color="#333333"))
-    fig.add_tools(HoverTool(renderers=[bars], tooltips=[
-        ("module", "@name"), ("type", "@type_name"), ("output", "@output_shape"),
-        ("kept", "@saved_label"), ("share", "@share_label"), ("vs baseline", "@delta_label"),
-    ]))
+    fig.hbar(
+        y="label",
+        left="backward_bytes",
+        right="saved_bytes",
+        height=0.6,
+        source=source,
+        color=CATEGORY_COLORS["outputs"],
+        name="output_bars",
+    )
+    fig.add_layout(
+        LabelSet(
+            x="saved_bytes",
+            y="label",
+            text="text",
+            source=source,
+            x_offset=4,
+            y_offset=-6,
+            text_font_size="9pt",
+            text_color="#333333",
+        )
+    )
+    fig.add_tools(
+        HoverTool(
+            renderers=[bars],
+            tooltips=[
+                ("module", "@name"),
+                ("type", "@type_name"),
+                ("output", "@output_shape"),
+                ("kept", "@saved_label"),
+                ("share", "@share_label"),
+                ("vs baseline", "@delta_label"),
+            ],
+        )
+    )
     _bytes_axis(fig.xaxis[0])
     fig.xaxis.axis_label = "kept for backward (outputs and caches lighter)"
     fig.ygrid.grid_line_color = None
@@ -243,7 +316,9 @@ def _bars_height(rows: int) -> int:
 
 
 # -- the memory timeline ---------------------------------------------------------------------
-def downsample_indices(values: Sequence[float], max_points: int = MAX_TIMELINE_POINTS, keep: Iterable[int] = ()) -> list[int]:
+def downsample_indices(
+    values: Sequence[float], max_points: int = MAX_TIMELINE_POINTS, keep: Iterable[int] = ()
+) -> list[int]:
     """Indices of at most ``max_points`` points that keep the shape of ``values``: the first and
     last point, every index in ``keep``, the global maximum, and the minimum and maximum of each of
     equal-width buckets. Returns ``range(len(values))`` when it already fits."""
@@ -320,7 +395,9 @@ def timeline_phases_data(measurement: Measurement) -> Data:
 
 def _timeline_top(measurement: Measurement) -> float:
     totals = measurement.timeline.total()
-    return float(max(max(totals) if totals else 0, max(reserved_series(measurement), default=0), measurement.peak_bytes, 1))
+    return float(
+        max(max(totals) if totals else 0, max(reserved_series(measurement), default=0), measurement.peak_bytes, 1)
+    )
 
 
 def timeline_peak_data(measurement: Measurement) -> Data:
@@ -332,8 +409,14 @@ def timeline_peak_data(measurement: Measurement) -> Data:
     }
 
 
-def timeline(measurement: Measurement, max_points: int = MAX_TIMELINE_POINTS, *, width: int = 760, height: int = 320,
-             title: str = "Live memory over the step") -> Plot:
+def timeline(
+    measurement: Measurement,
+    max_points: int = MAX_TIMELINE_POINTS,
+    *,
+    width: int = 760,
+    height: int = 320,
+    title: str = "Live memory over the step",
+) -> Plot:
     """Live bytes per category over the step's allocation events (stacked areas), the forward,
     backward and optimizer phases as shaded bands, the peak marked with its value, and the
     allocator model's predicted reserved bytes as a second line (``reserved_line``) where the step
@@ -344,26 +427,77 @@ def timeline(measurement: Measurement, max_points: int = MAX_TIMELINE_POINTS, *,
 
     datas = data_fn(measurement)
     sources = {k: ColumnDataSource(v, name=f"timeline_{k}") for k, v in datas.items()}
-    fig = figure(width=width, height=height, title=title, y_range=Range1d(0, _timeline_top(measurement) * 1.15),
-                 x_range=Range1d(*_phase_bounds(measurement, None)),
-                 tools="xpan,xwheel_zoom,box_zoom,save,reset", toolbar_location="above", name="timeline_figure")
+    fig = figure(
+        width=width,
+        height=height,
+        title=title,
+        y_range=Range1d(0, _timeline_top(measurement) * 1.15),
+        x_range=Range1d(*_phase_bounds(measurement, None)),
+        tools="xpan,xwheel_zoom,box_zoom,save,reset",
+        toolbar_location="above",
+        name="timeline_figure",
+    )
     fig.vstrip(x0="start", x1="end", source=sources["phases"], color="color", alpha=0.6, name="phase_bands")
     fig.vspan(x="start", source=sources["phases"], line_color="#999999", line_dash="dotted", name="phase_lines")
-    fig.add_layout(LabelSet(x="start", y="label_y", text="phase", source=sources["phases"], x_offset=3,
-                            text_font_size="9pt", text_color="#555555"))
-    fig.varea_stack(stackers=list(CATEGORIES), x="x", source=sources["main"],
-                            color=[category_color(c) for c in CATEGORIES],
-                            legend_label=[c.replace("_", " ") for c in CATEGORIES], fill_alpha=0.85)
+    fig.add_layout(
+        LabelSet(
+            x="start",
+            y="label_y",
+            text="phase",
+            source=sources["phases"],
+            x_offset=3,
+            text_font_size="9pt",
+            text_color="#555555",
+        )
+    )
+    fig.varea_stack(
+        stackers=list(CATEGORIES),
+        x="x",
+        source=sources["main"],
+        color=[category_color(c) for c in CATEGORIES],
+        legend_label=[c.replace("_", " ") for c in CATEGORIES],
+        fill_alpha=0.85,
+    )
     total_line = fig.line(x="x", y="total", source=sources["main"], color="#333333", line_width=1, name="total_line")
-    fig.step(x="x", y="reserved", source=sources["main"], mode="after", color="#9467bd", line_width=1.5,
-             line_dash="dashed", legend_label="reserved (allocator model)", name="reserved_line")
-    fig.scatter(x="x", y="y", source=sources["peak"], marker="inverted_triangle", size=12, color="#d62728",
-                name="peak_marker")
-    fig.add_layout(LabelSet(x="x", y="y", text="label", source=sources["peak"], x_offset=8, y_offset=2,
-                            text_font_size="9pt", text_font_style="bold", text_color="#d62728"))
-    fig.add_tools(HoverTool(renderers=[total_line], mode="vline", tooltips=[
-        ("event", "@x"), ("phase", "@phase"), ("total", "@total_label"), ("reserved", "@reserved_label"),
-    ]))
+    fig.step(
+        x="x",
+        y="reserved",
+        source=sources["main"],
+        mode="after",
+        color="#9467bd",
+        line_width=1.5,
+        line_dash="dashed",
+        legend_label="reserved (allocator model)",
+        name="reserved_line",
+    )
+    fig.scatter(
+        x="x", y="y", source=sources["peak"], marker="inverted_triangle", size=12, color="#d62728", name="peak_marker"
+    )
+    fig.add_layout(
+        LabelSet(
+            x="x",
+            y="y",
+            text="label",
+            source=sources["peak"],
+            x_offset=8,
+            y_offset=2,
+            text_font_size="9pt",
+            text_font_style="bold",
+            text_color="#d62728",
+        )
+    )
+    fig.add_tools(
+        HoverTool(
+            renderers=[total_line],
+            mode="vline",
+            tooltips=[
+                ("event", "@x"),
+                ("phase", "@phase"),
+                ("total", "@total_label"),
+                ("reserved", "@reserved_label"),
+            ],
+        )
+    )
     _bytes_axis(fig.yaxis[0])
     fig.xaxis.axis_label = "allocation / free events"
     fig.yaxis.axis_label = "live bytes"
@@ -412,8 +546,13 @@ def peak_split_data(measurement: Measurement, baseline: Measurement | None = Non
     return data
 
 
-def peak_split(measurement: Measurement, baseline: Measurement | None = None, *, width: int = 760,
-               title: str = "Peak memory by category") -> Plot:
+def peak_split(
+    measurement: Measurement,
+    baseline: Measurement | None = None,
+    *,
+    width: int = 760,
+    title: str = "Peak memory by category",
+) -> Plot:
     """A stacked horizontal bar of the peak's categories (and the baseline's peak beneath it)."""
 
     def data_fn(m: Measurement, b: Measurement | None = None) -> dict[str, Data]:
@@ -422,17 +561,34 @@ def peak_split(measurement: Measurement, baseline: Measurement | None = None, *,
     datas = data_fn(measurement, baseline)
     source = ColumnDataSource(datas["main"], name="peak_split")
     rows = list(reversed(datas["main"]["row"]))
-    fig = figure(y_range=FactorRange(factors=rows), x_range=DataRange1d(start=0, range_padding=0.8),
-                 width=width, height=_split_height(len(rows)), title=title, tools="save,reset",
-                 toolbar_location="above", name="peak_split_figure")
-    renderers = fig.hbar_stack(list(CATEGORIES), y="row", height=0.6, source=source,
-                               color=[category_color(c) for c in CATEGORIES],
-                               legend_label=[c.replace("_", " ") for c in CATEGORIES])
+    fig = figure(
+        y_range=FactorRange(factors=rows),
+        x_range=DataRange1d(start=0, range_padding=0.8),
+        width=width,
+        height=_split_height(len(rows)),
+        title=title,
+        tools="save,reset",
+        toolbar_location="above",
+        name="peak_split_figure",
+    )
+    renderers = fig.hbar_stack(
+        list(CATEGORIES),
+        y="row",
+        height=0.6,
+        source=source,
+        color=[category_color(c) for c in CATEGORIES],
+        legend_label=[c.replace("_", " ") for c in CATEGORIES],
+    )
     for c, r in zip(CATEGORIES, renderers):
-        fig.add_tools(HoverTool(renderers=[r], tooltips=[("category", c.replace("_", " ")), ("bytes", f"@{c}_label"),
-                                                         ("peak", "@total_label")]))
-    fig.add_layout(LabelSet(x="total", y="row", text="total_label", source=source, x_offset=4, y_offset=-6,
-                            text_font_size="9pt"))
+        fig.add_tools(
+            HoverTool(
+                renderers=[r],
+                tooltips=[("category", c.replace("_", " ")), ("bytes", f"@{c}_label"), ("peak", "@total_label")],
+            )
+        )
+    fig.add_layout(
+        LabelSet(x="total", y="row", text="total_label", source=source, x_offset=4, y_offset=-6, text_font_size="9pt")
+    )
     _bytes_axis(fig.xaxis[0])
     legend_below(fig, rows=2)
     fig.ygrid.grid_line_color = None
@@ -450,10 +606,30 @@ def _split_height(rows: int) -> int:
 
 
 __all__ = [
-    "Plot", "CATEGORY_COLORS", "PHASE_COLORS", "MAX_TIMELINE_POINTS",
-    "layer_bars", "layer_bars_data", "layer_label",
-    "timeline", "timeline_data", "timeline_phases_data", "timeline_peak_data", "timeline_indices", "downsample_indices",
-    "peak_split", "peak_split_data",
-    "history", "history_data", "plan_label", "zoom_timeline", "kept_bytes", "kept_total", "category_color", "own_label", "OTHERS_NAME",
-    "budget_sweep", "budget_sweep_data",
+    "Plot",
+    "CATEGORY_COLORS",
+    "PHASE_COLORS",
+    "MAX_TIMELINE_POINTS",
+    "layer_bars",
+    "layer_bars_data",
+    "layer_label",
+    "timeline",
+    "timeline_data",
+    "timeline_phases_data",
+    "timeline_peak_data",
+    "timeline_indices",
+    "downsample_indices",
+    "peak_split",
+    "peak_split_data",
+    "history",
+    "history_data",
+    "plan_label",
+    "zoom_timeline",
+    "kept_bytes",
+    "kept_total",
+    "category_color",
+    "own_label",
+    "OTHERS_NAME",
+    "budget_sweep",
+    "budget_sweep_data",
 ]

@@ -111,12 +111,22 @@ def layer_table(measurement, *, top: int | None = None, baseline=None) -> tuple[
             name = "  " * m.depth + name
         if m.name in own_only:
             name, saved = f"{name} (own ops)", m.saved_bytes_own
-            base_saved = {x.name: x.saved_bytes_own for x in baseline.modules}.get(m.name, saved) if baseline is not None else saved
+            base_saved = (
+                {x.name: x.saved_bytes_own for x in baseline.modules}.get(m.name, saved)
+                if baseline is not None
+                else saved
+            )
         else:
             base_saved = base.get(m.name, saved) if base is not None else saved
         share = saved / total if total else 0.0
-        row = [name, m.type_name, format_shape(m.output_shape), format_count(trainable.get(m.name, m.trainable_params)),
-               format_bytes(saved), format_share(share)]
+        row = [
+            name,
+            m.type_name,
+            format_shape(m.output_shape),
+            format_count(trainable.get(m.name, m.trainable_params)),
+            format_bytes(saved),
+            format_share(share),
+        ]
         if base is not None:
             row.append(format_delta_bytes(saved - base_saved))
         rows.append(row)

@@ -55,7 +55,7 @@ def row_label(c: "Candidate", prefix: str) -> str:
     """``c.label`` without the front's shared prefix (only where a region name starts with it)."""
     if not prefix:
         return c.label
-    return " ".join(w[len(prefix):] if w.startswith(prefix) else w for w in c.label.split(" "))
+    return " ".join(w[len(prefix) :] if w.startswith(prefix) else w for w in c.label.split(" "))
 
 
 def groups(front: Sequence["Candidate"]) -> list[int]:
@@ -71,16 +71,29 @@ class FrontList(W.VBox):
         self.on_load = on_load
         self.rows: list[W.HBox] = []
         self.leaders: list[int] = []
-        self.show_all = W.ToggleButton(value=False, description="show all", layout=W.Layout(width="auto", flex="0 0 auto"),
-                                       tooltip="show every plan of the front, near-duplicates too")
+        self.show_all = W.ToggleButton(
+            value=False,
+            description="show all",
+            layout=W.Layout(width="auto", flex="0 0 auto"),
+            tooltip="show every plan of the front, near-duplicates too",
+        )
         self.show_all.add_class("memsave-front-all")
         self.show_all.observe(lambda _ch: (self._fold(), self.show(self._front, self._picked)), "value")
         self._front: Sequence["Candidate"] = ()
         self._picked: int | None = None
         self.prefix = ""  # the dotted path every row's regions share, left out of the rows (heading says it)
         self.heading = W.HTML("", layout=W.Layout(flex="0 0 auto"))
-        super().__init__([], layout=W.Layout(min_width="300px", max_height="380px", overflow="auto",
-                                             flex="1 1 300px", display="flex", flex_flow="column"))
+        super().__init__(
+            [],
+            layout=W.Layout(
+                min_width="300px",
+                max_height="380px",
+                overflow="auto",
+                flex="1 1 300px",
+                display="flex",
+                flex_flow="column",
+            ),
+        )
         self.add_class("memsave-front-list")
 
     def set_front(self, front: Sequence["Candidate"], indices: Sequence[int]) -> None:
@@ -90,8 +103,12 @@ class FrontList(W.VBox):
         for index in indices:
             text = W.HTML("", layout=W.Layout(flex="1 1 auto"))
             text.add_class("memsave-front-text")
-            load = W.Button(description="load", icon="upload", layout=W.Layout(width="80px", flex="0 0 auto"),
-                            tooltip="load this plan into the explorer")
+            load = W.Button(
+                description="load",
+                icon="upload",
+                layout=W.Layout(width="80px", flex="0 0 auto"),
+                tooltip="load this plan into the explorer",
+            )
             load.add_class("memsave-front-load")
             load.on_click(lambda _b, i=index: self.on_load(i))
             row = W.HBox([load, text], layout=W.Layout(align_items="center", flex="0 0 auto", min_height=ROW_HEIGHT))
@@ -101,12 +118,18 @@ class FrontList(W.VBox):
         folded = len(front) - distinct
         self.prefix = shared_prefix(front)
         under = f"; modules under <code>{html.escape(self.prefix)}</code>" if self.prefix else ""
-        self.heading.value = (f"<b>Pareto front</b> <small>({len(front)} plans, {distinct} distinct, "
-                              f"lowest estimated peak first{under})</small>")
+        self.heading.value = (
+            f"<b>Pareto front</b> <small>({len(front)} plans, {distinct} distinct, "
+            f"lowest estimated peak first{under})</small>"
+        )
         self.show_all.description = f"show all {len(front)}"
         self.show_all.layout.display = "" if folded else "none"
-        self.children = [W.HBox([self.heading, self.show_all], layout=W.Layout(flex="0 0 auto", align_items="center",
-                                                                               flex_flow="row wrap"))] + self.rows
+        self.children = [
+            W.HBox(
+                [self.heading, self.show_all],
+                layout=W.Layout(flex="0 0 auto", align_items="center", flex_flow="row wrap"),
+            )
+        ] + self.rows
         self._fold()
 
     def _fold(self) -> None:
@@ -128,7 +151,7 @@ class FrontList(W.VBox):
                 row.add_class("memsave-front-picked")
             color = FITS_COLOR if c.fits else MISS_COLOR
             more = members.get(k, 0)
-            alike = (f" · <i>+{more} like it with other offload counts</i>" if more and not self.show_all.value else "")
+            alike = f" · <i>+{more} like it with other offload counts</i>" if more and not self.show_all.value else ""
             row.children[1].value = (
                 f"<span title='{html.escape(c.label + ' · ' + c.config, quote=True)}' style='overflow-wrap:anywhere'>"
                 f"{'<b>' if picked else ''}{html.escape(row_label(c, self.prefix))}{'</b>' if picked else ''}</span><br>"

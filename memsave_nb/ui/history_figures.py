@@ -13,6 +13,7 @@ from ..measure.result import Measurement
 from .format import format_bytes, format_seconds
 from .plot_base import BAR_COLOR, CATEGORY_COLORS, Data, Plot, _bytes_axis, _measurement, legend_below
 
+
 # -- history of plans tried ------------------------------------------------------------------
 def plan_label(plan: Any) -> str:
     """A short name for a plan: its ``name``, else ``describe()``, else ``str``; ``None`` is the baseline."""
@@ -36,8 +37,22 @@ def history_data(entries: Sequence[Any], current: int | None = None) -> Data:
     ``x`` is the step time in milliseconds, or the entry's index when a run has no time (fake mode)."""
     ms = [_measurement(e) for e in entries]
     timed = bool(ms) and all(m.step_seconds is not None for m in ms)
-    data: Data = {k: [] for k in ("index", "x", "peak_bytes", "saved_bytes", "step_seconds", "label",
-                                  "peak_label", "saved_label", "time_label", "color", "size")}
+    data: Data = {
+        k: []
+        for k in (
+            "index",
+            "x",
+            "peak_bytes",
+            "saved_bytes",
+            "step_seconds",
+            "label",
+            "peak_label",
+            "saved_label",
+            "time_label",
+            "color",
+            "size",
+        )
+    }
     for i, (e, m) in enumerate(zip(entries, ms)):
         data["index"].append(i)
         data["x"].append(m.step_seconds * 1e3 if timed else float(i))
@@ -56,8 +71,14 @@ def history_data(entries: Sequence[Any], current: int | None = None) -> Data:
     return data
 
 
-def history(entries: Sequence[Any], current: int | None = None, *, width: int = 520, height: int = 360,
-            title: str = "Plans tried: peak memory vs step time") -> Plot:
+def history(
+    entries: Sequence[Any],
+    current: int | None = None,
+    *,
+    width: int = 520,
+    height: int = 360,
+    title: str = "Plans tried: peak memory vs step time",
+) -> Plot:
     """Peak memory against step time, one point per plan tried; click a point to select it
     (``plot.source.selected.indices``; the explorer restores that plan)."""
 
@@ -66,17 +87,51 @@ def history(entries: Sequence[Any], current: int | None = None, *, width: int = 
 
     datas = data_fn(entries, current)
     source = ColumnDataSource(datas["main"], name="history")
-    fig = figure(width=width, height=height, title=title, tools="pan,wheel_zoom,box_zoom,save,reset",
-                 toolbar_location="above", x_range=DataRange1d(range_padding=0.15),
-                 y_range=DataRange1d(range_padding=0.15), name="history_figure")
-    points = fig.scatter(x="x", y="peak_bytes", source=source, size="size", color="color", alpha=0.85,
-                         selection_color="#d62728", nonselection_alpha=0.35, name="history_points")
-    fig.add_layout(LabelSet(x="x", y="peak_bytes", text="point_label", source=source, x_offset=7, y_offset=4,
-                            text_font_size="8pt", text_color="#333333"))
+    fig = figure(
+        width=width,
+        height=height,
+        title=title,
+        tools="pan,wheel_zoom,box_zoom,save,reset",
+        toolbar_location="above",
+        x_range=DataRange1d(range_padding=0.15),
+        y_range=DataRange1d(range_padding=0.15),
+        name="history_figure",
+    )
+    points = fig.scatter(
+        x="x",
+        y="peak_bytes",
+        source=source,
+        size="size",
+        color="color",
+        alpha=0.85,
+        selection_color="#d62728",
+        nonselection_alpha=0.35,
+        name="history_points",
+    )
+    fig.add_layout(
+        LabelSet(
+            x="x",
+            y="peak_bytes",
+            text="point_label",
+            source=source,
+            x_offset=7,
+            y_offset=4,
+            text_font_size="8pt",
+            text_color="#333333",
+        )
+    )
     fig.add_tools(TapTool(renderers=[points]))
-    fig.add_tools(HoverTool(renderers=[points], tooltips=[
-        ("plan", "@label"), ("peak", "@peak_label"), ("saved", "@saved_label"), ("step", "@time_label"),
-    ]))
+    fig.add_tools(
+        HoverTool(
+            renderers=[points],
+            tooltips=[
+                ("plan", "@label"),
+                ("peak", "@peak_label"),
+                ("saved", "@saved_label"),
+                ("step", "@time_label"),
+            ],
+        )
+    )
     _bytes_axis(fig.yaxis[0])
     fig.yaxis.axis_label = "peak memory"
     _history_axis(fig, datas["main"])
@@ -134,8 +189,20 @@ def budget_sweep_data(points: Iterable[Any]) -> Data:
     time in ms, or the budget itself when a run has no time."""
     rows = sorted((_sweep_point(p) for p in points), key=lambda bm: bm[0])
     timed = bool(rows) and all(m.step_seconds is not None for _, m in rows)
-    data: Data = {k: [] for k in ("budget", "x", "peak_bytes", "saved_bytes", "step_seconds", "budget_label",
-                                  "peak_label", "saved_label", "time_label")}
+    data: Data = {
+        k: []
+        for k in (
+            "budget",
+            "x",
+            "peak_bytes",
+            "saved_bytes",
+            "step_seconds",
+            "budget_label",
+            "peak_label",
+            "saved_label",
+            "time_label",
+        )
+    }
     for budget, m in rows:
         data["budget"].append(budget)
         data["x"].append(m.step_seconds * 1e3 if timed else budget)
@@ -149,8 +216,13 @@ def budget_sweep_data(points: Iterable[Any]) -> Data:
     return data
 
 
-def budget_sweep(points: Iterable[Any], *, width: int = 520, height: int = 360,
-                 title: str = "Compile memory budget: memory vs step time") -> Plot:
+def budget_sweep(
+    points: Iterable[Any],
+    *,
+    width: int = 520,
+    height: int = 360,
+    title: str = "Compile memory budget: memory vs step time",
+) -> Plot:
     """Peak and saved bytes against step time, one point per ``activation_memory_budget``, each
     labelled with its budget, connected in budget order."""
 
@@ -159,20 +231,55 @@ def budget_sweep(points: Iterable[Any], *, width: int = 520, height: int = 360,
 
     datas = data_fn(points)
     source = ColumnDataSource(datas["main"], name="budget_sweep")
-    fig = figure(width=width, height=height, title=title, tools="pan,wheel_zoom,box_zoom,save,reset",
-                 toolbar_location="above", x_range=DataRange1d(range_padding=0.15),
-                 y_range=DataRange1d(start=0, range_padding=0.15), name="budget_sweep_figure")
+    fig = figure(
+        width=width,
+        height=height,
+        title=title,
+        tools="pan,wheel_zoom,box_zoom,save,reset",
+        toolbar_location="above",
+        x_range=DataRange1d(range_padding=0.15),
+        y_range=DataRange1d(start=0, range_padding=0.15),
+        name="budget_sweep_figure",
+    )
     fig.line(x="x", y="peak_bytes", source=source, color=CATEGORY_COLORS["optimizer_state"], legend_label="peak")
-    peak_pts = fig.scatter(x="x", y="peak_bytes", source=source, size=9, color=CATEGORY_COLORS["optimizer_state"],
-                           legend_label="peak", name="sweep_peak")
-    fig.line(x="x", y="saved_bytes", source=source, color=CATEGORY_COLORS["activations"], legend_label="saved activations")
-    saved_pts = fig.scatter(x="x", y="saved_bytes", source=source, size=9, marker="square",
-                            color=CATEGORY_COLORS["activations"], legend_label="saved activations", name="sweep_saved")
-    fig.add_layout(LabelSet(x="x", y="peak_bytes", text="budget_label", source=source, x_offset=6, y_offset=4,
-                            text_font_size="8pt"))
-    fig.add_tools(HoverTool(renderers=[peak_pts, saved_pts], tooltips=[
-        ("budget", "@budget_label"), ("peak", "@peak_label"), ("saved", "@saved_label"), ("step", "@time_label"),
-    ]))
+    peak_pts = fig.scatter(
+        x="x",
+        y="peak_bytes",
+        source=source,
+        size=9,
+        color=CATEGORY_COLORS["optimizer_state"],
+        legend_label="peak",
+        name="sweep_peak",
+    )
+    fig.line(
+        x="x", y="saved_bytes", source=source, color=CATEGORY_COLORS["activations"], legend_label="saved activations"
+    )
+    saved_pts = fig.scatter(
+        x="x",
+        y="saved_bytes",
+        source=source,
+        size=9,
+        marker="square",
+        color=CATEGORY_COLORS["activations"],
+        legend_label="saved activations",
+        name="sweep_saved",
+    )
+    fig.add_layout(
+        LabelSet(
+            x="x", y="peak_bytes", text="budget_label", source=source, x_offset=6, y_offset=4, text_font_size="8pt"
+        )
+    )
+    fig.add_tools(
+        HoverTool(
+            renderers=[peak_pts, saved_pts],
+            tooltips=[
+                ("budget", "@budget_label"),
+                ("peak", "@peak_label"),
+                ("saved", "@saved_label"),
+                ("step", "@time_label"),
+            ],
+        )
+    )
     _bytes_axis(fig.yaxis[0])
     fig.yaxis.axis_label = "bytes"
     legend_below(fig)

@@ -36,7 +36,10 @@ BAR_PX = 70
 # read-only cells: the numbers first (saved activations, change), then the controls, then details
 # short titles (a 700 px notebook narrows these columns), their meaning on hover
 _SAVED_COLUMNS = (("saved", BAR_PX + 140), ("change", 84))
-_SAVED_TITLES = ("saved activations: bytes the step keeps for backward, share of the total", "change against the baseline")
+_SAVED_TITLES = (
+    "saved activations: bytes the step keeps for backward, share of the total",
+    "change against the baseline",
+)
 _CONTROLS = (("freeze", 52), ("memsave", 72), ("checkpoint", 150))
 _DETAIL_COLUMNS = (("type", 110), ("output", 120), ("params: trainable / frozen", 200), ("tied to", 200))
 SAVED_WIDTH = sum(w for _, w in _SAVED_COLUMNS)
@@ -111,23 +114,30 @@ def saved_html(saved: int | None, share: float | None, delta: int | None) -> str
     else:
         delta_text = format_delta_bytes(delta) if delta else "="
         color = "#2ca02c" if delta < 0 else ("#d62728" if delta > 0 else "#888")
-    return _nowrap([
-        _cell(saved_text, widths[0], cls="memsave-col-saved"),
-        _cell(delta_text, widths[1], align="right", style=f"color:{color};padding-right:6px", cls="memsave-col-delta"),
-    ])
+    return _nowrap(
+        [
+            _cell(saved_text, widths[0], cls="memsave-col-saved"),
+            _cell(
+                delta_text, widths[1], align="right", style=f"color:{color};padding-right:6px", cls="memsave-col-delta"
+            ),
+        ]
+    )
 
 
-def details_html(type_name: str, output_shape: tuple[int, ...] | None, trainable: int, frozen: int,
-                 tied: str = "") -> str:
+def details_html(
+    type_name: str, output_shape: tuple[int, ...] | None, trainable: int, frozen: int, tied: str = ""
+) -> str:
     """The row's type, output shape, parameter counts (over its whole subtree) and ties."""
     widths = [w for _, w in _DETAIL_COLUMNS]
     shape = format_shape(output_shape)
-    return _nowrap([
-        _cell(html.escape(type_name), widths[0], title=type_name, style="padding-left:6px"),
-        _cell(html.escape(shape), widths[1], title=shape),
-        _cell(f"{format_count(trainable)} / {format_count(frozen)}", widths[2]),
-        _cell(html.escape(tied) if tied else "", widths[3], title=tied),
-    ])
+    return _nowrap(
+        [
+            _cell(html.escape(type_name), widths[0], title=type_name, style="padding-left:6px"),
+            _cell(html.escape(shape), widths[1], title=shape),
+            _cell(f"{format_count(trainable)} / {format_count(frozen)}", widths[2]),
+            _cell(html.escape(tied) if tied else "", widths[3], title=tied),
+        ]
+    )
 
 
 def tied_by_module(model) -> dict[str, str]:
@@ -165,46 +175,58 @@ class LayerRow:
             description="▸" if has_children else "",
             disabled=not has_children,
             tooltip="expand / collapse" if has_children else "",
-            layout=W.Layout(width="26px", height=ROW_HEIGHT, padding="0", margin=f"0 0 0 {depth * INDENT_PX}px",
-                            flex="0 0 auto", visibility="visible" if has_children else "hidden"),
+            layout=W.Layout(
+                width="26px",
+                height=ROW_HEIGHT,
+                padding="0",
+                margin=f"0 0 0 {depth * INDENT_PX}px",
+                flex="0 0 auto",
+                visibility="visible" if has_children else "hidden",
+            ),
         )
         self.expand.add_class("memsave-expand")
         short = name.rpartition(".")[2] if name else "(model)"
         self.select = W.Button(
             description=short,
             tooltip=f"{name or '(model)'}: show its ops in the selective-checkpointing panel",
-            layout=W.Layout(width=f"{NAME_WIDTH - depth * INDENT_PX}px", height=ROW_HEIGHT, padding="0 4px",
-                            flex="0 0 auto"),
+            layout=W.Layout(
+                width=f"{NAME_WIDTH - depth * INDENT_PX}px", height=ROW_HEIGHT, padding="0 4px", flex="0 0 auto"
+            ),
         )
         self.select.style.button_color = "transparent"
         self.select.add_class("memsave-row-name")
         self.info = W.HTML(layout=W.Layout(height=ROW_HEIGHT, width=f"{SAVED_WIDTH + _SLACK}px", flex="0 0 auto"))
         self.info.add_class("memsave-saved-cell")
         self.details = W.HTML(layout=W.Layout(height=ROW_HEIGHT, width=f"{DETAIL_WIDTH + _SLACK}px", flex="0 0 auto"))
-        self.freeze = W.Checkbox(value=False, indent=False, description="",
-                                 layout=W.Layout(width=f"{_CONTROLS[0][1]}px", flex="0 0 auto"))
+        self.freeze = W.Checkbox(
+            value=False, indent=False, description="", layout=W.Layout(width=f"{_CONTROLS[0][1]}px", flex="0 0 auto")
+        )
         self.freeze.add_class("memsave-freeze")
         self.freeze.add_class(f"memsave-freeze-{s}")
         if not tree.params[name]:
             self.freeze.disabled = True
             self.freeze.layout.visibility = "hidden"
-        self.memsave = W.Checkbox(value=False, indent=False, description="",
-                                  layout=W.Layout(width=f"{_CONTROLS[1][1]}px", flex="0 0 auto"))
+        self.memsave = W.Checkbox(
+            value=False, indent=False, description="", layout=W.Layout(width=f"{_CONTROLS[1][1]}px", flex="0 0 auto")
+        )
         self.memsave.add_class("memsave-swap")
         self.memsave.add_class(f"memsave-swap-{s}")
         if not tree.swappable[name]:
             self.memsave.disabled = True
             self.memsave.layout.visibility = "hidden"
-        self.region = W.Dropdown(options=list(REGION_CHOICES), value="none",
-                                 layout=W.Layout(width=f"{_CONTROLS[2][1]}px", flex="0 0 auto"))
+        self.region = W.Dropdown(
+            options=list(REGION_CHOICES), value="none", layout=W.Layout(width=f"{_CONTROLS[2][1]}px", flex="0 0 auto")
+        )
         self.region.add_class("memsave-region")
         self.region.add_class(f"memsave-region-{s}")
         if not has_children and not tree.params[name]:
             self.region.disabled = True
             self.region.layout.visibility = "hidden"
         # expand arrow and name in one cell that sticks to the left when the table scrolls sideways
-        self.name_cell = W.HBox([self.expand, self.select], layout=W.Layout(width=f"{NAME_CELL_WIDTH}px",
-                                                                            flex="0 0 auto", align_items="center"))
+        self.name_cell = W.HBox(
+            [self.expand, self.select],
+            layout=W.Layout(width=f"{NAME_CELL_WIDTH}px", flex="0 0 auto", align_items="center"),
+        )
         self.name_cell.add_class("memsave-name-cell")
         self.box = W.HBox(
             [self.name_cell, self.freeze, self.memsave, self.region, self.info, self.details],
@@ -223,8 +245,14 @@ class LayerRow:
 class LayerTable(W.VBox):
     """The module tree as rows of widgets, bound to a :class:`PlanEditor`."""
 
-    def __init__(self, editor: PlanEditor, *, max_open_rows: int = 40, on_select: Callable[[str], None] | None = None,
-                 tied: dict[str, str] | None = None):
+    def __init__(
+        self,
+        editor: PlanEditor,
+        *,
+        max_open_rows: int = 40,
+        on_select: Callable[[str], None] | None = None,
+        tied: dict[str, str] | None = None,
+    ):
         self.editor = editor
         self.tied = dict(tied or {})
         self.rows: dict[str, LayerRow] = {}
@@ -234,15 +262,28 @@ class LayerTable(W.VBox):
         self._syncing = False
         self._measurement: Measurement | None = None
         self._baseline: Measurement | None = None
+
         def head(text: str, width: int) -> W.HTML:
             return W.HTML(f"<b>{text}</b>", layout=W.Layout(width=f"{width}px", flex="0 0 auto"))
 
         # the header is laid out like a row, so its columns line up with the rows' widgets
-        def heads(columns, width: int, cls: str = "", cell_cls: tuple[str, ...] = (), titles: tuple[str, ...] = ()) -> W.HTML:
-            w = W.HTML(_nowrap([_cell(f"<b>{h}</b>", cw, cls=cell_cls[i] if i < len(cell_cls) else "",
-                                      title=titles[i] if i < len(titles) else "")
-                                for i, (h, cw) in enumerate(columns)]),
-                       layout=W.Layout(width=f"{width + _SLACK}px", flex="0 0 auto"))
+        def heads(
+            columns, width: int, cls: str = "", cell_cls: tuple[str, ...] = (), titles: tuple[str, ...] = ()
+        ) -> W.HTML:
+            w = W.HTML(
+                _nowrap(
+                    [
+                        _cell(
+                            f"<b>{h}</b>",
+                            cw,
+                            cls=cell_cls[i] if i < len(cell_cls) else "",
+                            title=titles[i] if i < len(titles) else "",
+                        )
+                        for i, (h, cw) in enumerate(columns)
+                    ]
+                ),
+                layout=W.Layout(width=f"{width + _SLACK}px", flex="0 0 auto"),
+            )
             if cls:
                 w.add_class(cls)
             return w
@@ -250,14 +291,23 @@ class LayerTable(W.VBox):
         control_heads = [head(h, w) for h, w in _CONTROLS]
         control_heads[2].add_class("memsave-region-head")
 
-        name_head = W.HBox([head("module", NAME_CELL_WIDTH - 4)],
-                           layout=W.Layout(width=f"{NAME_CELL_WIDTH}px", flex="0 0 auto", align_items="center"))
+        name_head = W.HBox(
+            [head("module", NAME_CELL_WIDTH - 4)],
+            layout=W.Layout(width=f"{NAME_CELL_WIDTH}px", flex="0 0 auto", align_items="center"),
+        )
         name_head.add_class("memsave-name-cell")
         self.header = W.HBox(
             [name_head]
             + control_heads
-            + [heads(_SAVED_COLUMNS, SAVED_WIDTH, "memsave-saved-cell", ("memsave-col-saved", "memsave-col-delta"),
-                    _SAVED_TITLES)]
+            + [
+                heads(
+                    _SAVED_COLUMNS,
+                    SAVED_WIDTH,
+                    "memsave-saved-cell",
+                    ("memsave-col-saved", "memsave-col-delta"),
+                    _SAVED_TITLES,
+                )
+            ]
             + [heads(_DETAIL_COLUMNS, DETAIL_WIDTH)],
             layout=W.Layout(min_height=ROW_HEIGHT, align_items="center"),
         )
@@ -266,9 +316,13 @@ class LayerTable(W.VBox):
         self.rows_box.add_class("memsave-rows")
         self.expand_all = W.Button(description="expand all", layout=W.Layout(width="110px"))
         self.collapse_all = W.Button(description="collapse", layout=W.Layout(width="110px"))
-        self.expand_all.on_click(lambda _b: self.set_expanded([n for n in editor.tree.names if editor.tree.children[n]]))
+        self.expand_all.on_click(
+            lambda _b: self.set_expanded([n for n in editor.tree.names if editor.tree.children[n]])
+        )
         self.collapse_all.on_click(lambda _b: self.set_expanded([ROOT]))
-        super().__init__([W.HTML(TABLE_CSS), self.header, self.rows_box], layout=W.Layout(overflow="auto hidden", max_width="100%"))
+        super().__init__(
+            [W.HTML(TABLE_CSS), self.header, self.rows_box], layout=W.Layout(overflow="auto hidden", max_width="100%")
+        )
         self.add_class("memsave-layer-table")
         self.set_expanded(self._default_expanded(max_open_rows))
 

@@ -42,22 +42,41 @@ STAGES = (("auto", None), ("also try 2, 4, 8", (1, 2, 4, 8)), ("only 2, 4, 8", (
 
 
 class LayoutFinder(W.VBox):
-    def __init__(self, workload: Any, gpus_fn: Callable[[], int], target_fn: Callable[[], Target | None] = lambda: None,
-                 plan_fn: Callable[[], Any] = lambda: None):
+    def __init__(
+        self,
+        workload: Any,
+        gpus_fn: Callable[[], int],
+        target_fn: Callable[[], Target | None] = lambda: None,
+        plan_fn: Callable[[], Any] = lambda: None,
+    ):
         self.workload = workload
         self._plan_fn = plan_fn
         self._gpus_fn = gpus_fn
         self._target_fn = target_fn
-        self.gpu = W.Dropdown(options=list(GPUS), value="H100", description="GPU kind", layout=W.Layout(width="200px"),
-                              style={"description_width": "initial"})
+        self.gpu = W.Dropdown(
+            options=list(GPUS),
+            value="H100",
+            description="GPU kind",
+            layout=W.Layout(width="200px"),
+            style={"description_width": "initial"},
+        )
         self.gpu.add_class("memsave-layout-gpu")
-        self.stages = W.Dropdown(options=[words for words, _ in STAGES], value="auto", description="pipeline stages",
-                                 layout=W.Layout(width="240px"), style={"description_width": "initial"},
-                                 tooltip="auto: searched only when no layout without stages fits")
+        self.stages = W.Dropdown(
+            options=[words for words, _ in STAGES],
+            value="auto",
+            description="pipeline stages",
+            layout=W.Layout(width="240px"),
+            style={"description_width": "initial"},
+            tooltip="auto: searched only when no layout without stages fits",
+        )
         self.stages.add_class("memsave-layout-stages")
-        self.find_button = W.Button(description="find a layout", icon="search", button_style="info",
-                                    tooltip="search DDP, FSDP2, HSDP, TP x FSDP2, checkpointing and micro-batches; "
-                                            "rank what fits by estimated step time")
+        self.find_button = W.Button(
+            description="find a layout",
+            icon="search",
+            button_style="info",
+            tooltip="search DDP, FSDP2, HSDP, TP x FSDP2, checkpointing and micro-batches; "
+            "rank what fits by estimated step time",
+        )
         self.find_button.add_class("memsave-layout-find")
         self.status = W.HTML()
         self.status.add_class("memsave-layout-status")
@@ -73,8 +92,16 @@ class LayoutFinder(W.VBox):
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self.find_button.on_click(lambda _b: self.find(background=True))
-        super().__init__([W.HBox([self.gpu, self.stages, self.find_button], layout=W.Layout(flex_flow="row wrap")),
-                          self.status, self.figure_box, self.front, self.ranks, self.code])
+        super().__init__(
+            [
+                W.HBox([self.gpu, self.stages, self.find_button], layout=W.Layout(flex_flow="row wrap")),
+                self.status,
+                self.figure_box,
+                self.front,
+                self.ranks,
+                self.code,
+            ]
+        )
 
     def wait(self, timeout: float | None = None) -> None:
         t = self._thread
@@ -88,7 +115,9 @@ class LayoutFinder(W.VBox):
             generation = self._generation
         gpus, kind, plan = self._gpus_fn(), self.gpu.value, self._plan_fn()
         stages = dict(STAGES)[self.stages.value]
-        self.status.value = f"<i>searching layouts over {gpus} x {html.escape(kind)}{html.escape(_from_words(plan))}...</i>"
+        self.status.value = (
+            f"<i>searching layouts over {gpus} x {html.escape(kind)}{html.escape(_from_words(plan))}...</i>"
+        )
         if background:
             self._thread = threading.Thread(target=self._job, args=(generation, gpus, kind, plan, stages), daemon=True)
             self._thread.start()
@@ -109,15 +138,21 @@ class LayoutFinder(W.VBox):
         if generation != self._generation:  # a newer search superseded this one
             return
         self.result = result
-        lines = result.summary().splitlines()[:3] + [f"starting from the explorer's plan{_from_words(plan) or ' (empty)'}"]
+        lines = result.summary().splitlines()[:3] + [
+            f"starting from the explorer's plan{_from_words(plan) or ' (empty)'}"
+        ]
         # why layouts were left out (a layout the model cannot take, stages not searched): said, not hidden
         dropped = [f"note: {n}" for n in result.notes if _left_out(n)]
-        self.status.value = "<br>".join(("<b>" + html.escape(line) + "</b>") if line.startswith("chosen") else html.escape(line)
-                                        for line in lines) + "".join(f"<br><small>{html.escape(n)}</small>" for n in dropped)
+        self.status.value = "<br>".join(
+            ("<b>" + html.escape(line) + "</b>") if line.startswith("chosen") else html.escape(line) for line in lines
+        ) + "".join(f"<br><small>{html.escape(n)}</small>" for n in dropped)
         self.figure_box.children = [bokeh_widget(layout_figure(result))]
         self.front.value = layout_front_html(result)
-        self.ranks.value = "" if result.remeasured is None else (
-            "<small>The chosen layout measured per rank at full depth:</small>" + table_html(result.remeasured))
+        self.ranks.value = (
+            ""
+            if result.remeasured is None
+            else ("<small>The chosen layout measured per rank at full depth:</small>" + table_html(result.remeasured))
+        )
         if result.chosen is not None:
             try:
                 code = result.to_code()

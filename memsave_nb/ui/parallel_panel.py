@@ -41,8 +41,9 @@ MAX_GPUS = 1024
 TP_DEGREES = (1, 2, 4, 8)  # within a node of 8
 
 
-def spec_for(gpus: int, sharding: str, bf16: bool, offload: bool = False, tp: int = 1,
-             sequence_parallel: bool = False) -> ParallelSpec:
+def spec_for(
+    gpus: int, sharding: str, bf16: bool, offload: bool = False, tp: int = 1, sequence_parallel: bool = False
+) -> ParallelSpec:
     """The ``ParallelSpec`` the controls describe (HSDP needs an even number of GPUs; TP combines with FSDP2)."""
     kw: dict[str, Any] = {"world_size": gpus}
     if tp > 1 or sequence_parallel:
@@ -59,8 +60,9 @@ def spec_for(gpus: int, sharding: str, bf16: bool, offload: bool = False, tp: in
         kw["replicate"] = 2
     elif sharding in ("ddp", "ddp-view"):
         if bf16:
-            raise ParallelError("bf16 params with fp32 reduce is FSDP2's MixedPrecisionPolicy; for DDP set the "
-                                "plan's precision instead")
+            raise ParallelError(
+                "bf16 params with fp32 reduce is FSDP2's MixedPrecisionPolicy; for DDP set the plan's precision instead"
+            )
         return ParallelSpec(strategy="ddp", gradient_as_bucket_view=sharding == "ddp-view", **kw)
     if bf16:
         kw.update(param_dtype="bfloat16", reduce_dtype="float32")
@@ -68,25 +70,39 @@ def spec_for(gpus: int, sharding: str, bf16: bool, offload: bool = False, tp: in
 
 
 class ParallelPanel(W.VBox):
-    def __init__(self, workload: Any, plan_fn: Callable[[], Any], *, live: bool = True,
-                 target_fn: Callable[[], Target | None] = lambda: None):
+    def __init__(
+        self,
+        workload: Any,
+        plan_fn: Callable[[], Any],
+        *,
+        live: bool = True,
+        target_fn: Callable[[], Target | None] = lambda: None,
+    ):
         self.workload = workload
         self._plan_fn = plan_fn
         self._target_fn = target_fn
         self.live = live
         self.gpus = W.BoundedIntText(value=8, min=1, max=MAX_GPUS, description="GPUs", layout=W.Layout(width="160px"))
         self.gpus.add_class("memsave-gpus")
-        self.sharding = W.Dropdown(options=SHARDINGS, value="fsdp", description="sharding", layout=W.Layout(width="380px"))
+        self.sharding = W.Dropdown(
+            options=SHARDINGS, value="fsdp", description="sharding", layout=W.Layout(width="380px")
+        )
         self.sharding.add_class("memsave-sharding")
-        self.tp = W.Dropdown(options=[(f"TP {d}" if d > 1 else "no TP", d) for d in TP_DEGREES], value=1,
-                             description="tensor parallel", layout=W.Layout(width="220px"),
-                             style={"description_width": "initial"})
+        self.tp = W.Dropdown(
+            options=[(f"TP {d}" if d > 1 else "no TP", d) for d in TP_DEGREES],
+            value=1,
+            description="tensor parallel",
+            layout=W.Layout(width="220px"),
+            style={"description_width": "initial"},
+        )
         self.tp.add_class("memsave-tp")
         self.sp = W.Checkbox(value=False, description="sequence parallel", indent=False)
         self.sp.add_class("memsave-sp")
         self.bf16 = W.Checkbox(value=False, description="bf16 params, fp32 reduce", indent=False)
         self.bf16.add_class("memsave-bf16")
-        self.offload = W.Checkbox(value=False, description="CPU offload (params, grads, optimizer on host)", indent=False)
+        self.offload = W.Checkbox(
+            value=False, description="CPU offload (params, grads, optimizer on host)", indent=False
+        )
         self.offload.add_class("memsave-offload")
         self.size_button = W.Button(description="size per rank", icon="server", button_style="info")
         self.size_button.add_class("memsave-parallel-size")
@@ -106,22 +122,41 @@ class ParallelPanel(W.VBox):
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self.layouts = LayoutFinder(workload, lambda: self.gpus.value, target_fn, plan_fn)
-        layouts_title = W.HTML("<b>Which layout for these GPUs?</b> <small>Starting from the current plan (its freezing, "
-                               "layers, loss, optimizer; its checkpointing and precision if set), the layout planner sizes "
-                               "each layout per rank (on the model cut to 3 and 4 blocks, extrapolated) and ranks what fits "
-                               "by estimated step time; the chosen one is re-measured at full depth.</small>")
-        note = W.HTML("<small>Per-rank memory in fake mode with PyTorch's own <code>fully_shard</code> "
-                      "(and <code>parallelize_module</code> for tensor parallel) or DDP "
-                      "on a fake process group; the plan's freezing and checkpointing apply.</small>")
-        super().__init__([note, W.HBox([self.gpus, self.sharding, self.tp, self.sp, self.bf16, self.offload, self.size_button],
-                                       layout=W.Layout(flex_flow="row wrap")), self.peak, self.verdict, self.error,
-                                       self.figure_box, self.table, layouts_title, self.layouts])
+        layouts_title = W.HTML(
+            "<b>Which layout for these GPUs?</b> <small>Starting from the current plan (its freezing, "
+            "layers, loss, optimizer; its checkpointing and precision if set), the layout planner sizes "
+            "each layout per rank (on the model cut to 3 and 4 blocks, extrapolated) and ranks what fits "
+            "by estimated step time; the chosen one is re-measured at full depth.</small>"
+        )
+        note = W.HTML(
+            "<small>Per-rank memory in fake mode with PyTorch's own <code>fully_shard</code> "
+            "(and <code>parallelize_module</code> for tensor parallel) or DDP "
+            "on a fake process group; the plan's freezing and checkpointing apply.</small>"
+        )
+        super().__init__(
+            [
+                note,
+                W.HBox(
+                    [self.gpus, self.sharding, self.tp, self.sp, self.bf16, self.offload, self.size_button],
+                    layout=W.Layout(flex_flow="row wrap"),
+                ),
+                self.peak,
+                self.verdict,
+                self.error,
+                self.figure_box,
+                self.table,
+                layouts_title,
+                self.layouts,
+            ]
+        )
         for w in (self.gpus, self.sharding, self.tp, self.sp, self.bf16, self.offload):
             w.observe(lambda _ch: self._changed(), "value")
         self.size_button.on_click(lambda _b: self.refresh(background=True))
 
     def spec(self) -> ParallelSpec:
-        return spec_for(self.gpus.value, self.sharding.value, self.bf16.value, self.offload.value, self.tp.value, self.sp.value)
+        return spec_for(
+            self.gpus.value, self.sharding.value, self.bf16.value, self.offload.value, self.tp.value, self.sp.value
+        )
 
     def _changed(self) -> None:
         if self.live:
@@ -166,9 +201,11 @@ class ParallelPanel(W.VBox):
         if result.host_peak_bytes is not None:
             where = " on the GPU"
             host = f"; host memory {format_bytes(result.host_peak_bytes)} per rank"
-        self.peak.value = (f"<b>worst rank {result.worst.rank}: {format_bytes(counted)} counted{where}</b>, "
-                           f"up to {format_bytes(counted + result.unseen_high_bytes)} with the unseen lines{host} "
-                           f"({html.escape(spec.describe())})")
+        self.peak.value = (
+            f"<b>worst rank {result.worst.rank}: {format_bytes(counted)} counted{where}</b>, "
+            f"up to {format_bytes(counted + result.unseen_high_bytes)} with the unseen lines{host} "
+            f"({html.escape(spec.describe())})"
+        )
         self.table.value = table_html(result)
         self.show_target()
 

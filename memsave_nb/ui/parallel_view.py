@@ -86,21 +86,68 @@ def rank_figure(result: Any, target: Target | None, *, width: int = 640, height:
     data["unseen_top"] = [c + h for c, h in zip(data["counted"], highs)]
     data["unseen_label"] = [f"{format_bytes(lo)} .. {format_bytes(hi)}" for lo, hi in zip(lows, highs)]
     source = ColumnDataSource(data, name="gpus")
-    top = max(data["unseen_top"] + ([target.usable_bytes, ] if target else []) + [1])
-    fig = figure(x_range=FactorRange(*labels), y_range=Range1d(0, top * 1.12), width=width, height=height,
-                 toolbar_location=None,
-                 title=f"Per-rank GPU memory: {result.spec.describe()}", name="gpus_figure")
+    top = max(
+        data["unseen_top"]
+        + (
+            [
+                target.usable_bytes,
+            ]
+            if target
+            else []
+        )
+        + [1]
+    )
+    fig = figure(
+        x_range=FactorRange(*labels),
+        y_range=Range1d(0, top * 1.12),
+        width=width,
+        height=height,
+        toolbar_location=None,
+        title=f"Per-rank GPU memory: {result.spec.describe()}",
+        name="gpus_figure",
+    )
     strategy = getattr(result.spec, "strategy", "fsdp")
-    fig.vbar_stack(cols, x="rank", width=0.6, source=source, color=list(COLORS[: len(cols)]),
-                   legend_label=[category_name(c, strategy) for c in cols], name=[f"gpus_bar_{c}" for c in cols])
-    unseen = fig.vbar(x="rank", bottom="unseen_bottom", top="unseen_top", width=0.6, source=source, fill_alpha=0.0,
-                      hatch_pattern="/", hatch_color="#888888", hatch_alpha=0.8, line_color="#888888",
-                      line_dash="dashed", legend_label="unseen lines (up to)", name="gpus_unseen")
-    fig.add_tools(HoverTool(renderers=[unseen], tooltips=[("ranks", "@rank"), ("counted", "@counted_label"),
-                                                          ("unseen", "@unseen_label")]))
+    fig.vbar_stack(
+        cols,
+        x="rank",
+        width=0.6,
+        source=source,
+        color=list(COLORS[: len(cols)]),
+        legend_label=[category_name(c, strategy) for c in cols],
+        name=[f"gpus_bar_{c}" for c in cols],
+    )
+    unseen = fig.vbar(
+        x="rank",
+        bottom="unseen_bottom",
+        top="unseen_top",
+        width=0.6,
+        source=source,
+        fill_alpha=0.0,
+        hatch_pattern="/",
+        hatch_color="#888888",
+        hatch_alpha=0.8,
+        line_color="#888888",
+        line_dash="dashed",
+        legend_label="unseen lines (up to)",
+        name="gpus_unseen",
+    )
+    fig.add_tools(
+        HoverTool(
+            renderers=[unseen],
+            tooltips=[("ranks", "@rank"), ("counted", "@counted_label"), ("unseen", "@unseen_label")],
+        )
+    )
     if target is not None:
-        fig.add_layout(Span(location=target.usable_bytes, dimension="width", line_color="#333333", line_dash="dashed",
-                            line_width=2, name="gpus_usable_line"))
+        fig.add_layout(
+            Span(
+                location=target.usable_bytes,
+                dimension="width",
+                line_color="#333333",
+                line_dash="dashed",
+                line_width=2,
+                name="gpus_usable_line",
+            )
+        )
     _bytes_axis(fig.yaxis[0])
     fig.yaxis.axis_label = "bytes per GPU"
     legend = fig.legend[0]
@@ -117,21 +164,29 @@ def verdict_html(result: Any, target: Target | None) -> str:
     low, high = _unseen(result, worst)
     where = " on the GPU" if result.host_peak_bytes is not None else ""
     if target is None:
-        return (f"<span class='memsave-parallel-verdict'>worst {rank_label(worst.ranks, result.spec)}: {format_bytes(counted)} counted"
-                f"{where}; set a GPU size in <i>Fit a GPU</i> for a verdict</span>")
+        return (
+            f"<span class='memsave-parallel-verdict'>worst {rank_label(worst.ranks, result.spec)}: {format_bytes(counted)} counted"
+            f"{where}; set a GPU size in <i>Fit a GPU</i> for a verdict</span>"
+        )
     ok = target.fits(counted)
     whole = counted + high <= target.total_bytes
-    extra = (f"; with the unseen lines {format_bytes(counted + low)} .. {format_bytes(counted + high)}, "
-             f"{'within' if whole else 'over'} the whole {html.escape(target.label)}")
-    return (f"<b class='memsave-parallel-verdict {'memsave-fits' if ok else 'memsave-nofit'}' "
-            f"style='color:{FITS_COLOR if ok else MISS_COLOR}'>worst {rank_label(worst.ranks, result.spec)}: "
-            f"{format_bytes(counted)}{where} {html.escape(target.verdict(counted))}</b><small>{extra}</small>"
-            f"<br><small class='memsave-parallel-rule'>{NO_RANK_REPLAY}</small>")
+    extra = (
+        f"; with the unseen lines {format_bytes(counted + low)} .. {format_bytes(counted + high)}, "
+        f"{'within' if whole else 'over'} the whole {html.escape(target.label)}"
+    )
+    return (
+        f"<b class='memsave-parallel-verdict {'memsave-fits' if ok else 'memsave-nofit'}' "
+        f"style='color:{FITS_COLOR if ok else MISS_COLOR}'>worst {rank_label(worst.ranks, result.spec)}: "
+        f"{format_bytes(counted)}{where} {html.escape(target.verdict(counted))}</b><small>{extra}</small>"
+        f"<br><small class='memsave-parallel-rule'>{NO_RANK_REPLAY}</small>"
+    )
 
 
 # the per-rank measurements carry no allocator replay (parallel/result.py): said, not invented
-NO_RANK_REPLAY = ("80% rule: the per-rank steps are not replayed through the allocator model yet, so no predicted "
-                  "reserved memory per rank; the Fit a GPU tab's single-GPU verdict is the replay's")
+NO_RANK_REPLAY = (
+    "80% rule: the per-rank steps are not replayed through the allocator model yet, so no predicted "
+    "reserved memory per rank; the Fit a GPU tab's single-GPU verdict is the replay's"
+)
 
 
 def table_html(result: Any) -> str:
@@ -147,27 +202,40 @@ def table_html(result: Any) -> str:
     th = "".join(f"<th style='{cell}{sticky if i == 0 else ''}'>{html.escape(h)}</th>" for i, h in enumerate(heads))
     rows = []
     for r in result.ranks:
-        values = [r.device_bytes] + ([r.host_peak_bytes or 0] if offload else []) + [_split(result, r).get(c, 0) for c in cols]
+        values = (
+            [r.device_bytes]
+            + ([r.host_peak_bytes or 0] if offload else [])
+            + [_split(result, r).get(c, 0) for c in cols]
+        )
         tds = "".join(f"<td style='{cell}'>{format_bytes(v)}</td>" for v in values)
-        rows.append(f"<tr><td style='{cell}{sticky}text-align:left'>{html.escape(rank_label(r.ranks, result.spec))}</td>{tds}</tr>")
-    unseen = "".join(f"<li title='{html.escape(u.source)}'>{html.escape(u.name)}: {format_bytes(u.low_bytes)} .. "
-                     f"{format_bytes(u.high_bytes)}</li>" for u in result.unseen)
+        rows.append(
+            f"<tr><td style='{cell}{sticky}text-align:left'>{html.escape(rank_label(r.ranks, result.spec))}</td>{tds}</tr>"
+        )
+    unseen = "".join(
+        f"<li title='{html.escape(u.source)}'>{html.escape(u.name)}: {format_bytes(u.low_bytes)} .. "
+        f"{format_bytes(u.high_bytes)}</li>"
+        for u in result.unseen
+    )
     state = "steady state" if result.steady else "first step"
     # the widget's content box would grow to the table's width: let it shrink, the grid box scrolls
-    fit = (".memsave-parallel-table .widget-html-content{min-width:0;width:100%;overflow:hidden}")
-    return (f"<style>{fit}</style><div class='memsave-parallel-grid-box' style='overflow-x:auto;max-width:100%'>"
-            f"<div><small>{html.escape(result.spec.describe())} ({state})"
-            f"{'; GPU = device memory, host = CPU memory' if offload else ''}</small></div>"
-            f"<table class='memsave-parallel-grid' style='border-collapse:collapse;font-size:12px'>"
-            f"<thead><tr>{th}</tr></thead><tbody>{''.join(rows)}</tbody></table></div>"
-            f"<small>Lines no counter sees, per GPU of the worst rank (hover for the source):</small>"
-            f"<ul style='margin:2px 0;font-size:12px'>{unseen}</ul>")
+    fit = ".memsave-parallel-table .widget-html-content{min-width:0;width:100%;overflow:hidden}"
+    return (
+        f"<style>{fit}</style><div class='memsave-parallel-grid-box' style='overflow-x:auto;max-width:100%'>"
+        f"<div><small>{html.escape(result.spec.describe())} ({state})"
+        f"{'; GPU = device memory, host = CPU memory' if offload else ''}</small></div>"
+        f"<table class='memsave-parallel-grid' style='border-collapse:collapse;font-size:12px'>"
+        f"<thead><tr>{th}</tr></thead><tbody>{''.join(rows)}</tbody></table></div>"
+        f"<small>Lines no counter sees, per GPU of the worst rank (hover for the source):</small>"
+        f"<ul style='margin:2px 0;font-size:12px'>{unseen}</ul>"
+    )
 
 
 def _layout_points(candidates: list) -> dict[str, list]:
     return {
-        "peak": [c.est_peak_bytes for c in candidates], "seconds": [c.step_seconds for c in candidates],
-        "label": [c.label for c in candidates], "peak_label": [format_bytes(c.est_peak_bytes) for c in candidates],
+        "peak": [c.est_peak_bytes for c in candidates],
+        "seconds": [c.step_seconds for c in candidates],
+        "label": [c.label for c in candidates],
+        "peak_label": [format_bytes(c.est_peak_bytes) for c in candidates],
         "time_label": [f"{c.step_seconds:.3g} s" for c in candidates],
         "bubble_label": [_bubble(c) or "none" for c in candidates],
     }
@@ -183,24 +251,68 @@ def _bubble(c: Any) -> str:
 def layout_figure(result: Any, *, width: int = 640, height: int = 320) -> Any:
     """Every candidate layout: estimated peak per GPU (x) against estimated step time (y); those that
     fit, those that do not, the Pareto front of those that fit, the chosen one, the usable line."""
-    fig = figure(width=width, height=height, toolbar_location=None, name="layout_figure",
-                 title=f"Layouts over {result.gpus} x {result.device.name}: estimated peak per GPU vs step time")
+    fig = figure(
+        width=width,
+        height=height,
+        toolbar_location=None,
+        name="layout_figure",
+        title=f"Layouts over {result.gpus} x {result.device.name}: estimated peak per GPU vs step time",
+    )
     renderers = []
-    for name, color, group in (("layout_fit", FITS_COLOR, [c for c in result.candidates if c.fits]),
-                               ("layout_nofit", MISS_COLOR, [c for c in result.candidates if not c.fits])):
+    for name, color, group in (
+        ("layout_fit", FITS_COLOR, [c for c in result.candidates if c.fits]),
+        ("layout_nofit", MISS_COLOR, [c for c in result.candidates if not c.fits]),
+    ):
         source = ColumnDataSource(_layout_points(group))
-        renderers.append(fig.scatter("peak", "seconds", source=source, size=7, color=color, alpha=0.6, name=name,
-                                     legend_label="fits" if name == "layout_fit" else "does not fit"))
+        renderers.append(
+            fig.scatter(
+                "peak",
+                "seconds",
+                source=source,
+                size=7,
+                color=color,
+                alpha=0.6,
+                name=name,
+                legend_label="fits" if name == "layout_fit" else "does not fit",
+            )
+        )
     front = ColumnDataSource(_layout_points(result.front))
     fig.line("peak", "seconds", source=front, color="#333333", line_width=2, name="layout_front", legend_label="front")
     if result.chosen is not None:
         chosen = ColumnDataSource(_layout_points([result.chosen]))
-        renderers.append(fig.scatter("peak", "seconds", source=chosen, size=14, marker="star", color="#ff7f0e",
-                                     name="layout_chosen", legend_label="chosen"))
-    fig.add_layout(Span(location=result.target.usable_bytes, dimension="height", line_color="#333333",
-                        line_dash="dashed", line_width=2, name="layout_usable_line"))
-    fig.add_tools(HoverTool(renderers=renderers, tooltips=[("layout", "@label"), ("peak", "@peak_label"),
-                                                           ("step", "@time_label"), ("pipeline", "@bubble_label")]))
+        renderers.append(
+            fig.scatter(
+                "peak",
+                "seconds",
+                source=chosen,
+                size=14,
+                marker="star",
+                color="#ff7f0e",
+                name="layout_chosen",
+                legend_label="chosen",
+            )
+        )
+    fig.add_layout(
+        Span(
+            location=result.target.usable_bytes,
+            dimension="height",
+            line_color="#333333",
+            line_dash="dashed",
+            line_width=2,
+            name="layout_usable_line",
+        )
+    )
+    fig.add_tools(
+        HoverTool(
+            renderers=renderers,
+            tooltips=[
+                ("layout", "@label"),
+                ("peak", "@peak_label"),
+                ("step", "@time_label"),
+                ("pipeline", "@bubble_label"),
+            ],
+        )
+    )
     _bytes_axis(fig.xaxis[0])
     fig.xaxis.axis_label = "estimated peak per GPU"
     fig.yaxis.axis_label = "estimated step time (s)"
@@ -217,10 +329,14 @@ def layout_front_html(result: Any) -> str:
     for c in result.front:
         chosen = result.chosen is not None and c.label == result.chosen.label
         mark = " class='memsave-layout-chosen' style='font-weight:bold'" if chosen else ""
-        rows.append(f"<tr{mark}><td style='{cell}text-align:right'>{format_bytes(c.est_peak_bytes)}</td>"
-                    f"<td style='{cell}text-align:right'>{c.step_seconds:.3g} s</td>"
-                    f"<td style='{cell}'>{html.escape(c.label)}{' (chosen)' if chosen else ''}"
-                    f"{f' <small>({html.escape(_bubble(c))})</small>' if _bubble(c) else ''}</td></tr>")
+        rows.append(
+            f"<tr{mark}><td style='{cell}text-align:right'>{format_bytes(c.est_peak_bytes)}</td>"
+            f"<td style='{cell}text-align:right'>{c.step_seconds:.3g} s</td>"
+            f"<td style='{cell}'>{html.escape(c.label)}{' (chosen)' if chosen else ''}"
+            f"{f' <small>({html.escape(_bubble(c))})</small>' if _bubble(c) else ''}</td></tr>"
+        )
     head = "".join(f"<th style='{cell}'>{h}</th>" for h in ("est. peak per GPU", "est. step", "layout"))
-    return (f"<table class='memsave-layout-front' style='border-collapse:collapse;font-size:12px'>"
-            f"<thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>")
+    return (
+        f"<table class='memsave-layout-front' style='border-collapse:collapse;font-size:12px'>"
+        f"<thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+    )

@@ -36,7 +36,19 @@ def pareto_data(candidates: Sequence["Candidate"], front: Sequence["Candidate"] 
     on_front = {id(c) for c in front}
     stacked = Counter(_spot(c) for c in candidates)
     first_at: dict[tuple[float, int], int] = {}
-    keys = ("index", "ms", "peak_bytes", "label", "peak_label", "fits", "color", "size", "config", "stacked", "stack_text")
+    keys = (
+        "index",
+        "ms",
+        "peak_bytes",
+        "label",
+        "peak_label",
+        "fits",
+        "color",
+        "size",
+        "config",
+        "stacked",
+        "stack_text",
+    )
     data: figures.Data = {k: [] for k in keys}
     for i, c in enumerate(candidates):
         spot = _spot(c)
@@ -64,8 +76,14 @@ def headroom_data(candidates: Sequence["Candidate"], usable_bytes: int | None) -
     return {"ms": [min(ms), max(ms)], "peak_bytes": [usable_bytes, usable_bytes]}
 
 
-def pareto(candidates: Sequence["Candidate"], front: Sequence["Candidate"] = (), usable_bytes: int | None = None,
-           *, width: int = 620, height: int = 380) -> figures.Plot:
+def pareto(
+    candidates: Sequence["Candidate"],
+    front: Sequence["Candidate"] = (),
+    usable_bytes: int | None = None,
+    *,
+    width: int = 620,
+    height: int = 380,
+) -> figures.Plot:
     """The scatter with its headroom line; ``plot.update(candidates, front, usable_bytes)`` refreshes it."""
 
     def data_fn(cs: Sequence[Any], fr: Sequence[Any] = (), usable: int | None = None) -> dict[str, figures.Data]:
@@ -74,21 +92,64 @@ def pareto(candidates: Sequence["Candidate"], front: Sequence["Candidate"] = (),
     datas = data_fn(candidates, front, usable_bytes)
     source = ColumnDataSource(datas["main"], name="pareto")
     line_source = ColumnDataSource(datas["headroom"], name="pareto_headroom")
-    fig = figure(width=width, height=height, title="Planner: estimated peak vs estimated step time",
-                 tools="pan,wheel_zoom,box_zoom,save,reset", toolbar_location="above",
-                 x_range=DataRange1d(range_padding=0.1), y_range=DataRange1d(range_padding=0.1), name="pareto_figure")
-    line = fig.line(x="ms", y="peak_bytes", source=line_source, line_color=LINE_COLOR, line_dash="dashed",
-                    line_width=1.5, name="headroom_line", legend_label="GPU less CUDA context")
-    points = fig.scatter(x="ms", y="peak_bytes", source=source, size="size", color="color", alpha=0.7,
-                         selection_color="#1f77b4", nonselection_alpha=0.3, name="pareto_points")
-    fig.text(x="ms", y="peak_bytes", text="stack_text", source=source, x_offset=7, y_offset=-4,
-             text_font_size="9px", text_color="#555555", name="pareto_stacked")
+    fig = figure(
+        width=width,
+        height=height,
+        title="Planner: estimated peak vs estimated step time",
+        tools="pan,wheel_zoom,box_zoom,save,reset",
+        toolbar_location="above",
+        x_range=DataRange1d(range_padding=0.1),
+        y_range=DataRange1d(range_padding=0.1),
+        name="pareto_figure",
+    )
+    line = fig.line(
+        x="ms",
+        y="peak_bytes",
+        source=line_source,
+        line_color=LINE_COLOR,
+        line_dash="dashed",
+        line_width=1.5,
+        name="headroom_line",
+        legend_label="GPU less CUDA context",
+    )
+    points = fig.scatter(
+        x="ms",
+        y="peak_bytes",
+        source=source,
+        size="size",
+        color="color",
+        alpha=0.7,
+        selection_color="#1f77b4",
+        nonselection_alpha=0.3,
+        name="pareto_points",
+    )
+    fig.text(
+        x="ms",
+        y="peak_bytes",
+        text="stack_text",
+        source=source,
+        x_offset=7,
+        y_offset=-4,
+        text_font_size="9px",
+        text_color="#555555",
+        name="pareto_stacked",
+    )
     fig.legend.location = "top_right"
     fig.legend.background_fill_alpha = 0.4
     fig.add_tools(TapTool(renderers=[points]))
-    fig.add_tools(HoverTool(renderers=[points], tooltips=[("plan", "@label"), ("config", "@config"),
-                                                          ("peak", "@peak_label"), ("step", "@ms{0.00} ms"),
-                                                          ("plans here", "@stacked"), ("", "@fits")]))
+    fig.add_tools(
+        HoverTool(
+            renderers=[points],
+            tooltips=[
+                ("plan", "@label"),
+                ("config", "@config"),
+                ("peak", "@peak_label"),
+                ("step", "@ms{0.00} ms"),
+                ("plans here", "@stacked"),
+                ("", "@fits"),
+            ],
+        )
+    )
     figures._bytes_axis(fig.yaxis[0])
     fig.yaxis.axis_label = "estimated peak"
     fig.xaxis.axis_label = "estimated step time (ms)"

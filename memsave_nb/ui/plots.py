@@ -69,11 +69,13 @@ def bokehjs_loader() -> W.Output:
         if _loader is None or getattr(_loader, "comm", None) is None:  # none yet, or closed
             out = W.Output(layout=W.Layout(display="none"))
             out.add_class("memsave-bokehjs")
-            out.outputs = ({
-                "output_type": "display_data",
-                "data": {"application/javascript": bokehjs_script(), "text/plain": "BokehJS (inline)"},
-                "metadata": {},
-            },)
+            out.outputs = (
+                {
+                    "output_type": "display_data",
+                    "data": {"application/javascript": bokehjs_script(), "text/plain": "BokehJS (inline)"},
+                    "metadata": {},
+                },
+            )
             _loader = out
         return _loader
 
@@ -120,8 +122,12 @@ class BokehFigure(W.Box):
         narrowest, widest = fit_width(fig)
         self.model = BokehModel(fig)
         self.model.add_class("memsave-bokeh-figure")
-        super().__init__([bokehjs_loader(), self.model], layout=W.Layout(
-            display="block", width="100%", min_width=f"{narrowest}px", max_width=f"{widest}px", flex="1 1 auto"))
+        super().__init__(
+            [bokehjs_loader(), self.model],
+            layout=W.Layout(
+                display="block", width="100%", min_width=f"{narrowest}px", max_width=f"{widest}px", flex="1 1 auto"
+            ),
+        )
         self.add_class("memsave-bokeh")
 
 
@@ -156,7 +162,9 @@ def follow_theme(fig: Any) -> Any:
 
     if not hasattr(fig, "js_on_change") or "inner_width" not in fig.properties():
         return fig
-    if not any(getattr(cb, "code", None) == DARK_THEME_JS for cb in fig.js_property_callbacks.get("change:inner_width", [])):
+    if not any(
+        getattr(cb, "code", None) == DARK_THEME_JS for cb in fig.js_property_callbacks.get("change:inner_width", [])
+    ):
         fig.js_on_change("inner_width", CustomJS(code=DARK_THEME_JS))
     return fig
 

@@ -42,8 +42,10 @@ def fits_html(target: Target, m: Measurement) -> str:
     span with class ``memsave-fits`` or ``memsave-nofit``."""
     fit = fit_for(target, m)
     color = "#2ca02c" if fit.fits else "#d62728"
-    return (f"<span class='{'memsave-fits' if fit.fits else 'memsave-nofit'}' style='color:{color};font-weight:bold'>"
-            f"{html.escape(verdict_text(target, fit))}</span>")
+    return (
+        f"<span class='{'memsave-fits' if fit.fits else 'memsave-nofit'}' style='color:{color};font-weight:bold'>"
+        f"{html.escape(verdict_text(target, fit))}</span>"
+    )
 
 
 def results_html(m: Measurement, base: Measurement, target: Target | None = None) -> str:
@@ -87,11 +89,14 @@ def results_html(m: Measurement, base: Measurement, target: Target | None = None
         f"<td style='text-align:right'>{_ratio(m.flops, base.flops).strip(' ()')}</td></tr>"
     )
     if target is not None:
-        rows.insert(0, (
-            f"<tr class='memsave-row-fits'><td>{html.escape(target.label)} GPU</td>"
-            f"<td style='text-align:right'>{fits_html(target, m)}</td>"
-            f"<td style='text-align:right'>{fits_html(target, base)}</td><td></td></tr>"
-        ))
+        rows.insert(
+            0,
+            (
+                f"<tr class='memsave-row-fits'><td>{html.escape(target.label)} GPU</td>"
+                f"<td style='text-align:right'>{fits_html(target, m)}</td>"
+                f"<td style='text-align:right'>{fits_html(target, base)}</td><td></td></tr>"
+            ),
+        )
     head = "<tr><th></th><th>this plan</th><th>baseline</th><th>change</th></tr>"
     notes = "".join(f"<li>{html.escape(n)}</li>" for n in m.notes)
     return (
@@ -99,13 +104,17 @@ def results_html(m: Measurement, base: Measurement, target: Target | None = None
         + (f"<ul style='font-size:85%;color:#555'>{notes}</ul>" if notes else "")
         + f"<div style='font-size:85%;color:#555'>peak during {html.escape(m.peak_phase or '-')}; "
         f"{html.escape(m.mode)} mode on {html.escape(m.device)}; step time is the median of the timed steps "
-        "(min–max beside it); a change within that spread reads \"same\"</div>"
+        '(min–max beside it); a change within that spread reads "same"</div>'
     )
 
 
 class ResultsPanel(W.VBox):
-    def __init__(self, baseline_entry: Any, on_pick: Callable[[int], None] | None = None,
-                 first_step: tuple[bool, Callable[[bool], None]] | None = None):
+    def __init__(
+        self,
+        baseline_entry: Any,
+        on_pick: Callable[[int], None] | None = None,
+        first_step: tuple[bool, Callable[[bool], None]] | None = None,
+    ):
         """``first_step``: the first-step switch's value and what it calls (the explorer's
         ``show_first_step_peak``); None: no switch."""
         # Figures start with the data they first show: BokehModel renders its document as it was
@@ -120,37 +129,55 @@ class ResultsPanel(W.VBox):
         self.peak_plot = figures.peak_split(baseline, baseline)
         self.timeline_plot = figures.timeline(baseline)
         self._timeline_m = baseline
-        self.zoom = W.ToggleButtons(options=[("whole step", ""), ("forward", "forward"), ("backward", "backward"),
-                                             ("optimizer", "optimizer")], value="",
-                                    style={"button_width": "110px"}, tooltips=["the whole step", "zoom on forward",
-                                                                              "zoom on backward", "zoom on the optimizer step"])
+        self.zoom = W.ToggleButtons(
+            options=[("whole step", ""), ("forward", "forward"), ("backward", "backward"), ("optimizer", "optimizer")],
+            value="",
+            style={"button_width": "110px"},
+            tooltips=["the whole step", "zoom on forward", "zoom on backward", "zoom on the optimizer step"],
+        )
         self.zoom.add_class("memsave-timeline-zoom")
         self.zoom.observe(lambda _ch: self._zoom(), "value")
         # the target's headroom line on the timeline (drawn when the peak comes near it)
-        self.target_line = Span(location=0, dimension="width", line_color="#d62728", line_dash="dashed",
-                                line_width=1.5, visible=False, name="target_line")
+        self.target_line = Span(
+            location=0,
+            dimension="width",
+            line_color="#d62728",
+            line_dash="dashed",
+            line_width=1.5,
+            visible=False,
+            name="target_line",
+        )
         self.timeline_plot.figure.add_layout(self.target_line)
         self.layers_plot = figures.layer_bars(baseline, baseline)
         self.history_plot = figures.history([baseline_entry], 0)
         self.history_plot.source.selected.on_change("indices", self._tapped)
         # training's first step measured too (its peak beside the steady state's): one more step per run
-        self.first_step = W.Checkbox(value=bool(first_step and first_step[0]), indent=False,
-                                     description="also measure training's first step (one more step per run)",
-                                     layout=W.Layout(width="auto", display="" if first_step else "none"))
+        self.first_step = W.Checkbox(
+            value=bool(first_step and first_step[0]),
+            indent=False,
+            description="also measure training's first step (one more step per run)",
+            layout=W.Layout(width="auto", display="" if first_step else "none"),
+        )
         self.first_step.add_class("memsave-first-step-switch")
         if first_step is not None:
             self.first_step.observe(lambda ch, switch=first_step[1]: switch(bool(ch["new"])), "value")
-        super().__init__([
-            self.first_step,
-            # side by side when there is room; in a narrow notebook the plot goes under the table
-            W.HBox([self.table, bokeh_widget(self.history_plot.figure)],
-                   layout=W.Layout(align_items="flex-start", flex_flow="row wrap")),
-            bokeh_widget(self.peak_plot.figure),
-            W.HBox([W.HTML("<small>timeline:</small>"), self.zoom], layout=W.Layout(align_items="center",
-                                                                                  flex_flow="row wrap")),
-            bokeh_widget(self.timeline_plot.figure),
-            bokeh_widget(self.layers_plot.figure),
-        ])
+        super().__init__(
+            [
+                self.first_step,
+                # side by side when there is room; in a narrow notebook the plot goes under the table
+                W.HBox(
+                    [self.table, bokeh_widget(self.history_plot.figure)],
+                    layout=W.Layout(align_items="flex-start", flex_flow="row wrap"),
+                ),
+                bokeh_widget(self.peak_plot.figure),
+                W.HBox(
+                    [W.HTML("<small>timeline:</small>"), self.zoom],
+                    layout=W.Layout(align_items="center", flex_flow="row wrap"),
+                ),
+                bokeh_widget(self.timeline_plot.figure),
+                bokeh_widget(self.layers_plot.figure),
+            ]
+        )
         self.add_class("memsave-results")
 
     def show(self, m: Measurement, base: Measurement) -> None:

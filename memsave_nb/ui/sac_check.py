@@ -33,7 +33,9 @@ class Unsavable:
 
     def reason(self) -> str:
         where = f" in {self.consumer_module or '(model)'}" if self.consumer_module != self.module else ""
-        return f"its output is changed in place by {self.consumer}{where}; SAC cannot keep a tensor that is mutated later"
+        return (
+            f"its output is changed in place by {self.consumer}{where}; SAC cannot keep a tensor that is mutated later"
+        )
 
 
 class _InplaceWatch(TorchDispatchMode):
@@ -50,7 +52,7 @@ class _InplaceWatch(TorchDispatchMode):
         name = op_name(func)
         schema = getattr(func, "_schema", None)
         if schema is not None:
-            flat = list(args) + [kwargs.get(a.name) for a in schema.arguments[len(args):]]
+            flat = list(args) + [kwargs.get(a.name) for a in schema.arguments[len(args) :]]
             for arg, value in zip(schema.arguments, flat):
                 info = arg.alias_info
                 if info is None or not info.is_write or not isinstance(value, torch.Tensor):
@@ -59,7 +61,7 @@ class _InplaceWatch(TorchDispatchMode):
                 if made is not None and made[0] != name:
                     self.found.append(Unsavable(made[0], made[1], name, module))
         out = func(*args, **kwargs)
-        for t in (out if isinstance(out, (tuple, list)) else (out,)):
+        for t in out if isinstance(out, (tuple, list)) else (out,):
             if isinstance(t, torch.Tensor):
                 st = t.untyped_storage()
                 if id(st) not in self.producer:
@@ -120,8 +122,12 @@ def preset_advice(ops: list[str]) -> str:
     if have and not have & set(MATMUL_OPS):
         intensive = sorted(have & set(COMPUTE_INTENSIVE_OPS))
         if intensive:
-            return (f"No matrix multiplications run in this region, so 'save matmuls' keeps nothing and equals "
-                    f"'full checkpoint'; 'save compute-intensive' keeps {', '.join(intensive)}.")
-        return ("No matrix multiplications or convolutions run in this region: 'save matmuls' and "
-                "'save compute-intensive' both equal 'full checkpoint' here.")
+            return (
+                f"No matrix multiplications run in this region, so 'save matmuls' keeps nothing and equals "
+                f"'full checkpoint'; 'save compute-intensive' keeps {', '.join(intensive)}."
+            )
+        return (
+            "No matrix multiplications or convolutions run in this region: 'save matmuls' and "
+            "'save compute-intensive' both equal 'full checkpoint' here."
+        )
     return ""

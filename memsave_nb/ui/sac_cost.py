@@ -28,7 +28,9 @@ def _by_module_op(measurement: Any) -> dict[tuple[str, str], int]:
     return out
 
 
-def sac_cost_lines(region: str, plan: Any, measurement: Any, baseline: Any, recomputed: Iterable[str] = ()) -> list[str]:
+def sac_cost_lines(
+    region: str, plan: Any, measurement: Any, baseline: Any, recomputed: Iterable[str] = ()
+) -> list[str]:
     """Plain-text lines: the change in kept bytes this region's plan caused, split into the region's
     own ops, the RNG state the checkpoint stashes, what outside the region is now kept longer (only
     when the plan on display checkpoints this region alone, so the change is this region's), and
@@ -43,14 +45,18 @@ def sac_cost_lines(region: str, plan: Any, measurement: Any, baseline: Any, reco
     total = measurement.saved_bytes - baseline.saved_bytes
     inside = sum(d for (m, op), d in delta.items() if _inside(m, region) and op != RNG_STATE_OP)
     rng = sum(now.get(k, 0) for k in keys if k[1] == RNG_STATE_OP and _inside(k[0], region))
-    lines = [f"kept for backward: {format_delta_bytes(total)} against eager ({total:+,} B): "
-             f"{format_delta_bytes(inside)} in this region's ops"
-             + (f", {rng:,} B the random-number state the checkpoint stashes to replay dropout" if rng else "")]
+    lines = [
+        f"kept for backward: {format_delta_bytes(total)} against eager ({total:+,} B): "
+        f"{format_delta_bytes(inside)} in this region's ops"
+        + (f", {rng:,} B the random-number state the checkpoint stashes to replay dropout" if rng else "")
+    ]
     if len(regions) == 1:  # only this region is planned: every change outside it is this region's doing
         grew = sorted(((d, m, op) for (m, op), d in delta.items() if d > 0 and not _inside(m, region)), reverse=True)
         for d, m, op in grew[:3]:
-            lines.append(f"+{format_bytes(d)} ({d:,} B) outside the region: the output of {op} in {m or '(model)'} "
-                         "is kept now, as the region's input, so that the region can be run again in backward")
+            lines.append(
+                f"+{format_bytes(d)} ({d:,} B) outside the region: the output of {op} in {m or '(model)'} "
+                "is kept now, as the region's input, so that the region can be run again in backward"
+            )
     ops_now: dict[str, int] = {}
     for (m, op), saved in now.items():
         if _inside(m, region):
@@ -58,6 +64,8 @@ def sac_cost_lines(region: str, plan: Any, measurement: Any, baseline: Any, reco
     for op in recomputed:
         kept = ops_now.get(op, 0)
         if kept:
-            lines.append(f"{op} is recomputed but still kept ({format_bytes(kept)}): a later op saves its output "
-                         "for its own backward, so recomputing it frees nothing")
+            lines.append(
+                f"{op} is recomputed but still kept ({format_bytes(kept)}): a later op saves its output "
+                "for its own backward, so recomputing it frees nothing"
+            )
     return lines

@@ -92,16 +92,25 @@ class SacPanel(W.VBox):
         self._baseline: Measurement | None = None
         self._measurement: Measurement | None = None
         self._plan = None  # the plan of the measurement on display (what the cost lines explain)
-        self.title = W.HTML("<i>Select a module in the layer table (click its name) to tune its checkpointing per op.</i>")
+        self.title = W.HTML(
+            "<i>Select a module in the layer table (click its name) to tune its checkpointing per op.</i>"
+        )
         self.title.add_class("memsave-sac-title")
         self.presets = W.ToggleButtons(options=list(REGION_CHOICES), value="none", style={"button_width": "150px"})
         self.presets.add_class("memsave-sac-presets")
         self.presets.observe(self._user_preset, "value")
-        self.header = W.HBox([
-            W.HTML("".join(_cell(f"<b>{h}</b>", w, cls="memsave-sac-opcell" if i == 0 else "")
-                           for i, (h, w) in enumerate(_COLS)), layout=W.Layout(width=f"{_INFO_PX}px", flex="0 0 auto")),
-            W.HTML("<b>save or recompute</b>", layout=W.Layout(width=f"{_TOGGLE_PX}px", flex="0 0 auto")),
-        ])
+        self.header = W.HBox(
+            [
+                W.HTML(
+                    "".join(
+                        _cell(f"<b>{h}</b>", w, cls="memsave-sac-opcell" if i == 0 else "")
+                        for i, (h, w) in enumerate(_COLS)
+                    ),
+                    layout=W.Layout(width=f"{_INFO_PX}px", flex="0 0 auto"),
+                ),
+                W.HTML("<b>save or recompute</b>", layout=W.Layout(width=f"{_TOGGLE_PX}px", flex="0 0 auto")),
+            ]
+        )
         self.header.add_class("memsave-sac-head")
         self.ops_box = W.VBox()
         self.ops_box.add_class("memsave-sac-rows")
@@ -162,7 +171,11 @@ class SacPanel(W.VBox):
         except Exception as exc:  # noqa: BLE001 - advice only: say it could not be checked
             blocked, unchecked = None, f"(could not check which ops can be kept: {type(exc).__name__}: {exc})"
         else:
-            unchecked = "" if blocked is not None or self.unsavable is None else "(which ops SAC can keep is checked in real mode only)"
+            unchecked = (
+                ""
+                if blocked is not None or self.unsavable is None
+                else "(which ops SAC can keep is checked in real mode only)"
+            )
         self.blocked = dict(blocked or {})
         notes = []
         for op, why in self.blocked.items():
@@ -172,7 +185,9 @@ class SacPanel(W.VBox):
             notes.append(f"<li>{html.escape(advice)}</li>")
         if unchecked:
             notes.append(f"<li>{html.escape(unchecked)}</li>")
-        self.advice.value = f"<ul style='margin:2px 0;font-size:90%;color:#8a6d3b'>{''.join(notes)}</ul>" if notes else ""
+        self.advice.value = (
+            f"<ul style='margin:2px 0;font-size:90%;color:#8a6d3b'>{''.join(notes)}</ul>" if notes else ""
+        )
         self._syncing = True
         try:
             if self.presets.value != key:
@@ -183,19 +198,26 @@ class SacPanel(W.VBox):
                     r = self._rows[o.op] = _OpRow(self, o.op)
                 cur = now.get(o.op)
                 why = self.blocked.get(o.op)
-                op_text = f"<code>{html.escape(o.op)}</code>" + (" <small style='color:#8a6d3b'>(cannot be saved)</small>" if why else "")
-                r.info.value = "".join([
-                    _cell(op_text, _COLS[0][1], cls="memsave-sac-opcell"),
-                    _cell(format_count(o.count), _COLS[1][1], "right"),
-                    _cell(format_bytes(o.saved_bytes), _COLS[2][1], "right"),
-                    _cell(format_bytes(cur.saved_bytes if cur else 0), _COLS[3][1], "right"),
-                    _cell(f"{o.flops:.3g}" if o.flops else "-", _COLS[4][1], "right"),
-                ])
+                op_text = f"<code>{html.escape(o.op)}</code>" + (
+                    " <small style='color:#8a6d3b'>(cannot be saved)</small>" if why else ""
+                )
+                r.info.value = "".join(
+                    [
+                        _cell(op_text, _COLS[0][1], cls="memsave-sac-opcell"),
+                        _cell(format_count(o.count), _COLS[1][1], "right"),
+                        _cell(format_bytes(o.saved_bytes), _COLS[2][1], "right"),
+                        _cell(format_bytes(cur.saved_bytes if cur else 0), _COLS[3][1], "right"),
+                        _cell(f"{o.flops:.3g}" if o.flops else "-", _COLS[4][1], "right"),
+                    ]
+                )
                 choice = op_choice(policy, o.op)
                 if r.toggle.value != choice:
                     r.toggle.value = choice
-                r.toggle.tooltips = (["cannot be saved: " + why] * 2) if why else [
-                    "keep this op's outputs for backward", "recompute them in backward"]
+                r.toggle.tooltips = (
+                    (["cannot be saved: " + why] * 2)
+                    if why
+                    else ["keep this op's outputs for backward", "recompute them in backward"]
+                )
                 rows.append(r.box)
         finally:
             self._syncing = False
@@ -207,10 +229,22 @@ class SacPanel(W.VBox):
         """Why the plan on display keeps more (or less) than eager here, in measured bytes."""
         plan, m = self._plan, self._measurement
         policy = plan.active_regions.get(self.module) if plan is not None and m is not None else None
-        lines = [] if policy is None else sac_cost_lines(
-            self.module, plan, m, self._baseline, [o.op for o in base_ops if op_choice(policy, o.op) == "recompute"])
-        self.cost.value = ("<ul style='margin:2px 0;font-size:90%'>"
-                           + "".join(f"<li>{html.escape(line)}</li>" for line in lines) + "</ul>") if lines else ""
+        lines = (
+            []
+            if policy is None
+            else sac_cost_lines(
+                self.module, plan, m, self._baseline, [o.op for o in base_ops if op_choice(policy, o.op) == "recompute"]
+            )
+        )
+        self.cost.value = (
+            (
+                "<ul style='margin:2px 0;font-size:90%'>"
+                + "".join(f"<li>{html.escape(line)}</li>" for line in lines)
+                + "</ul>"
+            )
+            if lines
+            else ""
+        )
 
     def toggle(self, op: str) -> W.ToggleButtons:
         """The save/recompute toggle of ``op`` in the current region."""

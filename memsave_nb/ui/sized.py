@@ -47,7 +47,7 @@ def batch_shape(workload: Any, plan: Any = None) -> tuple[int | None, int | None
 
 
 def batch_words(workload: Any, plan: Any = None) -> str:
-    """"batch 1 × seq 2048" (or "batch 8" without token ids); "" when neither can be told."""
+    """ "batch 1 × seq 2048" (or "batch 8" without token ids); "" when neither can be told."""
     n, t = batch_shape(workload, plan)
     parts = ([f"batch {n}"] if n is not None else []) + ([f"seq {t}"] if t is not None else [])
     return " × ".join(parts)
@@ -63,8 +63,10 @@ def no_seq_reason(workload: Any) -> str:
         shape = _factory_shape(batch)
         if shape is not None:
             return "" if shape[1] is not None else "max seq len: this model's inputs are images (no sequence length)"
-        return ("max seq len: the batch is a function of yours, so its sequence length cannot be changed from here; "
-                "pass the batch itself (a dict or tensor of token ids) to search it")
+        return (
+            "max seq len: the batch is a function of yours, so its sequence length cannot be changed from here; "
+            "pass the batch itself (a dict or tensor of token ids) to search it"
+        )
     try:
         seq_len_of(batch)
     except MemsaveError:  # no token tensors: the knob does not apply

@@ -37,7 +37,15 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import ipywidgets as W
 from memsave_nb.errors import Cancelled, MemsaveError
-from memsave_nb.target import DEFAULT_HEADROOM, HEADROOM_SOURCE, MAX_GB, PRESETS_GB, Target, estimate_fits, replay_line_bytes
+from memsave_nb.target import (
+    DEFAULT_HEADROOM,
+    HEADROOM_SOURCE,
+    MAX_GB,
+    PRESETS_GB,
+    Target,
+    estimate_fits,
+    replay_line_bytes,
+)
 
 from .format import format_bytes
 from .front_list import FrontList
@@ -105,21 +113,32 @@ class TunerPanel(W.VBox):
         # the target starts at the smallest preset the step fits (target.fit_of); none when no preset
         # holds even its weights, gradients and optimizer state (a 70B opened at "24 GB: 2685%")
         start_gb = opening_gb(explorer.measurement)
-        self.no_target: str | None = None if start_gb is not None else (
-            f"no target yet: no single GPU of the presets holds this step's parameters, gradients and optimizer "
-            f"state ({format_bytes(_floor(explorer.measurement))}); shard it (GPUs tab) or freeze most of it, "
-            "or pick a size")
+        self.no_target: str | None = (
+            None
+            if start_gb is not None
+            else (
+                f"no target yet: no single GPU of the presets holds this step's parameters, gradients and optimizer "
+                f"state ({format_bytes(_floor(explorer.measurement))}); shard it (GPUs tab) or freeze most of it, "
+                "or pick a size"
+            )
+        )
         start_gb = start_gb or float(max(PRESETS_GB))
         options = [(f"{g:g} GB", float(g)) for g in PRESETS_GB] + [(FREE, 0.0)]
-        self.target_menu = W.Dropdown(options=options, value=start_gb, description="my GPU", layout=W.Layout(width="200px"))
+        self.target_menu = W.Dropdown(
+            options=options, value=start_gb, description="my GPU", layout=W.Layout(width="200px")
+        )
         self.target_menu.add_class("memsave-target")
-        self.target_gb = W.BoundedFloatText(value=start_gb, min=1e-6, max=MAX_GB, step=1.0, description="GB",
-                                            layout=W.Layout(width="160px"))
+        self.target_gb = W.BoundedFloatText(
+            value=start_gb, min=1e-6, max=MAX_GB, step=1.0, description="GB", layout=W.Layout(width="160px")
+        )
         self.target_gb.add_class("memsave-target-gb")
-        self.headroom = W.BoundedFloatText(value=DEFAULT_HEADROOM, min=0.05, max=1.0, step=0.05, description="headroom",
-                                           layout=W.Layout(width="170px"))
+        self.headroom = W.BoundedFloatText(
+            value=DEFAULT_HEADROOM, min=0.05, max=1.0, step=0.05, description="headroom", layout=W.Layout(width="170px")
+        )
         self.headroom.add_class("memsave-headroom")
-        self.device = W.Dropdown(options=list(GPUS), value=device, description="time on", layout=W.Layout(width="200px"))
+        self.device = W.Dropdown(
+            options=list(GPUS), value=device, description="time on", layout=W.Layout(width="200px")
+        )
         self.line = W.HTML("")
         self.verdict = W.HTML("")
         self.verdict.add_class("memsave-verdict")
@@ -132,8 +151,9 @@ class TunerPanel(W.VBox):
         self.max_seq_result = W.HTML("")
         self.max_seq_result.add_class("memsave-max-seq-result")
         self.max_seq = None  # (plan, target, SearchResult) of the last search
-        self.search_button = W.Button(description="find plans that fit", icon="search", button_style="info",
-                                      layout=W.Layout(width="180px"))
+        self.search_button = W.Button(
+            description="find plans that fit", icon="search", button_style="info", layout=W.Layout(width="180px")
+        )
         self.search_button.add_class("memsave-plan-search")
         self.cancel_button = W.Button(description="cancel", icon="stop", disabled=True, layout=W.Layout(width="100px"))
         self.cancel_button.add_class("memsave-tuner-cancel")
@@ -146,18 +166,37 @@ class TunerPanel(W.VBox):
         small = W.Layout(width="150px")
         self.knob_batch = W.BoundedIntText(value=0, min=0, max=1 << 20, description="batch", layout=small)
         self.knob_seq = W.BoundedIntText(value=0, min=0, max=1 << 24, description="seq len", layout=small)
-        self.knob_precision = W.Dropdown(options=[("as given", AS_GIVEN)] + [(k, k) for k in PRECISIONS], value=AS_GIVEN,
-                                         description="precision", layout=W.Layout(width="220px"))
-        self.knob_optimizer = W.Dropdown(options=[("as given", AS_GIVEN)] + [(k, k) for k in OPTIMIZERS], value=AS_GIVEN,
-                                         description="optimizer", layout=W.Layout(width="220px"))
+        self.knob_precision = W.Dropdown(
+            options=[("as given", AS_GIVEN)] + [(k, k) for k in PRECISIONS],
+            value=AS_GIVEN,
+            description="precision",
+            layout=W.Layout(width="220px"),
+        )
+        self.knob_optimizer = W.Dropdown(
+            options=[("as given", AS_GIVEN)] + [(k, k) for k in OPTIMIZERS],
+            value=AS_GIVEN,
+            description="optimizer",
+            layout=W.Layout(width="220px"),
+        )
         self.knob_accumulate = W.BoundedIntText(value=1, min=1, max=1024, description="accumulate", layout=small)
-        self.knob_zero_grad = W.Dropdown(options=ZERO_GRAD_CHOICES, value=AS_GIVEN, description="zero_grad",
-                                         layout=W.Layout(width="220px"))
-        self.knob_loss = W.Dropdown(options=[("as given", AS_GIVEN)] + [(k, k) for k in LOSSES], value=AS_GIVEN,
-                                    description="loss", layout=W.Layout(width="220px"))
-        for name, w in (("batch", self.knob_batch), ("seq", self.knob_seq), ("precision", self.knob_precision),
-                        ("optimizer", self.knob_optimizer), ("accumulate", self.knob_accumulate),
-                        ("zero-grad", self.knob_zero_grad), ("loss", self.knob_loss)):
+        self.knob_zero_grad = W.Dropdown(
+            options=ZERO_GRAD_CHOICES, value=AS_GIVEN, description="zero_grad", layout=W.Layout(width="220px")
+        )
+        self.knob_loss = W.Dropdown(
+            options=[("as given", AS_GIVEN)] + [(k, k) for k in LOSSES],
+            value=AS_GIVEN,
+            description="loss",
+            layout=W.Layout(width="220px"),
+        )
+        for name, w in (
+            ("batch", self.knob_batch),
+            ("seq", self.knob_seq),
+            ("precision", self.knob_precision),
+            ("optimizer", self.knob_optimizer),
+            ("accumulate", self.knob_accumulate),
+            ("zero-grad", self.knob_zero_grad),
+            ("loss", self.knob_loss),
+        ):
             w.add_class(f"memsave-knob-{name}")
         self.knob_apply = W.Button(description="apply knobs", icon="check", layout=W.Layout(width="120px"))
         self.knob_apply.add_class("memsave-knobs-apply")
@@ -171,12 +210,14 @@ class TunerPanel(W.VBox):
         self.plot = pareto([], [], None)
         self.plot.source.selected.on_change("indices", self._tapped)
         self.front_list = FrontList(self.pick)
-        note = W.HTML("<small>Fits means the step's allocations, replayed through a model of PyTorch's CUDA caching "
-                      "allocator, plus the CUDA context stay within the GPU's memory (docs/allocator.md); a step "
-                      f"without a replay is held to 80% of it ({html.escape(HEADROOM_SOURCE)}). The same test "
-                      "answers the CLI, the searches and the planner. The planner's points are estimates (under the "
-                      "GPU less the CUDA context) until re-measured. The planner works in fake mode; click a point, "
-                      "or <i>load</i> in the list, to load that plan into the explorer.</small>")
+        note = W.HTML(
+            "<small>Fits means the step's allocations, replayed through a model of PyTorch's CUDA caching "
+            "allocator, plus the CUDA context stay within the GPU's memory (docs/allocator.md); a step "
+            f"without a replay is held to 80% of it ({html.escape(HEADROOM_SOURCE)}). The same test "
+            "answers the CLI, the searches and the planner. The planner's points are estimates (under the "
+            "GPU less the CUDA context) until re-measured. The planner works in fake mode; click a point, "
+            "or <i>load</i> in the list, to load that plan into the explorer.</small>"
+        )
         self.target_menu.observe(self._menu_changed, "value")
         self.target_gb.observe(self._gb_changed, "value")
         self.headroom.observe(lambda _ch: self._target_chosen(), "value")
@@ -184,21 +225,39 @@ class TunerPanel(W.VBox):
         self.max_seq_button.on_click(lambda _b: self.find_max_seq_len(background=True))
         self.search_button.on_click(lambda _b: self.search(background=True))
         self.cancel_button.on_click(lambda _b: self.cancel())
-        super().__init__([
-            W.HBox([self.target_menu, self.target_gb, self.headroom, self.device], layout=W.Layout(flex_flow="row wrap")),
-            self.line,
-            W.HBox([self.verdict]),
-            W.HBox([self.knob_batch, self.knob_seq, self.knob_precision, self.knob_optimizer, self.knob_accumulate,
-                    self.knob_zero_grad, self.knob_loss, self.knob_apply], layout=W.Layout(flex_flow="row wrap")),
-            W.HBox([self.max_batch_button, self.max_batch_result], layout=W.Layout(align_items="center")),
-            W.HBox([self.max_seq_button, self.max_seq_result], layout=W.Layout(align_items="center")),
-            W.HBox([self.search_button, self.cancel_button, self.progress_text, self.status],
-                   layout=W.Layout(align_items="center", flex_flow="row wrap")),
-            self.hints_box,
-            W.HBox([bokeh_widget(self.plot.figure), self.front_list], layout=W.Layout(flex_flow="row wrap")),
-            note,
-            self.code,
-        ])
+        super().__init__(
+            [
+                W.HBox(
+                    [self.target_menu, self.target_gb, self.headroom, self.device],
+                    layout=W.Layout(flex_flow="row wrap"),
+                ),
+                self.line,
+                W.HBox([self.verdict]),
+                W.HBox(
+                    [
+                        self.knob_batch,
+                        self.knob_seq,
+                        self.knob_precision,
+                        self.knob_optimizer,
+                        self.knob_accumulate,
+                        self.knob_zero_grad,
+                        self.knob_loss,
+                        self.knob_apply,
+                    ],
+                    layout=W.Layout(flex_flow="row wrap"),
+                ),
+                W.HBox([self.max_batch_button, self.max_batch_result], layout=W.Layout(align_items="center")),
+                W.HBox([self.max_seq_button, self.max_seq_result], layout=W.Layout(align_items="center")),
+                W.HBox(
+                    [self.search_button, self.cancel_button, self.progress_text, self.status],
+                    layout=W.Layout(align_items="center", flex_flow="row wrap"),
+                ),
+                self.hints_box,
+                W.HBox([bokeh_widget(self.plot.figure), self.front_list], layout=W.Layout(flex_flow="row wrap")),
+                note,
+                self.code,
+            ]
+        )
         self.add_class("memsave-tuner-panel")
         why_no_seq = no_seq_reason(explorer.session.workload)
         if why_no_seq:  # the button stays, greyed, and says why
@@ -282,10 +341,11 @@ class TunerPanel(W.VBox):
         with self.explorer._ui_lock:
             fit = self.fit = fit_for(target, self.explorer.measurement)
             self.line.value = rule_html(target, fit)
-            self.verdict.value = (f"<b class='{'memsave-fits' if fit.fits else 'memsave-nofit'}' "
-                                  f"style='color:{FITS_COLOR if fit.fits else MISS_COLOR}'>"
-                                  f"{html.escape(target.label)}: {html.escape(verdict_text(target, fit))}</b><br>"
-                                  + parts_html(fit))
+            self.verdict.value = (
+                f"<b class='{'memsave-fits' if fit.fits else 'memsave-nofit'}' "
+                f"style='color:{FITS_COLOR if fit.fits else MISS_COLOR}'>"
+                f"{html.escape(target.label)}: {html.escape(verdict_text(target, fit))}</b><br>" + parts_html(fit)
+            )
             if self.explorer.target != target:
                 self.explorer.set_target(target)
             # the scatter is redrawn only when the target moved: a redraw after every run made the
@@ -302,25 +362,32 @@ class TunerPanel(W.VBox):
             return
         plan, target, r = self.max_batch
         if self.explorer.max_batch_shown() is None:
-            self.max_batch_result.value = (f"<small style='color:#888'>max batch {r.value} was for "
-                                           f"{html.escape(plan.describe())} at {html.escape(target.label)} "
-                                           f"({target.headroom:.0%}); press <i>max batch</i> for the plan on display</small>")
+            self.max_batch_result.value = (
+                f"<small style='color:#888'>max batch {r.value} was for "
+                f"{html.escape(plan.describe())} at {html.escape(target.label)} "
+                f"({target.headroom:.0%}); press <i>max batch</i> for the plan on display</small>"
+            )
             return
         extra = f"; {r.limit}" if r.limit else ""
-        self.max_batch_result.value = (f"max batch that fits: <b>{r.value}</b> (peak {format_bytes(r.peak_bytes or 0)}, "
-                                       f"{r.count} fake-mode probes, {html.escape(r.rule or 'no probe measured')}{html.escape(extra)})"
-                                       + _notes_html(r))
+        self.max_batch_result.value = (
+            f"max batch that fits: <b>{r.value}</b> (peak {format_bytes(r.peak_bytes or 0)}, "
+            f"{r.count} fake-mode probes, {html.escape(r.rule or 'no probe measured')}{html.escape(extra)})"
+            + _notes_html(r)
+        )
 
     # -- background work -------------------------------------------------------------------------
     def _set_status(self, state: str, text: str = "") -> None:
         color = {"error": MISS_COLOR, "cancelled": "#b8860b", "done": FITS_COLOR}.get(state, "#1f77b4")
         self.state = state
         self.error = text if state == "error" else None
-        self.status.value = (f"<span style='color:{color}'><b>{html.escape(state)}</b></span> "
-                             f"<small style='color:{color if state == 'error' else 'inherit'}'>{html.escape(text)}</small>")
+        self.status.value = (
+            f"<span style='color:{color}'><b>{html.escape(state)}</b></span> "
+            f"<small style='color:{color if state == 'error' else 'inherit'}'>{html.escape(text)}</small>"
+        )
 
-    def _submit(self, label: str, work: Callable[[threading.Event], Any], done: Callable[[Any], str],
-                background: bool) -> Any:
+    def _submit(
+        self, label: str, work: Callable[[threading.Event], Any], done: Callable[[Any], str], background: bool
+    ) -> Any:
         with self.explorer._ui_lock:
             self._generation += 1
             generation = self._generation
@@ -332,8 +399,14 @@ class TunerPanel(W.VBox):
             return None
         return self.runner.run_sync(job)
 
-    def _job(self, label: str, work: Callable[[threading.Event], Any], done: Callable[[Any], str],
-             cancel_event: threading.Event, generation: int) -> Any:
+    def _job(
+        self,
+        label: str,
+        work: Callable[[threading.Event], Any],
+        done: Callable[[Any], str],
+        cancel_event: threading.Event,
+        generation: int,
+    ) -> Any:
         if generation != self._generation:
             return None  # superseded before it started
         self._user_cancelled = False
@@ -378,8 +451,9 @@ class TunerPanel(W.VBox):
     def _tick(self) -> None:
         started = self._started
         if started is not None:
-            self.progress_text.value = (f"<small>{html.escape(self._label)} · "
-                                        f"{time.perf_counter() - started:.0f} s elapsed</small>")
+            self.progress_text.value = (
+                f"<small>{html.escape(self._label)} · {time.perf_counter() - started:.0f} s elapsed</small>"
+            )
 
     def _tick_loop(self) -> None:
         while self._started is not None:
@@ -429,10 +503,12 @@ class TunerPanel(W.VBox):
             self._show_max_batch()
             if self.explorer.max_batch_shown() is None:  # the plan on display is not the one searched
                 extra = f"; {r.limit}" if r.limit else ""
-                self.max_batch_result.value = (f"max batch that fits: <b>{r.value}</b> (peak {format_bytes(r.peak_bytes or 0)}, "
-                                               f"{r.count} fake-mode probes, {html.escape(r.rule or 'no probe measured')}"
-                                               f"{html.escape(extra)}; for "
-                                               f"{html.escape(plan.describe())}, not yet measured)" + _notes_html(r))
+                self.max_batch_result.value = (
+                    f"max batch that fits: <b>{r.value}</b> (peak {format_bytes(r.peak_bytes or 0)}, "
+                    f"{r.count} fake-mode probes, {html.escape(r.rule or 'no probe measured')}"
+                    f"{html.escape(extra)}; for "
+                    f"{html.escape(plan.describe())}, not yet measured)" + _notes_html(r)
+                )
             return f"max batch {r.value} at {target.label} ({r.count} probes)"
 
         r = self._submit("max batch: bisection in fake mode", work, done, background)
@@ -452,11 +528,13 @@ class TunerPanel(W.VBox):
         def done(r: Any) -> str:
             self.max_seq = (plan, target, r)
             extra = f"; {r.limit}" if r.limit else ""
-            self.max_seq_result.value = (f"max sequence length that fits: <b>{r.value}</b> (peak "
-                                         f"{format_bytes(r.peak_bytes or 0)}, {r.count} fake-mode probes, "
-                                         f"{html.escape(r.rule or 'no probe measured')}{html.escape(extra)}; "
-                                         f"for {html.escape(plan.describe() or 'the workload as given')} at "
-                                         f"{html.escape(target.label)})" + _notes_html(r))
+            self.max_seq_result.value = (
+                f"max sequence length that fits: <b>{r.value}</b> (peak "
+                f"{format_bytes(r.peak_bytes or 0)}, {r.count} fake-mode probes, "
+                f"{html.escape(r.rule or 'no probe measured')}{html.escape(extra)}; "
+                f"for {html.escape(plan.describe() or 'the workload as given')} at "
+                f"{html.escape(target.label)})" + _notes_html(r)
+            )
             return f"max sequence length {r.value} at {target.label} ({r.count} probes)"
 
         r = self._submit("max sequence length: bisection in fake mode", work, done, background)
@@ -473,8 +551,15 @@ class TunerPanel(W.VBox):
         options.setdefault("precisions", (plan.precision, "bf16") if plan.precision != "bf16" else ("bf16",))
 
         def work(ev: threading.Event) -> "PlannerResult":
-            result = plan_for(workload, target, mode="fake", device=device, base_plan=plan.replace(regions={}),
-                              cancel_event=ev, **options)
+            result = plan_for(
+                workload,
+                target,
+                mode="fake",
+                device=device,
+                base_plan=plan.replace(regions={}),
+                cancel_event=ev,
+                **options,
+            )
             self.hints = []
             if result.chosen is None and not result.fitting:  # nothing fits: which knob would, on its own
                 from memsave_nb.planner import what_would_fit
@@ -503,9 +588,11 @@ class TunerPanel(W.VBox):
         if chosen is not None:
             self._show_code(chosen)
         self.hints_box.value = _hints_html(self.hints, result.target) if chosen is None else ""
-        return (f"{len(result.candidates)} plans, {len(result.fitting)} fit; "
-                + (f"chosen: {chosen.label}" if chosen else "none fits" + _hints_count(self.hints))
-                + f" ({self._waited(result.seconds):.1f} s)")
+        return (
+            f"{len(result.candidates)} plans, {len(result.fitting)} fit; "
+            + (f"chosen: {chosen.label}" if chosen else "none fits" + _hints_count(self.hints))
+            + f" ({self._waited(result.seconds):.1f} s)"
+        )
 
     def _waited(self, fallback: float) -> float:
         """Seconds since the user asked (the click): the search and, when none fits, the knobs tried
@@ -524,7 +611,11 @@ class TunerPanel(W.VBox):
         faces (``estimate_fits``, as the planner judges an estimate)."""
         same = self.result is not None and self.result.target == target
         for i, c in enumerate(self.candidates):
-            ok = self._planner_fits[i] if same and i < len(self._planner_fits) else estimate_fits(target, c.est_peak_bytes)
+            ok = (
+                self._planner_fits[i]
+                if same and i < len(self._planner_fits)
+                else estimate_fits(target, c.est_peak_bytes)
+            )
             object.__setattr__(c, "fits", ok)
 
     def _redraw(self) -> None:
@@ -559,14 +650,20 @@ class TunerPanel(W.VBox):
         self.sync_knobs()
 
     def _show_code(self, c: "Candidate") -> None:
-        self.code.value = (f"<small>{html.escape(c.label)}: estimated {format_bytes(c.est_peak_bytes)}, "
-                           f"{c.est_seconds * 1e3:.2f} ms</small><pre>{html.escape(c.plan.to_code(loop=self.explorer.session.workload.loop))}</pre>")
+        self.code.value = (
+            f"<small>{html.escape(c.label)}: estimated {format_bytes(c.est_peak_bytes)}, "
+            f"{c.est_seconds * 1e3:.2f} ms</small><pre>{html.escape(c.plan.to_code(loop=self.explorer.session.workload.loop))}</pre>"
+        )
 
     def _tapped(self, _attr: str, _old: list[int], new: list[int]) -> None:
         if self._picking or not new:
             return
         index = int(new[0])
-        if index == self.picked and 0 <= index < len(self.candidates) and _same(self.explorer.plan, self.candidates[index].plan):
+        if (
+            index == self.picked
+            and 0 <= index < len(self.candidates)
+            and _same(self.explorer.plan, self.candidates[index].plan)
+        ):
             return  # the selection echoed back (a redraw, a second event per tap): the plan is loaded already
         self.pick(index)
 

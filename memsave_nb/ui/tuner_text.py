@@ -25,11 +25,16 @@ def _hints_html(hints: Sequence[Any], target: Target) -> str:
     rows = []
     for h in sorted(hints, key=lambda h: (not h.fits, h.peak_bytes)):
         cls, color = ("memsave-fits", FITS_COLOR) if h.fits else ("memsave-nofit", MISS_COLOR)
-        rows.append(f"<li class='memsave-hint {cls}'><b>{html.escape(h.knob)}</b>: {html.escape(h.change)} &rarr; peak "
-                    f"<b>{format_bytes(h.peak_bytes)}</b>, <span style='color:{color}'>"
-                    f"{html.escape(h.verdict or target.verdict(h.peak_bytes))}</span></li>")
-    head = ("None of the plans fits, but these knobs do on their own (each measured in fake mode):"
-            if any(h.fits for h in hints) else "Nothing fits, not even one knob on its own; the closest each reaches:")
+        rows.append(
+            f"<li class='memsave-hint {cls}'><b>{html.escape(h.knob)}</b>: {html.escape(h.change)} &rarr; peak "
+            f"<b>{format_bytes(h.peak_bytes)}</b>, <span style='color:{color}'>"
+            f"{html.escape(h.verdict or target.verdict(h.peak_bytes))}</span></li>"
+        )
+    head = (
+        "None of the plans fits, but these knobs do on their own (each measured in fake mode):"
+        if any(h.fits for h in hints)
+        else "Nothing fits, not even one knob on its own; the closest each reaches:"
+    )
     return f"<div><b>{head}</b><ul style='margin:2px 0'>{''.join(rows)}</ul></div>"
 
 
@@ -41,5 +46,7 @@ def _hints_count(hints: Sequence[Any]) -> str:
 def _notes_html(result: Any) -> str:
     """A search result's caveats (e.g. the optimizer's single-tensor step in fake mode, where a GPU
     runs foreach and needs more), one small line each under the result."""
-    return "".join(f"<br><small class='memsave-search-note' style='color:#b8860b'>note: {html.escape(n)}</small>"
-                   for n in result.notes)
+    return "".join(
+        f"<br><small class='memsave-search-note' style='color:#b8860b'>note: {html.escape(n)}</small>"
+        for n in result.notes
+    )

@@ -26,8 +26,17 @@ from memsave_nb.target import (
 
 from .format import format_bytes
 
-__all__ = ["fit_for", "line_bytes", "verdict_text", "parts_html", "rule_html", "reserved_text", "opening_gb",
-           "show_header_verdict", "show_reserved"]
+__all__ = [
+    "fit_for",
+    "line_bytes",
+    "verdict_text",
+    "parts_html",
+    "rule_html",
+    "reserved_text",
+    "opening_gb",
+    "show_header_verdict",
+    "show_reserved",
+]
 
 # (id(measurement), target) -> (measurement, Fit): a refresh asks for the same verdict several times
 _CACHE: "OrderedDict[tuple[int, Target], tuple[Any, Fit]]" = OrderedDict()
@@ -67,36 +76,50 @@ def parts_html(fit: Fit) -> str:
     """The verdict's parts, one small line each with its source: predicted reserved (and
     allocated), the CUDA context, communication buffers; or why the 80% rule decided."""
     if fit.replay is None:
-        return (f"<small class='memsave-verdict-parts'>peak {format_bytes(fit.peak_bytes)} against 80% of the GPU: "
-                f"no allocator replay for this step, so the 80% rule ({html.escape(HEADROOM_SOURCE)})</small>")
+        return (
+            f"<small class='memsave-verdict-parts'>peak {format_bytes(fit.peak_bytes)} against 80% of the GPU: "
+            f"no allocator replay for this step, so the 80% rule ({html.escape(HEADROOM_SOURCE)})</small>"
+        )
     r = fit.replay
     conf = f", PYTORCH_CUDA_ALLOC_CONF={r.alloc_conf}" if r.alloc_conf else ""
-    rows = [f"predicted reserved <b class='memsave-verdict-reserved'>{format_bytes(r.reserved_bytes)}</b> "
-            f"(caching-allocator model{html.escape(conf)}; allocated {format_bytes(r.allocated_bytes)}, "
-            f"tensors at the peak {format_bytes(fit.peak_bytes)})",
-            f"+ CUDA context {format_bytes(r.context_bytes)} ({html.escape(CUDA_CONTEXT_SOURCE)})"]
+    rows = [
+        f"predicted reserved <b class='memsave-verdict-reserved'>{format_bytes(r.reserved_bytes)}</b> "
+        f"(caching-allocator model{html.escape(conf)}; allocated {format_bytes(r.allocated_bytes)}, "
+        f"tensors at the peak {format_bytes(fit.peak_bytes)})",
+        f"+ CUDA context {format_bytes(r.context_bytes)} ({html.escape(CUDA_CONTEXT_SOURCE)})",
+    ]
     if r.communicators:
-        rows.append(f"+ communication buffers {format_bytes(r.comm_bytes)} ({r.communicators} x "
-                    f"{html.escape(COMM_BUFFER_SOURCE)})")
+        rows.append(
+            f"+ communication buffers {format_bytes(r.comm_bytes)} ({r.communicators} x "
+            f"{html.escape(COMM_BUFFER_SOURCE)})"
+        )
     if r.fragmentation_only:
-        rows.append("fragmentation alone makes it not fit: the allocations fit, the cached segments do not"
-                    + (f"; PYTORCH_CUDA_ALLOC_CONF={html.escape(r.fix)} fits" if r.fix else "; no setting tried fits"))
+        rows.append(
+            "fragmentation alone makes it not fit: the allocations fit, the cached segments do not"
+            + (f"; PYTORCH_CUDA_ALLOC_CONF={html.escape(r.fix)} fits" if r.fix else "; no setting tried fits")
+        )
     elif r.fix:
         rows.append(f"PYTORCH_CUDA_ALLOC_CONF={html.escape(r.fix)} fits")
     if r.fits and r.total_bytes > r.target.total_bytes:
-        rows.append("the replay under this GPU's size fits: torch frees cached segments when it would run out, "
-                    "so the step reserves less than the uncapped figure above")
+        rows.append(
+            "the replay under this GPU's size fits: torch frees cached segments when it would run out, "
+            "so the step reserves less than the uncapped figure above"
+        )
     return "<small class='memsave-verdict-parts'>" + "<br>".join(rows) + "</small>"
 
 
 def rule_html(target: Target, fit: Fit) -> str:
     """The line plans must stay under, and by which rule."""
     if fit.replay is not None:
-        return (f"<small class='memsave-rule'>rule: <b>{RULE_REPLAY}</b>. The step's predicted reserved memory must stay "
-                f"under <b>{format_bytes(replay_line_bytes(target))}</b> ({html.escape(target.label)} less the CUDA "
-                "context); the headroom setting applies only where a step has no replay</small>")
-    return (f"<small class='memsave-rule'>rule: <b>80% rule</b> (no allocator replay for this step). Plans must stay "
-            f"under <b>{format_bytes(target.usable_bytes)}</b> ({target.headroom:.0%} of {html.escape(target.label)})</small>")
+        return (
+            f"<small class='memsave-rule'>rule: <b>{RULE_REPLAY}</b>. The step's predicted reserved memory must stay "
+            f"under <b>{format_bytes(replay_line_bytes(target))}</b> ({html.escape(target.label)} less the CUDA "
+            "context); the headroom setting applies only where a step has no replay</small>"
+        )
+    return (
+        f"<small class='memsave-rule'>rule: <b>80% rule</b> (no allocator replay for this step). Plans must stay "
+        f"under <b>{format_bytes(target.usable_bytes)}</b> ({target.headroom:.0%} of {html.escape(target.label)})</small>"
+    )
 
 
 def reserved_text(measurement: Any) -> str:
@@ -132,13 +155,17 @@ def show_header_verdict(label: Any, target: Target | None, measurement: Any, max
         return
     fit = fit_for(target, measurement)
     label.add_class("memsave-fits" if fit.fits else "memsave-nofit")
-    label.value = (f"{'✔' if fit.fits else '✘'} {verdict_text(target, fit)}"
-                   + (f" · max batch {max_batch}" if max_batch is not None else ""))
+    label.value = f"{'✔' if fit.fits else '✘'} {verdict_text(target, fit)}" + (
+        f" · max batch {max_batch}" if max_batch is not None else ""
+    )
     r = fit.replay
-    label.tooltip = (f"predicted reserved {r.reserved_bytes:,} B + CUDA context {r.context_bytes:,} B against "
-                     f"{target.total_bytes:,} B ({target.label})" if r is not None else
-                     f"peak {fit.peak_bytes:,} B against the headroom line {target.usable_bytes:,} B "
-                     f"({target.headroom:.0%} of {target.label}; no allocator replay)")
+    label.tooltip = (
+        f"predicted reserved {r.reserved_bytes:,} B + CUDA context {r.context_bytes:,} B against "
+        f"{target.total_bytes:,} B ({target.label})"
+        if r is not None
+        else f"peak {fit.peak_bytes:,} B against the headroom line {target.usable_bytes:,} B "
+        f"({target.headroom:.0%} of {target.label}; no allocator replay)"
+    )
     label.style.text_color = "#2ca02c" if fit.fits else "#d62728"
     label.layout.display = ""
 
@@ -146,6 +173,12 @@ def show_header_verdict(label: Any, target: Target | None, measurement: Any, max
 def show_reserved(label: Any, measurement: Any) -> None:
     """The header's predicted reserved memory beside the allocated peak (hidden without a replay)."""
     label.value = reserved_text(measurement)
-    label.tooltip = ("predicted torch.cuda.max_memory_reserved(): the step's allocations replayed through a model "
-                     "of PyTorch's caching allocator (docs/allocator.md)") if label.value else None
+    label.tooltip = (
+        (
+            "predicted torch.cuda.max_memory_reserved(): the step's allocations replayed through a model "
+            "of PyTorch's caching allocator (docs/allocator.md)"
+        )
+        if label.value
+        else None
+    )
     label.layout.display = "" if label.value else "none"

@@ -69,7 +69,9 @@ def write_notebook(path: Path, cells: Sequence[str | tuple[str, str]]) -> Path:
     for cell in cells:
         if isinstance(cell, tuple):
             kind, src = cell
-            nb.cells.append(nbformat.v4.new_markdown_cell(src) if kind == "markdown" else nbformat.v4.new_code_cell(src))
+            nb.cells.append(
+                nbformat.v4.new_markdown_cell(src) if kind == "markdown" else nbformat.v4.new_code_cell(src)
+            )
         else:
             nb.cells.append(nbformat.v4.new_code_cell(cell))
     nbformat.validate(nb)
@@ -174,7 +176,11 @@ class Server:
         log = open(self.log_path, "ab")
         # Own process group: stop() ends the server and the kernels it started, nothing else.
         self.proc = subprocess.Popen(
-            self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            self.argv,
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
         log.close()
@@ -237,7 +243,9 @@ def start_lab(root_dir: Path, workdir: Path, *, attempts: int = 3, timeout: floa
 
     def make(port: int) -> Server:
         argv = [
-            sys.executable, "-m", "jupyterlab",
+            sys.executable,
+            "-m",
+            "jupyterlab",
             "--no-browser",
             "--ip=127.0.0.1",
             f"--port={port}",
@@ -264,7 +272,10 @@ def start_voila(notebook: Path, workdir: Path, *, attempts: int = 3, timeout: fl
 
     def make(port: int) -> Server:
         argv = [
-            sys.executable, "-m", "voila", str(notebook),
+            sys.executable,
+            "-m",
+            "voila",
+            str(notebook),
             "--no-browser",
             "--Voila.ip=127.0.0.1",
             f"--port={port}",

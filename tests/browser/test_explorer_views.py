@@ -116,7 +116,9 @@ def test_figures_survive_a_reload_and_run_all_on_the_same_kernel(lab, lab_root, 
     second = page.locator(".jp-LinkedOutputView .memsave-explorer").first
     second.wait_for(state="visible", timeout=60_000)
     print("second view of the output:", _every_figure_draws(page, second))
-    page.evaluate("() => { const w = window.jupyterapp.shell.currentWidget; if (w && w.node.querySelector('.jp-LinkedOutputView')) w.close(); }")
+    page.evaluate(
+        "() => { const w = window.jupyterapp.shell.currentWidget; if (w && w.node.querySelector('.jp-LinkedOutputView')) w.close(); }"
+    )
 
     # wide: at 1400 px each header line (memory; time) stays one line
     explorer = page.locator(".memsave-explorer").first

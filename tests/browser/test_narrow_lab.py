@@ -132,8 +132,9 @@ def _narrow_checks(page, explorer, where: str) -> None:
     after = name.bounding_box()
     assert abs(after["x"] - before["x"]) < 2, f"the name column moved with the scroll: {before} -> {after}"
     tb = type_cell.bounding_box()
-    assert after["x"] + after["width"] - 1 <= tb["x"] and tb["x"] + tb["width"] <= table_box["x"] + table_box["width"] + 1, \
-        f"scrolled, the type column is not in view right of the names: {tb}, names {after}, table {table_box}"
+    assert (
+        after["x"] + after["width"] - 1 <= tb["x"] and tb["x"] + tb["width"] <= table_box["x"] + table_box["width"] + 1
+    ), f"scrolled, the type column is not in view right of the names: {tb}, names {after}, table {table_box}"
     lh.screenshot(page, ARTIFACTS / f"narrow-700px-{where}-layers-scrolled.png")
     table.evaluate("e => { e.scrollLeft = e.scrollWidth; }")  # to the end: the names still stay
     time.sleep(0.3)

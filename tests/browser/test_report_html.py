@@ -11,9 +11,19 @@ from memsave_nb import Plan, cli, measure
 from memsave_nb.target import Target, max_batch
 from memsave_nb.units import format_bytes
 
-TINY_LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
-              "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512,
-              "max_position_embeddings": 256, "rms_norm_eps": 1e-5, "tie_word_embeddings": False}
+TINY_LLAMA = {
+    "model_type": "llama",
+    "architectures": ["LlamaForCausalLM"],
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 512,
+    "max_position_embeddings": 256,
+    "rms_norm_eps": 1e-5,
+    "tie_word_embeddings": False,
+}
 
 
 def test_html_report_leads_with_the_answer_stdout_leads_with(page, tmp_path, capsys):
@@ -21,8 +31,20 @@ def test_html_report_leads_with_the_answer_stdout_leads_with(page, tmp_path, cap
     cfg.parent.mkdir()
     cfg.write_text(json.dumps(TINY_LLAMA))
     out_html = tmp_path / "x.html"
-    argv = ["report", "--model", str(cfg.parent), "--lora", "r=4", "--seq-len", "32", "--target-gb", "0.05",
-            "--max-batch", "--out", str(out_html)]
+    argv = [
+        "report",
+        "--model",
+        str(cfg.parent),
+        "--lora",
+        "r=4",
+        "--seq-len",
+        "32",
+        "--target-gb",
+        "0.05",
+        "--max-batch",
+        "--out",
+        str(out_html),
+    ]
     assert cli.main(argv) == 0, capsys.readouterr().err
     lines = capsys.readouterr().out.splitlines()
 

@@ -121,7 +121,10 @@ def test_mlp_at_700px_sac_cost_headers_and_tables_fit(lab, lab_root, page):
     assert head["y"] < op_row["y"] and head["height"] <= op_row["height"] + 4, "the header wrapped or sits elsewhere"
     sac.evaluate("e => { e.scrollLeft = e.scrollWidth; }")
     time.sleep(0.3)
-    head2, row2 = ex.locator(".memsave-sac-head").first.bounding_box(), ex.locator(".memsave-sac-row").first.bounding_box()
+    head2, row2 = (
+        ex.locator(".memsave-sac-head").first.bounding_box(),
+        ex.locator(".memsave-sac-row").first.bounding_box(),
+    )
     assert abs(head2["x"] - row2["x"]) < 2, "scrolled, the header no longer sits over the rows"
     lh.screenshot(page, ARTIFACTS / "sized-700px-sac.png")
 
@@ -149,7 +152,9 @@ def test_notebook_10_tables_say_their_units_and_its_config_warns_of_nothing(lab,
         tds = [t.strip() for t in tables.nth(k).locator("tbody td").evaluate_all("els => els.map(e => e.textContent)")]
         print(f"table {k}:", tds)
         sizes = [t for t in tds if t not in ("fits", "does not fit")]
-        assert sizes and all(re.fullmatch(r"\d+(\.\d)? (B|KiB|MiB|GiB)", t) for t in sizes), sizes  # one decimal, a unit
+        assert sizes and all(re.fullmatch(r"\d+(\.\d)? (B|KiB|MiB|GiB)", t) for t in sizes), (
+            sizes
+        )  # one decimal, a unit
     # the user's config cell (SFTConfig from the fields it writes) shows no deprecation warning
     config_cell = cells.filter(has_text="my_fields = dict(").first
     out = config_cell.locator(".jp-OutputArea").first.text_content()

@@ -137,7 +137,9 @@ def test_target_verdict_search_and_picking_a_plan(lab, lab_root, page):
     panel.locator(".memsave-bokeh").first.scroll_into_view_if_needed()
     time.sleep(0.5)
     deadline = time.monotonic() + 30
-    while (where := page.evaluate(POINT_ON_PAGE, ["pareto_figure", target.est_seconds * 1e3, target.est_peak_bytes])) is None:
+    while (
+        where := page.evaluate(POINT_ON_PAGE, ["pareto_figure", target.est_seconds * 1e3, target.est_peak_bytes])
+    ) is None:
         assert time.monotonic() < deadline, "the Pareto figure never drew"
         time.sleep(0.2)
     print("point on page:", where)

@@ -125,7 +125,9 @@ def test_front_list_scatter_line_one_click_one_run_and_gpu_bars(lab, lab_root, p
     lh.wait_for_text(panel.locator(".memsave-tuner-status").first, re.compile(r"^\s*done"), timeout=90)
     panel.locator(".memsave-bokeh").first.scroll_into_view_if_needed()
     deadline = time.monotonic() + 30
-    while (state := page.evaluate(MODEL_STATE, ["headroom_line"])) is None or page.evaluate(Y_RANGE, ["pareto_figure"]) is None:
+    while (state := page.evaluate(MODEL_STATE, ["headroom_line"])) is None or page.evaluate(
+        Y_RANGE, ["pareto_figure"]
+    ) is None:
         assert time.monotonic() < deadline, "the scatter never drew"
         time.sleep(0.2)
     y = page.evaluate(Y_RANGE, ["pareto_figure"])

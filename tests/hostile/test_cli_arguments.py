@@ -22,31 +22,108 @@ from memsave_nb.cli import main
 from conftest import TINY_LLAMA  # tests/ is on sys.path (rootdir-relative packages)
 
 LONG = "Z" * 120
-HOSTILE = [LONG, f"r={LONG}", "", "-1", "0", "nan", "inf", "1e308", "2147483647", "99999999999999999999", "x",
-           "\u00e9\u2028", "a,b,,c", "1.5", "--"]
+HOSTILE = [
+    LONG,
+    f"r={LONG}",
+    "",
+    "-1",
+    "0",
+    "nan",
+    "inf",
+    "1e308",
+    "2147483647",
+    "99999999999999999999",
+    "x",
+    "\u00e9\u2028",
+    "a,b,,c",
+    "1.5",
+    "--",
+]
 VALUES = {
-    "--batch": ["1", "2"], "--seq-len": ["16", "32"], "--top": ["3"], "--optimizer": ["sgd", "adamw", "none"],
-    "--precision": ["bf16", "fp32"], "--accumulate": ["2"], "--target-gb": ["24", "0.001"], "--headroom": ["0.8"],
-    "--lora": ["r=4", "r=abc", "r=16.5"], "--quantize": ["nf4", "int8"], "--task": ["causal-lm", "bogus"],
-    "--world-size": ["2", "4"], "--tp": ["2", "1,2"], "--pp": ["2"], "--gpus": ["2", "4"],
-    "--global-batch": ["8", "2147483647"], "--micro-batches": ["1,2"], "--gpu": ["H100", "A100"],
-    "--checkpoint": ["full", "none"], "--loss-chunk": ["64"], "--replicate": ["2"], "--schedule": ["gpipe", "1f1b"],
-    "--precisions": ["bf16,fp32"], "--last-blocks": ["1"],
+    "--batch": ["1", "2"],
+    "--seq-len": ["16", "32"],
+    "--top": ["3"],
+    "--optimizer": ["sgd", "adamw", "none"],
+    "--precision": ["bf16", "fp32"],
+    "--accumulate": ["2"],
+    "--target-gb": ["24", "0.001"],
+    "--headroom": ["0.8"],
+    "--lora": ["r=4", "r=abc", "r=16.5"],
+    "--quantize": ["nf4", "int8"],
+    "--task": ["causal-lm", "bogus"],
+    "--world-size": ["2", "4"],
+    "--tp": ["2", "1,2"],
+    "--pp": ["2"],
+    "--gpus": ["2", "4"],
+    "--global-batch": ["8", "2147483647"],
+    "--micro-batches": ["1,2"],
+    "--gpu": ["H100", "A100"],
+    "--checkpoint": ["full", "none"],
+    "--loss-chunk": ["64"],
+    "--replicate": ["2"],
+    "--schedule": ["gpipe", "1f1b"],
+    "--precisions": ["bf16,fp32"],
+    "--last-blocks": ["1"],
 }
-SWITCHES = ["--fsdp", "--ddp", "--sequence-parallel", "--cpu-offload", "--max-batch", "--max-seq", "--json",
-            f"--{LONG}"]
+SWITCHES = [
+    "--fsdp",
+    "--ddp",
+    "--sequence-parallel",
+    "--cpu-offload",
+    "--max-batch",
+    "--max-seq",
+    "--json",
+    f"--{LONG}",
+]
 # the flags each subcommand takes (the other's flags are tried too, rarely: "unrecognized arguments")
-TAKES = {"report": ["--batch", "--seq-len", "--top", "--optimizer", "--precision", "--accumulate", "--target-gb",
-                    "--headroom", "--lora", "--quantize", "--task", "--world-size", "--tp", "--pp", "--checkpoint",
-                    "--loss-chunk", "--replicate", "--schedule"],
-         "plan": ["--batch", "--seq-len", "--optimizer", "--precision", "--target-gb", "--headroom", "--lora", "--task",
-                  "--gpus", "--tp", "--pp", "--global-batch", "--micro-batches", "--gpu", "--checkpoint",
-                  "--precisions", "--last-blocks"]}
+TAKES = {
+    "report": [
+        "--batch",
+        "--seq-len",
+        "--top",
+        "--optimizer",
+        "--precision",
+        "--accumulate",
+        "--target-gb",
+        "--headroom",
+        "--lora",
+        "--quantize",
+        "--task",
+        "--world-size",
+        "--tp",
+        "--pp",
+        "--checkpoint",
+        "--loss-chunk",
+        "--replicate",
+        "--schedule",
+    ],
+    "plan": [
+        "--batch",
+        "--seq-len",
+        "--optimizer",
+        "--precision",
+        "--target-gb",
+        "--headroom",
+        "--lora",
+        "--task",
+        "--gpus",
+        "--tp",
+        "--pp",
+        "--global-batch",
+        "--micro-batches",
+        "--gpu",
+        "--checkpoint",
+        "--precisions",
+        "--last-blocks",
+    ],
+}
 
 
 def words(command: str):
     def pair(flag: str):
-        return st.tuples(st.just(flag), st.one_of(st.sampled_from(VALUES[flag]), st.sampled_from(VALUES[flag] + HOSTILE)))
+        return st.tuples(
+            st.just(flag), st.one_of(st.sampled_from(VALUES[flag]), st.sampled_from(VALUES[flag] + HOSTILE))
+        )
 
     own = st.sampled_from(TAKES[command]).flatmap(pair).map(list)
     other = st.sampled_from(sorted(VALUES)).flatmap(pair).map(list)
@@ -73,8 +150,9 @@ def _run(argv: list[str]) -> tuple[int, str, str]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow,
-                                                                  HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
 @given(data=st.data())
 def test_any_mix_of_flags_is_answered_or_refused_in_one_line(model, data):
     command = data.draw(st.sampled_from(["report", "plan"]))
@@ -101,12 +179,16 @@ def test_any_mix_of_flags_is_answered_or_refused_in_one_line(model, data):
     assert time.process_time() - start < 300
 
 
-@pytest.mark.parametrize("argv", [
-    ["report", "--optimizer", LONG],  # argparse's list of choices made this line 216 characters
-    ["report", "--global-batch", LONG],  # "unrecognized arguments:" quoted the value whole
-    ["plan", "--target-gb", "24", f"--{LONG}", LONG],
-    ["report", "--checkpoint", LONG * 3],
-], ids=["choices", "unrecognized", "unknown-flag", "checkpoint"])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["report", "--optimizer", LONG],  # argparse's list of choices made this line 216 characters
+        ["report", "--global-batch", LONG],  # "unrecognized arguments:" quoted the value whole
+        ["plan", "--target-gb", "24", f"--{LONG}", LONG],
+        ["report", "--checkpoint", LONG * 3],
+    ],
+    ids=["choices", "unrecognized", "unknown-flag", "checkpoint"],
+)
 def test_the_lines_hypothesis_found_are_short_now(argv):
     code, out, err = _run(argv)
     assert code == 2 and out == ""

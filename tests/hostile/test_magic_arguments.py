@@ -31,12 +31,34 @@ model = zoo.mlp((8, 16, 4))
 x = torch.randn(4, 8)
 """
 # pieces of a line: good ones, names that are not there, expressions that fail, hostile text
-EXPR = st.sampled_from(["model", "x", "nope", "1/0", "(", "x[", "'a b'", f"{LONG}", f"'{LONG} {LONG}'",
-                        f"undefined_{LONG}", f"[{LONG!r}][5]", "raise", "model.zzz", f"int('{LONG}')",
-                        "torch.randn(2, 3)", "lambda out: out.sum()", "out.sum()", f"out.{LONG}()", "\u00e9\u2028x"])
+EXPR = st.sampled_from(
+    [
+        "model",
+        "x",
+        "nope",
+        "1/0",
+        "(",
+        "x[",
+        "'a b'",
+        f"{LONG}",
+        f"'{LONG} {LONG}'",
+        f"undefined_{LONG}",
+        f"[{LONG!r}][5]",
+        "raise",
+        "model.zzz",
+        f"int('{LONG}')",
+        "torch.randn(2, 3)",
+        "lambda out: out.sum()",
+        "out.sum()",
+        f"out.{LONG}()",
+        "\u00e9\u2028x",
+    ]
+)
 OPTION = st.sampled_from(["--fake", "--static", "--bogus", f"--{LONG}", "-", "--", "-x"])
-VALUED = st.tuples(st.sampled_from(["--loss", "--optimizer", "--device"]),
-                   st.one_of(EXPR, st.sampled_from(["adamw", "sgd", "none", "cpu", "cuda", "meta", f"'{LONG}'", "ADAMW"])))
+VALUED = st.tuples(
+    st.sampled_from(["--loss", "--optimizer", "--device"]),
+    st.one_of(EXPR, st.sampled_from(["adamw", "sgd", "none", "cpu", "cuda", "meta", f"'{LONG}'", "ADAMW"])),
+)
 WORDS = st.lists(st.one_of(EXPR, OPTION, VALUED.map(" ".join)), max_size=6)
 
 
@@ -55,8 +77,9 @@ def ip():
     shell.run_line_magic("unload_ext", "memsave_nb")
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow,
-                                                                  HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
 @given(words=WORDS)
 def test_every_memsave_line_opens_or_is_refused_in_one_line(ip, words):
     model = ip.user_ns["model"]
@@ -71,15 +94,30 @@ def test_every_memsave_line_opens_or_is_refused_in_one_line(ip, words):
     assert before.differences(model) == []
 
 
-CELL_LINES = st.sampled_from(["out = model(x)", "loss = model(x).sum()", "loss.backward()", "1/0",
-                              f"raise ValueError('{LONG}\\n' * 3)", f"{LONG} = 1", "def f(:", f"model.{LONG}",
-                              "model(torch.randn(3, 5))", "y = x * 2", "", f"# {LONG}"])
-CELL_OPTIONS = st.lists(st.sampled_from(["-r", "-q", "-m model", "-m x", f"-m {LONG}", "-m nope", "--bogus",
-                                         f"--{LONG}", "-z"]), max_size=3)
+CELL_LINES = st.sampled_from(
+    [
+        "out = model(x)",
+        "loss = model(x).sum()",
+        "loss.backward()",
+        "1/0",
+        f"raise ValueError('{LONG}\\n' * 3)",
+        f"{LONG} = 1",
+        "def f(:",
+        f"model.{LONG}",
+        "model(torch.randn(3, 5))",
+        "y = x * 2",
+        "",
+        f"# {LONG}",
+    ]
+)
+CELL_OPTIONS = st.lists(
+    st.sampled_from(["-r", "-q", "-m model", "-m x", f"-m {LONG}", "-m nope", "--bogus", f"--{LONG}", "-z"]), max_size=3
+)
 
 
-@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow,
-                                                                  HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
 @given(options=CELL_OPTIONS, lines=st.lists(CELL_LINES, min_size=1, max_size=4))
 def test_every_memsave_cell_measures_or_is_refused_in_one_line(ip, options, lines, capsys):
     model = ip.user_ns["model"]
@@ -96,8 +134,22 @@ def test_every_memsave_cell_measures_or_is_refused_in_one_line(ip, options, line
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(path=st.sampled_from(["", "r.html", "r.txt", f"{LONG}.txt", f"{LONG * 3}.html", f"'{LONG} x.html'",
-                             "no/such/dir/r.html", "--title", f"r.html --title {LONG}", f"r.html --{LONG}"]))
+@given(
+    path=st.sampled_from(
+        [
+            "",
+            "r.html",
+            "r.txt",
+            f"{LONG}.txt",
+            f"{LONG * 3}.html",
+            f"'{LONG} x.html'",
+            "no/such/dir/r.html",
+            "--title",
+            f"r.html --title {LONG}",
+            f"r.html --{LONG}",
+        ]
+    )
+)
 def test_every_report_path_is_written_or_refused_in_one_line(ip, path):
     ip.run_cell_magic("memsave", "-q", "loss = model(x).sum()\nloss.backward()")
     for p in ip.user_ns["model"].parameters():

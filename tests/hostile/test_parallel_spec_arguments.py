@@ -21,14 +21,21 @@ from memsave_nb.parallel import ParallelSpec, measure_parallel
 from parallel.conftest import tiny_gpt  # tests/ is on sys.path (rootdir-relative packages)
 
 LONG = "Z" * 120
-JUNK = st.sampled_from([None, True, 2.5, float("nan"), float("inf"), "2", b"2", [], [2], {"a": 1}, LONG, -1, 0,
-                        2**31 - 1, 2**63, 10**100])
+JUNK = st.sampled_from(
+    [None, True, 2.5, float("nan"), float("inf"), "2", b"2", [], [2], {"a": 1}, LONG, -1, 0, 2**31 - 1, 2**63, 10**100]
+)
 SMALL = st.one_of(st.sampled_from([1, 2, 4]), JUNK)
 FLAG = st.one_of(st.booleans(), JUNK)
 STRATEGY = st.one_of(st.sampled_from(["fsdp", "ddp", "FSDP", ""]), JUNK)
 MODULES = st.one_of(st.just(()), st.just(("blocks.0", "blocks.1")), st.just(("nope",)), st.just((LONG,)), JUNK)
-TP_PLAN = st.one_of(st.just(()), st.just((("blocks.0.mlp.c_fc", "colwise"),)), st.just(((LONG, "colwise"),)),
-                    st.just((("blocks.0.mlp.c_fc", LONG),)), st.just(("colwise",)), JUNK)
+TP_PLAN = st.one_of(
+    st.just(()),
+    st.just((("blocks.0.mlp.c_fc", "colwise"),)),
+    st.just(((LONG, "colwise"),)),
+    st.just((("blocks.0.mlp.c_fc", LONG),)),
+    st.just(("colwise",)),
+    JUNK,
+)
 SCHEDULE = st.one_of(st.sampled_from(["1f1b", "gpipe", "interleaved"]), JUNK)
 
 
@@ -43,24 +50,61 @@ def gpt():
     return tiny_gpt()
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow,
-                                                                  HealthCheck.function_scoped_fixture])
-@given(world_size=SMALL, strategy=STRATEGY, shard_modules=MODULES, replicate=SMALL, reshard_root=FLAG,
-       param_dtype=st.one_of(st.sampled_from(["bfloat16", "float16", "int64"]), JUNK), cpu_offload=FLAG,
-       bucket_cap_mb=st.one_of(st.sampled_from([1.0, 25.0]), JUNK), tensor_parallel=SMALL, sequence_parallel=FLAG,
-       tp_plan=TP_PLAN, pipeline_parallel=SMALL, schedule=SCHEDULE, microbatches=SMALL)
-def test_every_parallel_spec_is_sized_or_refused_in_one_line(gpt, world_size, strategy, shard_modules, replicate,
-                                                             reshard_root, param_dtype, cpu_offload, bucket_cap_mb,
-                                                             tensor_parallel, sequence_parallel, tp_plan,
-                                                             pipeline_parallel, schedule, microbatches):
+@settings(
+    max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
+@given(
+    world_size=SMALL,
+    strategy=STRATEGY,
+    shard_modules=MODULES,
+    replicate=SMALL,
+    reshard_root=FLAG,
+    param_dtype=st.one_of(st.sampled_from(["bfloat16", "float16", "int64"]), JUNK),
+    cpu_offload=FLAG,
+    bucket_cap_mb=st.one_of(st.sampled_from([1.0, 25.0]), JUNK),
+    tensor_parallel=SMALL,
+    sequence_parallel=FLAG,
+    tp_plan=TP_PLAN,
+    pipeline_parallel=SMALL,
+    schedule=SCHEDULE,
+    microbatches=SMALL,
+)
+def test_every_parallel_spec_is_sized_or_refused_in_one_line(
+    gpt,
+    world_size,
+    strategy,
+    shard_modules,
+    replicate,
+    reshard_root,
+    param_dtype,
+    cpu_offload,
+    bucket_cap_mb,
+    tensor_parallel,
+    sequence_parallel,
+    tp_plan,
+    pipeline_parallel,
+    schedule,
+    microbatches,
+):
     before = ModelSnapshot.capture(gpt.model)
     start = time.process_time()
     try:
-        spec = ParallelSpec(world_size=world_size, strategy=strategy, shard_modules=shard_modules, replicate=replicate,
-                            reshard_root=reshard_root, param_dtype=param_dtype, cpu_offload=cpu_offload,
-                            bucket_cap_mb=bucket_cap_mb, tensor_parallel=tensor_parallel,
-                            sequence_parallel=sequence_parallel, tp_plan=tp_plan, pipeline_parallel=pipeline_parallel,
-                            schedule=schedule, microbatches=microbatches)
+        spec = ParallelSpec(
+            world_size=world_size,
+            strategy=strategy,
+            shard_modules=shard_modules,
+            replicate=replicate,
+            reshard_root=reshard_root,
+            param_dtype=param_dtype,
+            cpu_offload=cpu_offload,
+            bucket_cap_mb=bucket_cap_mb,
+            tensor_parallel=tensor_parallel,
+            sequence_parallel=sequence_parallel,
+            tp_plan=tp_plan,
+            pipeline_parallel=pipeline_parallel,
+            schedule=schedule,
+            microbatches=microbatches,
+        )
         result = measure_parallel(gpt, spec)
     except MemsaveError as exc:
         _check(exc)
@@ -72,22 +116,44 @@ def test_every_parallel_spec_is_sized_or_refused_in_one_line(gpt, world_size, st
     assert before.differences(gpt.model) == []
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow,
-                                                                  HealthCheck.function_scoped_fixture])
-@given(world_size=st.sampled_from([1, 2, 4, 8]), strategy=st.sampled_from(["fsdp", "ddp"]),
-       replicate=st.sampled_from([1, 2]), tensor_parallel=st.sampled_from([1, 2, 4]), sequence_parallel=st.booleans(),
-       pipeline_parallel=st.sampled_from([1, 2, 4]), microbatches=st.sampled_from([1, 2, 3]),
-       cpu_offload=st.booleans())
-def test_combinations_of_valid_degrees_are_sized_or_refused_in_one_line(gpt, world_size, strategy, replicate,
-                                                                        tensor_parallel, sequence_parallel,
-                                                                        pipeline_parallel, microbatches, cpu_offload):
+@settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
+@given(
+    world_size=st.sampled_from([1, 2, 4, 8]),
+    strategy=st.sampled_from(["fsdp", "ddp"]),
+    replicate=st.sampled_from([1, 2]),
+    tensor_parallel=st.sampled_from([1, 2, 4]),
+    sequence_parallel=st.booleans(),
+    pipeline_parallel=st.sampled_from([1, 2, 4]),
+    microbatches=st.sampled_from([1, 2, 3]),
+    cpu_offload=st.booleans(),
+)
+def test_combinations_of_valid_degrees_are_sized_or_refused_in_one_line(
+    gpt,
+    world_size,
+    strategy,
+    replicate,
+    tensor_parallel,
+    sequence_parallel,
+    pipeline_parallel,
+    microbatches,
+    cpu_offload,
+):
     """Degrees each valid alone, combined (PP x TP x HSDP, SP, offload, DDP): the refusals that need
     the model (heads, blocks, stages) come through as the same one line."""
     before = ModelSnapshot.capture(gpt.model)
     try:
-        spec = ParallelSpec(world_size=world_size, strategy=strategy, replicate=replicate, cpu_offload=cpu_offload,
-                            tensor_parallel=tensor_parallel, sequence_parallel=sequence_parallel,
-                            pipeline_parallel=pipeline_parallel, microbatches=microbatches)
+        spec = ParallelSpec(
+            world_size=world_size,
+            strategy=strategy,
+            replicate=replicate,
+            cpu_offload=cpu_offload,
+            tensor_parallel=tensor_parallel,
+            sequence_parallel=sequence_parallel,
+            pipeline_parallel=pipeline_parallel,
+            microbatches=microbatches,
+        )
         result = measure_parallel(gpt, spec)
     except MemsaveError as exc:
         _check(exc)
@@ -104,7 +170,10 @@ def test_pp_by_tp_keeps_the_head_count_message():
     from memsave_nb.parallel import ParallelError
 
     wl = zoo.gpt(zoo.GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=3, n_embd=48, dropout=0.0), batch_size=2)
-    for spec in (ParallelSpec(world_size=2, tensor_parallel=2), ParallelSpec(world_size=4, tensor_parallel=2, pipeline_parallel=2)):
+    for spec in (
+        ParallelSpec(world_size=2, tensor_parallel=2),
+        ParallelSpec(world_size=4, tensor_parallel=2, pipeline_parallel=2),
+    ):
         with pytest.raises(ParallelError) as err:
             measure_parallel(wl, spec)
         _check(err.value)

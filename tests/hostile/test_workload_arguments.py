@@ -16,8 +16,27 @@ from memsave_nb.errors import MemsaveError, quoted
 from memsave_nb.model_state import ModelSnapshot
 
 LONG = "Z" * 120
-JUNK = st.sampled_from([LONG, LONG * 1000, f"cuda:{LONG}", "", None, True, 2.5, float("nan"), -1, 0, 2**63, [LONG],
-                        {LONG: 1}, b"x", "\u2028\n", "cpu", "meta"])
+JUNK = st.sampled_from(
+    [
+        LONG,
+        LONG * 1000,
+        f"cuda:{LONG}",
+        "",
+        None,
+        True,
+        2.5,
+        float("nan"),
+        -1,
+        0,
+        2**63,
+        [LONG],
+        {LONG: 1},
+        b"x",
+        "\u2028\n",
+        "cpu",
+        "meta",
+    ]
+)
 
 
 def _check(exc: BaseException) -> None:
@@ -33,8 +52,22 @@ def model():
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(field=st.sampled_from(["loop", "device", "accumulation_steps", "optimizer", "set_to_none", "dtype",
-                              "autocast_dtype", "sized_for", "mode"]), value=JUNK)
+@given(
+    field=st.sampled_from(
+        [
+            "loop",
+            "device",
+            "accumulation_steps",
+            "optimizer",
+            "set_to_none",
+            "dtype",
+            "autocast_dtype",
+            "sized_for",
+            "mode",
+        ]
+    ),
+    value=JUNK,
+)
 def test_every_workload_field_and_mode_is_measured_or_refused_in_one_line(model, field, value):
     before = ModelSnapshot.capture(model)
     kwargs = {} if field == "mode" else {field: value}
@@ -47,7 +80,9 @@ def test_every_workload_field_and_mode_is_measured_or_refused_in_one_line(model,
     assert before.differences(model) == []
 
 
-@pytest.mark.parametrize("call", [lambda: zoo.make(LONG * 1000), lambda: zoo.make(f"gpt\n{LONG}")], ids=["long", "newline"])
+@pytest.mark.parametrize(
+    "call", [lambda: zoo.make(LONG * 1000), lambda: zoo.make(f"gpt\n{LONG}")], ids=["long", "newline"]
+)
 def test_an_unknown_demo_model_is_one_short_line(call):
     with pytest.raises(MemsaveError) as err:
         call()

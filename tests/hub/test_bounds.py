@@ -11,7 +11,9 @@ from memsave_nb.hub import from_pretrained, resolve_config
 from memsave_nb.hub.bounds import MAX_LAYERS, check_config
 
 
-@pytest.mark.parametrize("name", ["gpt2", "bert-base", "t5-base", "vit-b/16", "qwen3-8b", "llama-3.1-70b", "gemma-2-27b"])
+@pytest.mark.parametrize(
+    "name", ["gpt2", "bert-base", "t5-base", "vit-b/16", "qwen3-8b", "llama-3.1-70b", "gemma-2-27b"]
+)
 def test_the_estimate_is_between_1_and_1_6_times_the_built_parameter_count(name):
     estimate = check_config(resolve_config(name), 2, True)
     built = sum(p.numel() for p in from_pretrained(name).model.parameters())
@@ -26,5 +28,7 @@ def test_the_deepest_config_allowed_builds_in_seconds_and_one_more_layer_is_refu
     assert len(wl.model.transformer.h) == MAX_LAYERS
     from memsave_nb import MemsaveError
 
-    with pytest.raises(MemsaveError, match=f"config has {MAX_LAYERS + 1:,} layers; models by name are built up to {MAX_LAYERS:,}"):
+    with pytest.raises(
+        MemsaveError, match=f"config has {MAX_LAYERS + 1:,} layers; models by name are built up to {MAX_LAYERS:,}"
+    ):
         from_pretrained("gpt2", overrides=dict(tiny, n_layer=MAX_LAYERS + 1))

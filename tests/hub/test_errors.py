@@ -46,7 +46,9 @@ def test_config_class_error_says_which_release_added_it(monkeypatch):
 
 
 def test_task_the_model_has_no_head_for():
-    message = one_line_error("llama has no head for task 'image-classification'", "llama-3.2-1b", task="image-classification")
+    message = one_line_error(
+        "llama has no head for task 'image-classification'", "llama-3.2-1b", task="image-classification"
+    )
     assert "causal-lm" in message
 
 
@@ -68,5 +70,9 @@ def test_bad_lora_settings():
 def test_parse_lora_reads_plain_strings():
     assert parse_lora("16") == {"r": 16}
     assert parse_lora("r=16, alpha=32, target_modules=q_proj+v_proj, dropout=0.05") == {
-        "r": 16, "alpha": 32, "target_modules": ["q_proj", "v_proj"], "dropout": 0.05}
+        "r": 16,
+        "alpha": 32,
+        "target_modules": ["q_proj", "v_proj"],
+        "dropout": 0.05,
+    }
     assert parse_lora("r=8,target=all-linear") == {"r": 8, "target": "all-linear"}

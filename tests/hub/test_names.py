@@ -12,8 +12,14 @@ import memsave_nb
 from memsave_nb.hub import catalogue, catalogue_names, from_pretrained, resolve_config
 
 # published parameter counts (model cards / safetensors metadata), tied embeddings once
-PUBLISHED = {"llama-3.1-8b": 8_030_261_248, "llama-3.2-1b": 1_235_814_400, "qwen2.5-7b": 7_615_616_512,
-             "qwen2.5-0.5b": 494_032_768, "gpt2": 124_439_808, "mistral-7b": 7_248_023_552}
+PUBLISHED = {
+    "llama-3.1-8b": 8_030_261_248,
+    "llama-3.2-1b": 1_235_814_400,
+    "qwen2.5-7b": 7_615_616_512,
+    "qwen2.5-0.5b": 494_032_768,
+    "gpt2": 124_439_808,
+    "mistral-7b": 7_248_023_552,
+}
 
 
 def n_params(wl) -> int:
@@ -55,8 +61,16 @@ def test_batch_has_the_task_shapes():
 
 
 def _small_config_json(path, model_type="llama"):
-    data = {"model_type": model_type, "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
-            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000}
+    data = {
+        "model_type": model_type,
+        "architectures": ["LlamaForCausalLM"],
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 1000,
+    }
     path.write_text(json.dumps(data))
     return data
 
@@ -73,8 +87,14 @@ def test_local_folder_and_config_json(tmp_path):
 def test_config_object_is_used_and_left_as_it_was():
     from transformers import LlamaConfig
 
-    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, vocab_size=1000)
+    cfg = LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=1000,
+    )
     before = cfg.to_dict()
     wl = from_pretrained(cfg, seq_len=16, overrides={"num_hidden_layers": 1}, task="seq-classification")
     assert cfg.to_dict() == before
@@ -102,8 +122,15 @@ def test_labels_are_their_own_tensor_as_a_collator_makes_them():
     (the batch counted 512 B here when labels were input_ids itself; 1,024 B now)."""
     from memsave_nb import measure
 
-    small = dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
-                 num_key_value_heads=2, head_dim=16, vocab_size=1000)
+    small = dict(
+        num_hidden_layers=2,
+        hidden_size=64,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        vocab_size=1000,
+    )
     wl = from_pretrained("llama-3.2-1b", overrides=small, batch_size=2, seq_len=32)
     batch = wl.make_batch()
     assert batch["labels"].untyped_storage().data_ptr() != batch["input_ids"].untyped_storage().data_ptr()

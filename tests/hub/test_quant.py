@@ -18,12 +18,14 @@ def documented_nf4_bytes(rows: int, cols: int) -> int:
     """bitsandbytes 4-bit, blocksize 64, double quantisation (functional.quantize_4bit)."""
     n = rows * cols
     blocks = math.ceil(n / 64)
-    return ((n + 1) // 2  # packed 4-bit weights, uint8
-            + blocks  # absmax per 64-block, quantised to uint8
-            + 4 * math.ceil(blocks / 256)  # float32 absmax of the absmax, per 256-block
-            + 4 * 256  # float32 8-bit code of the second quantisation
-            + 4  # float32 offset (mean absmax)
-            + 4 * 16)  # float32 NF4 code
+    return (
+        (n + 1) // 2  # packed 4-bit weights, uint8
+        + blocks  # absmax per 64-block, quantised to uint8
+        + 4 * math.ceil(blocks / 256)  # float32 absmax of the absmax, per 256-block
+        + 4 * 256  # float32 8-bit code of the second quantisation
+        + 4  # float32 offset (mean absmax)
+        + 4 * 16
+    )  # float32 NF4 code
 
 
 @pytest.mark.parametrize("device", ["cpu", "meta"])
@@ -42,8 +44,9 @@ def test_storage_equals_bitsandbytes_own_classes(shape):
     bnb = pytest.importorskip("bitsandbytes")
     rows, cols = shape
     weight = torch.randn(rows, cols, dtype=torch.bfloat16)
-    params = bnb.nn.Params4bit(weight.clone(), requires_grad=False, quant_type="nf4", compress_statistics=True,
-                               blocksize=64)._quantize("cpu")
+    params = bnb.nn.Params4bit(
+        weight.clone(), requires_grad=False, quant_type="nf4", compress_statistics=True, blocksize=64
+    )._quantize("cpu")
     qs = params.quant_state
     theirs = [params.data, qs.absmax, qs.code, qs.state2.absmax, qs.state2.code, qs.offset]
     theirs_bytes = sum(t.numel() * t.element_size() for t in theirs)
@@ -75,10 +78,19 @@ def test_forward_and_backward_use_the_dequantised_weight(quant_type):
 
 
 # -- which layers: the ones transformers' own bitsandbytes integration replaces -------------------
-TINY = {"gpt2": dict(n_layer=2, n_embd=64, n_head=4, vocab_size=1000, n_positions=128),
-        "t5-base": dict(num_layers=2, num_decoder_layers=2, d_model=64, d_ff=128, d_kv=16, num_heads=4, vocab_size=1000),
-        "llama-3.2-1b": dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
-                             num_key_value_heads=2, head_dim=16, vocab_size=1000)}
+TINY = {
+    "gpt2": dict(n_layer=2, n_embd=64, n_head=4, vocab_size=1000, n_positions=128),
+    "t5-base": dict(num_layers=2, num_decoder_layers=2, d_model=64, d_ff=128, d_kv=16, num_heads=4, vocab_size=1000),
+    "llama-3.2-1b": dict(
+        num_hidden_layers=2,
+        hidden_size=64,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        vocab_size=1000,
+    ),
+}
 
 
 def transformers_bnb_layers(name: str) -> dict[str, tuple[int, int]]:
@@ -103,8 +115,11 @@ def test_qlora_quantises_the_layers_transformers_quantises(name):
 
     theirs = transformers_bnb_layers(name)
     wl = from_pretrained(name, overrides=TINY[name], lora="r=4", quantize="nf4")
-    ours = {n.removeprefix("base_model.model.").removesuffix(".base_layer"): (m.in_features, m.out_features)
-            for n, m in wl.model.named_modules() if isinstance(m, QuantLinear)}
+    ours = {
+        n.removeprefix("base_model.model.").removesuffix(".base_layer"): (m.in_features, m.out_features)
+        for n, m in wl.model.named_modules()
+        if isinstance(m, QuantLinear)
+    }
     assert ours == theirs
     assert len(ours) == {"gpt2": 8, "t5-base": 28, "llama-3.2-1b": 14}[name]  # GPT-2: 4 Conv1D a block; T5: not wo
 
@@ -116,8 +131,13 @@ def test_gpt2_conv1d_holds_bitsandbytes_own_storage_and_computes_the_layer():
 
     torch.manual_seed(0)
     conv = Conv1D(96, 160)  # nf=96 outputs, nx=160 inputs: weight (160, 96)
-    params = bnb.nn.Params4bit(conv.weight.detach().T.contiguous().to(torch.bfloat16), requires_grad=False,
-                               quant_type="nf4", compress_statistics=True, blocksize=64)._quantize("cpu")
+    params = bnb.nn.Params4bit(
+        conv.weight.detach().T.contiguous().to(torch.bfloat16),
+        requires_grad=False,
+        quant_type="nf4",
+        compress_statistics=True,
+        blocksize=64,
+    )._quantize("cpu")
     qs = params.quant_state
     theirs = [params.data, qs.absmax, qs.code, qs.state2.absmax, qs.state2.code, qs.offset]
     conv.requires_grad_(False)
@@ -136,5 +156,7 @@ def test_t5_qlora_measures_in_fake_mode():
     from memsave_nb import measure
     from memsave_nb.hub import from_pretrained
 
-    m = measure(from_pretrained("t5-base", overrides=TINY["t5-base"], lora="r=4", quantize="nf4", seq_len=32), mode="fake")
+    m = measure(
+        from_pretrained("t5-base", overrides=TINY["t5-base"], lora="r=4", quantize="nf4", seq_len=32), mode="fake"
+    )
     assert m.peak_bytes > 0

@@ -31,8 +31,7 @@ def twin(stock: nn.Module, memsave_cls: type[nn.Module]) -> nn.Module:
     return ours
 
 
-def run(module: nn.Module, x: Tensor, requires: dict[str, bool], grad_seed: int = 0,
-        **kwargs: Any) -> Result:
+def run(module: nn.Module, x: Tensor, requires: dict[str, bool], grad_seed: int = 0, **kwargs: Any) -> Result:
     """Forward ``module(x * 1)`` (so an in-place layer never touches a leaf), backward with a
     seeded random output gradient; returns output, gradients of everything that required one."""
     params = dict(module.named_parameters())

@@ -37,11 +37,7 @@ class LiveStorages(TorchDispatchMode):
 
     def alive_bytes(self, exclude: Iterable[Tensor] = ()) -> int:
         skip = {t.untyped_storage()._cdata for t in exclude}
-        return sum(
-            nbytes
-            for key, (ref, nbytes) in self.created.items()
-            if not ref.expired() and key not in skip
-        )
+        return sum(nbytes for key, (ref, nbytes) in self.created.items() if not ref.expired() and key not in skip)
 
 
 def saved_bytes(fn: Callable[..., Tensor], *inputs: Tensor, params: Iterable[Tensor] = ()) -> int:

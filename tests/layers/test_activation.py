@@ -31,9 +31,15 @@ def ours_of(stock: nn.Module) -> nn.Module:
     compact_first=st.booleans(),
     seed=st.integers(0, 999),
 )
-def test_activation_matches_stock(slope: float | None, inplace: bool, shape: list[int],
-                                  dtype: torch.dtype, hooks: bool, compact_first: bool,
-                                  seed: int) -> None:
+def test_activation_matches_stock(
+    slope: float | None,
+    inplace: bool,
+    shape: list[int],
+    dtype: torch.dtype,
+    hooks: bool,
+    compact_first: bool,
+    seed: int,
+) -> None:
     if inplace and slope is not None and slope < 0:
         inplace = False  # stock refuses in-place backward with a negative slope
     torch.manual_seed(seed)
@@ -58,8 +64,7 @@ def test_activation_matches_stock(slope: float | None, inplace: bool, shape: lis
 @pytest.mark.parametrize("slope", [None, 0.1, -0.2])
 @pytest.mark.parametrize("inplace", [False, True])
 @pytest.mark.parametrize("hooks", [False, True])
-def test_activation_keeps_one_bit_per_element(numel: int, slope: float | None, inplace: bool,
-                                              hooks: bool) -> None:
+def test_activation_keeps_one_bit_per_element(numel: int, slope: float | None, inplace: bool, hooks: bool) -> None:
     if inplace and slope is not None and slope < 0:
         pytest.skip("stock refuses in-place leaky ReLU backward with a negative slope")
     layer = ours_of(make(slope, inplace))

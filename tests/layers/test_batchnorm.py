@@ -27,9 +27,17 @@ BN = {1: nn.BatchNorm1d, 2: nn.BatchNorm2d, 3: nn.BatchNorm3d}
     channels_last=st.booleans(),
     seed=st.integers(0, 999),
 )
-def test_batchnorm_matches_stock(n: int, affine: bool, track: bool, momentum: float | None,
-                                 training: bool, requires: tuple[bool, bool, bool],
-                                 dtype: torch.dtype, channels_last: bool, seed: int) -> None:
+def test_batchnorm_matches_stock(
+    n: int,
+    affine: bool,
+    track: bool,
+    momentum: float | None,
+    training: bool,
+    requires: tuple[bool, bool, bool],
+    dtype: torch.dtype,
+    channels_last: bool,
+    seed: int,
+) -> None:
     torch.manual_seed(seed)
     stock = BN[n](3, affine=affine, track_running_stats=track, momentum=momentum).to(dtype)
     with torch.no_grad():

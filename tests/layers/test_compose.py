@@ -44,7 +44,9 @@ def _policy(ctx, op, *args, **kwargs):  # keep convolutions, recompute the rest
 WRAPS = {
     "checkpoint": lambda m, x: checkpoint(m, x, use_reentrant=False),
     "sac": lambda m, x: checkpoint(
-        m, x, use_reentrant=False,
+        m,
+        x,
+        use_reentrant=False,
         context_fn=functools.partial(create_selective_checkpoint_contexts, _policy),
     ),
 }

@@ -41,9 +41,7 @@ def conv_case(draw: st.DrawFn) -> dict:
     forward_kwargs: dict = {}
     if transposed:
         kwargs["padding"] = draw(st.integers(0, 1))
-        kwargs["output_padding"] = [
-            draw(st.integers(0, max(s, d) - 1)) for s, d in zip(stride, dilation)
-        ]
+        kwargs["output_padding"] = [draw(st.integers(0, max(s, d) - 1)) for s, d in zip(stride, dilation)]
         if draw(st.booleans()) and not any(kwargs["output_padding"]):
             forward_kwargs["output_size"] = "free"  # filled in below from the input size
     else:
@@ -55,9 +53,18 @@ def conv_case(draw: st.DrawFn) -> dict:
     batch = draw(st.sampled_from([0, 1, 2]))  # 0: unbatched input
     size = [SPATIAL[n] + draw(st.integers(0, 2)) for _ in range(n)]
     channels_last = n > 1 and batch > 0 and draw(st.booleans())
-    return dict(n=n, transposed=transposed, kwargs=kwargs, forward_kwargs=forward_kwargs,
-                batch=batch, size=size, channels_last=channels_last,
-                dtype=draw(DTYPES), requires=draw(REQUIRES), seed=draw(st.integers(0, 999)))
+    return dict(
+        n=n,
+        transposed=transposed,
+        kwargs=kwargs,
+        forward_kwargs=forward_kwargs,
+        batch=batch,
+        size=size,
+        channels_last=channels_last,
+        dtype=draw(DTYPES),
+        requires=draw(REQUIRES),
+        seed=draw(st.integers(0, 999)),
+    )
 
 
 @settings(max_examples=60, deadline=None)
@@ -93,12 +100,17 @@ def test_conv_matches_stock(case: dict) -> None:
 
 @pytest.mark.parametrize("n", [1, 2, 3])
 @pytest.mark.parametrize("transposed", [False, True])
-@pytest.mark.parametrize("req_x,req_w,req_b", [
-    (True, True, True), (True, False, False), (True, False, True), (False, True, False),
-    (False, False, True),
-])
-def test_conv_keeps_input_only_for_weight_grad(n: int, transposed: bool, req_x: bool,
-                                               req_w: bool, req_b: bool) -> None:
+@pytest.mark.parametrize(
+    "req_x,req_w,req_b",
+    [
+        (True, True, True),
+        (True, False, False),
+        (True, False, True),
+        (False, True, False),
+        (False, False, True),
+    ],
+)
+def test_conv_keeps_input_only_for_weight_grad(n: int, transposed: bool, req_x: bool, req_w: bool, req_b: bool) -> None:
     layer = (CONV_T if transposed else CONV)[n](4, 6, 3)
     ours = twin(layer, MEMSAVE_LAYERS[type(layer)])
     ours.weight.requires_grad_(req_w)
@@ -124,15 +136,19 @@ def test_conv_transposed_rejects_padding_mode_like_stock() -> None:
         ours(torch.randn(1, 2, 5, 5))
 
 
-@pytest.mark.parametrize("make,shape", [
-    (lambda: nn.Conv2d(8, 4, 1, stride=2, bias=False), (2, 8, 7, 9)),
-    (lambda: nn.Conv2d(8, 4, 1), (2, 8, 7, 9)),
-    (lambda: nn.Conv2d(8, 4, 1), (8, 7, 9)),
-    (lambda: nn.Conv1d(8, 4, 1, stride=3), (2, 8, 10)),
-    (lambda: nn.Conv3d(8, 4, 1, stride=2), (2, 8, 5, 4, 3)),
-    (lambda: nn.ConvTranspose2d(8, 4, 1), (2, 8, 5, 5)),
-    (lambda: nn.ConvTranspose2d(8, 4, 1, stride=2), (2, 8, 5, 5)),
-], ids=["2d-s2", "2d", "2d-unbatched", "1d-s3", "3d-s2", "t2d", "t2d-s2"])
+@pytest.mark.parametrize(
+    "make,shape",
+    [
+        (lambda: nn.Conv2d(8, 4, 1, stride=2, bias=False), (2, 8, 7, 9)),
+        (lambda: nn.Conv2d(8, 4, 1), (2, 8, 7, 9)),
+        (lambda: nn.Conv2d(8, 4, 1), (8, 7, 9)),
+        (lambda: nn.Conv1d(8, 4, 1, stride=3), (2, 8, 10)),
+        (lambda: nn.Conv3d(8, 4, 1, stride=2), (2, 8, 5, 4, 3)),
+        (lambda: nn.ConvTranspose2d(8, 4, 1), (2, 8, 5, 5)),
+        (lambda: nn.ConvTranspose2d(8, 4, 1, stride=2), (2, 8, 5, 5)),
+    ],
+    ids=["2d-s2", "2d", "2d-unbatched", "1d-s3", "3d-s2", "t2d", "t2d-s2"],
+)
 @pytest.mark.parametrize("channels_last", [False, True])
 def test_pointwise_conv_input_grad(make, shape: tuple, channels_last: bool) -> None:
     """1x1 convolutions compute the input gradient as a matmul: check every stride layout."""
@@ -157,7 +173,6 @@ def test_frozen_conv_on_a_1x1_map_runs_stock() -> None:
     out = ours(x)
     assert type(out.grad_fn).__name__ == "ConvolutionBackward0"
     requires = {"input": True, "weight": False, "bias": False}
-    assert_same(run(stock, x, requires), run(ours, x, requires), exact_output=True,
-                exact_grads=True)
+    assert_same(run(stock, x, requires), run(ours, x, requires), exact_output=True, exact_grads=True)
     big = ours(torch.randn(3, 16, 2, 1, requires_grad=True))
     assert type(big.grad_fn).__name__ != "ConvolutionBackward0"  # ours where it saves bytes

@@ -29,8 +29,7 @@ def test_convert_swaps_in_place_and_revert_restores_exactly() -> None:
     model.eval()
     conversion = convert(model)
     assert isinstance(conversion, Conversion)
-    assert conversion.names == ["0", "1", "2", "3", "4.conv1", "4.bn1", "4.relu", "4.conv2",
-                                "4.bn2", "5", "6"]
+    assert conversion.names == ["0", "1", "2", "3", "4.conv1", "4.bn1", "4.relu", "4.conv2", "4.bn2", "5", "6"]
     for (name, module, cls), (name2, module2) in zip(before["modules"], model.named_modules()):
         assert name == name2 and module is module2  # the same objects
         assert isinstance(module2, cls)  # subclasses: user isinstance checks keep working
@@ -41,9 +40,7 @@ def test_convert_swaps_in_place_and_revert_restores_exactly() -> None:
     assert calls == ["hook"]
     revert(conversion)
     after = snapshot(model)
-    assert [(n, id(m), c) for n, m, c in after["modules"]] == [
-        (n, id(m), c) for n, m, c in before["modules"]
-    ]
+    assert [(n, id(m), c) for n, m, c in after["modules"]] == [(n, id(m), c) for n, m, c in before["modules"]]
     assert all(a[1] is b[1] for a, b in zip(after["params"], before["params"]))
     assert all(a[1] is b[1] for a, b in zip(after["buffers"], before["buffers"]))
     assert after["state"].keys() == before["state"].keys()
@@ -78,10 +75,15 @@ def test_converted_model_trains_like_stock(train: bool, trainable: str) -> None:
     for model in (stock, ours):
         for name, p in model.named_parameters():
             m = model.get_submodule(name.rsplit(".", 1)[0])
-            p.requires_grad_({
-                "all": True, "none": False, "norm": isinstance(m, nn.BatchNorm2d),
-                "conv": isinstance(m, nn.Conv2d), "head": isinstance(m, nn.Linear),
-            }[trainable])
+            p.requires_grad_(
+                {
+                    "all": True,
+                    "none": False,
+                    "norm": isinstance(m, nn.BatchNorm2d),
+                    "conv": isinstance(m, nn.Conv2d),
+                    "head": isinstance(m, nn.Linear),
+                }[trainable]
+            )
     x = torch.randn(2, 3, 8, 8)
     results = []
     for model in (stock, ours):
@@ -97,8 +99,7 @@ def test_converted_model_trains_like_stock(train: bool, trainable: str) -> None:
         assert (pa[name] is None) == (pb[name] is None), name
         if pa[name] is not None:
             torch.testing.assert_close(pb[name], pa[name], msg=name)
-    assert all(torch.equal(a, b) for a, b in zip(stock.state_dict().values(),
-                                                    ours.state_dict().values()))
+    assert all(torch.equal(a, b) for a, b in zip(stock.state_dict().values(), ours.state_dict().values()))
 
 
 def test_freezing_between_steps_just_works() -> None:
@@ -147,6 +148,7 @@ def test_inplace_on_a_leaf_behaves_as_stock_and_loses_nothing(make, view: bool) 
     """Stock refuses some in-place ops on a leaf that requires grad (or a view of one) before
     touching it; a converted layer must raise the same error with the data as it was, not
     change the data and fail afterwards. Where stock runs, it runs the same (same seed)."""
+
     def run(layer: nn.Module) -> tuple[str | None, torch.Tensor | None, torch.Tensor]:
         leaf = torch.linspace(-2.0, 2.0, 2 * 4 * 3 * 3).view(2, 4, 3, 3).requires_grad_(True)
         torch.manual_seed(0)

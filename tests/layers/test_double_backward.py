@@ -40,8 +40,7 @@ CASES = [
     ("conv2d_frozen_bias", lambda: nn.Conv2d(2, 3, 3, stride=2), (2, 2, 6, 6), ("bias",)),
     ("conv1d_frozen_odd", lambda: nn.Conv1d(2, 2, 3, stride=2, padding=1), (1, 2, 8), ()),
     ("conv2d_1x1_frozen", lambda: nn.Conv2d(3, 2, 1, stride=2), (1, 3, 5, 5), ()),
-    ("conv_transpose2d_frozen", lambda: nn.ConvTranspose2d(2, 2, 3, stride=2, output_padding=1),
-     (1, 2, 3, 3), ()),
+    ("conv_transpose2d_frozen", lambda: nn.ConvTranspose2d(2, 2, 3, stride=2, output_padding=1), (1, 2, 3, 3), ()),
     ("conv2d_trainable", lambda: nn.Conv2d(2, 2, 3), (1, 2, 4, 4), ("weight", "bias")),
     ("batchnorm_eval_frozen", lambda: nn.BatchNorm2d(3).eval(), (2, 3, 2, 2), ("bias",)),
     ("batchnorm_train", lambda: nn.BatchNorm2d(3), (2, 3, 2, 2), ("weight", "bias")),
@@ -52,8 +51,7 @@ CASES = [
     ("rmsnorm_2d_shape", lambda: nn.RMSNorm((2, 3), eps=1e-3), (2, 2, 3), ("weight",)),
     ("maxpool1d", lambda: nn.MaxPool1d(3, 2, 1), (2, 2, 7), ()),
     ("maxpool2d", lambda: nn.MaxPool2d(3, 2, 1), (2, 2, 5, 5), ()),
-    ("maxpool2d_dilated_ceil", lambda: nn.MaxPool2d(2, 2, dilation=2, ceil_mode=True),
-     (1, 2, 6, 6), ()),
+    ("maxpool2d_dilated_ceil", lambda: nn.MaxPool2d(2, 2, dilation=2, ceil_mode=True), (1, 2, 6, 6), ()),
     ("maxpool3d", lambda: nn.MaxPool3d(2), (1, 2, 4, 4, 4), ()),
     ("relu6", lambda: nn.ReLU6(), (2, 3, 4), ()),
     ("hardtanh", lambda: nn.Hardtanh(-0.45, 0.66), (2, 3, 4), ()),
@@ -95,8 +93,7 @@ def test_rmsnorm_second_order_equals_stock() -> None:
     torch.testing.assert_close(results[1], results[0], rtol=1e-10, atol=1e-10)
 
 
-@pytest.mark.parametrize("stock_cls", [nn.Dropout, nn.Dropout2d, nn.AlphaDropout,
-                                       nn.FeatureAlphaDropout])
+@pytest.mark.parametrize("stock_cls", [nn.Dropout, nn.Dropout2d, nn.AlphaDropout, nn.FeatureAlphaDropout])
 def test_dropout_second_order_equals_stock(stock_cls) -> None:
     x0 = _distinct((4, 6, 2, 2))
     results = []

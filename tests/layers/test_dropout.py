@@ -22,8 +22,9 @@ from memsave_nb.layers import MemSaveDropout
     dtype=st.sampled_from([torch.float32, torch.float64, torch.bfloat16]),
     seed=st.integers(0, 999),
 )
-def test_dropout_matches_stock(p: float, inplace: bool, training: bool, shape: list[int],
-                               dtype: torch.dtype, seed: int) -> None:
+def test_dropout_matches_stock(
+    p: float, inplace: bool, training: bool, shape: list[int], dtype: torch.dtype, seed: int
+) -> None:
     stock = nn.Dropout(p, inplace).train(training)
     ours = twin(stock, MemSaveDropout)
     x = torch.randn(shape, dtype=dtype)

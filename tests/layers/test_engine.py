@@ -17,8 +17,7 @@ def test_engine_sees_relu_mask_instead_of_output(mode: str) -> None:
     model = nn.Sequential(nn.ReLU(), nn.Conv2d(4, 4, 3, padding=1, bias=False))
     model[1].requires_grad_(False)
     x = torch.randn(2, 4, 8, 8)
-    workload = Workload(model, x, loss=lambda out: out.sum(), optimizer=None,
-                        input_requires_grad=True)
+    workload = Workload(model, x, loss=lambda out: out.sum(), optimizer=None, input_requires_grad=True)
     stock = measure(workload, mode=mode, repeats=0, flops=False).saved_bytes
     conversion = convert(model)
     try:

@@ -44,8 +44,7 @@ def test_numpy_and_torch_packing_agree(numel: int) -> None:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("bounds", [(0.0, 6.0), (-1.0, 1.0), (0.25, 0.5)])
-def test_pack_inside_is_stocks_hardtanh_pass_mask(dtype: torch.dtype,
-                                                   bounds: tuple[float, float]) -> None:
+def test_pack_inside_is_stocks_hardtanh_pass_mask(dtype: torch.dtype, bounds: tuple[float, float]) -> None:
     low, high = bounds
     x = torch.randn(1001, dtype=dtype) * 3
     x[:4] = torch.tensor([low, high, float("nan"), -0.0], dtype=dtype)
@@ -82,7 +81,8 @@ def test_early_mask_same_gradients_and_bytes(act: nn.Module) -> None:
         layer = stock[1]
         seen: list[tuple[_holder.OutputHolder, bool]] = []  # (holder, packed in forward?)
         layer.register_forward_hook(
-            lambda m, i, o: seen.append((o.grad_fn.holder, o.grad_fn.holder.packed is not None)))
+            lambda m, i, o: seen.append((o.grad_fn.holder, o.grad_fn.holder.packed is not None))
+        )
         assert not _holder.pack_early(layer)
         assert all(torch.equal(a, b) for a, b in zip(grads(stock), expected))  # late mask
         assert seen[-1][1] is False and _holder.pack_early(layer)
@@ -142,8 +142,7 @@ def test_a_layers_sweep_looks_at_the_recent_holders_only_and_keeps_the_order() -
     # the older ones untouched and first, then the kept recent ones, in registration order
     assert pending == holders[:4] + [holders[n - 3], holders[n - 1]]
     assert all(h.output is not None for h in holders[:4])
-    assert all(h.output is None and h.packed is not None
-               for i, h in enumerate(holders[4:], 4) if i not in kept)
+    assert all(h.output is None and h.packed is not None for i, h in enumerate(holders[4:], 4) if i not in kept)
     with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
         assert _holder.begin_layer() is False
         assert [r() for r in _holder._pending] == pending  # nothing swept in there

@@ -43,8 +43,15 @@ def _count_runs(monkeypatch, module, name: str) -> dict[str, int]:
 def _special(n: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
     x = torch.randn(n, generator=torch.Generator().manual_seed(seed)).to(dtype)
     x[::5] = 0.0
-    specials = [float("nan"), -0.0, float("inf"), -float("inf"), -float("nan"),
-                torch.finfo(dtype).tiny / 4, -torch.finfo(dtype).tiny / 4]
+    specials = [
+        float("nan"),
+        -0.0,
+        float("inf"),
+        -float("inf"),
+        -float("nan"),
+        torch.finfo(dtype).tiny / 4,
+        -torch.finfo(dtype).tiny / 4,
+    ]
     for i, v in enumerate(specials[: max(0, n - 1)]):
         x[i + 1] = v
     return x
@@ -159,8 +166,7 @@ def _bytes(t: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("n", [1, 7, 8, 9, 63, 64, 65, 1000, 4097])
 @pytest.mark.parametrize("inplace", [False, True])
-def test_relu_pack_writes_torch_relus_bytes_and_their_bits(dtype: torch.dtype, n: int,
-                                                            inplace: bool) -> None:
+def test_relu_pack_writes_torch_relus_bytes_and_their_bits(dtype: torch.dtype, n: int, inplace: bool) -> None:
     x = _special(n, dtype, 3 * n)  # NaN of both signs, -0, infs, denormals, negatives
     want = torch.relu(x)
     want_bits = np.packbits(want.bool().numpy(), bitorder="little")
@@ -237,12 +243,12 @@ def test_every_simd_level_writes_the_same_bytes(simd, n: int) -> None:
         stock = torch.ops.aten.threshold_backward(grad, want, 0)
         assert torch.equal(_bytes(selected), _bytes(torch.where(want != 0, grad, 0.0)))
         torch.testing.assert_close(selected, stock, rtol=0, atol=0, equal_nan=True)
-        assert np.array_equal(_native.pack_positive(shifted).numpy(),
-                              np.packbits(np.greater(shifted.numpy(), 0), bitorder="little"))
+        assert np.array_equal(
+            _native.pack_positive(shifted).numpy(), np.packbits(np.greater(shifted.numpy(), 0), bitorder="little")
+        )
         mask = (want != 0).to(torch.float32)  # leaky ReLU's and dropout's scaling
         leaky = _native.scale_bits(grad, packed, 1.0, 0.01)
-        assert torch.equal(_bytes(leaky),
-                           _bytes(torch.ops.aten.leaky_relu_backward(grad, mask, 0.01, False)))
+        assert torch.equal(_bytes(leaky), _bytes(torch.ops.aten.leaky_relu_backward(grad, mask, 0.01, False)))
         scale = torch.ones(()).div_(0.7)
         dropped = _native.scale_bits(grad, packed, scale.item(), 0.0)
         assert torch.equal(_bytes(dropped), _bytes(grad * (mask * scale)))
@@ -327,8 +333,7 @@ class _Twice(nn.Module):
         return x * 2.0
 
 
-@pytest.mark.parametrize("layer", [nn.ReLU(), nn.ReLU(inplace=True), nn.ReLU6(),
-                                   nn.Hardtanh(-0.5, 2.0)])
+@pytest.mark.parametrize("layer", [nn.ReLU(), nn.ReLU(inplace=True), nn.ReLU6(), nn.Hardtanh(-0.5, 2.0)])
 def test_layers_take_the_fused_path_and_match_stock(monkeypatch, layer) -> None:
     """A converted activation whose output nobody else keeps backs its gradient through the
     fused kernel (counted), bit for bit as stock."""
@@ -351,11 +356,19 @@ def test_layers_take_the_fused_path_and_match_stock(monkeypatch, layer) -> None:
     assert got.abs().sum() > 0 and (got == 0).any()  # some passed, some stopped
 
 
-@pytest.mark.parametrize("layer", [nn.LeakyReLU(0.1), nn.LeakyReLU(0.1, inplace=True),
-                                   nn.LeakyReLU(-0.3), nn.Dropout(0.3), nn.Dropout(0.3, inplace=True),
-                                   nn.AlphaDropout(0.2)], ids=lambda m: repr(m))
-def test_leaky_relu_and_dropout_take_the_scaling_kernel_and_match_stock(monkeypatch, layer
-                                                                       ) -> None:
+@pytest.mark.parametrize(
+    "layer",
+    [
+        nn.LeakyReLU(0.1),
+        nn.LeakyReLU(0.1, inplace=True),
+        nn.LeakyReLU(-0.3),
+        nn.Dropout(0.3),
+        nn.Dropout(0.3, inplace=True),
+        nn.AlphaDropout(0.2),
+    ],
+    ids=lambda m: repr(m),
+)
+def test_leaky_relu_and_dropout_take_the_scaling_kernel_and_match_stock(monkeypatch, layer) -> None:
     """A converted leaky ReLU whose output nobody else keeps, and a converted dropout, back
     their gradient through the fused scaling kernel (counted), bit for bit as stock under the
     same seed; dropout's mask is packed from its noise in one pass (counted)."""
@@ -394,11 +407,9 @@ def test_leaky_relu_and_dropout_take_the_scaling_kernel_and_match_stock(monkeypa
     assert torch.equal(_bytes(got), _bytes(want))
 
 
-@pytest.mark.parametrize("layer", [nn.Dropout(0.3), nn.AlphaDropout(0.2),
-                                   nn.Dropout2d(0.3)], ids=lambda m: repr(m))
+@pytest.mark.parametrize("layer", [nn.Dropout(0.3), nn.AlphaDropout(0.2), nn.Dropout2d(0.3)], ids=lambda m: repr(m))
 @pytest.mark.parametrize("fused", [True, False], ids=["kernel", "torch ops"])
-def test_dropout_backward_is_stocks_grad_times_noise_on_both_paths(monkeypatch, layer,
-                                                                    fused: bool) -> None:
+def test_dropout_backward_is_stocks_grad_times_noise_on_both_paths(monkeypatch, layer, fused: bool) -> None:
     """With and without the kernel, dropout's gradient is stock's ``grad * noise`` byte for
     byte, including a gradient so large that times the scale it overflows where the element
     is dropped (stock: grad * 0 = 0; scaling first and masking after would give NaN)."""
@@ -430,11 +441,14 @@ def test_dropout_backward_is_stocks_grad_times_noise_on_both_paths(monkeypatch, 
 
 
 def test_switched_off_by_the_environment() -> None:
-    code = ("from memsave_nb.layers import _native; import torch;"
-            "print(_native.status()); print(_native.pack_nonzero(torch.ones(9)))")
+    code = (
+        "from memsave_nb.layers import _native; import torch;"
+        "print(_native.status()); print(_native.pack_nonzero(torch.ones(9)))"
+    )
     env = dict(os.environ, MEMSAVE_NB_NATIVE="0")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                          timeout=120, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120, check=True
+    )
     assert done.stdout.splitlines() == ["off (MEMSAVE_NB_NATIVE=0)", "None"]
 
 
@@ -446,11 +460,14 @@ def test_a_cache_folder_others_can_write_is_not_trusted(tmp_path) -> None:
     shared.chmod(0o777)
     planted = shared / _native.library_name(_native._compiler())
     planted.write_bytes(b"not a library")  # loading it would fail loudly (OSError)
-    code = ("from memsave_nb.layers import _native; import torch;"
-            "print(_native.status()); print(_native.pack_nonzero(torch.ones(9)).tolist())")
+    code = (
+        "from memsave_nb.layers import _native; import torch;"
+        "print(_native.status()); print(_native.pack_nonzero(torch.ones(9)).tolist())"
+    )
     env = dict(os.environ, MEMSAVE_NB_CACHE=str(shared))
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                          timeout=120, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120, check=True
+    )
     assert done.stdout.splitlines() == ["built", "[255, 1]"]
     assert planted.read_bytes() == b"not a library"
 
@@ -512,8 +529,7 @@ def test_pool_offsets_match_the_torch_ops_both_ways(geometry) -> None:
     n = len(kernel)
     x = torch.randn(3, 4, *spatial, generator=torch.Generator().manual_seed(len(spatial)))
     x[0, 0].fill_(1.0)  # ties: the first maximum in window order is the argmax
-    out, flat = pool._POOL[n](x, kernel, stride, padding, dilation, ceil_mode,
-                              return_indices=True)
+    out, flat = pool._POOL[n](x, kernel, stride, padding, dilation, ceil_mode, return_indices=True)
     window = 1
     for k in kernel:
         window *= k
@@ -522,15 +538,13 @@ def test_pool_offsets_match_the_torch_ops_both_ways(geometry) -> None:
     deltas = pool._kernel_deltas(spatial, kernel, dilation)
     assert deltas is not None
     fused = _native.pool_offsets(flat, out_spatial, spatial, stride, padding, deltas, dtype)
-    torch_ops = pool._window_offsets(flat.clone(), out_spatial, spatial, kernel, stride,
-                                     padding, dilation, dtype)
+    torch_ops = pool._window_offsets(flat.clone(), out_spatial, spatial, kernel, stride, padding, dilation, dtype)
     assert fused is not None and fused.dtype == torch_ops.dtype == dtype
     assert torch.equal(fused, torch_ops)
     back = _native.pool_flat(fused, out_spatial, spatial, stride, padding, deltas)
     assert back is not None and back.dtype == torch.int64
     assert torch.equal(back, flat)  # the very indices stock's backward reads
-    assert torch.equal(back, pool._flat_indices(fused, out_spatial, spatial, kernel, stride,
-                                                padding, dilation))
+    assert torch.equal(back, pool._flat_indices(fused, out_spatial, spatial, kernel, stride, padding, dilation))
 
 
 def test_pool_kernels_stand_aside_where_they_must_not_run() -> None:
@@ -540,8 +554,7 @@ def test_pool_kernels_stand_aside_where_they_must_not_run() -> None:
     flat = torch.tensor([0, 1, 8, 9], dtype=torch.int64).repeat(2, 3, 4, 1).reshape(2, 3, 4, 4)
     flat += (torch.arange(4) * 16).view(4, 1) + (torch.arange(4) * 2)  # each window's start
     local = _native.pool_offsets(flat, *geometry, torch.uint8)
-    assert local is not None and torch.equal(local[0, 0, 0], torch.tensor([0, 1, 2, 3],
-                                                                          dtype=torch.uint8))
+    assert local is not None and torch.equal(local[0, 0, 0], torch.tensor([0, 1, 2, 3], dtype=torch.uint8))
     assert torch.equal(_native.pool_flat(local, *geometry), flat)
     assert _native.pool_offsets(flat, *geometry[:4], None, torch.uint8) is None  # no deltas
     assert _native.pool_offsets(flat.transpose(2, 3), *geometry, torch.uint8) is None

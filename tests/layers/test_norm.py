@@ -23,9 +23,15 @@ from memsave_nb.layers import MemSaveRMSNorm
     dtype=st.sampled_from([torch.float32, torch.float64, torch.bfloat16]),
     seed=st.integers(0, 999),
 )
-def test_rmsnorm_matches_stock(shape: list[int], norm_dims: int, eps: float | None,
-                               affine: bool, requires: tuple[bool, bool], dtype: torch.dtype,
-                               seed: int) -> None:
+def test_rmsnorm_matches_stock(
+    shape: list[int],
+    norm_dims: int,
+    eps: float | None,
+    affine: bool,
+    requires: tuple[bool, bool],
+    dtype: torch.dtype,
+    seed: int,
+) -> None:
     norm_dims = min(norm_dims, len(shape))
     torch.manual_seed(seed)
     stock = nn.RMSNorm(shape[-norm_dims:], eps=eps, elementwise_affine=affine).to(dtype)
@@ -50,20 +56,27 @@ def test_rmsnorm_keeps_input_and_rstd_only() -> None:
 # docs/layers.md; a change in a PyTorch release shows up here first.
 STOCK_FINDINGS = [
     ("Linear", lambda: nn.Linear(32, 32), {(True, True): 1.0, (True, False): 0.0, (False, True): 1.0}),
-    ("LayerNorm", lambda: nn.LayerNorm(32),
-     {(True, True): 1.0625, (True, False): 1.0625, (False, True): 1.0625}),
-    ("RMSNorm", lambda: nn.RMSNorm(32),
-     {(True, True): 2.03125, (True, False): 1.03125, (False, True): 1.0}),
+    ("LayerNorm", lambda: nn.LayerNorm(32), {(True, True): 1.0625, (True, False): 1.0625, (False, True): 1.0625}),
+    ("RMSNorm", lambda: nn.RMSNorm(32), {(True, True): 2.03125, (True, False): 1.03125, (False, True): 1.0}),
     ("GELU", lambda: nn.GELU(), {(True, None): 1.0}),
     ("GELU-tanh", lambda: nn.GELU("tanh"), {(True, None): 1.0}),
     ("SiLU", lambda: nn.SiLU(), {(True, None): 1.0}),
     # issue 11: the norms and activations of EfficientNet-, ConvNeXt- and MobileNet-shaped nets
-    ("GroupNorm", lambda: nn.GroupNorm(4, 16),  # x, mean and rstd per (sample, group)
-     {(True, True): 1.015625, (True, False): 1.015625, (False, True): 1.015625}),
-    ("InstanceNorm1d", lambda: nn.InstanceNorm1d(16),  # x, mean and invstd per (sample, ch.)
-     {(True, None): 1.0625}),
-    ("InstanceNorm1d-affine", lambda: nn.InstanceNorm1d(16, affine=True),  # + the weight repeated
-     {(True, True): 1.09375, (True, False): 1.09375, (False, True): 1.09375}),
+    (
+        "GroupNorm",
+        lambda: nn.GroupNorm(4, 16),  # x, mean and rstd per (sample, group)
+        {(True, True): 1.015625, (True, False): 1.015625, (False, True): 1.015625},
+    ),
+    (
+        "InstanceNorm1d",
+        lambda: nn.InstanceNorm1d(16),  # x, mean and invstd per (sample, ch.)
+        {(True, None): 1.0625},
+    ),
+    (
+        "InstanceNorm1d-affine",
+        lambda: nn.InstanceNorm1d(16, affine=True),  # + the weight repeated
+        {(True, True): 1.09375, (True, False): 1.09375, (False, True): 1.09375},
+    ),
     ("Hardswish", lambda: nn.Hardswish(), {(True, None): 1.0}),
     ("Hardswish-inplace", lambda: nn.Hardswish(inplace=True), {(True, None): 1.0}),  # a clone
     ("SiLU-inplace", lambda: nn.SiLU(inplace=True), {(True, None): 1.0}),  # a clone of x

@@ -29,8 +29,9 @@ def _case(model: nn.Module, case: str) -> bool:
     return case in ("input", "input_bn_eval", "first")
 
 
-def _alive_after_backward(model: nn.Module, x: torch.Tensor, input_grad: bool,
-                          retain: bool = False) -> dict[tuple, int]:
+def _alive_after_backward(
+    model: nn.Module, x: torch.Tensor, input_grad: bool, retain: bool = False
+) -> dict[tuple, int]:
     """(shape, dtype) -> count of storages made during the step and alive after backward,
     with the loss (and so the whole graph's nodes) still alive, as in a training step."""
     mode = LiveStorages()
@@ -43,8 +44,7 @@ def _alive_after_backward(model: nn.Module, x: torch.Tensor, input_grad: bool,
     keep |= {p.grad.untyped_storage()._cdata for p in model.parameters() if p.grad is not None}
     if xi.grad is not None:
         keep.add(xi.grad.untyped_storage()._cdata)
-    alive = [nbytes for key, (ref, nbytes) in mode.created.items()
-             if not ref.expired() and key not in keep]
+    alive = [nbytes for key, (ref, nbytes) in mode.created.items() if not ref.expired() and key not in keep]
     model.zero_grad(set_to_none=True)
     return {"count": len(alive), "bytes": sum(alive)}
 
@@ -82,9 +82,13 @@ def test_converted_peak_with_adamw_not_above_stock(case: str) -> None:
     input_grad = _case(model, case)
     model[-1].requires_grad_(True)
     x = torch.randn(4, 3, 32, 32)
-    workload = Workload(model, x, loss=lambda out: out.square().sum(),
-                        optimizer=lambda ps: torch.optim.AdamW(ps),
-                        input_requires_grad=input_grad)
+    workload = Workload(
+        model,
+        x,
+        loss=lambda out: out.square().sum(),
+        optimizer=lambda ps: torch.optim.AdamW(ps),
+        input_requires_grad=input_grad,
+    )
     stock = measure(workload, mode="real", repeats=0, flops=False)
     conversion = convert(model)
     try:
@@ -107,8 +111,7 @@ def test_zoo_cnn_converted_peak_not_above_stock(frozen: bool) -> None:
     if frozen:  # fine-tuning the head only, input gradient off
         model.requires_grad_(False)
         list(model.modules())[-1].requires_grad_(True)
-    workload = Workload(model, workload.batch, loss=workload.loss,
-                        optimizer=lambda ps: torch.optim.AdamW(ps))
+    workload = Workload(model, workload.batch, loss=workload.loss, optimizer=lambda ps: torch.optim.AdamW(ps))
     stock = measure(workload, mode="fake", repeats=0, flops=False)
     conversion = convert(model)
     try:

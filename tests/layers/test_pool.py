@@ -26,8 +26,9 @@ def pool_case(draw: st.DrawFn) -> dict:
     padding = [draw(st.integers(0, k // 2)) for k in kernel]
     return dict(
         n=n,
-        kwargs=dict(kernel_size=kernel, stride=stride, padding=padding, dilation=dilation,
-                    ceil_mode=draw(st.booleans())),
+        kwargs=dict(
+            kernel_size=kernel, stride=stride, padding=padding, dilation=dilation, ceil_mode=draw(st.booleans())
+        ),
         batch=draw(st.sampled_from([0, 2])),
         # small inputs make windows wider than the input: the division fallback
         size=[draw(st.integers(2, 10)) for _ in range(n)],

@@ -30,8 +30,9 @@ def ours_of(stock: nn.Module) -> nn.Module:
     hooks=st.booleans(),
     seed=st.integers(0, 999),
 )
-def test_hardtanh_matches_stock(bounds, inplace: bool, shape: list[int], dtype: torch.dtype,
-                                hooks: bool, seed: int) -> None:
+def test_hardtanh_matches_stock(
+    bounds, inplace: bool, shape: list[int], dtype: torch.dtype, hooks: bool, seed: int
+) -> None:
     torch.manual_seed(seed)
     x = torch.randn(shape, dtype=dtype) * 4
     flat = x.view(-1)
@@ -89,8 +90,10 @@ def test_relu6_keeps_no_mask_beside_an_output_the_next_conv_keeps() -> None:
 
 # -- feature and alpha dropout ------------------------------------------------------------------
 DROPOUTS = {
-    "dropout1d": (nn.Dropout1d, 3), "dropout2d": (nn.Dropout2d, 4),
-    "dropout3d": (nn.Dropout3d, 5), "alpha": (nn.AlphaDropout, None),
+    "dropout1d": (nn.Dropout1d, 3),
+    "dropout2d": (nn.Dropout2d, 4),
+    "dropout3d": (nn.Dropout3d, 5),
+    "alpha": (nn.AlphaDropout, None),
     "feature_alpha": (nn.FeatureAlphaDropout, None),
 }
 
@@ -106,8 +109,9 @@ DROPOUTS = {
     dtype=st.sampled_from([torch.float32, torch.float64, torch.bfloat16]),
     seed=st.integers(0, 999),
 )
-def test_dropouts_match_stock(kind: str, p: float, inplace: bool, training: bool,
-                              unbatched: bool, dims: int, dtype: torch.dtype, seed: int) -> None:
+def test_dropouts_match_stock(
+    kind: str, p: float, inplace: bool, training: bool, unbatched: bool, dims: int, dtype: torch.dtype, seed: int
+) -> None:
     cls, batched_dim = DROPOUTS[kind]
     if batched_dim is not None:
         dims = batched_dim - (1 if unbatched else 0)
@@ -159,9 +163,9 @@ ADAPTIVE = {1: nn.AdaptiveMaxPool1d, 2: nn.AdaptiveMaxPool2d, 3: nn.AdaptiveMaxP
     channels_last=st.booleans(),
     seed=st.integers(0, 999),
 )
-def test_adaptive_maxpool_matches_stock(n: int, sizes: list[int], outs: list, batch: int,
-                                        dtype: torch.dtype, channels_last: bool,
-                                        seed: int) -> None:
+def test_adaptive_maxpool_matches_stock(
+    n: int, sizes: list[int], outs: list, batch: int, dtype: torch.dtype, channels_last: bool, seed: int
+) -> None:
     out_size = outs[:n] if n > 1 else outs[0]
     assume(n > 1 or out_size is not None)
     torch.manual_seed(seed)
@@ -175,14 +179,19 @@ def test_adaptive_maxpool_matches_stock(n: int, sizes: list[int], outs: list, ba
     assert_same(a, b, exact_output=True, exact_grads=True)
 
 
-@pytest.mark.parametrize("n,size,out,index_dtype", [
-    (1, 20, 5, torch.uint8), (2, 14, 7, torch.uint8), (2, 7, 1, torch.uint8),
-    (3, 6, 3, torch.uint8), (2, 40, 2, torch.int16),
-])
-def test_adaptive_maxpool_keeps_window_offsets(n: int, size: int, out: int,
-                                               index_dtype: torch.dtype) -> None:
+@pytest.mark.parametrize(
+    "n,size,out,index_dtype",
+    [
+        (1, 20, 5, torch.uint8),
+        (2, 14, 7, torch.uint8),
+        (2, 7, 1, torch.uint8),
+        (3, 6, 3, torch.uint8),
+        (2, 40, 2, torch.int16),
+    ],
+)
+def test_adaptive_maxpool_keeps_window_offsets(n: int, size: int, out: int, index_dtype: torch.dtype) -> None:
     x = torch.randn(2, 3, *([size] * n), requires_grad=True)
-    out_numel = 2 * 3 * out ** n
+    out_numel = 2 * 3 * out**n
     stock = module_saved_bytes(ADAPTIVE[n](out), x)
     ours = module_saved_bytes(MEMSAVE_LAYERS[ADAPTIVE[n]](out), x)
     assert stock == x.numel() * 4 + out_numel * 8
@@ -197,10 +206,18 @@ def test_adaptive_maxpool_return_indices_is_stock() -> None:
 
 
 def test_new_layers_are_converted() -> None:
-    model = nn.Sequential(nn.ReLU6(), nn.Hardtanh(), nn.Dropout1d(), nn.Dropout2d(),
-                          nn.Dropout3d(), nn.AlphaDropout(), nn.FeatureAlphaDropout(),
-                          nn.AdaptiveMaxPool1d(2), nn.AdaptiveMaxPool2d(2),
-                          nn.AdaptiveMaxPool3d(2))
+    model = nn.Sequential(
+        nn.ReLU6(),
+        nn.Hardtanh(),
+        nn.Dropout1d(),
+        nn.Dropout2d(),
+        nn.Dropout3d(),
+        nn.AlphaDropout(),
+        nn.FeatureAlphaDropout(),
+        nn.AdaptiveMaxPool1d(2),
+        nn.AdaptiveMaxPool2d(2),
+        nn.AdaptiveMaxPool3d(2),
+    )
     originals = [type(m) for m in model]
     conversion = convert(model)
     assert len(conversion) == len(model)

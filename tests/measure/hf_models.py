@@ -20,8 +20,9 @@ def gpt2(batch: int = 2, seq: int = 32, *, layers: int = 2, d: int = 64, vocab: 
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
-    cfg = GPT2Config(n_layer=layers, n_embd=d, n_head=4, vocab_size=vocab, n_positions=max(64, seq),
-                     bos_token_id=0, eos_token_id=0)
+    cfg = GPT2Config(
+        n_layer=layers, n_embd=d, n_head=4, vocab_size=vocab, n_positions=max(64, seq), bos_token_id=0, eos_token_id=0
+    )
     ids = _ids(batch, seq, vocab)
     return Workload(GPT2LMHeadModel(cfg), {"input_ids": ids, "labels": ids}, name="gpt2")
 
@@ -29,9 +30,17 @@ def gpt2(batch: int = 2, seq: int = 32, *, layers: int = 2, d: int = 64, vocab: 
 def llama_config(layers: int = 2, d: int = 64, vocab: int = VOCAB):
     from transformers import LlamaConfig
 
-    return LlamaConfig(hidden_size=d, intermediate_size=2 * d, num_hidden_layers=layers, num_attention_heads=4,
-                       num_key_value_heads=2, vocab_size=vocab, max_position_embeddings=512,
-                       bos_token_id=0, eos_token_id=0)
+    return LlamaConfig(
+        hidden_size=d,
+        intermediate_size=2 * d,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=vocab,
+        max_position_embeddings=512,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
 
 
 def llama(batch: int = 2, seq: int = 32, *, layers: int = 2, d: int = 64, vocab: int = VOCAB) -> Workload:
@@ -46,18 +55,37 @@ def bert(batch: int = 2, seq: int = 32, *, layers: int = 2, d: int = 64, vocab: 
     from transformers import BertConfig, BertForSequenceClassification
 
     torch.manual_seed(0)
-    cfg = BertConfig(hidden_size=d, num_hidden_layers=layers, num_attention_heads=4, intermediate_size=2 * d,
-                     vocab_size=vocab, max_position_embeddings=max(64, seq))
+    cfg = BertConfig(
+        hidden_size=d,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        intermediate_size=2 * d,
+        vocab_size=vocab,
+        max_position_embeddings=max(64, seq),
+    )
     ids = _ids(batch, seq, vocab)
-    return Workload(BertForSequenceClassification(cfg), {"input_ids": ids, "labels": torch.tensor([0, 1] * (batch // 2) + [0] * (batch % 2))}, name="bert")
+    return Workload(
+        BertForSequenceClassification(cfg),
+        {"input_ids": ids, "labels": torch.tensor([0, 1] * (batch // 2) + [0] * (batch % 2))},
+        name="bert",
+    )
 
 
 def t5(batch: int = 2, seq: int = 32, *, layers: int = 2, d: int = 64, vocab: int = VOCAB) -> Workload:
     from transformers import T5Config, T5ForConditionalGeneration
 
     torch.manual_seed(0)
-    cfg = T5Config(d_model=d, d_kv=16, d_ff=2 * d, num_layers=layers, num_heads=4, vocab_size=vocab,
-                   decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+    cfg = T5Config(
+        d_model=d,
+        d_kv=16,
+        d_ff=2 * d,
+        num_layers=layers,
+        num_heads=4,
+        vocab_size=vocab,
+        decoder_start_token_id=0,
+        pad_token_id=0,
+        eos_token_id=1,
+    )
     ids = _ids(batch, seq, vocab)
     return Workload(T5ForConditionalGeneration(cfg), {"input_ids": ids, "labels": ids}, name="t5")
 
@@ -76,12 +104,27 @@ def qwen2(batch: int = 2, seq: int = 32, *, layers: int = 2, d: int = 64, vocab:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
-    cfg = Qwen2Config(hidden_size=d, intermediate_size=3 * d, num_hidden_layers=layers, num_attention_heads=4,
-                      num_key_value_heads=2, vocab_size=vocab, max_position_embeddings=512, tie_word_embeddings=False,
-                      bos_token_id=0, eos_token_id=0)
+    cfg = Qwen2Config(
+        hidden_size=d,
+        intermediate_size=3 * d,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=vocab,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     ids = _ids(batch, seq, vocab)
     return Workload(Qwen2ForCausalLM(cfg), {"input_ids": ids, "labels": ids}, name="qwen2")
 
 
-MODELS: dict[str, Callable[..., Workload]] = {"gpt2": gpt2, "bert": bert, "llama": llama, "t5": t5,
-                                              "lora-llama": lora_llama, "qwen2": qwen2}
+MODELS: dict[str, Callable[..., Workload]] = {
+    "gpt2": gpt2,
+    "bert": bert,
+    "llama": llama,
+    "t5": t5,
+    "lora-llama": lora_llama,
+    "qwen2": qwen2,
+}

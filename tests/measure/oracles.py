@@ -51,9 +51,13 @@ def closure_tensors(wl: Workload) -> list[torch.Tensor]:
     targets = getattr(wl.loss, "targets", None)
     found = [targets] if targets is not None else []
     cells = getattr(wl.loss, "__closure__", None) or ()
-    found += [c.cell_contents for c in cells if isinstance(c.cell_contents, torch.Tensor) and c.cell_contents is not targets]
+    found += [
+        c.cell_contents for c in cells if isinstance(c.cell_contents, torch.Tensor) and c.cell_contents is not targets
+    ]
     for module in wl.model.modules():
-        found += [v for v in vars(module).values() if isinstance(v, torch.Tensor) and not isinstance(v, torch.nn.Parameter)]
+        found += [
+            v for v in vars(module).values() if isinstance(v, torch.Tensor) and not isinstance(v, torch.nn.Parameter)
+        ]
     return found
 
 
@@ -239,6 +243,7 @@ def frozen_aware_memtracker() -> type:
             if install_grad_hooks:
                 for p in module.parameters():
                     if p.requires_grad and self._param_to_grad_hook_handles.get(p) is None:
+
                         def on_grad(grad: torch.Tensor) -> None:
                             self._update_and_maybe_create_winfos(grad, _MemRefType.GRAD)
 

@@ -80,8 +80,12 @@ def engine_loop_peak(wl: Workload) -> AllocatorCount:
 
 def _strided_conv() -> Workload:
     torch.manual_seed(0)
-    return Workload(nn.Conv2d(16, 32, 3, stride=2, padding=1), torch.randn(8, 16, 32, 32), loss=lambda o: o.sum(),
-                    name="strided_conv")
+    return Workload(
+        nn.Conv2d(16, 32, 3, stride=2, padding=1),
+        torch.randn(8, 16, 32, 32),
+        loss=lambda o: o.sum(),
+        name="strided_conv",
+    )
 
 
 def _gpt_tiny() -> Workload:
@@ -105,8 +109,11 @@ CASES = [
     pytest.param(_gpt_tiny, None, id="zoo_gpt"),
     pytest.param(_gpt_tiny, Plan(regions={"blocks.0": "full", "blocks.1": "full"}), id="zoo_gpt_full_ac"),
     pytest.param(_gpt_tiny, Plan(regions={"blocks.0": "save_matmuls", "blocks.1": "save_matmuls"}), id="zoo_gpt_sac"),
-    pytest.param(_gpt_tiny, Plan(accumulation_steps=2, set_to_none=False, regions={"blocks.1": "full"}),
-                 id="zoo_gpt_accumulate_zeroed_grads_ac"),
+    pytest.param(
+        _gpt_tiny,
+        Plan(accumulation_steps=2, set_to_none=False, regions={"blocks.1": "full"}),
+        id="zoo_gpt_accumulate_zeroed_grads_ac",
+    ),
     pytest.param(_hf_llama, None, id="hf_llama"),
     pytest.param(_lora_llama, None, id="lora_llama"),
 ]
@@ -151,8 +158,9 @@ def _one_conv(spec, batch: int = 4) -> Workload:
     x = torch.randn(batch, c_in, 12, 12, dtype=dtype)
     if layout == "channels_last":
         conv, x = conv.to(memory_format=torch.channels_last), x.to(memory_format=torch.channels_last)
-    return Workload(conv, x, loss=lambda o: o.float().sum(), optimizer="sgd", input_requires_grad=input_grad,
-                    name="conv")
+    return Workload(
+        conv, x, loss=lambda o: o.float().sum(), optimizer="sgd", input_requires_grad=input_grad, name="conv"
+    )
 
 
 @pytest.mark.parametrize("spec", list(CONV_GRID.values()), ids=list(CONV_GRID))

@@ -94,7 +94,9 @@ def test_timeline_consistent(case):
     final = {c: tl.by_category[c][-1] for c in CATEGORIES}
     assert final["activations"] == final["outputs"] == final["temporaries"] == 0
     assert m.steady_state
-    assert final["optimizer_state"] == tl.by_category["optimizer_state"][starts["forward"]] == m.peak_split.optimizer_state
+    assert (
+        final["optimizer_state"] == tl.by_category["optimizer_state"][starts["forward"]] == m.peak_split.optimizer_state
+    )
     assert final["parameters"] == m.peak_split.parameters
     wl = case.build()
     trainable = sum(p.numel() * p.element_size() for p in wl.model.parameters() if p.requires_grad)
@@ -123,4 +125,8 @@ def test_flops_off_changes_nothing_else():
     case = CASE["zoo_gpt"]
     on, off = measured(case), measure(case.build(), repeats=0, flops=False)
     assert off.flops == 0 and on.flops > 0
-    assert (off.peak_bytes, off.saved_bytes, off.timeline.total()) == (on.peak_bytes, on.saved_bytes, on.timeline.total())
+    assert (off.peak_bytes, off.saved_bytes, off.timeline.total()) == (
+        on.peak_bytes,
+        on.saved_bytes,
+        on.timeline.total(),
+    )

@@ -30,26 +30,62 @@ from memsave_nb.layers.linear_ce import chunked_linear_cross_entropy
 from memsave_nb.loss import causal_lm
 
 V = 97
-TINY = {"hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "head_dim": 8, "vocab_size": V, "max_position_embeddings": 64,
-        "bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 0}
+TINY = {
+    "hidden_size": 32,
+    "intermediate_size": 48,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 8,
+    "vocab_size": V,
+    "max_position_embeddings": 64,
+    "bos_token_id": 0,
+    "eos_token_id": 0,
+    "pad_token_id": 0,
+}
 SHRINK = {  # catalogue model_type -> the fields that make it tiny
-    "llama": TINY, "qwen2": TINY, "qwen3": TINY, "mistral": TINY,
+    "llama": TINY,
+    "qwen2": TINY,
+    "qwen3": TINY,
+    "mistral": TINY,
     "gemma2": {**TINY, "sliding_window": 16, "query_pre_attn_scalar": 8},
     "phi3": {**TINY, "original_max_position_embeddings": 64},
-    "gpt2": {"n_embd": 32, "n_layer": 2, "n_head": 4, "n_positions": 64, "vocab_size": V, "resid_pdrop": 0.0,
-             "embd_pdrop": 0.0, "attn_pdrop": 0.0, "bos_token_id": 0, "eos_token_id": 0},
+    "gpt2": {
+        "n_embd": 32,
+        "n_layer": 2,
+        "n_head": 4,
+        "n_positions": 64,
+        "vocab_size": V,
+        "resid_pdrop": 0.0,
+        "embd_pdrop": 0.0,
+        "attn_pdrop": 0.0,
+        "bos_token_id": 0,
+        "eos_token_id": 0,
+    },
 }
 EXTRA = {  # families outside the catalogue whose forward changes the logits or the loss
     "gemma": ("gemma", {**TINY}),
-    "gemma3": ("gemma3_text", {**TINY, "sliding_window": 16, "query_pre_attn_scalar": 8, "final_logit_softcapping": 3.0}),
+    "gemma3": (
+        "gemma3_text",
+        {**TINY, "sliding_window": 16, "query_pre_attn_scalar": 8, "final_logit_softcapping": 3.0},
+    ),
     "cohere": ("cohere", {**TINY, "logit_scale": 4.0}),
     "granite": ("granite", {**TINY, "logits_scaling": 0.25}),
-    "mixtral-router": ("mixtral", {**TINY, "num_local_experts": 4, "num_experts_per_tok": 2,
-                                   "output_router_logits": True, "router_aux_loss_coef": 0.5,
-                                   "experts_implementation": "eager"}),  # grouped_mm has no CPU float64
-    "mixtral": ("mixtral", {**TINY, "num_local_experts": 4, "num_experts_per_tok": 2,
-                            "experts_implementation": "eager"}),
+    "mixtral-router": (
+        "mixtral",
+        {
+            **TINY,
+            "num_local_experts": 4,
+            "num_experts_per_tok": 2,
+            "output_router_logits": True,
+            "router_aux_loss_coef": 0.5,
+            "experts_implementation": "eager",
+        },
+    ),  # grouped_mm has no CPU float64
+    "mixtral": (
+        "mixtral",
+        {**TINY, "num_local_experts": 4, "num_experts_per_tok": 2, "experts_implementation": "eager"},
+    ),
 }
 
 
@@ -73,7 +109,9 @@ CASES = {**CATALOGUE, **EXTRA}
 
 def test_every_causal_family_of_the_catalogue_is_shrunk_and_allowed():
     assert {t for t, _ in CATALOGUE.values()} == set(SHRINK)  # a new family needs its tiny config here
-    assert {"gemma-2-2b", "gpt2", "llama-3.2-1b", "qwen2.5-0.5b", "qwen3-0.6b", "mistral-7b", "phi-3.5-mini"} <= set(CATALOGUE)
+    assert {"gemma-2-2b", "gpt2", "llama-3.2-1b", "qwen2.5-0.5b", "qwen3-0.6b", "mistral-7b", "phi-3.5-mini"} <= set(
+        CATALOGUE
+    )
 
 
 def _model(case: str) -> torch.nn.Module:
@@ -111,7 +149,9 @@ def _reference(model, batch) -> torch.Tensor:
 
 def _close(ours, theirs, rel):
     for name, a, b in zip(*ours, theirs):
-        torch.testing.assert_close(a, b, rtol=0, atol=rel * b.abs().max().item() + 1e-300, msg=lambda m, name=name: f"{name}: {m}")
+        torch.testing.assert_close(
+            a, b, rtol=0, atol=rel * b.abs().max().item() + 1e-300, msg=lambda m, name=name: f"{name}: {m}"
+        )
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -140,8 +180,15 @@ def test_chunked_loss_and_gradients_equal_the_models_own_float64(case):
     _close((params, g_ours), g_own, 1e-5)
 
 
-@pytest.mark.parametrize("case, transform", [("gemma-2-2b", {"softcap": 30.0}), ("gemma3", {"softcap": 3.0}),
-                                             ("cohere", {"logit_scale": 4.0}), ("granite", {"logit_scale": 4.0})])
+@pytest.mark.parametrize(
+    "case, transform",
+    [
+        ("gemma-2-2b", {"softcap": 30.0}),
+        ("gemma3", {"softcap": 3.0}),
+        ("cohere", {"logit_scale": 4.0}),
+        ("granite", {"logit_scale": 4.0}),
+    ],
+)
 def test_the_transform_is_read_and_matters(case, transform):
     """The family's head transform is the one its config says, and leaving it out would change
     the loss by more than 0.05 (so the equality above can fail)."""
@@ -163,31 +210,67 @@ def test_router_loss_matters():
     assert causal_lm(model)[2].router_aux
 
 
-@pytest.mark.parametrize("cls_name, words", [
-    ("BertForMaskedLM", "BertForMaskedLM is a masked LM"),
-    ("ModernBertForMaskedLM", "ModernBertForMaskedLM is a masked LM"),
-    ("BartForConditionalGeneration", "is an encoder-decoder"),
-    ("T5ForConditionalGeneration", "is an encoder-decoder"),
-    ("WhisperForConditionalGeneration", "is an encoder-decoder"),
-    ("BertLMHeadModel", "has not checked"),
-])
+@pytest.mark.parametrize(
+    "cls_name, words",
+    [
+        ("BertForMaskedLM", "BertForMaskedLM is a masked LM"),
+        ("ModernBertForMaskedLM", "ModernBertForMaskedLM is a masked LM"),
+        ("BartForConditionalGeneration", "is an encoder-decoder"),
+        ("T5ForConditionalGeneration", "is an encoder-decoder"),
+        ("WhisperForConditionalGeneration", "is an encoder-decoder"),
+        ("BertLMHeadModel", "has not checked"),
+    ],
+)
 def test_refused_in_one_line_before_the_step(cls_name, words):
     import transformers
 
-    cfgs = {"Bert": transformers.BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
-                                            intermediate_size=48, vocab_size=V, is_decoder=True),
-            "ModernBert": transformers.ModernBertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
-                                                        intermediate_size=48, vocab_size=V, pad_token_id=0,
-                                                        bos_token_id=0, eos_token_id=0, cls_token_id=0, sep_token_id=0),
-            "Bart": transformers.BartConfig(d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4,
-                                            decoder_attention_heads=4, encoder_ffn_dim=48, decoder_ffn_dim=48,
-                                            vocab_size=V),
-            "T5": transformers.T5Config(d_model=32, d_ff=48, d_kv=8, num_layers=1, num_heads=4, vocab_size=V),
-            "Whisper": transformers.WhisperConfig(d_model=32, encoder_layers=1, decoder_layers=1,
-                                                  encoder_attention_heads=4, decoder_attention_heads=4,
-                                                  encoder_ffn_dim=48, decoder_ffn_dim=48, vocab_size=V,
-                                                  pad_token_id=0, bos_token_id=0, eos_token_id=0,
-                                                  decoder_start_token_id=0)}
+    cfgs = {
+        "Bert": transformers.BertConfig(
+            hidden_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            intermediate_size=48,
+            vocab_size=V,
+            is_decoder=True,
+        ),
+        "ModernBert": transformers.ModernBertConfig(
+            hidden_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            intermediate_size=48,
+            vocab_size=V,
+            pad_token_id=0,
+            bos_token_id=0,
+            eos_token_id=0,
+            cls_token_id=0,
+            sep_token_id=0,
+        ),
+        "Bart": transformers.BartConfig(
+            d_model=32,
+            encoder_layers=1,
+            decoder_layers=1,
+            encoder_attention_heads=4,
+            decoder_attention_heads=4,
+            encoder_ffn_dim=48,
+            decoder_ffn_dim=48,
+            vocab_size=V,
+        ),
+        "T5": transformers.T5Config(d_model=32, d_ff=48, d_kv=8, num_layers=1, num_heads=4, vocab_size=V),
+        "Whisper": transformers.WhisperConfig(
+            d_model=32,
+            encoder_layers=1,
+            decoder_layers=1,
+            encoder_attention_heads=4,
+            decoder_attention_heads=4,
+            encoder_ffn_dim=48,
+            decoder_ffn_dim=48,
+            vocab_size=V,
+            pad_token_id=0,
+            bos_token_id=0,
+            eos_token_id=0,
+            decoder_start_token_id=0,
+        ),
+    }
     prefix = next(p for p in sorted(cfgs, key=len, reverse=True) if cls_name.startswith(p))
     model = getattr(transformers, cls_name)(cfgs[prefix])
     before = {k: v.clone() for k, v in model.state_dict().items()}
@@ -258,8 +341,9 @@ def test_the_planner_leaves_the_knob_out_on_a_masked_lm():
     from memsave_nb.planner.what_fits import what_would_fit
     from memsave_nb.target import Target
 
-    cfg = transformers.BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=48,
-                                  vocab_size=V)
+    cfg = transformers.BertConfig(
+        hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=48, vocab_size=V
+    )
     model = transformers.BertForMaskedLM(cfg)
     ids = torch.randint(1, V, (2, 8))
     hints = what_would_fit(Workload(model, {"input_ids": ids, "labels": ids.clone()}), Plan(), Target(1), gpus=False)

@@ -23,7 +23,9 @@ from memsave_nb.workload import Workload
 
 def _mlp_workload() -> Workload:
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(8, 16), nn.Sequential(nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 16)), nn.Linear(16, 4))
+    model = nn.Sequential(
+        nn.Linear(8, 16), nn.Sequential(nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 16)), nn.Linear(16, 4)
+    )
     x, y = torch.randn(6, 8), torch.randint(0, 4, (6,))
     return Workload(model, x, loss=lambda out: F.cross_entropy(out, y), name="mlp")
 
@@ -42,7 +44,11 @@ def test_bf16_master_weights_counted_once_real_equals_fake():
     # (plain SGD has no state of its own) and nothing else of the engine's is alive
     assert real.end_of_forward.optimizer_state == 4 * n
     assert real.end_of_forward.temporaries == 0
-    assert (real.peak_bytes, real.peak_split, real.end_of_forward) == (fake.peak_bytes, fake.peak_split, fake.end_of_forward)
+    assert (real.peak_bytes, real.peak_split, real.end_of_forward) == (
+        fake.peak_bytes,
+        fake.peak_split,
+        fake.end_of_forward,
+    )
 
 
 def test_adafactor_measures_in_fake_mode_as_in_real_mode():
@@ -52,8 +58,11 @@ def test_adafactor_measures_in_fake_mode_as_in_real_mode():
             real = measure(applied, "real", repeats=0, flops=False, steady_state=steady)
             fake = measure(applied, "fake", flops=False, steady_state=steady)
         assert real.peak_split.optimizer_state > 0
-        assert (fake.peak_bytes, fake.peak_split, fake.first_step_peak_bytes) == \
-            (real.peak_bytes, real.peak_split, real.first_step_peak_bytes)
+        assert (fake.peak_bytes, fake.peak_split, fake.first_step_peak_bytes) == (
+            real.peak_bytes,
+            real.peak_split,
+            real.first_step_peak_bytes,
+        )
     assert "item" not in torch.Tensor.__dict__  # the fake-scalar answer is gone after the step
 
 

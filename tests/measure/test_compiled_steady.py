@@ -41,7 +41,10 @@ def test_profiler_counter_equals_the_engine_in_steady_state(fields):
     assert profiled.saved_bytes == engine.saved_bytes + scalar
     for category in CATEGORIES:
         extra = scalar if category == "activations" else 0
-        assert getattr(profiled.peak_split, category) in (getattr(engine.peak_split, category), getattr(engine.peak_split, category) + extra), category
+        assert getattr(profiled.peak_split, category) in (
+            getattr(engine.peak_split, category),
+            getattr(engine.peak_split, category) + extra,
+        ), category
     assert abs(profiled.peak_bytes - engine.peak_bytes) <= 64
     assert abs(profiled.first_step_peak_bytes - engine.first_step_peak_bytes) <= 64
 

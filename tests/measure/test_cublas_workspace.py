@@ -14,19 +14,28 @@ from memsave_nb.measure.cublas_workspace import workspace_bytes
 from memsave_nb.measure.reserved import run_ops, settings_of
 from memsave_nb.target import Target, reserved_verdict
 
-SMALL = dict(overrides=dict(num_hidden_layers=2, hidden_size=128, intermediate_size=256, num_attention_heads=4,
-                            num_key_value_heads=2, vocab_size=1024), seq_len=64)
+SMALL = dict(
+    overrides=dict(
+        num_hidden_layers=2,
+        hidden_size=128,
+        intermediate_size=256,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=1024,
+    ),
+    seq_len=64,
+)
 MIB = 2**20
 
 
 def test_sizes_follow_the_gpu_and_cublas_workspace_config():
-    assert workspace_bytes("h100", "") == 32 * MIB                     # 4096 * 8 * 1024 on sm90+
+    assert workspace_bytes("h100", "") == 32 * MIB  # 4096 * 8 * 1024 on sm90+
     assert workspace_bytes("b200", "") == 32 * MIB
-    assert workspace_bytes("a100", "") == 8_519_680                    # :4096:2:16:8
+    assert workspace_bytes("a100", "") == 8_519_680  # :4096:2:16:8
     assert workspace_bytes("a100", ":4096:8") == 32 * MIB
-    assert workspace_bytes("h100", ":16:8") == 131_072                 # the deterministic-mode setting
+    assert workspace_bytes("h100", ":16:8") == 131_072  # the deterministic-mode setting
     assert workspace_bytes("h100", ":4096:2:16:8") == 8_519_680
-    assert workspace_bytes("h100", "nonsense") == 32 * MIB             # unparsable: the default
+    assert workspace_bytes("h100", "nonsense") == 32 * MIB  # unparsable: the default
 
 
 def _measure(gpu):
@@ -44,7 +53,10 @@ def test_the_replay_reserves_the_workspace_and_the_verdict_names_it(monkeypatch)
     assert r.max_reserved_bytes - without.max_reserved == 32 * MIB
     assert r.max_allocated_bytes - without.max_allocated == 32 * MIB
     lines = reserved_verdict(Target(80), m).lines()
-    assert any(line.startswith("  cuBLAS workspace: 32.0 MiB, inside the predicted reserved (CublasHandlePool.cpp") for line in lines), lines
+    assert any(
+        line.startswith("  cuBLAS workspace: 32.0 MiB, inside the predicted reserved (CublasHandlePool.cpp")
+        for line in lines
+    ), lines
     cpu = measure(wl.replace(sized_for=None), mode="fake")
     assert cpu.reserved.workspace_bytes == 0
 

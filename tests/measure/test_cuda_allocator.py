@@ -22,7 +22,12 @@ def test_rounding_and_segment_sizes():
     assert round_size(1200 * MiB, 4) == 1280 * MiB
     assert round_size(1024 * MiB, 4) == 1024 * MiB
     assert [allocation_size(n) for n in (512, MiB, MiB + 512, 10 * MiB - 512, 10 * MiB + 1)] == [
-        2 * MiB, 2 * MiB, 20 * MiB, 20 * MiB, 12 * MiB]
+        2 * MiB,
+        2 * MiB,
+        20 * MiB,
+        20 * MiB,
+        12 * MiB,
+    ]
 
 
 def test_small_pool_packs_and_large_pool_splits_only_over_1mib():

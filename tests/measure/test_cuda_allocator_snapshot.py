@@ -65,11 +65,14 @@ class _Evil:
         return (os.system, ("touch " + str(PWNED),))
 
 
-@pytest.mark.parametrize("payload, words", [
-    (pickle.dumps({"x" * 300: 1, "segments": [_Evil()]}), "names a class"),
-    (b"\x80\x04junk", "not a memory snapshot"),
-    (pickle.dumps([1, 2]), "no 'segments' list"),
-])
+@pytest.mark.parametrize(
+    "payload, words",
+    [
+        (pickle.dumps({"x" * 300: 1, "segments": [_Evil()]}), "names a class"),
+        (b"\x80\x04junk", "not a memory snapshot"),
+        (pickle.dumps([1, 2]), "no 'segments' list"),
+    ],
+)
 def test_hostile_or_wrong_files_are_refused_in_one_line(payload, words):
     with pytest.raises(WorkloadError, match=words) as e:
         load_snapshot(payload)

@@ -35,28 +35,31 @@ def _choice(gpu, d=64, dtype=torch.bfloat16, mask=False, causal=False, lk=L, dro
     return select_backend(q, k, v, m, dropout, causal, gqa, gpu_of(gpu))
 
 
-@pytest.mark.parametrize("gpu, kwargs, backend", [
-    ("h100", {}, CUDNN),                                  # check_prefer_cudnn_attention: sm90 leads with cuDNN
-    ("a100", {}, FLASH),                                  # default order: flash first
-    ("a100", dict(gqa=True), FLASH),                      # flash takes grouped-query heads
-    ("a100", dict(dtype=torch.float32), EFFICIENT),       # check_dtypes_flash_attention: fp16/bf16 only
-    ("h100", dict(dtype=torch.float32), EFFICIENT),       # cuDNN: check_dtypes_low_precision
-    ("a100", dict(mask=True), EFFICIENT),                 # check_for_attn_mask: flash takes no mask
-    ("h100", dict(mask=True), CUDNN),                     # cuDNN takes the bias
-    ("a100", dict(d=60), FLASH),                          # flash: head dim <= 256 (padded to 8 by the composite)
-    ("h100", dict(d=60), FLASH),                          # cuDNN: head dim a multiple of 8
-    ("a100", dict(d=300), MATH),                          # > 256 for flash; 300 % 8 for memory-efficient
-    ("a100", dict(d=512), EFFICIENT),                     # memory-efficient has no head-dim limit on CUDA
-    ("h100", dict(d=256), CUDNN),                         # cuDNN > 9.22 on sm90: head dim 256 forward and backward
-    ("h100", dict(d=200), FLASH),                         # cuDNN's backward: <= 128, 192/128 or 256/256 only
-    ("a100", dict(d=256), FLASH),
-    ("a10", dict(d=200), EFFICIENT),                      # sm86 training with head dim in (192, 224]
-    ("a100", dict(causal=True, lk=64), EFFICIENT),        # flash: causal needs seq_q == seq_k
-    ("v100", {}, MATH),                                   # sm70: bf16 in no fused kernel
-    ("v100", dict(dtype=torch.float16), EFFICIENT),       # sm70: no flash, memory-efficient takes fp16
-    ("a100", dict(dtype=torch.float64), MATH),
-    ("a100", dict(dtype=torch.float32, d=30), MATH),      # memory-efficient: fp32 head dim a multiple of 4
-])
+@pytest.mark.parametrize(
+    "gpu, kwargs, backend",
+    [
+        ("h100", {}, CUDNN),  # check_prefer_cudnn_attention: sm90 leads with cuDNN
+        ("a100", {}, FLASH),  # default order: flash first
+        ("a100", dict(gqa=True), FLASH),  # flash takes grouped-query heads
+        ("a100", dict(dtype=torch.float32), EFFICIENT),  # check_dtypes_flash_attention: fp16/bf16 only
+        ("h100", dict(dtype=torch.float32), EFFICIENT),  # cuDNN: check_dtypes_low_precision
+        ("a100", dict(mask=True), EFFICIENT),  # check_for_attn_mask: flash takes no mask
+        ("h100", dict(mask=True), CUDNN),  # cuDNN takes the bias
+        ("a100", dict(d=60), FLASH),  # flash: head dim <= 256 (padded to 8 by the composite)
+        ("h100", dict(d=60), FLASH),  # cuDNN: head dim a multiple of 8
+        ("a100", dict(d=300), MATH),  # > 256 for flash; 300 % 8 for memory-efficient
+        ("a100", dict(d=512), EFFICIENT),  # memory-efficient has no head-dim limit on CUDA
+        ("h100", dict(d=256), CUDNN),  # cuDNN > 9.22 on sm90: head dim 256 forward and backward
+        ("h100", dict(d=200), FLASH),  # cuDNN's backward: <= 128, 192/128 or 256/256 only
+        ("a100", dict(d=256), FLASH),
+        ("a10", dict(d=200), EFFICIENT),  # sm86 training with head dim in (192, 224]
+        ("a100", dict(causal=True, lk=64), EFFICIENT),  # flash: causal needs seq_q == seq_k
+        ("v100", {}, MATH),  # sm70: bf16 in no fused kernel
+        ("v100", dict(dtype=torch.float16), EFFICIENT),  # sm70: no flash, memory-efficient takes fp16
+        ("a100", dict(dtype=torch.float64), MATH),
+        ("a100", dict(dtype=torch.float32, d=30), MATH),  # memory-efficient: fp32 head dim a multiple of 4
+    ],
+)
 def test_the_backend_cuda_picks(gpu, kwargs, backend):
     assert _choice(gpu, **kwargs) == backend
 
@@ -79,6 +82,7 @@ def _saved_bytes(fn) -> tuple[int, list[tuple]]:
 
 def _run(gpu, d=64, dtype=torch.bfloat16, mask=None, causal=True):
     with FakeTensorMode():
+
         def fn():
             q, k, v = (torch.randn(B, H, L, d, dtype=dtype, requires_grad=True) for _ in range(3))
             with cuda_attention(gpu) as mode:
@@ -86,6 +90,7 @@ def _run(gpu, d=64, dtype=torch.bfloat16, mask=None, causal=True):
                 F.scaled_dot_product_attention(q, k, v, attn_mask=m, is_causal=causal and m is None)
             fn.backends = mode.backends
             return (q, k, v)
+
         n, shapes = _saved_bytes(fn)
     return n, shapes, fn.backends
 
@@ -112,10 +117,12 @@ def test_flash_saves_what_the_cpu_flash_kernel_saves_plus_its_rng_state():
     n, shapes, backends = _run("a100")
     assert backends == {FLASH: 1}
     with FakeTensorMode():
+
         def cpu():
             q, k, v = (torch.randn(B, H, L, 64, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
             F.scaled_dot_product_attention(q, k, v, is_causal=True)
             return (q, k, v)
+
         cpu_n, _ = _saved_bytes(cpu)
     assert cpu_n == B * H * L * 64 * 2 + B * H * L * 4
     assert n == cpu_n + 24  # philox seed (2 x uint64) and offset (a uint64 scalar)
@@ -177,8 +184,9 @@ def test_a_checkpointed_region_recomputes_with_the_same_backend():
     with FakeTensorMode():
         x = torch.randn(B, H, 64, 16, requires_grad=True)
         with cuda_attention("a100") as mode:
-            y = checkpoint(lambda t: F.scaled_dot_product_attention(t * 2, t * 2, t * 2, is_causal=True), x,
-                           use_reentrant=False)
+            y = checkpoint(
+                lambda t: F.scaled_dot_product_attention(t * 2, t * 2, t * 2, is_causal=True), x, use_reentrant=False
+            )
             y.sum().backward()
     assert mode.backends == {EFFICIENT: 2}
     assert F.scaled_dot_product_attention is torch._C._nn.scaled_dot_product_attention  # given back

@@ -16,8 +16,17 @@ from memsave_nb import measure
 from memsave_nb.hub import from_pretrained
 from memsave_nb.trainers import from_trainer
 
-SMALL = dict(overrides=dict(num_hidden_layers=2, hidden_size=128, intermediate_size=256, num_attention_heads=4,
-                            num_key_value_heads=2, vocab_size=1024), seq_len=64)
+SMALL = dict(
+    overrides=dict(
+        num_hidden_layers=2,
+        hidden_size=128,
+        intermediate_size=256,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=1024,
+    ),
+    seq_len=64,
+)
 
 
 def _step_bytes(m) -> int:
@@ -31,9 +40,13 @@ def _step_bytes(m) -> int:
     return max(total[start:end]) - before
 
 
-@pytest.mark.parametrize("trainer, config", [("hf", {"per_device_train_batch_size": 2}),
-                                             ("trl", {"per_device_train_batch_size": 2, "gradient_checkpointing": False,
-                                                      "bf16": False})])
+@pytest.mark.parametrize(
+    "trainer, config",
+    [
+        ("hf", {"per_device_train_batch_size": 2}),
+        ("trl", {"per_device_train_batch_size": 2, "gradient_checkpointing": False, "bf16": False}),
+    ],
+)
 def test_a_config_without_optim_is_sized_with_the_fused_step(trainer, config):
     wl = from_pretrained("qwen2.5-0.5b", dtype=torch.float32, **SMALL)
     imported = from_trainer(config, wl.model, trainer=trainer)

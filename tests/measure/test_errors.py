@@ -77,45 +77,85 @@ ERRORS = {
         WorkloadError,
         ["the loss does not depend on anything that requires grad"],
     ),
-    "unknown_zoo_name": (lambda: zoo.make("resnet-9000"), WorkloadError, ["unknown demo model 'resnet-9000'", "cnn, gpt, mlp, gpt-7b"]),
+    "unknown_zoo_name": (
+        lambda: zoo.make("resnet-9000"),
+        WorkloadError,
+        ["unknown demo model 'resnet-9000'", "cnn, gpt, mlp, gpt-7b"],
+    ),
     "unknown_mode": (lambda: measure(zoo.make("mlp", 4), mode="fast"), WorkloadError, ["unknown mode 'fast'"]),
-    "unknown_optimizer": (lambda: Workload(_small(), torch.randn(4, 4), optimizer="sophia"), WorkloadError, ["unknown optimizer 'sophia'"]),
-    "batch_without_tensor": (lambda: measure(Workload(_small(), "hello"), repeats=0), WorkloadError, ["the batch holds no tensor"]),
-    "model_not_a_module": (lambda: Workload(lambda x: x, torch.randn(2)), WorkloadError, ["model must be a torch.nn.Module"]),
-    "fake_model_in_real_mode": (lambda: measure(zoo.make("gpt-7b"), repeats=0), WorkloadError, ["measure it with mode='fake'"]),
+    "unknown_optimizer": (
+        lambda: Workload(_small(), torch.randn(4, 4), optimizer="sophia"),
+        WorkloadError,
+        ["unknown optimizer 'sophia'"],
+    ),
+    "batch_without_tensor": (
+        lambda: measure(Workload(_small(), "hello"), repeats=0),
+        WorkloadError,
+        ["the batch holds no tensor"],
+    ),
+    "model_not_a_module": (
+        lambda: Workload(lambda x: x, torch.randn(2)),
+        WorkloadError,
+        ["model must be a torch.nn.Module"],
+    ),
+    "fake_model_in_real_mode": (
+        lambda: measure(zoo.make("gpt-7b"), repeats=0),
+        WorkloadError,
+        ["measure it with mode='fake'"],
+    ),
     "out_of_memory": (
         lambda: measure(Workload(nn.Sequential(nn.Linear(4, 4), RaisesOOM()), torch.randn(2, 4)), repeats=0),
         StepError,
-        ["step failed during forward in module '1' (RaisesOOM): out of memory: CUDA out of memory. Tried to allocate 20.00 GiB"],
+        [
+            "step failed during forward in module '1' (RaisesOOM): out of memory: CUDA out of memory. Tried to allocate 20.00 GiB"
+        ],
     ),
 }
-ERRORS.update({
-    "root_forward": (
-        lambda: measure(Workload(RootRaises(), torch.randn(2, 4)), repeats=0),
-        StepError,
-        ["step failed during forward in module <root> (RootRaises): RuntimeError: shape '[3, -1]' is invalid"],
-    ),
-    "root_forward_fake": (
-        lambda: measure(Workload(RootRaises(), torch.randn(2, 4)), "fake"),
-        StepError,
-        ["step failed during forward in module <root> (RootRaises)"],
-    ),
-    "loss_raises": (
-        lambda: measure(Workload(_small(), torch.randn(4, 4), loss=_failing_loss), repeats=0),
-        StepError,
-        ["step failed in the loss: RuntimeError: mat1 and mat2 shapes cannot be multiplied"],
-    ),
-    "repeats_text": (lambda: measure(zoo.make("mlp", 4), repeats="3"), WorkloadError, ["repeats must be a whole number >= 0, got '3'"]),
-    "repeats_negative": (lambda: measure(zoo.make("mlp", 4), repeats=-1), WorkloadError, ["repeats must be a whole number >= 0, got -1"]),
-    "repeats_float": (lambda: measure(zoo.make("mlp", 4), repeats=2.0), WorkloadError, ["repeats must be a whole number >= 0, got 2.0"]),
-})
+ERRORS.update(
+    {
+        "root_forward": (
+            lambda: measure(Workload(RootRaises(), torch.randn(2, 4)), repeats=0),
+            StepError,
+            ["step failed during forward in module <root> (RootRaises): RuntimeError: shape '[3, -1]' is invalid"],
+        ),
+        "root_forward_fake": (
+            lambda: measure(Workload(RootRaises(), torch.randn(2, 4)), "fake"),
+            StepError,
+            ["step failed during forward in module <root> (RootRaises)"],
+        ),
+        "loss_raises": (
+            lambda: measure(Workload(_small(), torch.randn(4, 4), loss=_failing_loss), repeats=0),
+            StepError,
+            ["step failed in the loss: RuntimeError: mat1 and mat2 shapes cannot be multiplied"],
+        ),
+        "repeats_text": (
+            lambda: measure(zoo.make("mlp", 4), repeats="3"),
+            WorkloadError,
+            ["repeats must be a whole number >= 0, got '3'"],
+        ),
+        "repeats_negative": (
+            lambda: measure(zoo.make("mlp", 4), repeats=-1),
+            WorkloadError,
+            ["repeats must be a whole number >= 0, got -1"],
+        ),
+        "repeats_float": (
+            lambda: measure(zoo.make("mlp", 4), repeats=2.0),
+            WorkloadError,
+            ["repeats must be a whole number >= 0, got 2.0"],
+        ),
+    }
+)
 if not torch.cuda.is_available():
     ERRORS["no_cuda_workload"] = (
         lambda: Workload(_small(), torch.randn(4, 4), device="cuda"),
         WorkloadError,
         ["device 'cuda' is not available"],
     )
-    ERRORS["no_cuda_zoo"] = (lambda: zoo.make("cnn", device="cuda:0"), WorkloadError, ["device 'cuda:0' is not available"])
+    ERRORS["no_cuda_zoo"] = (
+        lambda: zoo.make("cnn", device="cuda:0"),
+        WorkloadError,
+        ["device 'cuda:0' is not available"],
+    )
 
 
 @pytest.mark.parametrize("name", list(ERRORS))

@@ -33,8 +33,14 @@ def test_every_case_equals_torchs_path(case, monkeypatch):
 # adamw_8bit / lion_8bit: bitsandbytes' layout in plain torch (optimizers_extra), so fake mode runs them too
 @pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
 def test_every_optimizer_knob_first_step_and_plan_equals_torchs_path(optimizer, monkeypatch):
-    plan = Plan(optimizer=optimizer, precision="bf16", frozen=("blocks.0.*",),
-                regions={"blocks.1": "save_matmuls"}, accumulation_steps=2, set_to_none=False)
+    plan = Plan(
+        optimizer=optimizer,
+        precision="bf16",
+        frozen=("blocks.0.*",),
+        regions={"blocks.1": "save_matmuls"},
+        accumulation_steps=2,
+        set_to_none=False,
+    )
     for kw in ({}, {"first_step_peak": True}, {"steady_state": False}):
         with plan.apply(zoo.make("gpt", 2)) as quick_wl, plan.apply(zoo.make("gpt", 2)) as torch_wl:
             assert measure(quick_wl, "fake", repeats=0, **kw) == _torch_path(lambda: torch_wl, monkeypatch, **kw), kw
@@ -92,10 +98,20 @@ def test_a_quick_hit_makes_the_tensor_torch_makes(monkeypatch):
     slow = outputs()
     for q, s in zip(quick[1], slow[1]):
         assert type(q) is type(s)
-        assert (q.shape, q.stride(), q.storage_offset(), q.dtype, q.device, q.requires_grad, q.is_conj(), q.is_neg()) == \
-            (s.shape, s.stride(), s.storage_offset(), s.dtype, s.device, s.requires_grad, s.is_conj(), s.is_neg())
+        assert (
+            q.shape,
+            q.stride(),
+            q.storage_offset(),
+            q.dtype,
+            q.device,
+            q.requires_grad,
+            q.is_conj(),
+            q.is_neg(),
+        ) == (s.shape, s.stride(), s.storage_offset(), s.dtype, s.device, s.requires_grad, s.is_conj(), s.is_neg())
         assert set(vars(q)) == set(vars(s))
-        assert {k: v for k, v in vars(q).items() if k != "fake_mode"} == {k: v for k, v in vars(s).items() if k != "fake_mode"}
+        assert {k: v for k, v in vars(q).items() if k != "fake_mode"} == {
+            k: v for k, v in vars(s).items() if k != "fake_mode"
+        }
     for made, x in ((quick[1], quick[0]), (slow[1], slow[0])):
         assert made[1].untyped_storage()._cdata == x.untyped_storage()._cdata  # a view shares its base's storage
         assert made[0].untyped_storage()._cdata != x.untyped_storage()._cdata

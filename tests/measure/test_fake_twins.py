@@ -37,8 +37,11 @@ def test_fake_runs_after_other_plans_equal_a_fresh_model():
             again = measure(w, mode="fake", repeats=0)
         with plan.apply(zoo.make("gpt", 2)) as w:
             fresh = measure(w, mode="fake", repeats=0)
-        assert (again.peak_bytes, again.peak_split, again.saved_bytes) == \
-            (fresh.peak_bytes, fresh.peak_split, fresh.saved_bytes), plan.describe()
+        assert (again.peak_bytes, again.peak_split, again.saved_bytes) == (
+            fresh.peak_bytes,
+            fresh.peak_split,
+            fresh.saved_bytes,
+        ), plan.describe()
 
 
 def test_the_kept_fake_mode_forgets_dead_tensors_between_runs():
@@ -84,8 +87,10 @@ def test_wrappers_made_inside_the_mode_equal_those_made_outside():
     def swapped_and_measured():
         with plan.apply(wl) as w:
             with fake_model._fake_model(w.model) as _mode:
-                seen = [(n, type(p), p.requires_grad, p.device, getattr(p, "_is_param", False), isinstance(p, nn.Parameter))
-                        for n, p in w.model.named_parameters()]
+                seen = [
+                    (n, type(p), p.requires_grad, p.device, getattr(p, "_is_param", False), isinstance(p, nn.Parameter))
+                    for n, p in w.model.named_parameters()
+                ]
             return seen, measure(w, mode="fake", repeats=0)
 
     inside = swapped_and_measured()

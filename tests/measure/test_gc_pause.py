@@ -79,4 +79,3 @@ def test_numbers_equal_with_the_collector_at_its_most_eager(eager_collector):
     for plan, a, b in zip(plans, paused, eager):
         assert a == b, plan.describe()
         assert a.peak_bytes > 0
-

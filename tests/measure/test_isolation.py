@@ -20,8 +20,11 @@ def _mlp():
 
 
 def _state_bits(opt):
-    return {(i, k): (v.clone() if isinstance(v, torch.Tensor) else v)
-            for i, s in enumerate(opt.state.values()) for k, v in s.items()}
+    return {
+        (i, k): (v.clone() if isinstance(v, torch.Tensor) else v)
+        for i, s in enumerate(opt.state.values())
+        for k, v in s.items()
+    }
 
 
 @pytest.mark.parametrize("trained_steps", [0, 3])
@@ -90,7 +93,8 @@ def test_two_threads_measuring_one_model_take_turns():
     assert errors == []
     assert len(results) == 6
     assert {(r.peak_bytes, r.saved_bytes, r.output_bytes) for r in results} == {
-        (expected.peak_bytes, expected.saved_bytes, expected.output_bytes)}
+        (expected.peak_bytes, expected.saved_bytes, expected.output_bytes)
+    }
     assert snapshot.differences(wl.model) == []
 
 
@@ -112,15 +116,17 @@ def _compare_meta_and_fake(build, batch):
     assert on_meta.peak_split == under_fake.peak_split
     assert on_meta.saved_bytes == under_fake.saved_bytes and on_meta.output_bytes == under_fake.output_bytes
     assert [(r.name, r.saved_bytes_own, r.output_bytes_own) for r in on_meta.modules] == [
-        (r.name, r.saved_bytes_own, r.output_bytes_own) for r in under_fake.modules]
+        (r.name, r.saved_bytes_own, r.output_bytes_own) for r in under_fake.modules
+    ]
     assert on_meta.timeline.total() == under_fake.timeline.total()
     assert all(p.device.type == "meta" for p in meta_model.parameters())  # left as it was
     return on_meta
 
 
 def test_meta_device_model_in_fake_mode_equals_fake_built():
-    m = _compare_meta_and_fake(lambda: nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 4)),
-                               torch.randn(4, 8))
+    m = _compare_meta_and_fake(
+        lambda: nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 4)), torch.randn(4, 8)
+    )
     real = measure(Workload(_mlp(), torch.randn(4, 8)), repeats=0)
     assert m.peak_bytes == real.peak_bytes
 
@@ -145,7 +151,9 @@ def test_two_sessions_on_one_model_in_threads():
     from memsave_nb.session import Session
 
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(32, 64), nn.BatchNorm1d(64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4))
+    model = nn.Sequential(
+        nn.Linear(32, 64), nn.BatchNorm1d(64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4)
+    )
     wl = Workload(model, torch.randn(16, 32))
     snapshot = ModelSnapshot.capture(wl.model)
     plans = [Plan(), Plan(frozen=["0"]), Plan(memsave=["*"]), Plan(bn_eval=["*"])] * 2

@@ -23,8 +23,15 @@ CASE = {c.name: c for c in CASES}
 
 
 def _numbers(m):
-    return (m.peak_bytes, m.peak_split, m.saved_bytes, m.output_bytes, m.end_of_forward, m.timeline.total(),
-            tuple((r.name, r.saved_bytes, r.output_bytes) for r in m.modules))
+    return (
+        m.peak_bytes,
+        m.peak_split,
+        m.saved_bytes,
+        m.output_bytes,
+        m.end_of_forward,
+        m.timeline.total(),
+        tuple((r.name, r.saved_bytes, r.output_bytes) for r in m.modules),
+    )
 
 
 def _forwards(model: nn.Module) -> list[int]:
@@ -112,7 +119,8 @@ def test_step_hooks_see_only_real_gradients():
     wl = CASE["linear_relu"].build().replace(optimizer="sgd_momentum")
     seen: list[bool] = []
     handle = register_optimizer_step_pre_hook(
-        lambda opt, *_: seen.append(all(bool(p.grad.abs().sum() > 0) for g in opt.param_groups for p in g["params"])))
+        lambda opt, *_: seen.append(all(bool(p.grad.abs().sum() > 0) for g in opt.param_groups for p in g["params"]))
+    )
     try:
         measure(wl, repeats=0)
     finally:

@@ -13,8 +13,12 @@ from memsave_nb.knobs import optimizer_factory
 from memsave_nb.optimizers_extra import LayoutOptimizer, state_bytes_per_parameter
 
 # knob name -> (moments, bits, bitsandbytes' class); paged falls back to unpaged on the CPU
-CASES = {"adamw_8bit": (2, 8, "AdamW8bit"), "lion": (1, 32, "Lion"), "lion_8bit": (1, 8, "Lion8bit"),
-         "paged_adamw_8bit": (2, 8, "PagedAdamW8bit")}
+CASES = {
+    "adamw_8bit": (2, 8, "AdamW8bit"),
+    "lion": (1, 32, "Lion"),
+    "lion_8bit": (1, 8, "Lion8bit"),
+    "paged_adamw_8bit": (2, 8, "PagedAdamW8bit"),
+}
 
 
 def model() -> torch.nn.Module:
@@ -82,7 +86,8 @@ def test_fake_mode_runs_and_agrees_with_real(name):
     assert peaks["fake"].peak_bytes == pytest.approx(peaks["real"].peak_bytes, abs=1024)
     assert peaks["real"].peak_split.optimizer_state >= sum(
         state_bytes_per_parameter(p.numel(), 1 if "lion" in name else 2, 8 if "8bit" in name else 32)
-        for p in model().parameters())
+        for p in model().parameters()
+    )
 
 
 def test_lion_keeps_half_of_adamws_state():

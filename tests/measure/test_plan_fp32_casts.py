@@ -8,8 +8,17 @@ import torch
 from memsave_nb import Plan, measure
 from memsave_nb.hub import from_pretrained
 
-SMALL = dict(overrides=dict(num_hidden_layers=2, hidden_size=128, intermediate_size=256, num_attention_heads=4,
-                            num_key_value_heads=2, vocab_size=1024), seq_len=64)
+SMALL = dict(
+    overrides=dict(
+        num_hidden_layers=2,
+        hidden_size=128,
+        intermediate_size=256,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=1024,
+    ),
+    seq_len=64,
+)
 
 
 def test_fp32_casts_a_bf16_model_and_undo_restores_it():

@@ -80,7 +80,11 @@ def test_meta_llama_in_fake_mode_equals_fake_built():
     a = measure(Workload(on_meta, batch), "fake")
     b = measure(Workload(fake_built, batch), "fake")
     assert (a.peak_bytes, a.first_step_peak_bytes, a.saved_bytes, a.output_bytes) == (
-        b.peak_bytes, b.first_step_peak_bytes, b.saved_bytes, b.output_bytes)
+        b.peak_bytes,
+        b.first_step_peak_bytes,
+        b.saved_bytes,
+        b.output_bytes,
+    )
     assert a.timeline.total() == b.timeline.total()
 
 
@@ -89,5 +93,7 @@ def test_error_in_t5s_own_forward_names_the_root():
 
     wl = MODELS["t5"]()
     batch = {"input_ids": wl.batch["input_ids"], "labels": wl.batch["labels"][:, :0]}  # no target tokens
-    with pytest.raises(StepError, match=r"step failed during forward in module <root> \(T5ForConditionalGeneration\): IndexError"):
+    with pytest.raises(
+        StepError, match=r"step failed during forward in module <root> \(T5ForConditionalGeneration\): IndexError"
+    ):
         measure(wl.replace(batch=batch), repeats=0)

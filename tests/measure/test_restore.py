@@ -19,7 +19,11 @@ def test_model_left_exactly_as_it_was(case, mode):
     model = wl.model
     calls = []
     handle = model.register_forward_hook(lambda *a: calls.append(1))  # a user's hook survives and still fires
-    first = next(p for p in model.parameters() if p.requires_grad) if any(p.requires_grad for p in model.parameters()) else None
+    first = (
+        next(p for p in model.parameters() if p.requires_grad)
+        if any(p.requires_grad for p in model.parameters())
+        else None
+    )
     if first is not None:
         first.grad = torch.full_like(first, 0.5)  # a user's pending grad is neither freed nor accumulated into
     grad_before = first.grad if first is not None else None

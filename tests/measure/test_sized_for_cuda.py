@@ -13,8 +13,17 @@ from memsave_nb import Plan, measure, zoo
 from memsave_nb.hub import from_pretrained
 from memsave_nb.workload import Workload, follow_cuda_default
 
-SMALL = dict(overrides=dict(num_hidden_layers=2, hidden_size=128, intermediate_size=256, num_attention_heads=4,
-                            num_key_value_heads=2, vocab_size=1024), seq_len=64)
+SMALL = dict(
+    overrides=dict(
+        num_hidden_layers=2,
+        hidden_size=128,
+        intermediate_size=256,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=1024,
+    ),
+    seq_len=64,
+)
 
 
 def _groups_foreach(optimizer) -> set:

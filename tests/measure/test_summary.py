@@ -12,9 +12,21 @@ from .conftest import measured
 
 CASE = {c.name: c for c in CASES}
 ROW_KEYS = {
-    "name", "type_name", "depth", "output_shape", "trainable_params", "frozen_params",
-    "saved_bytes_own", "saved_bytes", "calls", "is_leaf", "share", "output_bytes_own", "output_bytes",
-    "trainable_params_subtree", "frozen_params_subtree",
+    "name",
+    "type_name",
+    "depth",
+    "output_shape",
+    "trainable_params",
+    "frozen_params",
+    "saved_bytes_own",
+    "saved_bytes",
+    "calls",
+    "is_leaf",
+    "share",
+    "output_bytes_own",
+    "output_bytes",
+    "trainable_params_subtree",
+    "frozen_params_subtree",
 }
 
 
@@ -56,9 +68,13 @@ def test_shapes_and_params_agree_with_torchinfo(name):
             continue
         seen.add(module_name)
         row = m.module(module_name)
-        subtree = sum(p for n, p in own.items() if n == module_name or module_name == "" or n.startswith(module_name + "."))
+        subtree = sum(
+            p for n, p in own.items() if n == module_name or module_name == "" or n.startswith(module_name + ".")
+        )
         assert layer.num_params == subtree, module_name
         if layer.output_size:  # containers that are never called (ModuleList) have none
             assert list(row.output_shape) == list(layer.output_size), module_name
         assert row.type_name == layer.class_name
-    assert seen == {r.name for r in m.modules if r.calls} | {r.name for r in m.modules if not r.calls and r.name in seen}
+    assert seen == {r.name for r in m.modules if r.calls} | {
+        r.name for r in m.modules if not r.calls and r.name in seen
+    }

@@ -19,8 +19,9 @@ from memsave_nb.parallel import pipeline, step as rank_step
 
 def _mlp(**fields) -> Workload:
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 16), nn.ReLU(), nn.Linear(16, 16),
-                          nn.ReLU(), nn.Linear(16, 8))
+    model = nn.Sequential(
+        nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 8)
+    )
     return Workload(model, torch.randn(8, 16), loss=lambda o: o.square().mean(), optimizer="adamw", **fields)
 
 
@@ -54,8 +55,9 @@ def test_the_step_is_the_users_loop(loop):
     feed = iter(batches)
     opt = torch.optim.AdamW(mine.parameters(), lr=1e-3)
     seen = []
-    batch, output, loss = ts.training_step(wl, lambda last: next(feed), opt, runner="test",
-                                           on_phase=lambda phase, last: seen.append(phase))
+    batch, output, loss = ts.training_step(
+        wl, lambda last: next(feed), opt, runner="test", on_phase=lambda phase, last: seen.append(phase)
+    )
     ref_opt = torch.optim.AdamW(theirs.parameters(), lr=1e-3)
     for x in batches:
         ref_loss = theirs(x).square().mean() / 2

@@ -25,9 +25,16 @@ N = B * (T - 1)
 
 def tiny() -> torch.nn.Module:
     torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=H, intermediate_size=32, num_hidden_layers=1,
-                                   num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32,
-                                   use_cache=False)
+    cfg = transformers.LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=H,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=32,
+        use_cache=False,
+    )
     return transformers.LlamaForCausalLM(cfg)
 
 

@@ -56,7 +56,7 @@ def fsdp_mem_tracker_peak(workload: Workload, spec, plan=None, rank: int = 0, sh
         fm = FakeTensorMode(allow_non_fake_inputs=True)
         twin = fake_twin(workload.model, fm)
         w0 = workload.replace(model=twin)
-        with (plan.apply(w0) if plan is not None else contextlib.nullcontext(w0)) as w, fm, entries_restored(twin):
+        with plan.apply(w0) if plan is not None else contextlib.nullcontext(w0) as w, fm, entries_restored(twin):
             (shard or (lambda m, mesh: apply_parallel(m, spec, mesh)))(twin, mesh)
             batch = _fake_batch(w, fm)
             opt = w.make_optimizer()

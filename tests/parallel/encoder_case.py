@@ -19,7 +19,9 @@ class Encoder(nn.Module):
     def __init__(self):
         super().__init__()
         self.emb = nn.Embedding(V, D)
-        self.layers = nn.ModuleList(nn.TransformerEncoderLayer(D, 4, FF, dropout=0.0, batch_first=True) for _ in range(LAYERS))
+        self.layers = nn.ModuleList(
+            nn.TransformerEncoderLayer(D, 4, FF, dropout=0.0, batch_first=True) for _ in range(LAYERS)
+        )
         self.head = nn.Linear(D, V)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -96,16 +96,21 @@ def _spec(world_size: int, kind: str):
 
     if kind == "ddp":
         return ParallelSpec(world_size=world_size, strategy="ddp")
-    return ParallelSpec(world_size=world_size, shard_modules=tuple(f"layers.{i}" for i in range(LAYERS)),
-                        replicate=2 if kind == "hsdp" else 1, cpu_offload=kind == "fsdp-offload")
+    return ParallelSpec(
+        world_size=world_size,
+        shard_modules=tuple(f"layers.{i}" for i in range(LAYERS)),
+        replicate=2 if kind == "hsdp" else 1,
+        cpu_offload=kind == "fsdp-offload",
+    )
 
 
 def run_ranks(world_size: int, kind: str) -> list[dict]:
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory() as tmp:
-        mp.start_processes(_rank, args=(world_size, kind, os.path.join(tmp, "store"), tmp), nprocs=world_size,
-                           start_method="fork")
+        mp.start_processes(
+            _rank, args=(world_size, kind, os.path.join(tmp, "store"), tmp), nprocs=world_size, start_method="fork"
+        )
         rows = []
         for r in range(world_size):
             with open(os.path.join(tmp, f"rank{r}.json")) as f:
@@ -115,7 +120,9 @@ def run_ranks(world_size: int, kind: str) -> list[dict]:
 
 @pytest.mark.slow
 @pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="gloo backend not built")
-@pytest.mark.parametrize(("world_size", "kind"), [(2, "fsdp"), (4, "fsdp"), (4, "hsdp"), (2, "fsdp-offload"), (2, "ddp")])
+@pytest.mark.parametrize(
+    ("world_size", "kind"), [(2, "fsdp"), (4, "fsdp"), (4, "hsdp"), (2, "fsdp-offload"), (2, "ddp")]
+)
 def test_rank_peak_is_the_allocators(world_size, kind):
     # with each collective's Work released where the rank lets it go (parallel/works.py) the first
     # attempt is exact in 5 of 5 runs of each case under load; CPU offload's oracle read 529,920 B high

@@ -42,13 +42,16 @@ def test_report_tp_prints_the_2d_layout_and_the_numbers_of_measure_parallel(caps
     assert not dist.is_initialized()
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--tp", "2"], "--world-size"),
-    (["--world-size", "4", "--sequence-parallel"], "--tp 2"),
-    (["--world-size", "4", "--tp", "2", "--ddp"], "drop --ddp"),
-    (["--world-size", "4", "--replicate", "2", "--ddp"], "drop --ddp"),
-    (["--world-size", "4", "--tp", "3"], "tensor_parallel must be a positive divisor"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--tp", "2"], "--world-size"),
+        (["--world-size", "4", "--sequence-parallel"], "--tp 2"),
+        (["--world-size", "4", "--tp", "2", "--ddp"], "drop --ddp"),
+        (["--world-size", "4", "--replicate", "2", "--ddp"], "drop --ddp"),
+        (["--world-size", "4", "--tp", "3"], "tensor_parallel must be a positive divisor"),
+    ],
+)
 def test_report_tp_mistakes_are_one_line(capsys, argv, message):
     assert main(["report", "--model", "mlp", *argv]) == 2
     err = capsys.readouterr().err
@@ -60,17 +63,26 @@ def test_report_pp_prints_one_row_per_stage_from_measure_pipeline(capsys):
     measure_pipeline with the same spec; pipeline mistakes are one line."""
     from memsave_nb.parallel import measure_pipeline
 
-    assert main(["report", "--model", "mlp", "--batch", "16", "--pp", "2", "--world-size", "2", "--schedule", "gpipe"]) == 0
+    assert (
+        main(["report", "--model", "mlp", "--batch", "16", "--pp", "2", "--world-size", "2", "--schedule", "gpipe"])
+        == 0
+    )
     out = capsys.readouterr().out
     wl = zoo.make("mlp", 16)
-    expected = measure_pipeline(wl, ParallelSpec(world_size=2, pipeline_parallel=2, schedule="gpipe", microbatches=4),
-                                loss_fn=torch.nn.functional.cross_entropy, target=wl.loss.targets)
+    expected = measure_pipeline(
+        wl,
+        ParallelSpec(world_size=2, pipeline_parallel=2, schedule="gpipe", microbatches=4),
+        loss_fn=torch.nn.functional.cross_entropy,
+        target=wl.loss.targets,
+    )
     assert "PP 2 (GPipe, 4 micro-batches)" in out.splitlines()[0]
     assert expected.table() in out and "0 (stage 0)" in out and "1 (stage 1)" in out
     assert not dist.is_initialized()
-    for argv, message in [(["--world-size", "2", "--microbatches", "4"], "--schedule and --microbatches need --pp P"),
-                          (["--world-size", "2", "--pp", "2", "--ddp"], "--pp is measured alone or with FSDP2"),
-                          (["--world-size", "2", "--pp", "2", "--microbatches", "5"], "microbatches 5 must divide the batch size 16")]:
+    for argv, message in [
+        (["--world-size", "2", "--microbatches", "4"], "--schedule and --microbatches need --pp P"),
+        (["--world-size", "2", "--pp", "2", "--ddp"], "--pp is measured alone or with FSDP2"),
+        (["--world-size", "2", "--pp", "2", "--microbatches", "5"], "microbatches 5 must divide the batch size 16"),
+    ]:
         assert main(["report", "--model", "mlp", "--batch", "16", *argv]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and message in err, err
@@ -84,7 +96,18 @@ def test_report_tp_sequence_parallel_on_a_hub_model_by_name(capsys):
     sequence shards)."""
     from memsave_nb.hub import from_pretrained
 
-    argv = ["report", "--model", "llama-3.2-1b", "--seq-len", "64", "--world-size", "2", "--tp", "2", "--sequence-parallel"]
+    argv = [
+        "report",
+        "--model",
+        "llama-3.2-1b",
+        "--seq-len",
+        "64",
+        "--world-size",
+        "2",
+        "--tp",
+        "2",
+        "--sequence-parallel",
+    ]
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "TP 2 (2 ranks, mesh 1x2, sequence parallel)" in out.splitlines()[0]

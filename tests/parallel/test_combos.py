@@ -21,7 +21,11 @@ SAC = {"blocks.0": "save_matmuls", "blocks.1": "recompute_all"}
 COMBOS = {
     # name: (workload maker, plan, spec kwargs)
     "memsave-layers": (blocks_workload, Plan(memsave=("*",)), {}),
-    "memsave+sac": (blocks_workload, Plan(memsave=("*",), regions={"blocks.0": "save_matmuls", "blocks.1": "full"}), {}),
+    "memsave+sac": (
+        blocks_workload,
+        Plan(memsave=("*",), regions={"blocks.0": "save_matmuls", "blocks.1": "full"}),
+        {},
+    ),
     "sac-gpt": (tiny_gpt, Plan(regions=SAC), {}),
     "bf16-knob+sac": (tiny_gpt, Plan(precision="bf16", regions=SAC), {}),
     "autocast-bf16": (tiny_gpt, Plan(precision="autocast_bf16"), {}),

@@ -33,7 +33,8 @@ class TinyEncoder(nn.Module):
         super().__init__()
         self.embed = nn.Embedding(VOCAB, WIDTH)
         self.layers = nn.ModuleList(
-            nn.TransformerEncoderLayer(WIDTH, 4, 256, dropout=0, batch_first=True) for _ in range(3))
+            nn.TransformerEncoderLayer(WIDTH, 4, 256, dropout=0, batch_first=True) for _ in range(3)
+        )
         self.head = nn.Linear(WIDTH, VOCAB)
 
     def forward(self, tokens):
@@ -48,8 +49,13 @@ def make_workload() -> Workload:
     torch.manual_seed(0)
     tokens = torch.randint(0, VOCAB, (BATCH, TOKENS))
     labels = torch.randint(0, VOCAB, (BATCH, TOKENS))
-    return Workload(TinyEncoder(), tokens, loss=lambda out: F.cross_entropy(out.reshape(-1, VOCAB), labels.reshape(-1)),
-                    optimizer="adamw", name="my-encoder")
+    return Workload(
+        TinyEncoder(),
+        tokens,
+        loss=lambda out: F.cross_entropy(out.reshape(-1, VOCAB), labels.reshape(-1)),
+        optimizer="adamw",
+        name="my-encoder",
+    )
 
 
 LABELS_BYTES = BATCH * TOKENS * 8  # int64 targets held by the loss closure

@@ -24,8 +24,9 @@ def test_ddp_buckets_hold_every_trainable_gradient_once(view):
     model = wl.model
     trainable = _bytes(p for n, p in model.named_parameters() if not n.startswith("blocks.0."))
     n_trainable = sum(1 for n, _ in model.named_parameters() if not n.startswith("blocks.0."))
-    m = measure_parallel(wl, ParallelSpec(world_size=4, strategy="ddp", gradient_as_bucket_view=view),
-                         Plan(frozen=("blocks.0",)))
+    m = measure_parallel(
+        wl, ParallelSpec(world_size=4, strategy="ddp", gradient_as_bucket_view=view), Plan(frozen=("blocks.0",))
+    )
     assert [r.ranks for r in m.ranks] == [(0, 1, 2, 3)]  # DDP replicates: every rank the same
     end = m.worst.end_split
     assert end["sharded_parameters"] == _bytes(model.parameters())  # the whole replica
@@ -59,7 +60,11 @@ def test_ddp_steady_state_comes_after_the_bucket_rebuild(view):
     plan = Plan(frozen=("blocks.0",), regions={"blocks.1": "full"})
     steady = measure_parallel(wl, spec, plan).worst
     full = measure_parallel(wl, spec, plan, steady="full").worst
-    assert (full.peak_bytes, full.peak_split, full.end_split) == (steady.peak_bytes, steady.peak_split, steady.end_split)
+    assert (full.peak_bytes, full.peak_split, full.end_split) == (
+        steady.peak_bytes,
+        steady.peak_split,
+        steady.end_split,
+    )
     acc = measure_rank(wl, spec, Plan(frozen=("blocks.0",), accumulation_steps=2))
     assert acc.end_split["gradients"] == steady.end_split["gradients"]
     assert not dist.is_initialized()
@@ -69,7 +74,9 @@ def test_ddp_to_code_runs_on_a_real_group(tmp_path):
     """The snippet builds the DDP the prediction sized (one-rank gloo group: real tensors)."""
     from torch.nn.parallel import DistributedDataParallel
 
-    code = Plan(parallel=ParallelSpec(world_size=1, strategy="ddp", bucket_cap_mb=50, gradient_as_bucket_view=True)).to_code()
+    code = Plan(
+        parallel=ParallelSpec(world_size=1, strategy="ddp", bucket_cap_mb=50, gradient_as_bucket_view=True)
+    ).to_code()
     assert "DistributedDataParallel(model, bucket_cap_mb=50.0, gradient_as_bucket_view=True" in code
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
@@ -94,7 +101,10 @@ def test_gpus_panel_sizes_ddp():
     panel.gpus.value, panel.sharding.value = 4, "ddp"
     panel.refresh()
     assert panel.error.value == "" and "DDP x4" in panel.table.value
-    assert panel.result.worst.peak_split == measure_parallel(wl, ParallelSpec(world_size=4, strategy="ddp")).worst.peak_split
+    assert (
+        panel.result.worst.peak_split
+        == measure_parallel(wl, ParallelSpec(world_size=4, strategy="ddp")).worst.peak_split
+    )
 
 
 def test_report_world_size_ddp(capsys):
@@ -105,7 +115,10 @@ def test_report_world_size_ddp(capsys):
     out = capsys.readouterr().out
     assert measure_parallel(zoo.make("mlp", 8), ParallelSpec(world_size=4, strategy="ddp")).table() in out
     assert "DDP x4" in out and not dist.is_initialized()
-    assert main(["report", "--model", "mlp", "--batch", "8", "--world-size", "4", "--ddp", "--gradient-as-bucket-view"]) == 0
+    assert (
+        main(["report", "--model", "mlp", "--batch", "8", "--world-size", "4", "--ddp", "--gradient-as-bucket-view"])
+        == 0
+    )
     assert "gradients as bucket views" in capsys.readouterr().out
     assert main(["report", "--model", "mlp", "--world-size", "4", "--gradient-as-bucket-view"]) == 2
     assert "needs --ddp" in capsys.readouterr().err

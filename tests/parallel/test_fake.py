@@ -188,7 +188,9 @@ def test_unknown_shard_module_is_refused():
 
 
 def test_spec_json_round_trip():
-    spec = ParallelSpec(world_size=16, replicate=2, shard_modules=("blocks.0",), param_dtype="bfloat16", reduce_dtype="float32")
+    spec = ParallelSpec(
+        world_size=16, replicate=2, shard_modules=("blocks.0",), param_dtype="bfloat16", reduce_dtype="float32"
+    )
     assert ParallelSpec.from_dict(spec.to_dict()) == spec
     assert spec.mesh_shape == (2, 8)
     with pytest.raises(ParallelError, match="unknown parallel field"):
@@ -221,7 +223,9 @@ def test_hsdp_shards_over_the_shard_group_only():
 def test_mixed_precision_halves_the_gathered_parameters():
     wl = blocks_workload()
     full = measure_parallel(wl, ParallelSpec(world_size=4)).worst.peak_split
-    mixed = measure_parallel(wl, ParallelSpec(world_size=4, param_dtype="bfloat16", reduce_dtype="float32")).worst.peak_split
+    mixed = measure_parallel(
+        wl, ParallelSpec(world_size=4, param_dtype="bfloat16", reduce_dtype="float32")
+    ).worst.peak_split
     assert mixed["unsharded_parameters"] * 2 == full["unsharded_parameters"]
     assert mixed["sharded_parameters"] == full["sharded_parameters"]  # fp32 master shards stay
 

@@ -49,7 +49,10 @@ def test_bars_line_verdict_and_table_follow_the_target():
     assert line is not None and line.location == Target(16).usable_bytes
     assert "memsave-fits" in panel.verdict.value and format_bytes(worst.peak_bytes) in panel.verdict.value
     # per-rank steps carry no allocator replay: the tab says its rule in one line rather than invent one
-    assert panel.verdict.value.count("memsave-parallel-rule") == 1 and "80% rule: the per-rank steps" in panel.verdict.value
+    assert (
+        panel.verdict.value.count("memsave-parallel-rule") == 1
+        and "80% rule: the per-rank steps" in panel.verdict.value
+    )
     assert panel.figure.y_range.end >= line.location
     tiny = worst.peak_bytes * 0.9 / 0.8 / 2**30  # just under: does not fit
     ex.tuner.set_target(tiny)

@@ -25,8 +25,9 @@ from .conftest import blocks_workload
 HUGE = st.sampled_from([2**31 - 1, 2**63, 10**100, -(2**31)])
 JUNK = st.sampled_from([None, True, 2.5, float("nan"), "8", b"8", [], [[2]], {"a": 1}, "x" * 10_000])
 COUNT = st.one_of(st.integers(-2, 16), HUGE, JUNK)
-DEGREES = st.one_of(st.none(), JUNK, st.lists(st.one_of(st.integers(-1, 16), HUGE, JUNK), max_size=5),
-                    st.tuples(st.integers(1, 8)))
+DEGREES = st.one_of(
+    st.none(), JUNK, st.lists(st.one_of(st.integers(-1, 16), HUGE, JUNK), max_size=5), st.tuples(st.integers(1, 8))
+)
 
 
 def _one_line(exc: BaseException) -> str:
@@ -36,18 +37,34 @@ def _one_line(exc: BaseException) -> str:
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(gpus=COUNT, gpu=st.one_of(st.sampled_from(["H100", "A100"]), JUNK), global_batch=st.one_of(st.none(), COUNT),
-       tensor_parallel=DEGREES, pipeline_parallel=DEGREES, max_micro_batches=COUNT,
-       region_kinds=st.one_of(st.just((None,)), st.just((None, "full")), st.lists(JUNK, min_size=1, max_size=2)))
-def test_every_layout_argument_is_sized_or_refused_in_one_line(gpus, gpu, global_batch, tensor_parallel,
-                                                              pipeline_parallel, max_micro_batches, region_kinds):
+@given(
+    gpus=COUNT,
+    gpu=st.one_of(st.sampled_from(["H100", "A100"]), JUNK),
+    global_batch=st.one_of(st.none(), COUNT),
+    tensor_parallel=DEGREES,
+    pipeline_parallel=DEGREES,
+    max_micro_batches=COUNT,
+    region_kinds=st.one_of(st.just((None,)), st.just((None, "full")), st.lists(JUNK, min_size=1, max_size=2)),
+)
+def test_every_layout_argument_is_sized_or_refused_in_one_line(
+    gpus, gpu, global_batch, tensor_parallel, pipeline_parallel, max_micro_batches, region_kinds
+):
     wl = blocks_workload(batch=4)
     before = ModelSnapshot.capture(wl.model)
     start = time.process_time()
     try:
-        result = plan_layout(wl, gpus, gpu, Target(1), global_batch=global_batch, tensor_parallel=tensor_parallel,
-                             pipeline_parallel=pipeline_parallel, max_micro_batches=max_micro_batches,
-                             region_kinds=region_kinds, remeasure=False)
+        result = plan_layout(
+            wl,
+            gpus,
+            gpu,
+            Target(1),
+            global_batch=global_batch,
+            tensor_parallel=tensor_parallel,
+            pipeline_parallel=pipeline_parallel,
+            max_micro_batches=max_micro_batches,
+            region_kinds=region_kinds,
+            remeasure=False,
+        )
     except MemsaveError as exc:
         _one_line(exc)
         assert time.process_time() - start < 2  # refused before anything is measured
@@ -58,15 +75,20 @@ def test_every_layout_argument_is_sized_or_refused_in_one_line(gpus, gpu, global
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(gpus=st.integers(1, 64), global_batch=st.one_of(st.none(), st.integers(1, 64), st.just(MAX_GLOBAL_BATCH)),
-       tensor_parallel=st.one_of(st.none(), st.lists(st.sampled_from([1, 2, 4]), min_size=1, max_size=4)),
-       pipeline_parallel=st.one_of(st.none(), st.lists(st.integers(1, 2**20), min_size=1, max_size=4)),
-       max_micro_batches=st.integers(1, 1024))
-def test_plausible_layout_arguments_are_searched_or_refused_quickly(gpus, global_batch, tensor_parallel,
-                                                                   pipeline_parallel, max_micro_batches):
+@given(
+    gpus=st.integers(1, 64),
+    global_batch=st.one_of(st.none(), st.integers(1, 64), st.just(MAX_GLOBAL_BATCH)),
+    tensor_parallel=st.one_of(st.none(), st.lists(st.sampled_from([1, 2, 4]), min_size=1, max_size=4)),
+    pipeline_parallel=st.one_of(st.none(), st.lists(st.integers(1, 2**20), min_size=1, max_size=4)),
+    max_micro_batches=st.integers(1, 1024),
+)
+def test_plausible_layout_arguments_are_searched_or_refused_quickly(
+    gpus, global_batch, tensor_parallel, pipeline_parallel, max_micro_batches
+):
     """Near the valid region (the blocks model has no attention heads, so TP is sized or skipped with a note)."""
     test_every_layout_argument_is_sized_or_refused_in_one_line.hypothesis.inner_test(
-        gpus, "H100", global_batch, tensor_parallel, pipeline_parallel, max_micro_batches, (None,))
+        gpus, "H100", global_batch, tensor_parallel, pipeline_parallel, max_micro_batches, (None,)
+    )
 
 
 def test_the_issues_global_batch_is_refused_at_once():

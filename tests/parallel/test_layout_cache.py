@@ -25,7 +25,14 @@ def _gpt() -> Workload:
 
 
 def _answer(r) -> tuple:
-    return (r.candidates, r.front, r.chosen, r.pruned, r.notes, r.remeasured.device_peak_bytes if r.remeasured else None)
+    return (
+        r.candidates,
+        r.front,
+        r.chosen,
+        r.pruned,
+        r.notes,
+        r.remeasured.device_peak_bytes if r.remeasured else None,
+    )
 
 
 def _search(wl, gpu="H100", target=None, plan=None, reuse=True):

@@ -57,7 +57,10 @@ def test_offload_lowers_the_device_peak_by_at_least_the_host_states(world_size):
     assert off.device_peak_bytes <= plain.peak_bytes - shard - opt
     # ... and at most by everything the host holds at the total peak (gradient shards included)
     at_peak = plain.peak_split
-    assert off.device_peak_bytes >= plain.peak_bytes - at_peak["sharded_parameters"] - at_peak["gradients"] - at_peak["optimizer_state"]
+    assert (
+        off.device_peak_bytes
+        >= plain.peak_bytes - at_peak["sharded_parameters"] - at_peak["gradients"] - at_peak["optimizer_state"]
+    )
     # the host holds the shards, the gradient shards and the AdamW state at the end of the step, exactly
     end = off.end_split
     assert (end["sharded_parameters"], end["gradients"], end["optimizer_state"]) == (shard, grad, opt)
@@ -120,8 +123,9 @@ def test_gpus_tab_offload_checkbox_shows_the_device_peak_and_host_memory():
     from memsave_nb import Plan
     from memsave_nb.ui.parallel_panel import ParallelPanel, spec_for
 
-    assert spec_for(8, "fsdp", True, True) == ParallelSpec(world_size=8, param_dtype="bfloat16", reduce_dtype="float32",
-                                                           cpu_offload=True)
+    assert spec_for(8, "fsdp", True, True) == ParallelSpec(
+        world_size=8, param_dtype="bfloat16", reduce_dtype="float32", cpu_offload=True
+    )
     wl = blocks_workload()
     panel = ParallelPanel(wl, plan_fn=lambda: Plan(), live=False)
     panel.gpus.value = 4
@@ -152,5 +156,9 @@ def test_a_cold_sharding_propagation_cache_changes_nothing():
     propagator._propagate_tensor_meta_cached.cache_clear()
     propagator.propagate_op_sharding.cache_clear()
     cold = measure_rank(tiny_gpt(), spec, rank=0)
-    assert (cold.peak_bytes, cold.host_peak_bytes, cold.device_peak_bytes, cold.events) == \
-        (first.peak_bytes, first.host_peak_bytes, first.device_peak_bytes, first.events)
+    assert (cold.peak_bytes, cold.host_peak_bytes, cold.device_peak_bytes, cold.events) == (
+        first.peak_bytes,
+        first.host_peak_bytes,
+        first.device_peak_bytes,
+        first.events,
+    )

@@ -36,7 +36,9 @@ def test_bad_choice_shows_one_line_in_the_panel():
 
 
 def test_spec_for_controls():
-    assert spec_for(16, "hsdp", True) == ParallelSpec(world_size=16, replicate=2, param_dtype="bfloat16", reduce_dtype="float32")
+    assert spec_for(16, "hsdp", True) == ParallelSpec(
+        world_size=16, replicate=2, param_dtype="bfloat16", reduce_dtype="float32"
+    )
     assert spec_for(8, "fsdp-keep", False).reshard_after_forward is False
 
 
@@ -73,7 +75,8 @@ def test_tensor_parallel_control_sizes_the_2d_layout():
 
 def test_tensor_parallel_controls_build_the_spec_and_refuse_ddp():
     assert spec_for(8, "fsdp", False, tp=2, sequence_parallel=True) == ParallelSpec(
-        world_size=8, tensor_parallel=2, sequence_parallel=True)
+        world_size=8, tensor_parallel=2, sequence_parallel=True
+    )
     assert spec_for(16, "hsdp", False, tp=4) == ParallelSpec(world_size=16, replicate=2, tensor_parallel=4)
     with pytest.raises(Exception, match="FSDP2 sharding"):
         spec_for(8, "ddp", False, tp=2)

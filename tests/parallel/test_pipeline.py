@@ -69,8 +69,9 @@ def tiny_gpt() -> Workload:
     """The zoo GPT, four blocks (two per stage; interleaved: one per stage), its dict batch and loss."""
     from memsave_nb import zoo
 
-    return zoo.gpt(zoo.GPTConfig(vocab_size=256, block_size=32, n_layer=4, n_head=2, n_embd=64, dropout=0.0),
-                   batch_size=MICRO)
+    return zoo.gpt(
+        zoo.GPTConfig(vocab_size=256, block_size=32, n_layer=4, n_head=2, n_embd=64, dropout=0.0), batch_size=MICRO
+    )
 
 
 def test_interleaved_in_flight_is_torchs_warmup_count():
@@ -114,7 +115,9 @@ def test_pp2_x_fsdp2_on_four_real_ranks_measures_what_fake_mode_predicts(schedul
     sp = ParallelSpec(world_size=4, pipeline_parallel=2, schedule=schedule, microbatches=MICRO)
     predicted = measure_pipeline(tiny_gpt(), sp)
     assert [m.ranks for m in predicted.ranks] == [(0, 1), (2, 3)]
-    assert all(m.peak_split["sharded_parameters"] > 0 and m.end_split["unsharded_parameters"] >= 0 for m in predicted.ranks)
+    assert all(
+        m.peak_split["sharded_parameters"] > 0 and m.end_split["unsharded_parameters"] >= 0 for m in predicted.ranks
+    )
     # FSDP2's collectives on gloo: its worker thread frees a buffer late now and then (+68,080 B
     # once on rank 3, docs/parallel.md, Checks; in CI once +101,364 B on rank 2 in two runs of three):
     # never under, within 10% (a late free read +199,936 B, 8.4%, on rank 1 of 1F1B in CI under
@@ -124,7 +127,9 @@ def test_pp2_x_fsdp2_on_four_real_ranks_measures_what_fake_mode_predicts(schedul
         rows = cross_check(tiny_gpt, sp)
         tables.append(markdown_table(rows))
         assert all(r.predicted_bytes <= r.measured_bytes <= 1.10 * r.predicted_bytes for r in rows), tables[-1]
-        exact |= {r.rank for r in rows if r.measured_bytes == r.predicted_bytes and r.measured_split == r.predicted_split}
+        exact |= {
+            r.rank for r in rows if r.measured_bytes == r.predicted_bytes and r.measured_split == r.predicted_split
+        }
         if len(exact) == 4:
             break
     assert len(exact) == 4, "\n".join(tables)
@@ -133,15 +138,24 @@ def test_pp2_x_fsdp2_on_four_real_ranks_measures_what_fake_mode_predicts(schedul
         assert 2 * m.end_split["sharded_parameters"] == p.end_split["sharded_parameters"]
 
 
-@pytest.mark.parametrize(("kw", "message"), [
-    (dict(world_size=4, pipeline_parallel=3), "pipeline_parallel must be a positive divisor of world_size 4"),
-    (dict(world_size=2, pipeline_parallel=2, schedule="zb"), "schedule must be one of"),
-    (dict(world_size=2, pipeline_parallel=2, microbatches=0), "microbatches must be an integer in"),
-    (dict(world_size=2, microbatches=4), "schedule and microbatches need pipeline_parallel > 1"),
-    (dict(world_size=4, pipeline_parallel=2, strategy="ddp"), "pipeline_parallel is measured alone or with FSDP2"),
-    (dict(world_size=4, pipeline_parallel=2, cpu_offload=True), "pipeline_parallel is measured alone or with FSDP2"),
-    (dict(world_size=4, pipeline_parallel=4, schedule="interleaved_1f1b", microbatches=9), "interleaved_1f1b needs"),
-])
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        (dict(world_size=4, pipeline_parallel=3), "pipeline_parallel must be a positive divisor of world_size 4"),
+        (dict(world_size=2, pipeline_parallel=2, schedule="zb"), "schedule must be one of"),
+        (dict(world_size=2, pipeline_parallel=2, microbatches=0), "microbatches must be an integer in"),
+        (dict(world_size=2, microbatches=4), "schedule and microbatches need pipeline_parallel > 1"),
+        (dict(world_size=4, pipeline_parallel=2, strategy="ddp"), "pipeline_parallel is measured alone or with FSDP2"),
+        (
+            dict(world_size=4, pipeline_parallel=2, cpu_offload=True),
+            "pipeline_parallel is measured alone or with FSDP2",
+        ),
+        (
+            dict(world_size=4, pipeline_parallel=4, schedule="interleaved_1f1b", microbatches=9),
+            "interleaved_1f1b needs",
+        ),
+    ],
+)
 def test_bad_pipeline_choices_are_one_line_errors(kw, message):
     with pytest.raises(ParallelError, match=message) as info:
         ParallelSpec(**kw)
@@ -162,7 +176,9 @@ def test_models_that_do_not_split_and_batches_that_do_not_divide_are_refused():
     before = {k: v.clone() for k, v in wl.model.state_dict().items()}
     with pytest.raises(ParallelError, match="microbatches 3 must divide the batch size 512"):
         measure_pipeline(wl, ParallelSpec(world_size=2, pipeline_parallel=2, microbatches=3))
-    with pytest.raises(ParallelError, match="is neither an nn.Sequential, GPT-shaped nor a Hugging Face decoder; pass stages="):
+    with pytest.raises(
+        ParallelError, match="is neither an nn.Sequential, GPT-shaped nor a Hugging Face decoder; pass stages="
+    ):
         measure_pipeline(wl.replace(model=nn.ModuleDict({"a": wl.model})), spec("1f1b"))
     assert all(torch.equal(before[k], v) for k, v in wl.model.state_dict().items())
     assert not dist.is_initialized()
@@ -208,6 +224,8 @@ def test_real_stage_ranks_peak_is_the_allocators(schedule):
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory() as tmp:
-        mp.start_processes(_allocator_rank, args=(schedule, os.path.join(tmp, "store"), tmp), nprocs=2, start_method="fork")
+        mp.start_processes(
+            _allocator_rank, args=(schedule, os.path.join(tmp, "store"), tmp), nprocs=2, start_method="fork"
+        )
         rows = [json.load(open(os.path.join(tmp, f"rank{r}.json"))) for r in range(2)]
     assert all(r["tracked"] == r["allocator"] for r in rows), rows

@@ -22,8 +22,9 @@ GLOO = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(
 def tiny_gpt():
     """The zoo GPT, four blocks (two per stage), 8 sequences: 4 micro-batches of 2."""
     torch.manual_seed(0)
-    return zoo.gpt(zoo.GPTConfig(vocab_size=256, block_size=32, n_layer=4, n_head=2, n_embd=64, dropout=0.0),
-                   batch_size=8)
+    return zoo.gpt(
+        zoo.GPTConfig(vocab_size=256, block_size=32, n_layer=4, n_head=2, n_embd=64, dropout=0.0), batch_size=8
+    )
 
 
 def pp_spec(world_size: int = 2, schedule: str = "1f1b") -> ParallelSpec:
@@ -75,8 +76,12 @@ def run_exported(spec: ParallelSpec, loop: str) -> list[dict]:
 
     code = Plan(parallel=spec).to_code(loop=loop)
     with tempfile.TemporaryDirectory() as tmp:
-        mp.start_processes(_code_rank, args=(code, spec.world_size, os.path.join(tmp, "store"), tmp),
-                           nprocs=spec.world_size, start_method="fork")
+        mp.start_processes(
+            _code_rank,
+            args=(code, spec.world_size, os.path.join(tmp, "store"), tmp),
+            nprocs=spec.world_size,
+            start_method="fork",
+        )
         return [json.load(open(os.path.join(tmp, f"rank{r}.json"))) for r in range(spec.world_size)]
 
 
@@ -111,8 +116,11 @@ def test_exported_pp2_on_real_gloo_ranks_peaks_as_predicted(schedule):
 
 
 def test_pipeline_code_compiles_and_names_the_schedule():
-    for schedule, cls in (("gpipe", "ScheduleGPipe"), ("1f1b", "Schedule1F1B"),
-                          ("interleaved_1f1b", "ScheduleInterleaved1F1B")):
+    for schedule, cls in (
+        ("gpipe", "ScheduleGPipe"),
+        ("1f1b", "Schedule1F1B"),
+        ("interleaved_1f1b", "ScheduleInterleaved1F1B"),
+    ):
         code = Plan(parallel=pp_spec(schedule=schedule)).to_code()
         compile(code, "<plan>", "exec", dont_inherit=True)
         assert f"schedule = {cls}(" in code and "n_stages, n_microbatches = " in code

@@ -93,6 +93,8 @@ def test_pp_x_tp_says_the_head_count_does_not_divide():
     from .test_tp import llama
 
     with pytest.raises(ParallelError) as err:
-        measure_pipeline(llama(kv_heads=2), ParallelSpec(world_size=8, pipeline_parallel=2, tensor_parallel=4, microbatches=2))
+        measure_pipeline(
+            llama(kv_heads=2), ParallelSpec(world_size=8, pipeline_parallel=2, tensor_parallel=4, microbatches=2)
+        )
     assert str(err.value) == "tensor_parallel 4 does not divide num_key_value_heads (2): each rank holds whole heads"
     assert not dist.is_initialized()

@@ -14,7 +14,11 @@ from .conftest import blocks_workload
 
 
 def test_plan_parallel_json_round_trip_and_describe():
-    plan = Plan(name="p", frozen=("blocks.0",), parallel=ParallelSpec(world_size=64, param_dtype="bfloat16", reduce_dtype="float32"))
+    plan = Plan(
+        name="p",
+        frozen=("blocks.0",),
+        parallel=ParallelSpec(world_size=64, param_dtype="bfloat16", reduce_dtype="float32"),
+    )
     again = Plan.from_json(plan.to_json())
     assert again == plan and again.parallel == plan.parallel
     assert "FSDP2 x64" in plan.describe() and "bfloat16" in plan.describe()
@@ -31,14 +35,21 @@ def test_bad_parallel_value_is_a_plan_error(value):
 def test_measure_parallel_takes_the_spec_from_the_plan():
     wl = blocks_workload()
     plan = Plan(parallel=ParallelSpec(world_size=4))
-    assert measure_parallel(wl, plan=plan).worst.peak_split == measure_parallel(wl, ParallelSpec(world_size=4)).worst.peak_split
+    assert (
+        measure_parallel(wl, plan=plan).worst.peak_split
+        == measure_parallel(wl, ParallelSpec(world_size=4)).worst.peak_split
+    )
 
 
-@pytest.mark.parametrize("spec", [
-    ParallelSpec(world_size=4),
-    ParallelSpec(world_size=4, shard_modules=("blocks.0",), reshard_after_forward=False),
-    ParallelSpec(world_size=4, cpu_offload=True),
-], ids=["suggested-units", "named-unit", "cpu-offload"])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        ParallelSpec(world_size=4),
+        ParallelSpec(world_size=4, shard_modules=("blocks.0",), reshard_after_forward=False),
+        ParallelSpec(world_size=4, cpu_offload=True),
+    ],
+    ids=["suggested-units", "named-unit", "cpu-offload"],
+)
 def test_to_code_shards_like_the_prediction(spec):
     """Exec the snippet on a fresh real model on a fake group of 4 (rank 0), run the tracked step,
     and require the fake-mode prediction's bytes exactly."""
@@ -61,12 +72,17 @@ def test_to_code_shards_like_the_prediction(spec):
         dist.destroy_process_group()
     assert measured.peak_bytes == predicted.peak_bytes
     assert measured.peak_split == predicted.peak_split
-    assert (measured.device_peak_bytes, measured.host_peak_bytes) == (predicted.device_peak_bytes, predicted.host_peak_bytes)
+    assert (measured.device_peak_bytes, measured.host_peak_bytes) == (
+        predicted.device_peak_bytes,
+        predicted.host_peak_bytes,
+    )
     assert (predicted.host_peak_bytes is not None) == spec.cpu_offload
 
 
 def test_to_code_mixed_precision_and_ddp_lines():
-    code = Plan(parallel=ParallelSpec(world_size=16, replicate=2, param_dtype="bfloat16", reduce_dtype="float32")).to_code()
+    code = Plan(
+        parallel=ParallelSpec(world_size=16, replicate=2, param_dtype="bfloat16", reduce_dtype="float32")
+    ).to_code()
     assert "MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)" in code
     assert "init_device_mesh(device_type, (2, 8)" in code
     ddp = Plan(parallel=ParallelSpec(world_size=8, strategy="ddp", bucket_cap_mb=50)).to_code()

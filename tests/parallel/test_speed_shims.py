@@ -28,15 +28,23 @@ def test_lazy_chunks_are_torch_chunk_views(rows, n):
     assert [x.shape for x in got[-2:]] == [x.shape for x in want[-2:]]
 
 
-@pytest.mark.parametrize("make", [
-    lambda ps: torch.optim.AdamW(ps),
-    lambda ps: torch.optim.Adam(ps, amsgrad=True),
-    lambda ps: torch.optim.AdamW([{"params": ps[:1]}, {"params": ps[1:], "weight_decay": 0.0}]),
-], ids=["adamw", "adam-amsgrad", "two-groups"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda ps: torch.optim.AdamW(ps),
+        lambda ps: torch.optim.Adam(ps, amsgrad=True),
+        lambda ps: torch.optim.AdamW([{"params": ps[:1]}, {"params": ps[1:], "weight_decay": 0.0}]),
+    ],
+    ids=["adamw", "adam-amsgrad", "two-groups"],
+)
 def test_init_optimizer_state_is_a_first_steps_state(make):
     def params():
         torch.manual_seed(0)
-        ps = [torch.nn.Parameter(torch.randn(4, 3)), torch.nn.Parameter(torch.randn(5)), torch.nn.Parameter(torch.randn(2, 2))]
+        ps = [
+            torch.nn.Parameter(torch.randn(4, 3)),
+            torch.nn.Parameter(torch.randn(5)),
+            torch.nn.Parameter(torch.randn(2, 2)),
+        ]
         for p in ps[:2]:
             p.grad = torch.zeros_like(p)  # the third has no gradient: no state, as in step()
         return ps
@@ -49,7 +57,12 @@ def test_init_optimizer_state_is_a_first_steps_state(make):
         sa, sb = opt_a.state.get(pa, {}), opt_b.state.get(pb, {})
         assert sorted(sa) == sorted(sb)
         for k in sa:
-            assert (sa[k].shape, sa[k].dtype, sa[k].device, sa[k].stride()) == (sb[k].shape, sb[k].dtype, sb[k].device, sb[k].stride())
+            assert (sa[k].shape, sa[k].dtype, sa[k].device, sa[k].stride()) == (
+                sb[k].shape,
+                sb[k].dtype,
+                sb[k].device,
+                sb[k].stride(),
+            )
             assert sa[k].untyped_storage().nbytes() == sb[k].untyped_storage().nbytes()
 
 

@@ -29,8 +29,9 @@ ROOT_RESHARDED = 871_008
 def test_default_spec_sizes_torch_default_fully_shard(world_size):
     wl = encoder()
     ours = measure_parallel(wl, ParallelSpec(world_size=world_size, shard_modules=LAYER_NAMES))
-    theirs = fsdp_mem_tracker_peak(wl, ParallelSpec(world_size=world_size), shard=shard_with_torch_defaults,
-                                   inputs=(wl.loss.targets,))["Total"]
+    theirs = fsdp_mem_tracker_peak(
+        wl, ParallelSpec(world_size=world_size), shard=shard_with_torch_defaults, inputs=(wl.loss.targets,)
+    )["Total"]
     assert ours.peak_bytes == theirs == ISSUE[world_size]
     assert {r.peak_bytes for r in ours.ranks} == {ISSUE[world_size]}  # every rank's shard is the same size
     accelerate = ParallelSpec(world_size=world_size, shard_modules=LAYER_NAMES, reshard_root=True)
@@ -91,8 +92,9 @@ def test_gloo_ranks_with_torch_defaults_peak_as_sized(world_size):
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory() as tmp:
-        mp.start_processes(_rank, args=(world_size, os.path.join(tmp, "store"), tmp), nprocs=world_size,
-                           start_method="fork")
+        mp.start_processes(
+            _rank, args=(world_size, os.path.join(tmp, "store"), tmp), nprocs=world_size, start_method="fork"
+        )
         peaks = [json.load(open(os.path.join(tmp, f"rank{r}.json"))) for r in range(world_size)]
     assert peaks == [ISSUE[world_size]] * world_size
 
@@ -107,10 +109,15 @@ def test_trainer_configs_reshard_the_root_as_accelerate_does(trainer):
 
     mod = TRAINERS[trainer]
     for reshard in (True, False):
-        config = {"accelerate": {"distributed_type": "FSDP", "num_processes": 2,
-                                 "fsdp_config": {"fsdp_version": 2, "fsdp_reshard_after_forward": reshard}},
-                  "hf": {"fsdp": "full_shard" if reshard else "shard_grad_op", "fsdp_config": {"version": 2}},
-                  "axolotl": {"fsdp_version": 2, "fsdp_config": {"reshard_after_forward": reshard}}}[trainer]
+        config = {
+            "accelerate": {
+                "distributed_type": "FSDP",
+                "num_processes": 2,
+                "fsdp_config": {"fsdp_version": 2, "fsdp_reshard_after_forward": reshard},
+            },
+            "hf": {"fsdp": "full_shard" if reshard else "shard_grad_op", "fsdp_config": {"version": 2}},
+            "axolotl": {"fsdp_version": 2, "fsdp_config": {"reshard_after_forward": reshard}},
+        }[trainer]
         spec = mod.read(config, world_size=2).plan.parallel
         assert (spec.reshard_after_forward, spec.reshard_root) == (reshard, reshard)
         assert not [n for n in mod.write(Plan(parallel=spec)).notes if "FSDP2 root" in n]
@@ -143,7 +150,9 @@ def test_the_defaults_docs_defaults_md_calls_torchs_are_torchs():
     assert wl.set_to_none is True and wl.accumulation_steps == 1
     opt = wl.make_optimizer()
     default = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))]).defaults
-    assert type(opt) is torch.optim.AdamW and opt.defaults == default  # lr 1e-3, betas, eps, weight decay 0.01, foreach None
+    assert (
+        type(opt) is torch.optim.AdamW and opt.defaults == default
+    )  # lr 1e-3, betas, eps, weight decay 0.01, foreach None
 
 
 @pytest.mark.parametrize("reshard_root", [False, True])

@@ -24,9 +24,17 @@ def llama(kv_heads: int = 2) -> Workload:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=kv_heads, vocab_size=256, max_position_embeddings=64,
-                      bos_token_id=0, eos_token_id=0)
+    cfg = LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=kv_heads,
+        vocab_size=256,
+        max_position_embeddings=64,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     ids = torch.randint(0, 256, (2, 16))
     return Workload(LlamaForCausalLM(cfg), {"input_ids": ids, "labels": ids}, name="llama")
 
@@ -39,14 +47,23 @@ def torch_plan(model: nn.Module) -> dict:
     if isinstance(model, zoo.GPT):
         plan = {"wte": RowwiseParallel(input_layouts=Replicate()), "head": ColwiseParallel(output_layouts=Replicate())}
         for i in range(len(model.blocks)):
-            plan |= {f"blocks.{i}.attn.qkv": ColwiseParallel(), f"blocks.{i}.attn.proj": RowwiseParallel(),
-                     f"blocks.{i}.mlp.fc": ColwiseParallel(), f"blocks.{i}.mlp.proj": RowwiseParallel()}
+            plan |= {
+                f"blocks.{i}.attn.qkv": ColwiseParallel(),
+                f"blocks.{i}.attn.proj": RowwiseParallel(),
+                f"blocks.{i}.mlp.fc": ColwiseParallel(),
+                f"blocks.{i}.mlp.proj": RowwiseParallel(),
+            }
         return plan
-    plan = {"model.embed_tokens": RowwiseParallel(input_layouts=Replicate()),
-            "lm_head": ColwiseParallel(output_layouts=Replicate())}
+    plan = {
+        "model.embed_tokens": RowwiseParallel(input_layouts=Replicate()),
+        "lm_head": ColwiseParallel(output_layouts=Replicate()),
+    }
     for i in range(len(model.model.layers)):
         p = f"model.layers.{i}."
-        plan |= {p + n: ColwiseParallel() for n in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj")}
+        plan |= {
+            p + n: ColwiseParallel()
+            for n in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj")
+        }
         plan |= {p + "self_attn.o_proj": RowwiseParallel(), p + "mlp.down_proj": RowwiseParallel()}
     return plan
 
@@ -116,8 +133,15 @@ def torch_tracker_peak(workload: Workload, spec: ParallelSpec, rank: int = 0, pl
     return {str(getattr(k, "value", k)): v for k, v in dev_snap.items()}
 
 
-CASES = [("gpt", 2, 2, 1), ("gpt", 4, 4, 1), ("gpt", 4, 2, 1), ("llama", 2, 2, 1), ("llama", 4, 4, 1), ("llama", 4, 2, 1),
-         ("gpt", 8, 2, 2)]
+CASES = [
+    ("gpt", 2, 2, 1),
+    ("gpt", 4, 4, 1),
+    ("gpt", 4, 2, 1),
+    ("llama", 2, 2, 1),
+    ("llama", 4, 4, 1),
+    ("llama", 4, 2, 1),
+    ("gpt", 8, 2, 2),
+]
 
 
 @pytest.mark.slow
@@ -157,7 +181,9 @@ def test_parameter_gradient_and_adamw_bytes_are_the_analytic_shards(world_size, 
 
 
 def test_spec_round_trips_through_plan_json_and_describes_the_mesh():
-    spec = ParallelSpec(world_size=16, replicate=2, tensor_parallel=4, tp_plan={"blocks.*.0": "colwise", "blocks.*.2": "rowwise"})
+    spec = ParallelSpec(
+        world_size=16, replicate=2, tensor_parallel=4, tp_plan={"blocks.*.0": "colwise", "blocks.*.2": "rowwise"}
+    )
     plan = Plan(name="tp", parallel=spec)
     again = Plan.from_json(plan.to_json())
     assert again == plan and again.parallel.tp_plan == (("blocks.*.0", "colwise"), ("blocks.*.2", "rowwise"))
@@ -168,23 +194,29 @@ def test_spec_round_trips_through_plan_json_and_describes_the_mesh():
     assert ParallelSpec(world_size=4).to_dict()["tensor_parallel"] == 1
 
 
-@pytest.mark.parametrize("kw,message", [
-    (dict(world_size=6, tensor_parallel=4), "divisor"),
-    (dict(world_size=4, tensor_parallel=2, strategy="ddp"), "not DDP"),
-    (dict(world_size=4, sequence_parallel=True), "tensor_parallel > 1"),
-    (dict(world_size=4, tensor_parallel=2, tp_plan=(("x", "diagonal"),)), "style"),
-    (dict(world_size=4, tensor_parallel=2, tp_plan="x"), "pairs"),
-])
+@pytest.mark.parametrize(
+    "kw,message",
+    [
+        (dict(world_size=6, tensor_parallel=4), "divisor"),
+        (dict(world_size=4, tensor_parallel=2, strategy="ddp"), "not DDP"),
+        (dict(world_size=4, sequence_parallel=True), "tensor_parallel > 1"),
+        (dict(world_size=4, tensor_parallel=2, tp_plan=(("x", "diagonal"),)), "style"),
+        (dict(world_size=4, tensor_parallel=2, tp_plan="x"), "pairs"),
+    ],
+)
 def test_bad_tensor_parallel_choices_are_one_line_errors(kw, message):
     with pytest.raises(ParallelError, match=message):
         ParallelSpec(**kw)
 
 
-@pytest.mark.parametrize("kw,message", [
-    (dict(world_size=8, tensor_parallel=8), "divide"),  # 4 heads over 8 ranks
-    (dict(world_size=2, tensor_parallel=2, tp_plan=(("nothing.*", "colwise"),)), "no module matches"),
-    (dict(world_size=2, tensor_parallel=2, tp_plan=(("blocks.0", "colwise"),)), "ModuleDict|Block"),
-])
+@pytest.mark.parametrize(
+    "kw,message",
+    [
+        (dict(world_size=8, tensor_parallel=8), "divide"),  # 4 heads over 8 ranks
+        (dict(world_size=2, tensor_parallel=2, tp_plan=(("nothing.*", "colwise"),)), "no module matches"),
+        (dict(world_size=2, tensor_parallel=2, tp_plan=(("blocks.0", "colwise"),)), "ModuleDict|Block"),
+    ],
+)
 def test_plans_that_do_not_fit_the_model_are_refused_before_anything_runs(kw, message):
     from memsave_nb.model_state import ModelSnapshot
 
@@ -211,17 +243,31 @@ def test_a_user_plan_on_a_model_of_its_own_equals_memtracker():
     by_hand = {f"blocks.{i}.{j}": ColwiseParallel() if j == 0 else RowwiseParallel() for i in range(2) for j in (0, 2)}
     oracle = torch_tracker_peak(wl, spec, plan=lambda model: by_hand)
     assert ours.worst.peak_bytes == oracle["Total"]
-    assert ours.worst.end_split["sharded_parameters"] == 4 * (2 * (64 * 128 // 2 + 128 // 2 + 128 * 64 // 2 + 64) + 64 * 64 + 64) // 2
+    assert (
+        ours.worst.end_split["sharded_parameters"]
+        == 4 * (2 * (64 * 128 // 2 + 128 // 2 + 128 * 64 // 2 + 64) + 64 * 64 + 64) // 2
+    )
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("make,spec", [
-    (gpt, ParallelSpec(world_size=4, tensor_parallel=2)),
-    (gpt, ParallelSpec(world_size=2, tensor_parallel=2)),
-    (gpt, ParallelSpec(world_size=4, tensor_parallel=2, tp_plan=(("blocks.*.attn.qkv", "colwise"), ("blocks.*.attn.proj", "rowwise")))),
-    (llama, ParallelSpec(world_size=2, tensor_parallel=2, sequence_parallel=True)),
-    (gpt, ParallelSpec(world_size=4, tensor_parallel=2, sequence_parallel=True)),
-], ids=["tp2-fsdp2", "tp2", "own-plan", "llama-tp2-sp", "gpt-tp2-fsdp2-sp"])
+@pytest.mark.parametrize(
+    "make,spec",
+    [
+        (gpt, ParallelSpec(world_size=4, tensor_parallel=2)),
+        (gpt, ParallelSpec(world_size=2, tensor_parallel=2)),
+        (
+            gpt,
+            ParallelSpec(
+                world_size=4,
+                tensor_parallel=2,
+                tp_plan=(("blocks.*.attn.qkv", "colwise"), ("blocks.*.attn.proj", "rowwise")),
+            ),
+        ),
+        (llama, ParallelSpec(world_size=2, tensor_parallel=2, sequence_parallel=True)),
+        (gpt, ParallelSpec(world_size=4, tensor_parallel=2, sequence_parallel=True)),
+    ],
+    ids=["tp2-fsdp2", "tp2", "own-plan", "llama-tp2-sp", "gpt-tp2-fsdp2-sp"],
+)
 def test_to_code_splits_like_the_prediction(make, spec):
     """Exec the snippet on a fresh real model on a fake group (rank 0), run the step on real CPU
     tensors, and require the fake-mode prediction's bytes exactly."""
@@ -330,8 +376,15 @@ def _gloo_rank(rank: int, spec_dict: dict, model: str, store: str, out_dir: str)
             called.reshard()  # and no backward follows this one to reshard them: the step must start sharded
         r = tracked_step(wl, called, wl.make_batch(), rank=rank, ranks=(rank,), steady="full")
         with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-            json.dump({"peak": r.peak_bytes, "without_staging": r.peak_without_staging_bytes, "loss": loss,
-                       "split": r.peak_split}, f)
+            json.dump(
+                {
+                    "peak": r.peak_bytes,
+                    "without_staging": r.peak_without_staging_bytes,
+                    "loss": loss,
+                    "split": r.peak_split,
+                },
+                f,
+            )
     finally:
         dist.destroy_process_group()
 
@@ -343,8 +396,13 @@ def gloo_ranks(spec: ParallelSpec, model: str) -> list[dict]:
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory() as tmp:
-        mp.start_processes(_gloo_rank, args=(spec.to_dict(), model, os.path.join(tmp, "store"), tmp),
-                           nprocs=spec.world_size, join=True, start_method="fork")
+        mp.start_processes(
+            _gloo_rank,
+            args=(spec.to_dict(), model, os.path.join(tmp, "store"), tmp),
+            nprocs=spec.world_size,
+            join=True,
+            start_method="fork",
+        )
         out = []
         for r in range(spec.world_size):
             with open(os.path.join(tmp, f"rank{r}.json")) as f:
@@ -357,8 +415,11 @@ GLOO = [("gpt", 2, False), ("gpt", 4, False), ("llama", 2, False), ("llama", 2, 
 
 @pytest.mark.slow
 @pytest.mark.skipif(not torch.distributed.is_gloo_available(), reason="gloo backend not built")
-@pytest.mark.parametrize("model,world_size,sequence_parallel", GLOO,
-                         ids=["gpt-tp2", "gpt-tp2-fsdp2", "llama-tp2", "llama-tp2-sp", "llama-tp2-fsdp2-sp"])
+@pytest.mark.parametrize(
+    "model,world_size,sequence_parallel",
+    GLOO,
+    ids=["gpt-tp2", "gpt-tp2-fsdp2", "llama-tp2", "llama-tp2-sp", "llama-tp2-fsdp2-sp"],
+)
 def test_real_gloo_ranks_measure_what_fake_mode_predicts(model, world_size, sequence_parallel):
     """TP 2 (x FSDP2 2, with and without sequence parallel) on real gloo processes, memsave_nb's
     step on real tensors, equal to the fake-mode prediction to the byte; gloo's own reduce-scatter
@@ -417,8 +478,12 @@ def no_position_gpt() -> Workload:
     torch.manual_seed(0)
     idx = torch.randint(0, GPT.vocab_size, (2, GPT.block_size))
     target = torch.randint(0, GPT.vocab_size, (2 * GPT.block_size,))
-    wl = Workload(NoPositionGPT(), idx, loss=lambda logits: torch.nn.functional.cross_entropy(logits.flatten(0, 1), target),
-                  name="no-position-gpt")
+    wl = Workload(
+        NoPositionGPT(),
+        idx,
+        loss=lambda logits: torch.nn.functional.cross_entropy(logits.flatten(0, 1), target),
+        name="no-position-gpt",
+    )
     wl.target = target  # the loss closure's tensor
     return wl
 
@@ -426,18 +491,30 @@ def no_position_gpt() -> Workload:
 def sequence_parallel_plan(model: nn.Module) -> dict:
     """torchtitan's sequence-parallel layouts written by hand with PyTorch's styles."""
     from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
-                                                   SequenceParallel)
+    from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel
 
-    plan = {"wte": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)), "ln_f": SequenceParallel(),
-            "head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate())}
+    plan = {
+        "wte": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+        "ln_f": SequenceParallel(),
+        "head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()),
+    }
     for i in range(len(model.blocks)):
         b = f"blocks.{i}."
-        gather = lambda: PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),  # noqa: E731
-                                            use_local_output=True)
-        plan |= {b + "ln_1": SequenceParallel(), b + "ln_2": SequenceParallel(), b + "attn": gather(), b + "mlp": gather(),
-                 b + "attn.qkv": ColwiseParallel(), b + "mlp.fc": ColwiseParallel(),
-                 b + "attn.proj": RowwiseParallel(output_layouts=Shard(1)), b + "mlp.proj": RowwiseParallel(output_layouts=Shard(1))}
+        gather = lambda: PrepareModuleInput(
+            input_layouts=(Shard(1),),
+            desired_input_layouts=(Replicate(),),  # noqa: E731
+            use_local_output=True,
+        )
+        plan |= {
+            b + "ln_1": SequenceParallel(),
+            b + "ln_2": SequenceParallel(),
+            b + "attn": gather(),
+            b + "mlp": gather(),
+            b + "attn.qkv": ColwiseParallel(),
+            b + "mlp.fc": ColwiseParallel(),
+            b + "attn.proj": RowwiseParallel(output_layouts=Shard(1)),
+            b + "mlp.proj": RowwiseParallel(output_layouts=Shard(1)),
+        }
     return plan
 
 
@@ -460,23 +537,37 @@ def llama_sequence_parallel_plan(model: nn.Module) -> dict:
     the whole sequence's length for its positions, rotary tables and causal mask), attention gets
     its ``hidden_states`` by keyword and the MLP positionally, each gathered once."""
     from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
-                                                   SequenceParallel)
+    from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel
 
-    plan = {"model.embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1), use_local_output=False),
-            "model.norm": SequenceParallel(), "lm_head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate())}
+    plan = {
+        "model.embed_tokens": RowwiseParallel(
+            input_layouts=Replicate(), output_layouts=Shard(1), use_local_output=False
+        ),
+        "model.norm": SequenceParallel(),
+        "lm_head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()),
+    }
     for i in range(len(model.model.layers)):
         p = f"model.layers.{i}."
-        plan |= {p + "input_layernorm": SequenceParallel(), p + "post_attention_layernorm": SequenceParallel(),
-                 p + "self_attn": PrepareModuleInput(input_kwarg_layouts={"hidden_states": Shard(1)},
-                                                     desired_input_kwarg_layouts={"hidden_states": Replicate()},
-                                                     use_local_output=True),
-                 p + "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
-                                               use_local_output=True)}
-        plan |= {p + n: ColwiseParallel() for n in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
-                                                    "mlp.gate_proj", "mlp.up_proj")}
-        plan |= {p + n: RowwiseParallel(output_layouts=Shard(1), use_local_output=False)
-                 for n in ("self_attn.o_proj", "mlp.down_proj")}
+        plan |= {
+            p + "input_layernorm": SequenceParallel(),
+            p + "post_attention_layernorm": SequenceParallel(),
+            p + "self_attn": PrepareModuleInput(
+                input_kwarg_layouts={"hidden_states": Shard(1)},
+                desired_input_kwarg_layouts={"hidden_states": Replicate()},
+                use_local_output=True,
+            ),
+            p + "mlp": PrepareModuleInput(
+                input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_output=True
+            ),
+        }
+        plan |= {
+            p + n: ColwiseParallel()
+            for n in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj")
+        }
+        plan |= {
+            p + n: RowwiseParallel(output_layouts=Shard(1), use_local_output=False)
+            for n in ("self_attn.o_proj", "mlp.down_proj")
+        }
     return plan
 
 
@@ -500,20 +591,28 @@ def gpt_sequence_parallel_plan(model: nn.Module) -> dict:
     """Sequence parallel on the zoo GPT by hand: its learned positions (T, C) split over T as a
     ``Shard(0)`` DTensor, added to the ``Shard(1)`` token embedding; the residual stream a DTensor."""
     from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
-                                                   SequenceParallel)
+    from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel
 
-    plan = {"wte": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1), use_local_output=False),
-            "wpe": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(0), use_local_output=False),
-            "ln_f": SequenceParallel(), "head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate())}
+    plan = {
+        "wte": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1), use_local_output=False),
+        "wpe": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(0), use_local_output=False),
+        "ln_f": SequenceParallel(),
+        "head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()),
+    }
     for i in range(len(model.blocks)):
         b = f"blocks.{i}."
         for m in ("attn", "mlp"):
-            plan[b + m] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_output=True)
-        plan |= {b + "ln_1": SequenceParallel(), b + "ln_2": SequenceParallel(),
-                 b + "attn.qkv": ColwiseParallel(), b + "mlp.fc": ColwiseParallel(),
-                 b + "attn.proj": RowwiseParallel(output_layouts=Shard(1), use_local_output=False),
-                 b + "mlp.proj": RowwiseParallel(output_layouts=Shard(1), use_local_output=False)}
+            plan[b + m] = PrepareModuleInput(
+                input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_output=True
+            )
+        plan |= {
+            b + "ln_1": SequenceParallel(),
+            b + "ln_2": SequenceParallel(),
+            b + "attn.qkv": ColwiseParallel(),
+            b + "mlp.fc": ColwiseParallel(),
+            b + "attn.proj": RowwiseParallel(output_layouts=Shard(1), use_local_output=False),
+            b + "mlp.proj": RowwiseParallel(output_layouts=Shard(1), use_local_output=False),
+        }
     return plan
 
 
@@ -527,7 +626,10 @@ def test_sequence_parallel_on_the_zoo_gpt_equals_pytorch_tracker(world_size):
     ours = measure_parallel(gpt(), spec)
     oracle = torch_tracker_peak(gpt(), spec, plan=gpt_sequence_parallel_plan)
     assert ours.worst.peak_bytes == oracle["Total"], (ours.worst.peak_split, oracle)
-    assert ours.worst.saved_bytes < measure_parallel(gpt(), ParallelSpec(world_size=world_size, tensor_parallel=2)).worst.saved_bytes
+    assert (
+        ours.worst.saved_bytes
+        < measure_parallel(gpt(), ParallelSpec(world_size=world_size, tensor_parallel=2)).worst.saved_bytes
+    )
     assert not torch.distributed.is_initialized()
 
 
@@ -575,8 +677,15 @@ def test_the_sequence_parallel_plan_of_hugging_face_decoders():
 
     from memsave_nb.tp_plan import default_tp_plan
 
-    cfg = Qwen3Config(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
-                      num_key_value_heads=2, head_dim=16, vocab_size=256)
+    cfg = Qwen3Config(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        vocab_size=256,
+    )
     with torch.device("meta"):
         model = Qwen3ForCausalLM(cfg)
     plan = dict(default_tp_plan(model, sequence_parallel=True))
@@ -595,9 +704,18 @@ def tied_llama() -> Workload:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, vocab_size=256, max_position_embeddings=64,
-                      bos_token_id=0, eos_token_id=0, tie_word_embeddings=True)
+    cfg = LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=256,
+        max_position_embeddings=64,
+        bos_token_id=0,
+        eos_token_id=0,
+        tie_word_embeddings=True,
+    )
     ids = torch.randint(0, 256, (2, 16))
     model = LlamaForCausalLM(cfg)
     assert model.lm_head.weight is model.model.embed_tokens.weight
@@ -629,12 +747,22 @@ def test_tied_embedding_and_head_on_real_gloo_ranks(sequence_parallel):
     raise AssertionError(f"ranks never exact in 8 runs: {misses}")
 
 
-FAST_CASES = [("gpt", 2, 1, False, None), ("gpt", 4, 1, True, None), ("llama", 4, 1, True, 2), ("gpt", 8, 2, False, None),
-              ("no-position-gpt", 4, 1, False, "sp"), ("llama", 4, 1, True, "sp"), ("uneven-mlp", 8, 1, False, None)]
+FAST_CASES = [
+    ("gpt", 2, 1, False, None),
+    ("gpt", 4, 1, True, None),
+    ("llama", 4, 1, True, 2),
+    ("gpt", 8, 2, False, None),
+    ("no-position-gpt", 4, 1, False, "sp"),
+    ("llama", 4, 1, True, "sp"),
+    ("uneven-mlp", 8, 1, False, None),
+]
 
 
-@pytest.mark.parametrize("model,world_size,replicate,checkpoint,extra", FAST_CASES,
-                         ids=[f"{m}-ws{w}-r{r}" + ("-ac" if c else "") + (f"-{e}" if e else "") for m, w, r, c, e in FAST_CASES])
+@pytest.mark.parametrize(
+    "model,world_size,replicate,checkpoint,extra",
+    FAST_CASES,
+    ids=[f"{m}-ws{w}-r{r}" + ("-ac" if c else "") + (f"-{e}" if e else "") for m, w, r, c, e in FAST_CASES],
+)
 def test_tp_steady_state_without_a_whole_first_step_is_byte_identical(model, world_size, replicate, checkpoint, extra):
     """TP's default warm-up is the cheap one (optimizer state on zero gradients), not a whole
     untracked first step (the layout planner's full-depth re-measurement of a 70B ran that first step
@@ -649,11 +777,20 @@ def test_tp_steady_state_without_a_whole_first_step_is_byte_identical(model, wor
     else:
         wl = {"gpt": gpt, "llama": llama, "no-position-gpt": no_position_gpt}[model]()
     blocks = blocks_of(wl.model).names
-    plan = Plan(regions={n: "full" for n in blocks} if checkpoint else {}, accumulation_steps=extra if isinstance(extra, int) else None)
+    plan = Plan(
+        regions={n: "full" for n in blocks} if checkpoint else {},
+        accumulation_steps=extra if isinstance(extra, int) else None,
+    )
     spec = ParallelSpec(**kw)
     full = measure_parallel(wl, spec, plan, steady="full")
     fast = measure_parallel(wl, spec, plan)
     assert len(full.ranks) == len(fast.ranks) >= 1
     for a, b in zip(full.ranks, fast.ranks):
-        assert (a.ranks, a.peak_bytes, a.peak_split, a.end_split, a.saved_bytes, a.collectives) == \
-               (b.ranks, b.peak_bytes, b.peak_split, b.end_split, b.saved_bytes, b.collectives)
+        assert (a.ranks, a.peak_bytes, a.peak_split, a.end_split, a.saved_bytes, a.collectives) == (
+            b.ranks,
+            b.peak_bytes,
+            b.peak_split,
+            b.end_split,
+            b.saved_bytes,
+            b.collectives,
+        )

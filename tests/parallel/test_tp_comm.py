@@ -48,4 +48,3 @@ def test_the_row_wise_all_reduce_output_is_communication(tp):
     assert rank.peak_split["activations"] == B * (H // tp) * 4 + B * 4
     assert rank.peak_split["sharded_parameters"] == ((D + 1) * H // tp + H // tp * D + D) * 4
     assert rank.peak_bytes == sum(rank.peak_split.values())
-

@@ -71,7 +71,9 @@ def _rank(rank: int, spec_dict: dict, store: str, out: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=spec.world_size)
     try:
         wl = lora_llama()
-        called = apply_parallel(wl.model, spec, init_device_mesh("cpu", spec.mesh_shape, mesh_dim_names=spec.mesh_dim_names))
+        called = apply_parallel(
+            wl.model, spec, init_device_mesh("cpu", spec.mesh_shape, mesh_dim_names=spec.mesh_dim_names)
+        )
         with torch.no_grad():
             loss = wl.compute_loss(wl.replace(model=called).forward(wl.make_batch())).item()
         r = tracked_step(wl, called, wl.make_batch(), rank=rank, ranks=(rank,), steady="full")
@@ -94,7 +96,9 @@ def test_real_gloo_tp_ranks_compute_the_unsplit_loss_and_peak_as_sized():
     runs = []
     for _attempt in range(3):  # gloo's worker thread can free a buffer late (test_tp.py)
         with tempfile.TemporaryDirectory() as tmp:
-            mp.start_processes(_rank, args=(spec.to_dict(), os.path.join(tmp, "store"), tmp), nprocs=2, start_method="fork")
+            mp.start_processes(
+                _rank, args=(spec.to_dict(), os.path.join(tmp, "store"), tmp), nprocs=2, start_method="fork"
+            )
             ranks = [json.load(open(os.path.join(tmp, f"rank{r}.json"))) for r in range(2)]
         assert [r["loss"] for r in ranks] == pytest.approx([whole] * 2, rel=1e-5)
         runs.append([r["peak"] for r in ranks])

@@ -94,7 +94,6 @@ class Case:
 CASES = [Case("cnn", _seeded(_cnn)), Case("adapter", _seeded(_adapter)), Case("gpt", _gpt)]
 
 
-
 def layers_available() -> bool:
     try:
         from memsave_nb.layers import convert, revert  # noqa: F401

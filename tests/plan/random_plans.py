@@ -34,8 +34,14 @@ class CNN(nn.Module):
         super().__init__()
         self.stem = nn.Sequential(nn.Conv2d(2, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU())
         self.block = nn.Sequential(
-            nn.Conv2d(4, 4, 3, padding=1, bias=False), nn.BatchNorm2d(4), nn.ReLU(inplace=True),
-            nn.Conv2d(4, 4, 1), nn.LeakyReLU(0.1), nn.Dropout2d(0.2), nn.Conv2d(4, 4, 1), nn.ReLU6(),
+            nn.Conv2d(4, 4, 3, padding=1, bias=False),
+            nn.BatchNorm2d(4),
+            nn.ReLU(inplace=True),
+            nn.Conv2d(4, 4, 1),
+            nn.LeakyReLU(0.1),
+            nn.Dropout2d(0.2),
+            nn.Conv2d(4, 4, 1),
+            nn.ReLU6(),
         )
         self.pool = nn.MaxPool2d(2)
         self.drop = nn.Dropout(0.25)
@@ -49,8 +55,14 @@ class CNN(nn.Module):
 
 def mlp_bn() -> nn.Module:
     return nn.Sequential(
-        nn.Linear(6, 8), nn.BatchNorm1d(8), nn.LeakyReLU(0.2), nn.Dropout(0.3),
-        nn.Linear(8, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 2),
+        nn.Linear(6, 8),
+        nn.BatchNorm1d(8),
+        nn.LeakyReLU(0.2),
+        nn.Dropout(0.3),
+        nn.Linear(8, 8),
+        nn.BatchNorm1d(8),
+        nn.ReLU(),
+        nn.Linear(8, 2),
     )
 
 
@@ -76,8 +88,13 @@ GPT_CONFIG = zoo.GPTConfig(vocab_size=16, block_size=4, n_layer=2, n_head=2, n_e
 
 
 def _workload(model: nn.Module, x: torch.Tensor, target: torch.Tensor, name: str) -> Workload:
-    return Workload(model, x, loss=lambda out: F.cross_entropy(out.reshape(-1, out.shape[-1]), target.reshape(-1)),
-                    optimizer=None, name=name)
+    return Workload(
+        model,
+        x,
+        loss=lambda out: F.cross_entropy(out.reshape(-1, out.shape[-1]), target.reshape(-1)),
+        optimizer=None,
+        name=name,
+    )
 
 
 def _build(name: str) -> Workload:
@@ -104,12 +121,32 @@ MODELS = ("cnn", "mlp_bn", "transformer", "gpt")
 # -- random plans --------------------------------------------------------------------------------
 # ops a custom selective policy may name: some each model runs, some it never runs
 OPS = (
-    "aten.mm", "aten.addmm", "aten.bmm", "aten.convolution", "aten.native_batch_norm",
-    "aten._native_batch_norm_legit", "aten.native_layer_norm", "aten.relu", "aten.leaky_relu",
-    "aten.gelu", "aten.mul", "aten.add", "aten.gt", "aten.max_pool2d_with_indices",
-    "aten._scaled_dot_product_flash_attention_for_cpu", "aten._softmax", "aten.bernoulli",
-    "aten.native_dropout", "aten.clone", "aten.view", "aten.rsqrt", "aten.mean", "aten.pow",
-    "aten.embedding", "aten.sub", "aten.div",
+    "aten.mm",
+    "aten.addmm",
+    "aten.bmm",
+    "aten.convolution",
+    "aten.native_batch_norm",
+    "aten._native_batch_norm_legit",
+    "aten.native_layer_norm",
+    "aten.relu",
+    "aten.leaky_relu",
+    "aten.gelu",
+    "aten.mul",
+    "aten.add",
+    "aten.gt",
+    "aten.max_pool2d_with_indices",
+    "aten._scaled_dot_product_flash_attention_for_cpu",
+    "aten._softmax",
+    "aten.bernoulli",
+    "aten.native_dropout",
+    "aten.clone",
+    "aten.view",
+    "aten.rsqrt",
+    "aten.mean",
+    "aten.pow",
+    "aten.embedding",
+    "aten.sub",
+    "aten.div",
 )
 
 
@@ -142,7 +179,11 @@ def random_plan(rng: random.Random, model: nn.Module) -> dict[str, Any]:
     if norms and rng.random() < 0.4:
         bn_eval = ["*"] if rng.random() < 0.5 else rng.sample(norms, 1)
     return dict(
-        frozen=frozen, trainable=trainable, memsave=memsave, regions=regions, bn_eval=bn_eval,
+        frozen=frozen,
+        trainable=trainable,
+        memsave=memsave,
+        regions=regions,
+        bn_eval=bn_eval,
         input_requires_grad=rng.choice([None, True, False]),
     )
 
@@ -183,7 +224,8 @@ class Checker:
     def reference(self, bn_eval: tuple[str, ...]) -> dict[str, torch.Tensor]:
         if bn_eval not in self._ref:
             self._ref[bn_eval] = step_gradients(
-                self.workload, Plan(trainable=["*"], input_requires_grad=True, bn_eval=bn_eval), seed=1)
+                self.workload, Plan(trainable=["*"], input_requires_grad=True, bn_eval=bn_eval), seed=1
+            )
         return self._ref[bn_eval]
 
     def differentiates(self, plan: Plan) -> bool:
@@ -212,13 +254,16 @@ class Checker:
         assert before.differences(model) == [], before.differences(model)
         ref = self.reference(plan.bn_eval)
         trainable = set(plan.trainable_parameter_names(model))
-        input_grad = plan.input_requires_grad if plan.input_requires_grad is not None else self.workload.input_requires_grad
+        input_grad = (
+            plan.input_requires_grad if plan.input_requires_grad is not None else self.workload.input_requires_grad
+        )
         expected = {n for n in ref if n in trainable or (n == "<input>" and input_grad)}
-        assert set(got) == expected, (sorted(set(got) ^ expected))
+        assert set(got) == expected, sorted(set(got) ^ expected)
         for n in expected:
             torch.testing.assert_close(got[n], ref[n], rtol=1e-9, atol=1e-11, msg=lambda m: f"{n}: {m}")
             outcome.compared_tensors += 1
         outcome.checked += 1
-        if plan.memsave and any(p.default.value == "save" and p.kind.value == "selective"
-                                for p in plan.active_regions.values()):
+        if plan.memsave and any(
+            p.default.value == "save" and p.kind.value == "selective" for p in plan.active_regions.values()
+        ):
             outcome.memsave_and_save_default += 1

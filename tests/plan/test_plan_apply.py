@@ -17,10 +17,23 @@ from memsave_nb.plan import Plan, PlanError
 from plan_cases import CASES, gradients, layers_available
 
 SLOW = settings(
-    max_examples=12, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+    max_examples=12,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
-OPS = ["aten.mm", "aten.addmm", "aten.bmm", "aten.gelu", "aten.native_layer_norm", "aten.convolution",
-       "aten.native_dropout", "aten._scaled_dot_product_flash_attention_for_cpu", "aten.relu", "aten.add"]
+OPS = [
+    "aten.mm",
+    "aten.addmm",
+    "aten.bmm",
+    "aten.gelu",
+    "aten.native_layer_norm",
+    "aten.convolution",
+    "aten.native_dropout",
+    "aten._scaled_dot_product_flash_attention_for_cpu",
+    "aten.relu",
+    "aten.add",
+]
 
 
 def region_policies() -> st.SearchStrategy[RegionPolicy]:
@@ -173,7 +186,12 @@ def test_restore_keeps_existing_hooks_forward_attrs_and_flags():
     model.stem[0].weight.requires_grad_(False)
     model.blocks[1].eval()
     before = ModelSnapshot.capture(model)
-    plan = Plan(trainable="*", bn_eval="*", regions={"head": "full", "blocks.0": "save_matmuls"}, memsave="*" if layers_available() else ())
+    plan = Plan(
+        trainable="*",
+        bn_eval="*",
+        regions={"head": "full", "blocks.0": "save_matmuls"},
+        memsave="*" if layers_available() else (),
+    )
     with pytest.raises(SimulatedOOM):
         with plan.apply(workload):
             assert model.stem[0].weight.requires_grad

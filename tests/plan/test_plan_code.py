@@ -34,19 +34,32 @@ PLANS = [
     (
         "adapter",
         ADAPTER,
-        Plan(regions={
-            "layers.0": RegionPolicy(RegionKind.SELECTIVE, {"aten.addmm": "recompute", "aten.mm": "save"}, "save"),
-            "layers.1": "save_matmuls",
-            "layers.2": "full",
-        }),
+        Plan(
+            regions={
+                "layers.0": RegionPolicy(RegionKind.SELECTIVE, {"aten.addmm": "recompute", "aten.mm": "save"}, "save"),
+                "layers.1": "save_matmuls",
+                "layers.2": "full",
+            }
+        ),
     ),
-    ("gpt", _gpt, Plan(frozen="*", trainable=["blocks.1", "head"], regions={"blocks.0": "save_matmuls", "blocks.1": "full"})),
+    (
+        "gpt",
+        _gpt,
+        Plan(frozen="*", trainable=["blocks.1", "head"], regions={"blocks.0": "save_matmuls", "blocks.1": "full"}),
+    ),
     ("gpt", _gpt, Plan(regions={"": "save_compute_intensive"})),
     # memory-saving layers before selective regions: the snippet compacts held outputs at each
     # region's entry as Plan.apply does (the peak differed by 86 KB without it)
-    ("zoo-cnn", lambda: zoo.make("cnn", batch_size=4), Plan(
-        memsave="*", frozen="*", input_requires_grad=True,
-        regions={"layers.1": "save_compute_intensive", "layers.2": "save_compute_intensive"})),
+    (
+        "zoo-cnn",
+        lambda: zoo.make("cnn", batch_size=4),
+        Plan(
+            memsave="*",
+            frozen="*",
+            input_requires_grad=True,
+            regions={"layers.1": "save_compute_intensive", "layers.2": "save_compute_intensive"},
+        ),
+    ),
 ]
 
 

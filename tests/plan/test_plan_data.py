@@ -56,7 +56,9 @@ def test_bad_choices_raise_at_construction(kwargs, message):
 
 def test_validate_names_the_unknown_name():
     model = TinyCNN()
-    Plan(frozen=["stem", "blocks.0.0.weight", "*.bias"], bn_eval=["blocks"], regions={"blocks.1": "full"}).validate(model)
+    Plan(frozen=["stem", "blocks.0.0.weight", "*.bias"], bn_eval=["blocks"], regions={"blocks.1": "full"}).validate(
+        model
+    )
     for plan, name in [
         (Plan(frozen=["stemm"]), "stemm"),
         (Plan(trainable=["blocks.7"]), "blocks.7"),
@@ -141,7 +143,13 @@ def test_suggest_regions_finds_repeated_blocks():
 def test_presets_name_what_they_should():
     cnn = TinyCNN()
     assert presets.head_only(cnn).trainable == ("head",)
-    assert presets.bias_only(cnn).trainable == ("stem.0.bias", "stem.1.bias", "blocks.0.1.bias", "blocks.1.1.bias", "head.bias")
+    assert presets.bias_only(cnn).trainable == (
+        "stem.0.bias",
+        "stem.1.bias",
+        "blocks.0.1.bias",
+        "blocks.1.1.bias",
+        "head.bias",
+    )
     assert presets.norm_only(cnn).trainable == ("stem.1", "blocks.0.1", "blocks.1.1")
     layers = presets.parameterised_layers(cnn)  # 6 layers: quarter = 2
     assert presets.first_quarter(cnn).trainable == tuple(layers[:2])

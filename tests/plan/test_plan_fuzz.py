@@ -30,8 +30,12 @@ from torch import nn
 from memsave_nb.checkpointing import COMPUTE_INTENSIVE_OPS, POLICY_PRESETS, PlanError
 from memsave_nb.plan import Plan, _is_pattern
 
-FUZZ = settings(max_examples=1100, deadline=None, derandomize=True,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much])
+FUZZ = settings(
+    max_examples=1100,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
+)
 
 PAYLOADS = [
     "\nPWNED.append(1)\n#",
@@ -58,16 +62,25 @@ hostile = st.one_of(
     st.text(max_size=12),
     st.builds(lambda a, b, c: a + b + c, st.text(max_size=4), st.sampled_from(PAYLOADS), st.text(max_size=4)),
 )
-OP_NAMES = list(COMPUTE_INTENSIVE_OPS) + ["aten.gelu", "aten.relu", "foo.bar", "aten.mm.default", "aten.__class__",
-                                          "aten.mm\nPWNED.append(1)", "torch.ops"]
+OP_NAMES = list(COMPUTE_INTENSIVE_OPS) + [
+    "aten.gelu",
+    "aten.relu",
+    "foo.bar",
+    "aten.mm.default",
+    "aten.__class__",
+    "aten.mm\nPWNED.append(1)",
+    "torch.ops",
+]
 ops = st.one_of(st.sampled_from(OP_NAMES), hostile)
 policy = st.one_of(
     st.sampled_from(sorted(POLICY_PRESETS) + ["Save-Matmuls", "nope"]),
     hostile,
     st.fixed_dictionaries(
         {"kind": st.sampled_from(["selective", "full", "none", "bad"])},
-        optional={"ops": st.dictionaries(ops, st.sampled_from(["save", "recompute", "keep"]), max_size=4),
-                  "default": st.sampled_from(["save", "recompute", 1])},
+        optional={
+            "ops": st.dictionaries(ops, st.sampled_from(["save", "recompute", "keep"]), max_size=4),
+            "default": st.sampled_from(["save", "recompute", 1]),
+        },
     ),
 )
 json_values = st.recursive(
@@ -93,10 +106,13 @@ plan_objects = st.fixed_dictionaries(
 # well-formed plans whose names (and only names) are hostile: the injection surface
 good_policy = st.one_of(
     st.sampled_from(sorted(POLICY_PRESETS)),
-    st.fixed_dictionaries({"kind": st.just("selective"),
-                           "ops": st.dictionaries(st.sampled_from(OP_NAMES[:-5]), st.sampled_from(["save", "recompute"]),
-                                                  max_size=3),
-                           "default": st.sampled_from(["save", "recompute"])}),
+    st.fixed_dictionaries(
+        {
+            "kind": st.just("selective"),
+            "ops": st.dictionaries(st.sampled_from(OP_NAMES[:-5]), st.sampled_from(["save", "recompute"]), max_size=3),
+            "default": st.sampled_from(["save", "recompute"]),
+        }
+    ),
 )
 well_formed = st.fixed_dictionaries(
     {},
@@ -142,10 +158,13 @@ def _twin(plan: Plan) -> Plan:
 
     return Plan(
         name="plan" if plan.name else "",
-        frozen=[plain(n) for n in plan.frozen], trainable=[plain(n) for n in plan.trainable],
-        bn_eval=[plain(n) for n in plan.bn_eval], memsave=[plain(n) for n in plan.memsave],
+        frozen=[plain(n) for n in plan.frozen],
+        trainable=[plain(n) for n in plan.trainable],
+        bn_eval=[plain(n) for n in plan.bn_eval],
+        memsave=[plain(n) for n in plan.memsave],
         regions={(k if k == "" else f"r{next(counter)}"): v for k, v in plan.regions.items()},
-        input_requires_grad=plan.input_requires_grad, compile_budget=plan.compile_budget,
+        input_requires_grad=plan.input_requires_grad,
+        compile_budget=plan.compile_budget,
     )
 
 
@@ -175,21 +194,47 @@ def _identifiers(code: str) -> tuple[set[str], set[str]]:
 
 
 _OWN = _identifiers(
-    Plan(name="v", frozen=["a"], trainable=["b"], bn_eval=["c"], memsave=["d"], input_requires_grad=True,
-         regions={"e": "full", "f": "save_matmuls", "g": {"kind": "selective", "default": "save"}},
-         compile_budget=0.5).to_code()
+    Plan(
+        name="v",
+        frozen=["a"],
+        trainable=["b"],
+        bn_eval=["c"],
+        memsave=["d"],
+        input_requires_grad=True,
+        regions={"e": "full", "f": "save_matmuls", "g": {"kind": "selective", "default": "save"}},
+        compile_budget=0.5,
+    ).to_code()
 )
 _ONE = _identifiers(Plan(regions={"f": "save_matmuls"}).to_code())  # one policy: policy_fn, POLICY_FN_SAVE
 # the workload knobs' code (memsave_nb.knobs): every precision and optimizer the plan format accepts
 _KNOBS = [
-    _identifiers(Plan(batch_size=2, seq_len=4, precision=precision, optimizer=optimizer, accumulation_steps=2,
-                      set_to_none=False, regions={"e": "offload"}).to_code())
+    _identifiers(
+        Plan(
+            batch_size=2,
+            seq_len=4,
+            precision=precision,
+            optimizer=optimizer,
+            accumulation_steps=2,
+            set_to_none=False,
+            regions={"e": "offload"},
+        ).to_code()
+    )
     for precision in ("fp32", "autocast_bf16", "autocast_fp16", "bf16", "bf16_master")
     for optimizer in ("adamw", "adamw_foreach", "adamw_fused", "sgd_momentum", "sgd", "adafactor")
 ]
 VOCABULARY = _OWN[0] | _OWN[1] | _ONE[0] | _ONE[1] | set().union(*(a | b for a, b in _KNOBS))
-FORBIDDEN_NAMES = {"os", "__import__", "exec", "eval", "open", "compile", "subprocess", "PWNED", "breakpoint",
-                   "globals"}
+FORBIDDEN_NAMES = {
+    "os",
+    "__import__",
+    "exec",
+    "eval",
+    "open",
+    "compile",
+    "subprocess",
+    "PWNED",
+    "breakpoint",
+    "globals",
+}
 FORBIDDEN_ATTRS = {"system", "popen", "Popen", "remove", "rmtree"}
 assert not _OWN[0] & FORBIDDEN_NAMES and not _OWN[1] & FORBIDDEN_ATTRS
 
@@ -246,7 +291,9 @@ def test_the_checks_catch_an_injection():
     """The checks above are not vacuous: a snippet with a payload spliced in fails each of them."""
     plan = Plan(name="x", frozen=["a"])
     code = plan.to_code()
-    evil = code.replace("# memsave_nb plan: x", "# memsave_nb plan: x\n__import__('os').system('true'); PWNED.append(1)\n#")
+    evil = code.replace(
+        "# memsave_nb plan: x", "# memsave_nb plan: x\n__import__('os').system('true'); PWNED.append(1)\n#"
+    )
     assert _shape(evil) != _shape(_twin(plan).to_code())
     assert _forbidden(evil) == {"__import__", "system", "PWNED", "append"}
     assert _run(evil) == ([1], [("true",)])

@@ -52,11 +52,22 @@ def test_memsave_with_a_save_default_selective_region_gives_stock_gradients():
 def test_memsave_with_selective_regions_beside_each_other_is_not_a_storage_error():
     """Was ``aten._to_copy.default encountered during backward but not found in storage``."""
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.LeakyReLU(0.2), nn.Dropout(0.3),
-                          nn.Linear(8, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 2)).double()
+    model = nn.Sequential(
+        nn.Linear(6, 8),
+        nn.BatchNorm1d(8),
+        nn.LeakyReLU(0.2),
+        nn.Dropout(0.3),
+        nn.Linear(8, 8),
+        nn.BatchNorm1d(8),
+        nn.ReLU(),
+        nn.Linear(8, 2),
+    ).double()
     x = torch.randn(5, 6, dtype=torch.float64)
-    regions = {"4": "full", "5": {"kind": "selective", "ops": {}, "default": "save"},
-               "2": {"kind": "selective", "ops": {"aten.addmm": "save"}, "default": "save"}}
+    regions = {
+        "4": "full",
+        "5": {"kind": "selective", "ops": {}, "default": "save"},
+        "2": {"kind": "selective", "ops": {"aten.addmm": "save"}, "default": "save"},
+    }
     torch.manual_seed(1)
     ref = _step(model, x, Plan(trainable=["*.bias"]))
     torch.manual_seed(1)
@@ -198,8 +209,18 @@ def test_a_selective_op_name_must_be_a_real_op():
         '{"regions": []}',
         '{"name": 3}',
     ],
-    ids=["deep", "huge-number", "region-int", "region-null", "null", "frozen-dict", "unknown-op", "ops-list", "regions-list",
-         "name-int"],
+    ids=[
+        "deep",
+        "huge-number",
+        "region-int",
+        "region-null",
+        "null",
+        "frozen-dict",
+        "unknown-op",
+        "ops-list",
+        "regions-list",
+        "name-int",
+    ],
 )
 def test_bad_plan_json_is_a_plan_error(text):
     with pytest.raises(PlanError) as info:
@@ -207,8 +228,16 @@ def test_bad_plan_json_is_a_plan_error(text):
     assert "\n" not in str(info.value)
 
 
-@pytest.mark.parametrize("field", ['"frozen": {}', '"name": {}', '"regions": {{"a": {}}}',
-                                   '"regions": {{"a": {{"kind": {}}}}}', '"regions": {{"a": {{"ops": {}}}}}'])
+@pytest.mark.parametrize(
+    "field",
+    [
+        '"frozen": {}',
+        '"name": {}',
+        '"regions": {{"a": {}}}',
+        '"regions": {{"a": {{"kind": {}}}}}',
+        '"regions": {{"a": {{"ops": {}}}}}',
+    ],
+)
 def test_deep_nesting_inside_a_field_is_a_plan_error(field):
     """Parsed by json, then too deep for repr() in an error message: still one PlanError line."""
     for depth in range(900, 1000, 3):

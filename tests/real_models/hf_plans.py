@@ -53,16 +53,34 @@ def _transformers():
 def _gpt2() -> nn.Module:
     """GPT-2 with a ReLU MLP (a memory-saving layer inside every block) and dropout 0.1."""
     t = _transformers()
-    cfg = t.GPT2Config(n_layer=LAYERS, n_embd=HIDDEN, n_head=HEADS, vocab_size=VOCAB, n_positions=POSITIONS,
-                       activation_function="relu", bos_token_id=0, eos_token_id=0)
+    cfg = t.GPT2Config(
+        n_layer=LAYERS,
+        n_embd=HIDDEN,
+        n_head=HEADS,
+        vocab_size=VOCAB,
+        n_positions=POSITIONS,
+        activation_function="relu",
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     return t.GPT2LMHeadModel(cfg)
 
 
 def _llama_config(t, act: str):
-    return t.LlamaConfig(num_hidden_layers=LAYERS, hidden_size=HIDDEN, num_attention_heads=HEADS,
-                         num_key_value_heads=1, intermediate_size=2 * HIDDEN, vocab_size=VOCAB,
-                         max_position_embeddings=POSITIONS, hidden_act=act, attention_dropout=0.1,
-                         bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    return t.LlamaConfig(
+        num_hidden_layers=LAYERS,
+        hidden_size=HIDDEN,
+        num_attention_heads=HEADS,
+        num_key_value_heads=1,
+        intermediate_size=2 * HIDDEN,
+        vocab_size=VOCAB,
+        max_position_embeddings=POSITIONS,
+        hidden_act=act,
+        attention_dropout=0.1,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=0,
+    )
 
 
 def _llama() -> nn.Module:
@@ -86,9 +104,19 @@ def _lora_llama() -> nn.Module:
 
 def _t5() -> nn.Module:
     t = _transformers()
-    cfg = t.T5Config(num_layers=LAYERS, num_decoder_layers=LAYERS, d_model=HIDDEN, d_kv=HIDDEN // HEADS,
-                     d_ff=2 * HIDDEN, num_heads=HEADS, vocab_size=VOCAB, decoder_start_token_id=0,
-                     pad_token_id=0, eos_token_id=1, relative_attention_num_buckets=8)
+    cfg = t.T5Config(
+        num_layers=LAYERS,
+        num_decoder_layers=LAYERS,
+        d_model=HIDDEN,
+        d_kv=HIDDEN // HEADS,
+        d_ff=2 * HIDDEN,
+        num_heads=HEADS,
+        vocab_size=VOCAB,
+        decoder_start_token_id=0,
+        pad_token_id=0,
+        eos_token_id=1,
+        relative_attention_num_buckets=8,
+    )
     return t.T5ForConditionalGeneration(cfg)
 
 
@@ -123,11 +151,34 @@ def build(name: str, dtype: torch.dtype, embeds: bool = False) -> Workload:
 # -- random plans --------------------------------------------------------------------------------
 # ops a custom selective policy may name: HF decoders run most of them
 OPS = (
-    "aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm", "aten.native_layer_norm", "aten.relu",
-    "aten.hardtanh", "aten.silu", "aten.mul", "aten.add", "aten.native_dropout", "aten.bernoulli",
-    "aten._scaled_dot_product_flash_attention_for_cpu", "aten._softmax", "aten.rsqrt", "aten.mean",
-    "aten.pow", "aten.embedding", "aten.cat", "aten.neg", "aten.cos", "aten.sin", "aten.clone",
-    "aten.view", "aten.t", "aten._log_softmax", "aten.where", "aten.div",
+    "aten.mm",
+    "aten.addmm",
+    "aten.bmm",
+    "aten.baddbmm",
+    "aten.native_layer_norm",
+    "aten.relu",
+    "aten.hardtanh",
+    "aten.silu",
+    "aten.mul",
+    "aten.add",
+    "aten.native_dropout",
+    "aten.bernoulli",
+    "aten._scaled_dot_product_flash_attention_for_cpu",
+    "aten._softmax",
+    "aten.rsqrt",
+    "aten.mean",
+    "aten.pow",
+    "aten.embedding",
+    "aten.cat",
+    "aten.neg",
+    "aten.cos",
+    "aten.sin",
+    "aten.clone",
+    "aten.view",
+    "aten.t",
+    "aten._log_softmax",
+    "aten.where",
+    "aten.div",
 )
 PRECISIONS = ("autocast_bf16", "autocast_fp16", "bf16", "bf16_master")
 OPTIMIZERS = ("adamw", "adamw_foreach", "adamw_fused", "sgd", "sgd_momentum", "adafactor")
@@ -152,8 +203,20 @@ def _region_candidates(model: nn.Module) -> list[str]:
         if not n or isinstance(m, (nn.ModuleList, nn.ModuleDict)):
             continue
         leaf = n.rsplit(".", 1)[-1]
-        if leaf.isdigit() or leaf in ("attn", "self_attn", "mlp", "ln_1", "ln_2", "input_layernorm", "layer", "wte",
-                                       "embed_tokens", "lm_head", "DenseReluDense", "SelfAttention"):
+        if leaf.isdigit() or leaf in (
+            "attn",
+            "self_attn",
+            "mlp",
+            "ln_1",
+            "ln_2",
+            "input_layernorm",
+            "layer",
+            "wte",
+            "embed_tokens",
+            "lm_head",
+            "DenseReluDense",
+            "SelfAttention",
+        ):
             out.append(n)
     return out
 
@@ -170,7 +233,9 @@ def random_plan(rng: random.Random, model: nn.Module, *, precision_ok: bool = Tr
         fields.update(frozen=list(presets[label].frozen), trainable=list(presets[label].trainable))
     elif freezing < 0.8:
         names = modules + params + ["*", "*.bias", "*.weight", "*lora*"]
-        fields.update(frozen=rng.sample(names, rng.choice([0, 1, 2])), trainable=rng.sample(names, rng.choice([0, 0, 1, 2])))
+        fields.update(
+            frozen=rng.sample(names, rng.choice([0, 1, 2])), trainable=rng.sample(names, rng.choice([0, 0, 1, 2]))
+        )
     memsave = rng.random()
     if memsave < 0.45:
         fields["memsave"] = ["*"]
@@ -204,7 +269,9 @@ def _resize(t: torch.Tensor, dim: int, n: int) -> torch.Tensor:
     return t.narrow(dim, 0, n).contiguous()
 
 
-def resized_batch(batch: dict[str, torch.Tensor], batch_size: int | None, seq_len: int | None) -> dict[str, torch.Tensor]:
+def resized_batch(
+    batch: dict[str, torch.Tensor], batch_size: int | None, seq_len: int | None
+) -> dict[str, torch.Tensor]:
     out = dict(batch)
     if seq_len is not None:
         out = {k: _resize(v, 1, seq_len) for k, v in out.items()}
@@ -213,8 +280,9 @@ def resized_batch(batch: dict[str, torch.Tensor], batch_size: int | None, seq_le
     return out
 
 
-def plain_gradients(model: nn.Module, batch: dict[str, torch.Tensor], *, accumulation: int,
-                    autocast: torch.dtype | None, seed: int) -> dict[int, torch.Tensor]:
+def plain_gradients(
+    model: nn.Module, batch: dict[str, torch.Tensor], *, accumulation: int, autocast: torch.dtype | None, seed: int
+) -> dict[int, torch.Tensor]:
     """``{id(parameter): grad}`` of a plain training step: every parameter trainable, ``accumulation``
     micro-batches of ``loss / k`` (the same batch each, dropout drawing on), optional autocast."""
     flags = {p: p.requires_grad for p in model.parameters()}
@@ -252,8 +320,11 @@ class Outcome:
 
     def note(self, fields: dict[str, Any]) -> None:
         kinds = {str(p.get("kind") if isinstance(p, dict) else p) for p in fields.get("regions", {}).values()}
-        tags = [f"region:{k}" for k in kinds] + [k for k in ("memsave", "batch_size", "seq_len", "accumulation_steps",
-                                                             "precision", "optimizer", "set_to_none") if fields.get(k)]
+        tags = [f"region:{k}" for k in kinds] + [
+            k
+            for k in ("memsave", "batch_size", "seq_len", "accumulation_steps", "precision", "optimizer", "set_to_none")
+            if fields.get(k)
+        ]
         if fields.get("memsave") and fields.get("regions"):
             tags.append("memsave+regions")
         if fields.get("precision") and fields.get("regions"):
@@ -265,8 +336,11 @@ class Outcome:
 
 
 def _use_cache(model: nn.Module) -> list[Any]:
-    return [m.__dict__["config"].__dict__.get("use_cache", "<class default>") for m in model.modules()
-            if "config" in m.__dict__ and hasattr(m.__dict__["config"], "use_cache")]
+    return [
+        m.__dict__["config"].__dict__.get("use_cache", "<class default>")
+        for m in model.modules()
+        if "config" in m.__dict__ and hasattr(m.__dict__["config"], "use_cache")
+    ]
 
 
 class Checker:
@@ -284,8 +358,9 @@ class Checker:
             base = self.workloads.get((dtype, False)) or build(self.name, dtype)
             self.workloads[(dtype, False)] = base
             if embeds:
-                self.workloads[(dtype, True)] = base.replace(batch=build(self.name, dtype, embeds=True).batch,
-                                                             name=base.name + "-embeds")
+                self.workloads[(dtype, True)] = base.replace(
+                    batch=build(self.name, dtype, embeds=True).batch, name=base.name + "-embeds"
+                )
         return self.workloads[(dtype, embeds)]
 
     def oracle(self, wl: Workload, plan: Plan) -> dict[int, torch.Tensor]:
@@ -296,17 +371,30 @@ class Checker:
             if plan.precision in ("bf16", "bf16_master"):  # a bf16 copy: the same weights, rounded
                 twin = copy.deepcopy(model).to(torch.bfloat16)
                 batch = {k: (v.to(torch.bfloat16) if v.is_floating_point() else v) for k, v in batch.items()}
-                grads = plain_gradients(twin, batch, accumulation=plan.accumulation_steps or 1, autocast=None, seed=SEED)
+                grads = plain_gradients(
+                    twin, batch, accumulation=plan.accumulation_steps or 1, autocast=None, seed=SEED
+                )
                 by_index = [grads.get(id(p)) for p in twin.parameters()]
                 grads = {id(p): g for p, g in zip(model.parameters(), by_index) if g is not None}
             else:
-                grads = plain_gradients(model, batch, accumulation=plan.accumulation_steps or 1,
-                                        autocast=AUTOCAST.get(plan.precision or ""), seed=SEED)
+                grads = plain_gradients(
+                    model,
+                    batch,
+                    accumulation=plan.accumulation_steps or 1,
+                    autocast=AUTOCAST.get(plan.precision or ""),
+                    seed=SEED,
+                )
             self._oracles[key] = grads
         return self._oracles[key]
 
-    def check(self, fields: dict[str, Any], outcome: Outcome, steady_state: bool = False, embeds: bool = False,
-              snippet: bool = False) -> None:
+    def check(
+        self,
+        fields: dict[str, Any],
+        outcome: Outcome,
+        steady_state: bool = False,
+        embeds: bool = False,
+        snippet: bool = False,
+    ) -> None:
         """Build, apply and measure the plan (real, then fake); assert stock gradients, real = fake
         bytes, the model unchanged, or a one-line PlanError that changed nothing. ``steady_state``:
         measure training's second step (the gradients compared are the first step's). ``embeds``: the
@@ -388,14 +476,20 @@ class Checker:
         exec(compile(plan.to_code(model_var="net"), "<plan>", "exec", dont_inherit=True), namespace)  # noqa: S102
         net = namespace["net"]
         trained = {n for n, p in net.named_parameters() if p.requires_grad}
-        assert trained == set(plan.trainable_parameter_names(wl.model)), sorted(trained ^ set(plan.trainable_parameter_names(wl.model)))
+        assert trained == set(plan.trainable_parameter_names(wl.model)), sorted(
+            trained ^ set(plan.trainable_parameter_names(wl.model))
+        )
         batch = resized_batch(fresh.batch, plan.batch_size, plan.seq_len)
         if plan.precision in ("bf16", "bf16_master"):
             batch = {k: (v.to(torch.bfloat16) if v.is_floating_point() else v) for k, v in batch.items()}
         grads_before = {p: p.grad for p in net.parameters()}
         torch.manual_seed(SEED)
         for _ in range(plan.accumulation_steps or 1):
-            with torch.autocast("cpu", dtype=AUTOCAST[plan.precision]) if plan.precision in AUTOCAST else contextlib.nullcontext():
+            with (
+                torch.autocast("cpu", dtype=AUTOCAST[plan.precision])
+                if plan.precision in AUTOCAST
+                else contextlib.nullcontext()
+            ):
                 loss = net(**batch).loss
             (loss / (plan.accumulation_steps or 1)).backward()
         expected = self.oracle(wl, plan)
@@ -405,7 +499,9 @@ class Checker:
             if p.requires_grad and n not in by_name:  # unused by this batch (embeddings of an inputs_embeds step)
                 assert p.grad is None, f"snippet {n}: a gradient plain PyTorch does not compute"
             elif p.requires_grad:
-                torch.testing.assert_close(p.grad, by_name[n], rtol=rtol, atol=atol, msg=lambda m, n=n: f"snippet {n}: {m}")
+                torch.testing.assert_close(
+                    p.grad, by_name[n], rtol=rtol, atol=atol, msg=lambda m, n=n: f"snippet {n}: {m}"
+                )
         for p in net.parameters():
             p.grad = grads_before[p]
         if any(r.kind.value == "offload" for r in plan.active_regions.values()):
@@ -413,15 +509,32 @@ class Checker:
         knobs = Plan(**{k: getattr(plan, k) for k in KNOB_FIELDS}, input_requires_grad=plan.input_requires_grad)
         with knobs.apply(fresh.replace(model=net)) as applied:
             got = measure(applied, "real", repeats=0, flops=False, steady_state=real.steady_state)
-        assert (got.saved_bytes, got.output_bytes, got.peak_bytes) == (real.saved_bytes, real.output_bytes, real.peak_bytes), \
+        assert (got.saved_bytes, got.output_bytes, got.peak_bytes) == (
+            real.saved_bytes,
+            real.output_bytes,
+            real.peak_bytes,
+        ), (
             f"snippet: saved/outputs/peak {(got.saved_bytes, got.output_bytes, got.peak_bytes)} != plan's {(real.saved_bytes, real.output_bytes, real.peak_bytes)}"
+        )
 
 
 def assert_fake_equals_real(fake: Any, real: Any) -> None:
-    pairs = [(k, getattr(fake, k), getattr(real, k)) for k in ("peak_bytes", "saved_bytes", "output_bytes", "peak_split",
-                                                            "end_of_forward", "output_parts", "first_step_peak_bytes")]
+    pairs = [
+        (k, getattr(fake, k), getattr(real, k))
+        for k in (
+            "peak_bytes",
+            "saved_bytes",
+            "output_bytes",
+            "peak_split",
+            "end_of_forward",
+            "output_parts",
+            "first_step_peak_bytes",
+        )
+    ]
     wrong = [f"{k}: fake {f} != real {r}" for k, f, r in pairs if f != r]
-    rows = {(m.name, m.saved_bytes, m.output_bytes) for m in fake.modules} ^ {(m.name, m.saved_bytes, m.output_bytes) for m in real.modules}
+    rows = {(m.name, m.saved_bytes, m.output_bytes) for m in fake.modules} ^ {
+        (m.name, m.saved_bytes, m.output_bytes) for m in real.modules
+    }
     if rows:
         wrong.append(f"module rows differ: {sorted(rows)[:6]}")
     assert not wrong, "; ".join(wrong)
@@ -438,7 +551,9 @@ def _tolerance(precision: str | None, dtype: torch.dtype) -> tuple[float, float]
     return 1e-5, 1e-7
 
 
-def replay(model: str, fields_json: str, steady_state: bool = False, embeds: bool = False, snippet: bool = False) -> Outcome:
+def replay(
+    model: str, fields_json: str, steady_state: bool = False, embeds: bool = False, snippet: bool = False
+) -> Outcome:
     """Re-run one plan printed by a failure: ``replay("gpt2", '{"regions": ...}', False, False, False)``."""
     outcome = Outcome()
     Checker(model).check(json.loads(fields_json), outcome, steady_state, embeds, snippet)

@@ -31,24 +31,46 @@ def _ids(seed: int = 1) -> torch.Tensor:
 
 def gpt2() -> tuple[nn.Module, Any]:
     t = _transformers()
-    cfg = t.GPT2Config(n_layer=LAYERS, n_embd=HIDDEN, n_head=HEADS, vocab_size=VOCAB, n_positions=2 * SEQ,
-                       bos_token_id=0, eos_token_id=0)
+    cfg = t.GPT2Config(
+        n_layer=LAYERS,
+        n_embd=HIDDEN,
+        n_head=HEADS,
+        vocab_size=VOCAB,
+        n_positions=2 * SEQ,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     ids = _ids()
     return t.GPT2LMHeadModel(cfg), {"input_ids": ids, "labels": ids}
 
 
 def bert() -> tuple[nn.Module, Any]:
     t = _transformers()
-    cfg = t.BertConfig(num_hidden_layers=LAYERS, hidden_size=HIDDEN, num_attention_heads=HEADS,
-                       intermediate_size=4 * HIDDEN, vocab_size=VOCAB, max_position_embeddings=2 * SEQ)
+    cfg = t.BertConfig(
+        num_hidden_layers=LAYERS,
+        hidden_size=HIDDEN,
+        num_attention_heads=HEADS,
+        intermediate_size=4 * HIDDEN,
+        vocab_size=VOCAB,
+        max_position_embeddings=2 * SEQ,
+    )
     ids = _ids()
     return t.BertForMaskedLM(cfg), {"input_ids": ids, "labels": ids}
 
 
 def _llama_config(t):
-    return t.LlamaConfig(num_hidden_layers=LAYERS, hidden_size=HIDDEN, num_attention_heads=HEADS,
-                         num_key_value_heads=HEADS // 2, intermediate_size=2 * HIDDEN, vocab_size=VOCAB,
-                         max_position_embeddings=2 * SEQ, bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    return t.LlamaConfig(
+        num_hidden_layers=LAYERS,
+        hidden_size=HIDDEN,
+        num_attention_heads=HEADS,
+        num_key_value_heads=HEADS // 2,
+        intermediate_size=2 * HIDDEN,
+        vocab_size=VOCAB,
+        max_position_embeddings=2 * SEQ,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=0,
+    )
 
 
 def llama() -> tuple[nn.Module, Any]:
@@ -59,9 +81,18 @@ def llama() -> tuple[nn.Module, Any]:
 
 def t5() -> tuple[nn.Module, Any]:
     t = _transformers()
-    cfg = t.T5Config(num_layers=LAYERS, num_decoder_layers=LAYERS, d_model=HIDDEN, d_kv=HIDDEN // HEADS,
-                     d_ff=2 * HIDDEN, num_heads=HEADS, vocab_size=VOCAB, decoder_start_token_id=0, pad_token_id=0,
-                     eos_token_id=1)
+    cfg = t.T5Config(
+        num_layers=LAYERS,
+        num_decoder_layers=LAYERS,
+        d_model=HIDDEN,
+        d_kv=HIDDEN // HEADS,
+        d_ff=2 * HIDDEN,
+        num_heads=HEADS,
+        vocab_size=VOCAB,
+        decoder_start_token_id=0,
+        pad_token_id=0,
+        eos_token_id=1,
+    )
     return t.T5ForConditionalGeneration(cfg), {"input_ids": _ids(1), "labels": _ids(2)[:, : SEQ // 2].contiguous()}
 
 

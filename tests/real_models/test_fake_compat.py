@@ -93,9 +93,17 @@ def _bart():
     from .real_cases import HEADS, HIDDEN, LAYERS, _transformers
 
     t = _transformers()
-    cfg = t.BartConfig(vocab_size=VOCAB, d_model=HIDDEN, encoder_layers=LAYERS, decoder_layers=LAYERS,
-                       encoder_attention_heads=HEADS, decoder_attention_heads=HEADS, encoder_ffn_dim=2 * HIDDEN,
-                       decoder_ffn_dim=2 * HIDDEN, max_position_embeddings=2 * SEQ)
+    cfg = t.BartConfig(
+        vocab_size=VOCAB,
+        d_model=HIDDEN,
+        encoder_layers=LAYERS,
+        decoder_layers=LAYERS,
+        encoder_attention_heads=HEADS,
+        decoder_attention_heads=HEADS,
+        encoder_ffn_dim=2 * HIDDEN,
+        decoder_ffn_dim=2 * HIDDEN,
+        max_position_embeddings=2 * SEQ,
+    )
     torch.manual_seed(0)
     return t.BartForConditionalGeneration(cfg).train()
 
@@ -113,11 +121,10 @@ def test_bart_in_fake_mode_equals_real_without_a_warning(mask):
     if mask != "none":
         batch["attention_mask"] = torch.ones(BATCH, SEQ, dtype=torch.long)
         if mask == "padded":
-            batch["attention_mask"][1, SEQ // 2:] = 0
+            batch["attention_mask"][1, SEQ // 2 :] = 0
     wl = Workload(_bart(), batch)
     real = measure(wl, "real", repeats=0, flops=False)
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
         fake = measure(wl, "fake", repeats=0, flops=False)
     assert (fake.saved_bytes, fake.peak_bytes) == (real.saved_bytes, real.peak_bytes)
-

@@ -23,10 +23,16 @@ def test_seq_len_cuts_inputs_embeds_with_the_labels():
             del batch
             real = measure(applied, "real", repeats=0, flops=False, steady_state=False)
             fake = measure(applied, "fake", flops=False, steady_state=False)
-        assert (real.peak_bytes, real.saved_bytes, real.peak_split) == (fake.peak_bytes, fake.saved_bytes, fake.peak_split)
+        assert (real.peak_bytes, real.saved_bytes, real.peak_split) == (
+            fake.peak_bytes,
+            fake.saved_bytes,
+            fake.peak_split,
+        )
     # and the gradients are plain PyTorch's on the cut batch
     outcome = Outcome()
-    Checker("gpt2").check({"seq_len": 4, "memsave": ["*"], "regions": {"transformer.h.1": "full"}}, outcome, embeds=True)
+    Checker("gpt2").check(
+        {"seq_len": 4, "memsave": ["*"], "regions": {"transformer.h.1": "full"}}, outcome, embeds=True
+    )
     assert outcome.compared == 1 and outcome.compared_tensors == len(list(wl.model.parameters()))
 
 
@@ -40,7 +46,12 @@ def test_precision_knobs_meet_regions_on_llama():
     for fields in (
         {"precision": "bf16_master", "optimizer": "adafactor", "regions": {blocks[0]: "offload"}},
         {"precision": "autocast_bf16", "regions": {blocks[1]: "save_matmuls"}, "accumulation_steps": 2},
-        {"precision": "bf16", "regions": {blocks[0]: "full", blocks[1]: "offload"}, "batch_size": 3, "set_to_none": False},
+        {
+            "precision": "bf16",
+            "regions": {blocks[0]: "full", blocks[1]: "offload"},
+            "batch_size": 3,
+            "set_to_none": False,
+        },
     ):
         checker.check(fields, outcome, steady_state=True)
     assert outcome.compared == 3, outcome

@@ -40,10 +40,12 @@ def _model() -> Workload:
 def calls(monkeypatch):
     """Runs of each C kernel entry (a None result: it stood aside), by short name."""
     seen = {"select": 0, "relu_pack": 0, "pool_offsets": 0, "pool_flat": 0}
-    for module, name, key in ((activation, "select_bits", "select"),
-                              (activation, "relu_pack", "relu_pack"),
-                              (pool, "pool_offsets", "pool_offsets"),
-                              (pool, "pool_flat", "pool_flat")):
+    for module, name, key in (
+        (activation, "select_bits", "select"),
+        (activation, "relu_pack", "relu_pack"),
+        (pool, "pool_offsets", "pool_offsets"),
+        (pool, "pool_flat", "pool_flat"),
+    ):
         real = getattr(module, name)
 
         def counting(*args, _real=real, _key=key):
@@ -123,20 +125,27 @@ def test_t5_plan_over_steps_packs_relu_and_mask_in_one_pass(calls) -> None:
     assert calls["relu_pack"] >= 2, calls  # steps 2 and 3, at least one feed-forward each
     assert calls["select"] >= 12, calls
     for name, g in got.items():
-        torch.testing.assert_close(g, expected[id(params[name])], rtol=1e-5, atol=1e-6,
-                                   msg=lambda m, n=name: f"{n}: {m}")
+        torch.testing.assert_close(
+            g, expected[id(params[name])], rtol=1e-5, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}"
+        )
 
 
 def _resnet() -> Workload:
     from transformers import ResNetConfig, ResNetForImageClassification
 
     torch.manual_seed(0)
-    config = ResNetConfig(num_channels=3, embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1],
-                          layer_type="basic", hidden_act="relu", num_labels=4)
+    config = ResNetConfig(
+        num_channels=3,
+        embedding_size=16,
+        hidden_sizes=[16, 32],
+        depths=[1, 1],
+        layer_type="basic",
+        hidden_act="relu",
+        num_labels=4,
+    )
     model = ResNetForImageClassification(config).train()
     gen = torch.Generator().manual_seed(1)
-    batch = {"pixel_values": torch.randn(2, 3, 32, 32, generator=gen),
-             "labels": torch.tensor([0, 3])}
+    batch = {"pixel_values": torch.randn(2, 3, 32, 32, generator=gen), "labels": torch.tensor([0, 3])}
     return Workload(model, batch, name="hf-resnet")
 
 
@@ -145,8 +154,7 @@ def test_hf_resnet_plan_runs_the_pool_and_relu_kernels_with_plain_gradients(call
     """A Hugging Face ResNet (stem conv, BN, ReLU, 3x3 max pool) under a plan that converts the
     layers, freezes the first stage (its frozen convs keep nothing, so the ReLUs keep masks) and
     recomputes the second stage: three steps, plain PyTorch's gradients, every kernel counted."""
-    plan = Plan(memsave=("*",), frozen=("resnet.encoder.stages.0.*",),
-                regions={"resnet.encoder.stages.1": "full"})
+    plan = Plan(memsave=("*",), frozen=("resnet.encoder.stages.0.*",), regions={"resnet.encoder.stages.1": "full"})
     wl = _resnet()
     expected = plain_gradients(wl.model, wl.batch, accumulation=1, autocast=None, seed=0)
     trainable = set(plan.trainable_parameter_names(wl.model))
@@ -156,8 +164,9 @@ def test_hf_resnet_plan_runs_the_pool_and_relu_kernels_with_plain_gradients(call
     assert calls["pool_offsets"] >= 3 and calls["pool_flat"] >= 3, calls
     assert calls["relu_pack"] >= 2 and calls["select"] >= 3, calls
     for name, g in got.items():
-        torch.testing.assert_close(g, expected[id(params[name])], rtol=1e-5, atol=1e-6,
-                                   msg=lambda m, n=name: f"{n}: {m}")
+        torch.testing.assert_close(
+            g, expected[id(params[name])], rtol=1e-5, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}"
+        )
     assert all(p.grad is None for n, p in params.items() if n not in trainable)
 
 
@@ -190,8 +199,7 @@ def _gpt2_with_dropout() -> Workload:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", ["gpt2", "lora_llama"])
-def test_hf_plan_with_dropout_drawing_runs_the_dropout_kernels_with_plain_gradients(
-        monkeypatch, case: str) -> None:
+def test_hf_plan_with_dropout_drawing_runs_the_dropout_kernels_with_plain_gradients(monkeypatch, case: str) -> None:
     """Dropout on, as fine-tuning runs it: GPT-2 (its own dropouts) and a peft LoRA Llama
     (``lora_dropout``), under a plan that converts the layers and combines freezing, a full
     region and a selective (SAC) region; two untracked steps under one seed draw the same masks
@@ -211,14 +219,21 @@ def test_hf_plan_with_dropout_drawing_runs_the_dropout_kernels_with_plain_gradie
         monkeypatch.setattr(dropout, name, counting)
     if case == "gpt2":
         wl = _gpt2_with_dropout()
-        plan = Plan(memsave=("*",), frozen=("transformer.wte.*", "transformer.h.0.mlp.*"),
-                    regions={"transformer.h.0": "full", "transformer.h.1": "save_matmuls"})
+        plan = Plan(
+            memsave=("*",),
+            frozen=("transformer.wte.*", "transformer.h.0.mlp.*"),
+            regions={"transformer.h.0": "full", "transformer.h.1": "save_matmuls"},
+        )
     else:
         wl = _lora_llama_with_dropout()
         # the adapters train; layer 0's input needs no gradient (frozen embeddings), so its
         # dropouts run stock's op: the selective region goes there, layer 1's run the kernels
-        plan = Plan(memsave=("*",), frozen=("*",), trainable=("*lora_*",),
-                    regions={"base_model.model.model.layers.0": "save_matmuls"})
+        plan = Plan(
+            memsave=("*",),
+            frozen=("*",),
+            trainable=("*lora_*",),
+            regions={"base_model.model.model.layers.0": "save_matmuls"},
+        )
     expected = plain_gradients(wl.model, wl.batch, accumulation=1, autocast=None, seed=0)
     trainable = set(plan.trainable_parameter_names(wl.model))
     assert trainable
@@ -229,6 +244,7 @@ def test_hf_plan_with_dropout_drawing_runs_the_dropout_kernels_with_plain_gradie
     # scaling kernel backs them in backward, both steps
     assert seen["scale_bits"] >= 4 and seen["pack_nonzero"] >= 4, seen
     for name, g in got.items():
-        torch.testing.assert_close(g, expected[id(params[name])], rtol=1e-5, atol=1e-6,
-                                   msg=lambda m, n=name: f"{n}: {m}")
+        torch.testing.assert_close(
+            g, expected[id(params[name])], rtol=1e-5, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}"
+        )
     assert all(p.grad is None for n, p in params.items() if n not in trainable)

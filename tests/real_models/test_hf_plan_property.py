@@ -55,10 +55,12 @@ def test_random_hf_plans_match_plain_pytorch_or_refuse(model):
                 f"{model} plan #{i} (replay: hf_plans.replay({model!r}, {json.dumps(json.dumps(fields))}, {steady}, {embeds}, {snippet})): "
                 f"{type(exc).__name__}: {exc}"
             ) from exc
-    print(f"{model}: {outcome.tried} tried, {outcome.compared} compared ({outcome.compared_tensors} gradients, "
-          f"{outcome.snippets} snippets), "
-          f"{outcome.refused} refused, {outcome.skipped} with nothing to differentiate; {outcome.kinds}; "
-          f"refusals: {sorted(outcome.refusals)}")
+    print(
+        f"{model}: {outcome.tried} tried, {outcome.compared} compared ({outcome.compared_tensors} gradients, "
+        f"{outcome.snippets} snippets), "
+        f"{outcome.refused} refused, {outcome.skipped} with nothing to differentiate; {outcome.kinds}; "
+        f"refusals: {sorted(outcome.refusals)}"
+    )
     assert outcome.tried == n == outcome.compared + outcome.refused + outcome.skipped
     assert outcome.compared >= 0.6 * n, outcome
     # the sample meets the choices it is about

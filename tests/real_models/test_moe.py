@@ -20,9 +20,17 @@ def _mixtral(dtype: torch.dtype = torch.float32) -> Workload:
     t = _transformers()
     if not hasattr(torch.ops.aten, "_grouped_mm"):
         pytest.skip("this torch has no grouped matmul")
-    cfg = t.MixtralConfig(num_hidden_layers=LAYERS, hidden_size=HIDDEN, num_attention_heads=HEADS,
-                          num_key_value_heads=HEADS // 2, intermediate_size=2 * HIDDEN, vocab_size=VOCAB,
-                          num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=2 * SEQ)
+    cfg = t.MixtralConfig(
+        num_hidden_layers=LAYERS,
+        hidden_size=HIDDEN,
+        num_attention_heads=HEADS,
+        num_key_value_heads=HEADS // 2,
+        intermediate_size=2 * HIDDEN,
+        vocab_size=VOCAB,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        max_position_embeddings=2 * SEQ,
+    )
     torch.manual_seed(0)
     model = t.MixtralForCausalLM(cfg).to(dtype).train()
     ids = _ids()
@@ -63,4 +71,8 @@ def test_fake_mode_sizes_mixtral_as_a_real_step(dtype, regions):
 def _our_fake_rules() -> list:
     from torch._subclasses import fake_impls
 
-    return [c for c, _ in fake_impls.op_implementations_checks if (getattr(c, "__module__", None) or "").startswith("memsave_nb")]
+    return [
+        c
+        for c, _ in fake_impls.op_implementations_checks
+        if (getattr(c, "__module__", None) or "").startswith("memsave_nb")
+    ]

@@ -9,10 +9,24 @@ from memsave_nb.model_state import ModelSnapshot
 from .real_steps import step_grads
 
 EXPECTED = {  # the presets offered for a token-id batch (no input-only, no BN eval)
-    "gpt2": {"all trainable", "last block", "head only", "bias only (BitFit)", "norm layers only", "first quarter",
-             "last quarter"},
-    "lora-llama": {"all trainable", "last block", "head only", "norm layers only", "first quarter", "last quarter",
-                   "adapters only (LoRA)"},
+    "gpt2": {
+        "all trainable",
+        "last block",
+        "head only",
+        "bias only (BitFit)",
+        "norm layers only",
+        "first quarter",
+        "last quarter",
+    },
+    "lora-llama": {
+        "all trainable",
+        "last block",
+        "head only",
+        "norm layers only",
+        "first quarter",
+        "last quarter",
+        "adapters only (LoRA)",
+    },
 }
 
 

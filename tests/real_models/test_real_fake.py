@@ -1,6 +1,5 @@
 """Fake mode (no memory) counts the same bytes as real mode, on real Hugging Face / peft models."""
 
-
 from memsave_nb.checkpointing import suggest_regions
 from memsave_nb.measure import measure
 from memsave_nb.plan import Plan

@@ -48,7 +48,12 @@ def test_tied_parameters_of_hugging_face_models(gpt2):
     assert hf.tied_parameters(gpt2.model) == {WTE: (WTE, HEAD)}
     t5 = shared(case_named("t5")).model
     assert hf.tied_parameters(t5) == {
-        "shared.weight": ("shared.weight", "encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "lm_head.weight")
+        "shared.weight": (
+            "shared.weight",
+            "encoder.embed_tokens.weight",
+            "decoder.embed_tokens.weight",
+            "lm_head.weight",
+        )
     }
 
 
@@ -86,8 +91,9 @@ def test_preset_counts_match_the_gradients_a_step_makes(gpt2, label):
 def test_last_quarter_on_gpt2_counts_the_tied_head():
     """The issue's numbers: 12-layer GPT-2, last quarter: 37 parameters get gradients, 37 reported."""
     transformers = pytest.importorskip("transformers")
-    cfg = transformers.GPT2Config(n_layer=12, n_embd=16, n_head=2, vocab_size=32, n_positions=16, bos_token_id=0,
-                                  eos_token_id=0)
+    cfg = transformers.GPT2Config(
+        n_layer=12, n_embd=16, n_head=2, vocab_size=32, n_positions=16, bos_token_id=0, eos_token_id=0
+    )
     torch.manual_seed(0)
     model = transformers.GPT2LMHeadModel(cfg)
     plan = presets.last_quarter(model)

@@ -18,7 +18,9 @@ def _timm():
     try:
         import timm
     except ModuleNotFoundError as exc:
-        pytest.skip(f"timm is not installed ({exc}); it needs a torchvision that imports beside torch {torch.__version__}")
+        pytest.skip(
+            f"timm is not installed ({exc}); it needs a torchvision that imports beside torch {torch.__version__}"
+        )
     except Exception as exc:  # noqa: BLE001 - e.g. torchvision built for another torch
         pytest.skip(f"timm does not import beside torch {torch.__version__}: {type(exc).__name__}: {exc}")
     return timm

@@ -17,9 +17,16 @@ VOCAB, LAYERS = 64, 4
 
 def tiny_llama(layers: int = LAYERS) -> torch.nn.Module:
     torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                                   use_cache=False)
+    cfg = transformers.LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        use_cache=False,
+    )
     return transformers.LlamaForCausalLM(cfg)
 
 

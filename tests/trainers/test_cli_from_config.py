@@ -13,9 +13,19 @@ from memsave_nb import cli, measure
 from memsave_nb.trainers import from_trainer
 from memsave_nb.units import format_bytes
 
-TINY = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
-        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512,
-        "max_position_embeddings": 256, "rms_norm_eps": 1e-5, "tie_word_embeddings": False}
+TINY = {
+    "model_type": "llama",
+    "architectures": ["LlamaForCausalLM"],
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 512,
+    "max_position_embeddings": 256,
+    "rms_norm_eps": 1e-5,
+    "tie_word_embeddings": False,
+}
 
 
 def _model(tmp_path, dtype):
@@ -25,11 +35,14 @@ def _model(tmp_path, dtype):
     return str(folder)
 
 
-@pytest.mark.parametrize("dtype, fields, precision", [
-    ("float32", {"per_device_train_batch_size": 2, "bf16": True}, "autocast_bf16"),
-    ("float32", {"per_device_train_batch_size": 2, "bf16": False}, "fp32"),
-    ("bfloat16", {"per_device_train_batch_size": 2, "bf16": True}, "bf16"),
-])
+@pytest.mark.parametrize(
+    "dtype, fields, precision",
+    [
+        ("float32", {"per_device_train_batch_size": 2, "bf16": True}, "autocast_bf16"),
+        ("float32", {"per_device_train_batch_size": 2, "bf16": False}, "fp32"),
+        ("bfloat16", {"per_device_train_batch_size": 2, "bf16": True}, "bf16"),
+    ],
+)
 def test_report_from_config_equals_the_python_path_in_the_models_dtype(capsys, tmp_path, dtype, fields, precision):
     model = _model(tmp_path, dtype)
     args = tmp_path / "fields.json"
@@ -63,6 +76,9 @@ def test_a_fifo_or_a_misspelt_field_is_one_line_before_any_build(capsys, tmp_pat
 def test_precision_beside_from_config_says_where_precision_comes_from(capsys, tmp_path):
     args = tmp_path / "fields.json"
     args.write_text(json.dumps({"bf16": True}))
-    assert cli.main(["report", "--model", _model(tmp_path, "float32"), "--precision", "bf16", "--from-config", str(args)]) != 0
+    assert (
+        cli.main(["report", "--model", _model(tmp_path, "float32"), "--precision", "bf16", "--from-config", str(args)])
+        != 0
+    )
     err = capsys.readouterr().err.strip()
     assert "--precision" in err and "config.json" in err and len(err.splitlines()) == 1 and len(err) <= 220

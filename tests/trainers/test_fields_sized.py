@@ -43,9 +43,15 @@ def test_trl_selective_checkpointing_saves_what_trls_policy_saves():
         assert policy.kind is RegionKind.SELECTIVE and set(policy.saved_ops) == saved
     assert trl_pkg  # the policy above is trl's own, read at run time
     with pytest.raises(TrainerConfigError, match="needs gradient_checkpointing=True"):
-        from_trainer({"gradient_checkpointing": False, "gradient_checkpointing_kwargs": {"selective": True}}, MODEL, trainer="trl")
+        from_trainer(
+            {"gradient_checkpointing": False, "gradient_checkpointing_kwargs": {"selective": True}},
+            MODEL,
+            trainer="trl",
+        )
     with pytest.raises(TrainerConfigError, match="TRL's"):
-        from_trainer({"gradient_checkpointing": True, "gradient_checkpointing_kwargs": {"selective": True}}, MODEL, trainer="hf")
+        from_trainer(
+            {"gradient_checkpointing": True, "gradient_checkpointing_kwargs": {"selective": True}}, MODEL, trainer="hf"
+        )
 
 
 def test_label_smoothing_is_sized_as_the_trainers_smoother_and_written_back():
@@ -64,14 +70,26 @@ def test_max_length_none_is_no_truncation_and_bf16_false_over_fp32_is_fp32():
 
 @pytest.mark.parametrize("trainer", ["hf", "trl", "axolotl"])
 def test_accumulation_none_and_one_round_trip_to_the_same_plan(trainer):
-    plans = [from_trainer(to_trainer(Plan(batch_size=2, accumulation_steps=acc), trainer).fields, MODEL, trainer=trainer).plan
-             for acc in (None, 1)]
+    plans = [
+        from_trainer(
+            to_trainer(Plan(batch_size=2, accumulation_steps=acc), trainer).fields, MODEL, trainer=trainer
+        ).plan
+        for acc in (None, 1)
+    ]
     assert plans[0] == plans[1] and plans[0].accumulation_steps == 1
 
 
-@pytest.mark.parametrize("field, value, trainer", [("torch_compile", True, "hf"), ("use_liger_kernel", True, "hf"),
-                                                   ("deepspeed", "ds.json", "hf"), ("optim_args", "momentum=0.9", "hf"),
-                                                   ("packing", True, "trl"), ("padding_free", True, "trl")])
+@pytest.mark.parametrize(
+    "field, value, trainer",
+    [
+        ("torch_compile", True, "hf"),
+        ("use_liger_kernel", True, "hf"),
+        ("deepspeed", "ds.json", "hf"),
+        ("optim_args", "momentum=0.9", "hf"),
+        ("packing", True, "trl"),
+        ("padding_free", True, "trl"),
+    ],
+)
 def test_fields_that_change_memory_but_are_not_sized_are_one_note_each(field, value, trainer):
     notes = from_trainer({field: value}, MODEL, trainer=trainer).notes
     assert sum(n.startswith(f"{field}:") for n in notes) == 1

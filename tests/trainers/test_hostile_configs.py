@@ -32,43 +32,127 @@ from memsave_nb.trainers.safe_read import MAX_ALIASES, MAX_BYTES, read_file
 
 from .conftest import tiny_llama
 
-FUZZ = settings(max_examples=100, deadline=None, derandomize=True,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+FUZZ = settings(
+    max_examples=100,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 MODEL = tiny_llama()
 SECONDS = 2.0  # each read, hostile or not; the slowest honest one here takes a few ms
 
 FIELDS = {
-    "hf": ["per_device_train_batch_size", "gradient_accumulation_steps", "bf16", "fp16", "optim",
-           "gradient_checkpointing", "activation_checkpointing_kwargs", "fsdp", "fsdp_config", "label_smoothing_factor",
-           "per_device_train_batch_sise", "seed"],
-    "trl": ["per_device_train_batch_size", "gradient_accumulation_steps", "bf16", "fp16", "max_length", "loss_type",
-            "activation_offloading", "gradient_checkpointing_kwargs", "max_seq_length", "packing"],
-    "axolotl": ["micro_batch_size", "sequence_len", "gradient_accumulation_steps", "bf16", "fp16", "optimizer",
-                "gradient_checkpointing", "unfrozen_parameters", "selective_checkpointing", "fsdp_version", "fsdp_config"],
+    "hf": [
+        "per_device_train_batch_size",
+        "gradient_accumulation_steps",
+        "bf16",
+        "fp16",
+        "optim",
+        "gradient_checkpointing",
+        "activation_checkpointing_kwargs",
+        "fsdp",
+        "fsdp_config",
+        "label_smoothing_factor",
+        "per_device_train_batch_sise",
+        "seed",
+    ],
+    "trl": [
+        "per_device_train_batch_size",
+        "gradient_accumulation_steps",
+        "bf16",
+        "fp16",
+        "max_length",
+        "loss_type",
+        "activation_offloading",
+        "gradient_checkpointing_kwargs",
+        "max_seq_length",
+        "packing",
+    ],
+    "axolotl": [
+        "micro_batch_size",
+        "sequence_len",
+        "gradient_accumulation_steps",
+        "bf16",
+        "fp16",
+        "optimizer",
+        "gradient_checkpointing",
+        "unfrozen_parameters",
+        "selective_checkpointing",
+        "fsdp_version",
+        "fsdp_config",
+    ],
     "accelerate": ["mixed_precision", "distributed_type", "num_processes", "fsdp_config"],
 }
-SIZES = {"hf": ("per_device_train_batch_size", "gradient_accumulation_steps", None),
-         "trl": ("per_device_train_batch_size", "gradient_accumulation_steps", "max_length"),
-         "axolotl": ("micro_batch_size", "gradient_accumulation_steps", "sequence_len")}
+SIZES = {
+    "hf": ("per_device_train_batch_size", "gradient_accumulation_steps", None),
+    "trl": ("per_device_train_batch_size", "gradient_accumulation_steps", "max_length"),
+    "axolotl": ("micro_batch_size", "gradient_accumulation_steps", "sequence_len"),
+}
 
 scalars = st.one_of(
-    st.none(), st.booleans(), st.integers(-3, 70), st.sampled_from([2**31, 2**63, 10**30]),
-    st.floats(allow_nan=True, allow_infinity=True), st.sampled_from([2.5, 1.0, 0.0, -0.1, 0.1]),
-    st.sampled_from(["abc", "", "true", "False", "auto", "bf16", "no", "FSDP", "MULTI_GPU", "adamw_torch", "adafactor",
-                     "lion_8bit", "nll", "dft", "full_shard offload", "(a+)+$", "model\\.layers\\.1.*", "1e9"]),
+    st.none(),
+    st.booleans(),
+    st.integers(-3, 70),
+    st.sampled_from([2**31, 2**63, 10**30]),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from([2.5, 1.0, 0.0, -0.1, 0.1]),
+    st.sampled_from(
+        [
+            "abc",
+            "",
+            "true",
+            "False",
+            "auto",
+            "bf16",
+            "no",
+            "FSDP",
+            "MULTI_GPU",
+            "adamw_torch",
+            "adafactor",
+            "lion_8bit",
+            "nll",
+            "dft",
+            "full_shard offload",
+            "(a+)+$",
+            "model\\.layers\\.1.*",
+            "1e9",
+        ]
+    ),
     st.text(max_size=8),
 )
-values = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=3),
-                                                        st.dictionaries(st.sampled_from(
-                                                            ["every_n_layers", "offload", "version", "save",
-                                                             "fsdp_offload_params", "activation_checkpointing",
-                                                             "transformer_layer_cls_to_wrap", "x"]), inner, max_size=3)),
-                      max_leaves=6)
+values = st.recursive(
+    scalars,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3),
+        st.dictionaries(
+            st.sampled_from(
+                [
+                    "every_n_layers",
+                    "offload",
+                    "version",
+                    "save",
+                    "fsdp_offload_params",
+                    "activation_checkpointing",
+                    "transformer_layer_cls_to_wrap",
+                    "x",
+                ]
+            ),
+            inner,
+            max_size=3,
+        ),
+    ),
+    max_leaves=6,
+)
 
 
 def _state(model: torch.nn.Module) -> tuple:
-    return (tuple((n, p.data_ptr(), p.dtype, p.requires_grad, float(p.detach().double().sum())) for n, p in model.named_parameters()),
-            tuple(m.training for m in model.modules()))
+    return (
+        tuple(
+            (n, p.data_ptr(), p.dtype, p.requires_grad, float(p.detach().double().sum()))
+            for n, p in model.named_parameters()
+        ),
+        tuple(m.training for m in model.modules()),
+    )
 
 
 BEFORE = _state(MODEL)
@@ -132,8 +216,15 @@ def test_every_config_is_sized_right_or_refused_in_one_line(trainer, fmt, data):
         assert plan.precision == "autocast_fp16" and bf16 is not True
 
 
-@pytest.mark.parametrize("text", ["[" * 5000, "a:\n" + "".join(" " * (2 * i) + f"k{i}:\n" for i in range(1, 60)) + " " * 120 + "v",
-                                  "a: " + "[" * 200 + "]" * 200, '{"a": ' + "[" * 100 + "]" * 100 + "}"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[" * 5000,
+        "a:\n" + "".join(" " * (2 * i) + f"k{i}:\n" for i in range(1, 60)) + " " * 120 + "v",
+        "a: " + "[" * 200 + "]" * 200,
+        '{"a": ' + "[" * 100 + "]" * 100 + "}",
+    ],
+)
 def test_deep_nesting_is_refused_in_one_line(text):
     with pytest.raises(TrainerConfigError, match="deeper than|neither|object of fields") as info:
         load_config(text)
@@ -169,11 +260,15 @@ def _bomb(levels: int = 9) -> str:
 def test_alias_bomb_is_refused_within_the_time_bound_and_a_few_mb(trainer, tmp_path):
     path = tmp_path / "bomb.yaml"
     path.write_text(_bomb())  # 9^9 = 387 million strings once expanded (the 48-105 s MemoryError of issue 38)
-    took, peak = _refused_within(lambda: from_trainer(str(path), trainer=trainer),
-                                 f"more than {MAX_ALIASES} YAML aliases|more than 100000 values")
+    took, peak = _refused_within(
+        lambda: from_trainer(str(path), trainer=trainer),
+        f"more than {MAX_ALIASES} YAML aliases|more than 100000 values",
+    )
     assert took < SECONDS and peak < 20 * 2**20
-    few = "a: &a [x, x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a, *a]\n" \
-          "c: [*b, *b, *b, *b, *b, *b, *b, *b, *b, *b]\nmicro_batch_size: 2\n"  # 20 aliases, 1,000 values below c
+    few = (
+        "a: &a [x, x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a, *a]\n"
+        "c: [*b, *b, *b, *b, *b, *b, *b, *b, *b, *b]\nmicro_batch_size: 2\n"
+    )  # 20 aliases, 1,000 values below c
     assert from_trainer(few, trainer="axolotl").plan.batch_size == 2
     many = few.replace("c: [", "c: &c [") + "d: [" + ", ".join(["*c"] * 10) + "]\n"  # 30 aliases, 10^4 per d ... x10
     many += "e: [" + ", ".join(["[" + ", ".join(["*c"] * 10) + "]"] * 10) + "]\n"  # 140 aliases: over the count
@@ -227,28 +322,36 @@ def test_a_regex_that_backtracks_for_ever_is_refused_before_it_runs():
         assert time.perf_counter() - t0 < SECONDS and len(str(info.value)) <= 200
     ok = from_trainer({"unfrozen_parameters": [r"model\.layers\.[0-1]\..*", "lm_head.*"]}, MODEL, trainer="axolotl")
     assert ok.plan.frozen == ("*",)
-    assert ok.plan.trainable == tuple(n for n, _ in MODEL.named_parameters()
-                                      if n.startswith(("model.layers.0.", "model.layers.1.", "lm_head")))
+    assert ok.plan.trainable == tuple(
+        n for n, _ in MODEL.named_parameters() if n.startswith(("model.layers.0.", "model.layers.1.", "lm_head"))
+    )
 
 
-@pytest.mark.parametrize("trainer, d, match", [
-    ("hf", {"per_device_train_batch_size": "abc"}, "whole number"),
-    ("hf", {"per_device_train_batch_size": 2.5}, "whole number"),
-    ("hf", {"per_device_train_batch_size": True}, "whole number"),
-    ("hf", {"gradient_accumulation_steps": float("inf")}, "whole number"),
-    ("hf", {"gradient_checkpointing": True, "gradient_checkpointing_kwargs": {"every_n_layers": 0}}, "every_n_layers"),
-    ("hf", {"gradient_checkpointing_kwargs": [1, 2]}, "mapping"),
-    ("hf", {"label_smoothing_factor": float("nan")}, "label_smoothing_factor"),
-    ("hf", {"bf16": "abc"}, "true or false"),
-    ("hf", {"per_device_train_batch_sise": 64}, "did you mean 'per_device_train_batch_size'"),
-    ("hf", {"optim": "adamw_tourch"}, "not a TrainingArguments optimizer"),
-    ("trl", {"max_seq_length": 4096}, "not a field of SFTConfig"),
-    ("trl", {"max_length": 0}, "whole number"),
-    ("axolotl", {"bf16": True, "fp16": True}, "both set"),
-    ("axolotl", {"micro_batch_size": [1]}, "whole number"),
-    ("accelerate", {"distributed_type": "MULTI_GPU", "num_processes": 0}, "num_processes"),
-    ("accelerate", {"distributed_type": "FSDP", "fsdp_config": {"fsdp_version": 3}}, "version"),
-])
+@pytest.mark.parametrize(
+    "trainer, d, match",
+    [
+        ("hf", {"per_device_train_batch_size": "abc"}, "whole number"),
+        ("hf", {"per_device_train_batch_size": 2.5}, "whole number"),
+        ("hf", {"per_device_train_batch_size": True}, "whole number"),
+        ("hf", {"gradient_accumulation_steps": float("inf")}, "whole number"),
+        (
+            "hf",
+            {"gradient_checkpointing": True, "gradient_checkpointing_kwargs": {"every_n_layers": 0}},
+            "every_n_layers",
+        ),
+        ("hf", {"gradient_checkpointing_kwargs": [1, 2]}, "mapping"),
+        ("hf", {"label_smoothing_factor": float("nan")}, "label_smoothing_factor"),
+        ("hf", {"bf16": "abc"}, "true or false"),
+        ("hf", {"per_device_train_batch_sise": 64}, "did you mean 'per_device_train_batch_size'"),
+        ("hf", {"optim": "adamw_tourch"}, "not a TrainingArguments optimizer"),
+        ("trl", {"max_seq_length": 4096}, "not a field of SFTConfig"),
+        ("trl", {"max_length": 0}, "whole number"),
+        ("axolotl", {"bf16": True, "fp16": True}, "both set"),
+        ("axolotl", {"micro_batch_size": [1]}, "whole number"),
+        ("accelerate", {"distributed_type": "MULTI_GPU", "num_processes": 0}, "num_processes"),
+        ("accelerate", {"distributed_type": "FSDP", "fsdp_config": {"fsdp_version": 3}}, "version"),
+    ],
+)
 def test_values_the_trainer_would_refuse_are_refused_in_one_line(trainer, d, match):
     with pytest.raises(TrainerConfigError, match=match) as info:
         from_trainer(d, MODEL, trainer=trainer)

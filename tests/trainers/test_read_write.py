@@ -41,34 +41,58 @@ def test_trl_defaults_are_the_installed_sft_config():
 
 
 def test_every_n_layers_names_the_layers_transformers_checkpoints(llama):
-    imp = from_trainer({"activation_checkpointing": True, "activation_checkpointing_kwargs": {"every_n_layers": 3}}, llama)
+    imp = from_trainer(
+        {"activation_checkpointing": True, "activation_checkpointing_kwargs": {"every_n_layers": 3}}, llama
+    )
     assert sorted(imp.plan.regions) == ["model.layers.0", "model.layers.3"]
     # the same layers the model itself flags (transformers' _set_gradient_checkpointing)
     llama.activation_checkpointing_enable(every_n_layers=3)
-    flagged = [n for n, m in llama.named_modules() if n.startswith("model.layers.") and n.count(".") == 2
-               and m.gradient_checkpointing]
+    flagged = [
+        n
+        for n, m in llama.named_modules()
+        if n.startswith("model.layers.") and n.count(".") == 2 and m.gradient_checkpointing
+    ]
     assert flagged == sorted(imp.plan.regions)
 
 
 def test_legacy_fsdp_string_and_sft_object():
     trl_pkg = pytest.importorskip("trl")
-    cfg = trl_pkg.SFTConfig(output_dir="/tmp/x", use_cpu=True, per_device_train_batch_size=3, max_length=128,
-                            gradient_accumulation_steps=4, optim="adafactor")
+    cfg = trl_pkg.SFTConfig(
+        output_dir="/tmp/x",
+        use_cpu=True,
+        per_device_train_batch_size=3,
+        max_length=128,
+        gradient_accumulation_steps=4,
+        optim="adafactor",
+    )
     imp = from_trainer(cfg, MODEL)
     p = imp.plan
-    assert (p.batch_size, p.seq_len, p.accumulation_steps, p.optimizer, p.precision) == (3, 128, 4, "adafactor", "autocast_bf16")
+    assert (p.batch_size, p.seq_len, p.accumulation_steps, p.optimizer, p.precision) == (
+        3,
+        128,
+        4,
+        "adafactor",
+        "autocast_bf16",
+    )
     assert sorted(p.regions) == LAYER_NAMES  # SFTConfig checkpoints by default
     assert (p.loss, p.loss_chunk) == ("trl_cpu", None)  # TRL's default loss_type, its head as it runs on the CPU
     assert any("fused LM head" in n for n in imp.notes)
-    legacy = from_trainer({"fsdp": "full_shard auto_wrap offload", "fsdp_config": {"transformer_layer_cls_to_wrap": "LlamaDecoderLayer"}},
-                          MODEL, world_size=4)
+    legacy = from_trainer(
+        {"fsdp": "full_shard auto_wrap offload", "fsdp_config": {"transformer_layer_cls_to_wrap": "LlamaDecoderLayer"}},
+        MODEL,
+        world_size=4,
+    )
     # full_shard: accelerate reshards the units and the root after forward
-    assert legacy.parallel == ParallelSpec(world_size=4, shard_modules=tuple(LAYER_NAMES), cpu_offload=True, reshard_root=True)
+    assert legacy.parallel == ParallelSpec(
+        world_size=4, shard_modules=tuple(LAYER_NAMES), cpu_offload=True, reshard_root=True
+    )
 
 
 def test_both_checkpointing_switches_are_refused_and_never_written():
     with pytest.raises(TrainerConfigError, match="both on"):
-        from_trainer({"activation_checkpointing": True, "fsdp": True, "fsdp_config": {"activation_checkpointing": True}}, MODEL)
+        from_trainer(
+            {"activation_checkpointing": True, "fsdp": True, "fsdp_config": {"activation_checkpointing": True}}, MODEL
+        )
     plan = Plan(regions={n: "full" for n in LAYER_NAMES}, parallel=ParallelSpec(world_size=2))
     out = to_trainer(plan, "hf", model=MODEL).fields
     assert "activation_checkpointing" not in out and out["fsdp_config"]["activation_checkpointing"] is True
@@ -76,8 +100,13 @@ def test_both_checkpointing_switches_are_refused_and_never_written():
 
 
 def test_what_hf_cannot_express_is_reported_not_dropped():
-    plan = Plan(regions={"model.layers.1": RegionPolicy.save(["aten.mm"]), "model.layers.2": "full"},
-                frozen=["model.embed_tokens"], memsave="*", compile_budget=0.5, seq_len=32)
+    plan = Plan(
+        regions={"model.layers.1": RegionPolicy.save(["aten.mm"]), "model.layers.2": "full"},
+        frozen=["model.embed_tokens"],
+        memsave="*",
+        compile_budget=0.5,
+        seq_len=32,
+    )
     exp = to_trainer(plan, "hf", model=MODEL)
     text = " | ".join(exp.notes)
     for phrase in ("selective", "every n-th", "requires_grad", "convert", "compile budget", "sequence length 32"):
@@ -114,8 +143,12 @@ def test_trl_loss_types_map_to_the_loss_knob_and_back():
     assert alias.loss_type == "nll"
     big = tiny_llama(layers=1)
     big.resize_token_embeddings(151_936)  # Qwen2.5's vocabulary: TRL's tile of 4096 x 32768 is 883 tokens of it
-    for cfg in (trl_pkg.SFTConfig(output_dir="/tmp/x", use_cpu=True), alias, {"loss_type": "chunked_nll"},
-                trl_pkg.SFTConfig(output_dir="/tmp/x", use_cpu=True, loss_type="dft")):
+    for cfg in (
+        trl_pkg.SFTConfig(output_dir="/tmp/x", use_cpu=True),
+        alias,
+        {"loss_type": "chunked_nll"},
+        trl_pkg.SFTConfig(output_dir="/tmp/x", use_cpu=True, loss_type="dft"),
+    ):
         p = from_trainer(cfg, big).plan
         assert (p.loss, p.loss_chunk) == ("trl_cuda" if isinstance(cfg, dict) else "trl_cpu", None)
     smoothed = from_trainer(trl_pkg.SFTConfig(output_dir="/tmp/x", use_cpu=True, label_smoothing_factor=0.1), big)
@@ -124,14 +157,23 @@ def test_trl_loss_types_map_to_the_loss_knob_and_back():
     with pytest.raises(TrainerConfigError, match="loss_type 'focal'"):
         from_trainer({"loss_type": "focal"}, big)
     # export writes TRL's name back; SFTConfig takes it and it reads back as the same plan
-    plan = Plan(batch_size=2, seq_len=64, precision="autocast_bf16", optimizer="adamw_fused", accumulation_steps=1,
-                loss="trl_cpu")
+    plan = Plan(
+        batch_size=2,
+        seq_len=64,
+        precision="autocast_bf16",
+        optimizer="adamw_fused",
+        accumulation_steps=1,
+        loss="trl_cpu",
+    )
     exp = to_trainer(plan, "trl", model=big)
     assert exp.fields["loss_type"] == "nll" and exp.fields["use_cpu"] is True and exp.notes == ()
     back = from_trainer(trl_pkg.SFTConfig(output_dir="/tmp/x", **exp.fields), big)
     assert back.plan == plan.replace(name="trl")
     # a loss TRL does not run is said, and the knob's chunk is not a field
-    assert any("TRL always computes the loss" in n for n in to_trainer(plan.replace(loss=None, loss_chunk=None), "trl", model=big).notes)
+    assert any(
+        "TRL always computes the loss" in n
+        for n in to_trainer(plan.replace(loss=None, loss_chunk=None), "trl", model=big).notes
+    )
     chunked = plan.replace(loss="chunked", loss_chunk=883)
     assert any("TRL always computes the loss" in n for n in to_trainer(chunked, "trl", model=big).notes)
     assert any("chunked loss: not a TrainingArguments field" in n for n in to_trainer(chunked, "hf", model=big).notes)
@@ -146,8 +188,12 @@ every_n = st.sampled_from([None, 1, 2, 3])
 def plans(draw, trainer: str) -> Plan:
     kw: dict = {"batch_size": draw(st.integers(1, 64)), "accumulation_steps": draw(st.integers(1, 8))}
     kw["precision"] = draw(st.sampled_from(["fp32", "autocast_bf16", "autocast_fp16"]))
-    kw["optimizer"] = draw(st.sampled_from(["adamw", "adamw_fused", "adafactor", "adamw_8bit", "sgd", "lion", "lion_8bit"]
-                                           + (["sgd_momentum"] if trainer != "axolotl" else [])))
+    kw["optimizer"] = draw(
+        st.sampled_from(
+            ["adamw", "adamw_fused", "adafactor", "adamw_8bit", "sgd", "lion", "lion_8bit"]
+            + (["sgd_momentum"] if trainer != "axolotl" else [])
+        )
+    )
     if trainer == "hf":
         kw["loss"] = draw(st.sampled_from([None, "hf_smooth"]))
     n = draw(every_n)
@@ -155,8 +201,10 @@ def plans(draw, trainer: str) -> Plan:
     if trainer == "axolotl":
         n = None if n is None else 1
         if draw(st.booleans()):
-            kw["frozen"], kw["trainable"] = ("*",), tuple(draw(st.sets(st.sampled_from(
-                [n for n, _ in MODEL.named_parameters()]), min_size=1, max_size=4)))
+            kw["frozen"], kw["trainable"] = (
+                ("*",),
+                tuple(draw(st.sets(st.sampled_from([n for n, _ in MODEL.named_parameters()]), min_size=1, max_size=4))),
+            )
     if trainer in ("trl", "axolotl"):
         kw["seq_len"] = draw(st.integers(1, 4096))
     if trainer == "trl" and kw["precision"] == "fp32":
@@ -166,8 +214,12 @@ def plans(draw, trainer: str) -> Plan:
     if n is not None:
         kw["regions"] = {name: RegionPolicy(kind) for i, name in enumerate(LAYER_NAMES) if i % n == 0}
     if draw(st.booleans()):
-        kw["parallel"] = ParallelSpec(world_size=draw(st.sampled_from([2, 4, 8])), reshard_after_forward=draw(st.booleans()),
-                                      cpu_offload=draw(st.booleans()), shard_modules=tuple(LAYER_NAMES))
+        kw["parallel"] = ParallelSpec(
+            world_size=draw(st.sampled_from([2, 4, 8])),
+            reshard_after_forward=draw(st.booleans()),
+            cpu_offload=draw(st.booleans()),
+            shard_modules=tuple(LAYER_NAMES),
+        )
         if trainer == "axolotl":
             kw["parallel"] = dataclasses.replace(kw["parallel"], shard_modules=())
         if kind is RegionKind.OFFLOAD and n is not None and trainer == "axolotl":
@@ -177,12 +229,20 @@ def plans(draw, trainer: str) -> Plan:
 
 def _as_accelerate_runs(spec):
     """accelerate's FSDP2 plugin reshards the root as the units: a written spec reads back so."""
-    return spec if spec is None or spec.strategy != "fsdp" else dataclasses.replace(spec, reshard_root=spec.reshard_after_forward)
+    return (
+        spec
+        if spec is None or spec.strategy != "fsdp"
+        else dataclasses.replace(spec, reshard_root=spec.reshard_after_forward)
+    )
 
 
 def _same(a: Plan, b: Plan) -> bool:
-    norm = lambda p: dataclasses.replace(p, name="", trainable=tuple(sorted(p.trainable)),  # noqa: E731
-                                         parallel=_as_accelerate_runs(p.parallel))
+    norm = lambda p: dataclasses.replace(
+        p,
+        name="",
+        trainable=tuple(sorted(p.trainable)),  # noqa: E731
+        parallel=_as_accelerate_runs(p.parallel),
+    )
     return norm(a) == norm(b)
 
 
@@ -194,15 +254,24 @@ def test_round_trip(trainer, data):
     exp = to_trainer(plan, trainer, model=MODEL)
     ws = plan.parallel.world_size if plan.parallel else None
     back = from_trainer(exp.text, MODEL, trainer=trainer, world_size=ws)
-    if trainer == "axolotl" and back.plan.parallel is not None:  # axolotl names no FSDP classes: the blocks are the default
-        back = back._replace(plan=dataclasses.replace(back.plan, parallel=dataclasses.replace(back.plan.parallel, shard_modules=())))
+    if (
+        trainer == "axolotl" and back.plan.parallel is not None
+    ):  # axolotl names no FSDP classes: the blocks are the default
+        back = back._replace(
+            plan=dataclasses.replace(back.plan, parallel=dataclasses.replace(back.plan.parallel, shard_modules=()))
+        )
     assert _same(back.plan, plan), (exp.text, exp.notes, back.plan, plan)
 
 
 def test_accelerate_round_trip_and_its_own_parser(tmp_path):
     config_args = pytest.importorskip("accelerate.commands.config.config_args")
-    plan = Plan(precision="autocast_bf16", regions={n: "full" for n in LAYER_NAMES},
-                parallel=ParallelSpec(world_size=4, reshard_after_forward=False, cpu_offload=True, shard_modules=tuple(LAYER_NAMES)))
+    plan = Plan(
+        precision="autocast_bf16",
+        regions={n: "full" for n in LAYER_NAMES},
+        parallel=ParallelSpec(
+            world_size=4, reshard_after_forward=False, cpu_offload=True, shard_modules=tuple(LAYER_NAMES)
+        ),
+    )
     exp = to_trainer(plan, "accelerate", model=MODEL)
     path = tmp_path / "accelerate.yaml"
     path.write_text(exp.text)
@@ -217,14 +286,36 @@ def test_accelerate_round_trip_and_its_own_parser(tmp_path):
 
 # axolotl's field names as recorded from its source in shared/CONTEXT.md ("Trainers"); the package
 # does not install beside torch 2.13 here, so its schema is not run
-AXOLOTL_FIELDS = {"micro_batch_size", "sequence_len", "gradient_accumulation_steps", "bf16", "fp16", "optimizer",
-                  "gradient_checkpointing", "selective_checkpointing", "activation_offloading", "unfrozen_parameters",
-                  "adapter", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "fsdp_version", "fsdp_config"}
+AXOLOTL_FIELDS = {
+    "micro_batch_size",
+    "sequence_len",
+    "gradient_accumulation_steps",
+    "bf16",
+    "fp16",
+    "optimizer",
+    "gradient_checkpointing",
+    "selective_checkpointing",
+    "activation_offloading",
+    "unfrozen_parameters",
+    "adapter",
+    "lora_r",
+    "lora_alpha",
+    "lora_dropout",
+    "lora_target_modules",
+    "fsdp_version",
+    "fsdp_config",
+}
 
 
 def test_axolotl_fields_and_selective_checkpointing():
-    plan = Plan(batch_size=2, seq_len=512, regions={n: RegionPolicy.save(["aten.mm"]) for n in LAYER_NAMES},
-                frozen="*", trainable=["lm_head.weight"], parallel=ParallelSpec(world_size=2))
+    plan = Plan(
+        batch_size=2,
+        seq_len=512,
+        regions={n: RegionPolicy.save(["aten.mm"]) for n in LAYER_NAMES},
+        frozen="*",
+        trainable=["lm_head.weight"],
+        parallel=ParallelSpec(world_size=2),
+    )
     exp = to_trainer(plan, "axolotl", model=MODEL)
     assert set(exp.fields) <= AXOLOTL_FIELDS
     assert exp.fields["selective_checkpointing"] == {"save": ["aten.mm"]}
@@ -241,7 +332,11 @@ def test_a_peft_models_lora_is_written_and_checked():
     plan = Plan(batch_size=1, seq_len=64, regions={n: "full" for n in layers})
     exp = to_trainer(plan, "axolotl", model=model)
     assert set(exp.fields) <= AXOLOTL_FIELDS
-    assert (exp.fields["adapter"], exp.fields["lora_r"], exp.fields["lora_target_modules"]) == ("lora", 4, ["q_proj", "v_proj"])
+    assert (exp.fields["adapter"], exp.fields["lora_r"], exp.fields["lora_target_modules"]) == (
+        "lora",
+        4,
+        ["q_proj", "v_proj"],
+    )
     back = from_trainer(exp.text, model)
     assert back.plan.regions == plan.regions and not any("LoRA" in n or "peft" in n for n in back.notes)
     other = from_trainer(exp.text.replace("lora_r: 4", "lora_r: 16"), model)
@@ -252,9 +347,18 @@ def test_a_peft_models_lora_is_written_and_checked():
 
 @pytest.mark.parametrize("trainer", ["hf", "trl"])
 def test_written_fsdp_is_accepted_by_the_arguments_class_and_reads_back(trainer):
-    cls = pytest.importorskip("transformers").TrainingArguments if trainer == "hf" else pytest.importorskip("trl").SFTConfig
-    plan = Plan(batch_size=2, regions={n: "full" for n in LAYER_NAMES},
-                parallel=ParallelSpec(world_size=4, cpu_offload=True, reshard_after_forward=False, shard_modules=tuple(LAYER_NAMES)))
+    cls = (
+        pytest.importorskip("transformers").TrainingArguments
+        if trainer == "hf"
+        else pytest.importorskip("trl").SFTConfig
+    )
+    plan = Plan(
+        batch_size=2,
+        regions={n: "full" for n in LAYER_NAMES},
+        parallel=ParallelSpec(
+            world_size=4, cpu_offload=True, reshard_after_forward=False, shard_modules=tuple(LAYER_NAMES)
+        ),
+    )
     fields = to_trainer(plan, trainer, model=MODEL).fields
     args = cls(output_dir="/tmp/memsave_nb_trainers", use_cpu=True, report_to="none", **fields)  # its own checks run
     back = from_trainer(args, MODEL, world_size=4)  # the object after its __post_init__

@@ -106,8 +106,17 @@ def _plan_peak(plan: Plan, model: torch.nn.Module, loop: str = "loss_only") -> i
 
 def _trainer_args(fields: dict, tmp_path, cls=None):
     cls = cls or transformers.TrainingArguments
-    return cls(output_dir=str(tmp_path), max_steps=2, report_to="none", use_cpu=True, save_strategy="no",
-               logging_strategy="no", disable_tqdm=True, dataloader_num_workers=0, **fields)
+    return cls(
+        output_dir=str(tmp_path),
+        max_steps=2,
+        report_to="none",
+        use_cpu=True,
+        save_strategy="no",
+        logging_strategy="no",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        **fields,
+    )
 
 
 LORA = {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"], "lora_dropout": 0.0}
@@ -123,13 +132,37 @@ def _model(lora: bool) -> torch.nn.Module:
 
 CASES = {
     "full_fp32": (Plan(batch_size=B, precision="fp32", optimizer="adamw", accumulation_steps=1), False),
-    "checkpoint_all_accumulate_2": (Plan(batch_size=B, precision="fp32", optimizer="adamw_fused", accumulation_steps=2,
-                                         regions={n: "full" for n in LAYERS}), False),
-    "checkpoint_every_2nd": (Plan(batch_size=B, precision="fp32", optimizer="sgd", accumulation_steps=1,
-                                  regions={n: "full" for n in LAYERS[::2]}), False),
+    "checkpoint_all_accumulate_2": (
+        Plan(
+            batch_size=B,
+            precision="fp32",
+            optimizer="adamw_fused",
+            accumulation_steps=2,
+            regions={n: "full" for n in LAYERS},
+        ),
+        False,
+    ),
+    "checkpoint_every_2nd": (
+        Plan(
+            batch_size=B,
+            precision="fp32",
+            optimizer="sgd",
+            accumulation_steps=1,
+            regions={n: "full" for n in LAYERS[::2]},
+        ),
+        False,
+    ),
     "lora": (Plan(batch_size=B, precision="fp32", optimizer="adamw", accumulation_steps=1), True),
-    "lora_checkpoint_all": (Plan(batch_size=B, precision="fp32", optimizer="adamw", accumulation_steps=1,
-                                 regions={"base_model.model." + n: "full" for n in LAYERS}), True),
+    "lora_checkpoint_all": (
+        Plan(
+            batch_size=B,
+            precision="fp32",
+            optimizer="adamw",
+            accumulation_steps=1,
+            regions={"base_model.model." + n: "full" for n in LAYERS},
+        ),
+        True,
+    ),
 }
 
 
@@ -194,11 +227,22 @@ def test_trl_sft_trainer_runs_our_config(tmp_path):
     from tokenizers import Tokenizer, models
 
     vocab = {f"t{i}": i for i in range(VOCAB)}
-    tok = transformers.PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="t1")),
-                                               pad_token="t0", eos_token="t2", unk_token="t1")
+    tok = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="t1")),
+        pad_token="t0",
+        eos_token="t2",
+        unk_token="t1",
+    )
     model = tiny_llama()
-    plan = Plan(batch_size=B, seq_len=T, precision="fp32", optimizer="adamw", accumulation_steps=1,
-                regions={n: "full" for n in LAYERS}, loss="trl_cpu")
+    plan = Plan(
+        batch_size=B,
+        seq_len=T,
+        precision="fp32",
+        optimizer="adamw",
+        accumulation_steps=1,
+        regions={n: "full" for n in LAYERS},
+        loss="trl_cpu",
+    )
     exported = to_trainer(plan, "trl", model=model)
     assert exported.notes == () and exported.fields.pop("use_cpu") is True  # loss='trl_cpu': TRL on the CPU
     args = _trainer_args(exported.fields, tmp_path, trl.SFTConfig)

@@ -36,8 +36,12 @@ def _tokenizer():
     from tokenizers import Tokenizer, models
 
     vocab = {f"t{i}": i for i in range(VOCAB)}
-    return transformers.PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="t1")),
-                                                pad_token="t0", eos_token="t2", unk_token="t1")
+    return transformers.PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="t1")),
+        pad_token="t0",
+        eos_token="t2",
+        unk_token="t1",
+    )
 
 
 def _ids() -> torch.Tensor:
@@ -46,9 +50,20 @@ def _ids() -> torch.Tensor:
 
 
 def _config(tmp_path, **fields):
-    return trl.SFTConfig(output_dir=str(tmp_path), max_steps=2, report_to="none", use_cpu=True, save_strategy="no",
-                         logging_strategy="no", disable_tqdm=True, dataloader_num_workers=0, bf16=False,
-                         per_device_train_batch_size=B, max_length=T, **fields)
+    return trl.SFTConfig(
+        output_dir=str(tmp_path),
+        max_steps=2,
+        report_to="none",
+        use_cpu=True,
+        save_strategy="no",
+        logging_strategy="no",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        bf16=False,
+        per_device_train_batch_size=B,
+        max_length=T,
+        **fields,
+    )
 
 
 def run_sft(model: torch.nn.Module, config, peft_config=None) -> int:
@@ -56,8 +71,14 @@ def run_sft(model: torch.nn.Module, config, peft_config=None) -> int:
     probe = SteadyStep()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        trainer = trl.SFTTrainer(model=model, args=config, train_dataset=ds, processing_class=_tokenizer(),
-                                 callbacks=[probe], peft_config=peft_config)
+        trainer = trl.SFTTrainer(
+            model=model,
+            args=config,
+            train_dataset=ds,
+            processing_class=_tokenizer(),
+            callbacks=[probe],
+            peft_config=peft_config,
+        )
         trainer.train()
     assert trainer.state.global_step == 2 and probe.peak_bytes is not None
     return probe.peak_bytes
@@ -118,9 +139,19 @@ def test_sft_trainer_at_the_issues_scale(tmp_path, monkeypatch):
 
     def qwen() -> torch.nn.Module:
         torch.manual_seed(0)
-        return transformers.Qwen2ForCausalLM(transformers.Qwen2Config(
-            vocab_size=8000, hidden_size=256, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=4,
-            num_key_value_heads=2, max_position_embeddings=512, use_cache=False, tie_word_embeddings=False))
+        return transformers.Qwen2ForCausalLM(
+            transformers.Qwen2Config(
+                vocab_size=8000,
+                hidden_size=256,
+                intermediate_size=1024,
+                num_hidden_layers=4,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                max_position_embeddings=512,
+                use_cache=False,
+                tie_word_embeddings=False,
+            )
+        )
 
     config = _config(tmp_path, gradient_checkpointing=False)
     real = run_sft(qwen(), config)

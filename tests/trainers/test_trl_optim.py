@@ -12,8 +12,15 @@ from .conftest import tiny_llama
 
 trl = pytest.importorskip("trl")
 
-NAMES = {"adamw_bnb_8bit": "adamw_8bit", "adamw_8bit": "adamw_8bit", "paged_adamw_8bit": "adamw_8bit",
-         "lion_32bit": "lion", "paged_lion_32bit": "lion", "lion_8bit": "lion_8bit", "paged_lion_8bit": "lion_8bit"}
+NAMES = {
+    "adamw_bnb_8bit": "adamw_8bit",
+    "adamw_8bit": "adamw_8bit",
+    "paged_adamw_8bit": "adamw_8bit",
+    "lion_32bit": "lion",
+    "paged_lion_32bit": "lion",
+    "lion_8bit": "lion_8bit",
+    "paged_lion_8bit": "lion_8bit",
+}
 
 
 @pytest.mark.parametrize("optim", list(NAMES))
@@ -27,8 +34,9 @@ def test_bitsandbytes_optim_names_read_as_their_layout(optim):
 
 @pytest.mark.parametrize("knob", ["adamw_8bit", "lion", "lion_8bit"])
 def test_the_knob_is_written_as_an_optim_that_reads_back(knob):
-    plan = Plan(batch_size=2, seq_len=32, precision="autocast_bf16", optimizer=knob, accumulation_steps=1,
-                loss="trl_cpu")  # use_cpu: no GPU here
+    plan = Plan(
+        batch_size=2, seq_len=32, precision="autocast_bf16", optimizer=knob, accumulation_steps=1, loss="trl_cpu"
+    )  # use_cpu: no GPU here
     exported = to_trainer(plan, "trl")
     back = from_trainer(trl.SFTConfig(output_dir="/tmp/x", **exported.fields))
     assert back.plan.optimizer == knob and back.plan.loss == "trl_cpu"

@@ -54,9 +54,19 @@ def test_all_positions_ignored_is_a_zero_loss_with_zero_gradients():
 def _llama(vocab: int = VOCAB, seq: int = T) -> Workload:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    cfg = LlamaConfig(hidden_size=H, intermediate_size=2 * H, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=4, vocab_size=vocab, max_position_embeddings=512, use_cache=False,
-                      tie_word_embeddings=False, bos_token_id=0, eos_token_id=0)
+    cfg = LlamaConfig(
+        hidden_size=H,
+        intermediate_size=2 * H,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        vocab_size=vocab,
+        max_position_embeddings=512,
+        use_cache=False,
+        tie_word_embeddings=False,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     torch.manual_seed(0)
     ids = torch.randint(0, vocab, (B, seq))
     return Workload(LlamaForCausalLM(cfg), {"input_ids": ids, "labels": ids.clone()}, name="llama-150k")
@@ -162,12 +172,15 @@ def test_snippet_reproduces_the_measured_peak():
     assert snippet.peak_bytes == _measure(wl, plan, "fake").peak_bytes
 
 
-@pytest.mark.parametrize("kwargs, words", [
-    ({"loss": "chunky"}, "loss 'chunky'"),
-    ({"loss": "chunked", "loss_chunk": 0}, "loss_chunk must be a positive integer"),
-    ({"loss_chunk": 64}, "needs loss='chunked'"),
-    ({"loss": "full", "loss_chunk": 64}, "needs loss='chunked'"),
-])
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        ({"loss": "chunky"}, "loss 'chunky'"),
+        ({"loss": "chunked", "loss_chunk": 0}, "loss_chunk must be a positive integer"),
+        ({"loss_chunk": 64}, "needs loss='chunked'"),
+        ({"loss": "full", "loss_chunk": 64}, "needs loss='chunked'"),
+    ],
+)
 def test_bad_values_are_one_line(kwargs, words):
     with pytest.raises(PlanError, match=words):
         Plan(**kwargs)
@@ -250,7 +263,9 @@ def test_the_zoo_gpt_takes_the_knob():
     as its own full cross-entropy, and a lower peak (its logits are B x T x 96 floats here)."""
     from memsave_nb import zoo
 
-    wl = zoo.gpt(zoo.GPTConfig(vocab_size=4096, block_size=64, n_layer=2, n_head=2, n_embd=32, dropout=0.0), batch_size=4)
+    wl = zoo.gpt(
+        zoo.GPTConfig(vocab_size=4096, block_size=64, n_layer=2, n_head=2, n_embd=32, dropout=0.0), batch_size=4
+    )
     model = wl.model.double()
     params = list(model.parameters())
     full = model(**wl.batch).loss
@@ -262,4 +277,6 @@ def test_the_zoo_gpt_takes_the_knob():
     for a, c in zip(g_full, g_ours):
         torch.testing.assert_close(c, a, rtol=0, atol=1e-12)
     model.float()
-    assert _measure(wl, Plan(loss="chunked", loss_chunk=50), "fake").peak_bytes < _measure(wl, Plan(), "fake").peak_bytes
+    assert (
+        _measure(wl, Plan(loss="chunked", loss_chunk=50), "fake").peak_bytes < _measure(wl, Plan(), "fake").peak_bytes
+    )

@@ -52,8 +52,14 @@ def _numel(model: nn.Module) -> int:
 
 
 def test_knobs_round_trip_json_and_describe():
-    plan = Plan(batch_size=4, seq_len=64, precision="autocast-bf16", optimizer="sgd_momentum",
-                accumulation_steps=2, set_to_none=False)
+    plan = Plan(
+        batch_size=4,
+        seq_len=64,
+        precision="autocast-bf16",
+        optimizer="sgd_momentum",
+        accumulation_steps=2,
+        set_to_none=False,
+    )
     assert plan.precision == "autocast_bf16"
     again = Plan.from_json(plan.to_json())
     assert again == plan
@@ -65,8 +71,15 @@ def test_knobs_round_trip_json_and_describe():
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"batch_size": 0}, {"seq_len": -1}, {"precision": "fp8"}, {"optimizer": "sophia"},
-     {"accumulation_steps": 1.5}, {"set_to_none": "yes"}, {"batch_size": True}],
+    [
+        {"batch_size": 0},
+        {"seq_len": -1},
+        {"precision": "fp8"},
+        {"optimizer": "sophia"},
+        {"accumulation_steps": 1.5},
+        {"set_to_none": "yes"},
+        {"batch_size": True},
+    ],
 )
 def test_bad_knobs_are_one_line_plan_errors(kwargs):
     with pytest.raises(PlanError) as info:
@@ -292,4 +305,3 @@ def test_an_optimizer_name_means_one_thing_in_workload_and_plan(name):
         by_plan = measure(applied, "fake", repeats=0)
     assert by_workload.peak_split.optimizer_state == by_plan.peak_split.optimizer_state
     assert (by_workload.peak_split.optimizer_state == 0) == (name == "sgd")
-

@@ -51,6 +51,7 @@ def test_depth_extrapolation_equals_the_full_depth_measurement():
     blocks = blocks_of(wl.model)
     assert blocks.shallow and blocks.depth == 6 and blocks.list_name == "blocks"
     for spec, kind in ((ParallelSpec(world_size=4), "full"), (ParallelSpec(world_size=4, tensor_parallel=2), None)):
+
         def run(model, names):
             plan = Plan(regions={n: kind for n in names} if kind else {})
             m = measure_parallel(wl.replace(model=model), spec, plan)
@@ -122,11 +123,18 @@ def test_the_fake_run_records_each_collective_s_payload():
     def recorded(spec):
         return {(op, n): b for op, n, _, b in measure_parallel(wl, spec).worst.collectives}
 
-    assert recorded(ParallelSpec(world_size=4)) == {("c10d._allgather_base_", 4): 2 * p - root, ("c10d._reduce_scatter_base_", 4): p}
+    assert recorded(ParallelSpec(world_size=4)) == {
+        ("c10d._allgather_base_", 4): 2 * p - root,
+        ("c10d._reduce_scatter_base_", 4): p,
+    }
     assert recorded(ParallelSpec(world_size=4, reshard_root=True)) == {
-        ("c10d._allgather_base_", 4): 2 * p, ("c10d._reduce_scatter_base_", 4): p}
+        ("c10d._allgather_base_", 4): 2 * p,
+        ("c10d._reduce_scatter_base_", 4): p,
+    }
     assert recorded(ParallelSpec(world_size=4, reshard_after_forward=False)) == {
-        ("c10d._allgather_base_", 4): p, ("c10d._reduce_scatter_base_", 4): p}
+        ("c10d._allgather_base_", 4): p,
+        ("c10d._reduce_scatter_base_", 4): p,
+    }
     assert recorded(ParallelSpec(world_size=8, replicate=2))[("c10d.allreduce_", 2)] == p // 4
     assert recorded(ParallelSpec(world_size=4, strategy="ddp")) == {("c10d.allreduce_", 4): p}
     tp = recorded(ParallelSpec(world_size=4, tensor_parallel=2))
@@ -137,8 +145,17 @@ def test_the_fake_run_records_each_collective_s_payload():
 
 def test_communication_follows_the_ring_factors_over_the_stated_links():
     wl = _gpt(2)
-    r = plan_layout(wl, 16, "A100", Target(80), tensor_parallel=(1,), remeasure=False, region_kinds=(None,),
-                    max_micro_batches=1, global_batch=64)
+    r = plan_layout(
+        wl,
+        16,
+        "A100",
+        Target(80),
+        tensor_parallel=(1,),
+        remeasure=False,
+        region_kinds=(None,),
+        max_micro_batches=1,
+        global_batch=64,
+    )
     trainable = sum(p.numel() * p.element_size() for p in wl.model.parameters())
     ddp = next(c for c in r.candidates if c.spec.strategy == "ddp")
     seconds = dict(ddp.comm_seconds)["DDP all-reduce"]
@@ -152,14 +169,17 @@ def test_communication_follows_the_ring_factors_over_the_stated_links():
     assert gathered == pytest.approx((3 * trainable - root) * 15 / 16 / 25e9, rel=0.02)
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(gpus=6, tensor_parallel=(4,)), "tensor_parallel 4: 6 GPUs are not divisible by it"),
-    (dict(gpus=16, tensor_parallel=(16,)), "tensor_parallel 16: it spans more than a node of 8"),
-    (dict(gpus=8, gpu="V100"), "gpu 'V100': choose one of"),
-    (dict(gpus=0), "gpus must be a whole number"),
-    (dict(gpus=8, region_kinds=("sometimes",)), "region kind 'sometimes'"),
-    (dict(gpus=8, global_batch=0), "global_batch must be"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(gpus=6, tensor_parallel=(4,)), "tensor_parallel 4: 6 GPUs are not divisible by it"),
+        (dict(gpus=16, tensor_parallel=(16,)), "tensor_parallel 16: it spans more than a node of 8"),
+        (dict(gpus=8, gpu="V100"), "gpu 'V100': choose one of"),
+        (dict(gpus=0), "gpus must be a whole number"),
+        (dict(gpus=8, region_kinds=("sometimes",)), "region kind 'sometimes'"),
+        (dict(gpus=8, global_batch=0), "global_batch must be"),
+    ],
+)
 def test_bad_input_is_one_line(kwargs, message):
     wl = _gpt(2)
     before = ModelSnapshot.capture(wl.model)
@@ -193,21 +213,46 @@ def test_llama_70b_on_16_h100s_under_60_s_cpu():
 def test_cli_plan_gpus_prints_the_chosen_layout_and_the_front_first(capsys):
     from memsave_nb.cli import main
 
-    rc = main(["plan", "--model", "gpt", "--batch", "1", "--gpus", "4", "--gpu", "H100", "--tp", "1,2",
-               "--target-gb", "0.008", "--headroom", "1"])
+    rc = main(
+        [
+            "plan",
+            "--model",
+            "gpt",
+            "--batch",
+            "1",
+            "--gpus",
+            "4",
+            "--gpu",
+            "H100",
+            "--tp",
+            "1,2",
+            "--target-gb",
+            "0.008",
+            "--headroom",
+            "1",
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 0
-    assert out.index("chosen:") < out.index("Pareto front") < out.index("The chosen layout measured per rank") < out.index("as code")
+    assert (
+        out.index("chosen:")
+        < out.index("Pareto front")
+        < out.index("The chosen layout measured per rank")
+        < out.index("as code")
+    )
     assert "re-measured per rank at full depth" in out and "fits" in out
     assert "init_device_mesh" in out  # the layout as code
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--gpus", "6", "--tp", "4"], "tensor_parallel 4: 6 GPUs are not divisible by it"),
-    (["--gpus", "8", "--gpu", "V100"], "invalid choice: 'V100'"),
-    (["--tp", "2"], "--tp needs --gpus N"),
-    (["--gpus", "8", "--micro-batches", "1,2"], "drop --micro-batches"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--gpus", "6", "--tp", "4"], "tensor_parallel 4: 6 GPUs are not divisible by it"),
+        (["--gpus", "8", "--gpu", "V100"], "invalid choice: 'V100'"),
+        (["--tp", "2"], "--tp needs --gpus N"),
+        (["--gpus", "8", "--micro-batches", "1,2"], "drop --micro-batches"),
+    ],
+)
 def test_cli_plan_gpus_bad_input_is_one_line(capsys, argv, message):
     from memsave_nb.cli import main
 

@@ -43,8 +43,16 @@ def searched():
     before = ModelSnapshot.capture(wl.model)
     # stage counts only: beside the other layouts a pipeline is measured only where its estimated
     # time could beat the fastest that fits (none of them here)
-    result = plan_layout(wl, 4, "H100", Target(2 * MIB / 2**30, headroom=1.0), tensor_parallel=(1, 2),
-                         pipeline_parallel=(2, 4), max_micro_batches=4, region_kinds=("full",))
+    result = plan_layout(
+        wl,
+        4,
+        "H100",
+        Target(2 * MIB / 2**30, headroom=1.0),
+        tensor_parallel=(1, 2),
+        pipeline_parallel=(2, 4),
+        max_micro_batches=4,
+        region_kinds=("full",),
+    )
     return wl, before, result
 
 
@@ -93,8 +101,16 @@ def test_pipeline_time_holds_1f1b_bubble_and_the_sends(searched):
 
 def test_only_pipeline_stages_choose_a_pipeline_layout_remeasured_per_rank():
     wl = _gpt(4, batch=2)
-    r = plan_layout(wl, 2, "H100", Target(64 * MIB / 2**30, headroom=1.0), pipeline_parallel=(2,),
-                    tensor_parallel=(1,), max_micro_batches=2, region_kinds=(None,))
+    r = plan_layout(
+        wl,
+        2,
+        "H100",
+        Target(64 * MIB / 2**30, headroom=1.0),
+        pipeline_parallel=(2,),
+        tensor_parallel=(1,),
+        max_micro_batches=2,
+        region_kinds=(None,),
+    )
     c = r.chosen
     assert c is not None and c.pipeline_stages == 2 and c.spec.microbatches == 2
     assert len(r.remeasured.ranks) == 2  # every stage, at full depth
@@ -129,7 +145,9 @@ def test_the_lower_bound_of_pipeline_x_fsdp2_holds_the_stage_unsharded():
 
     wl = _gpt(4, batch=4)
     spec = ParallelSpec(world_size=4, pipeline_parallel=2, microbatches=4)
-    search = LayoutSearch(RankSizes(wl, blocks_of(wl.model), device_named("H100")), fabric_for("H100"), Target(80), global_batch=16)
+    search = LayoutSearch(
+        RankSizes(wl, blocks_of(wl.model), device_named("H100")), fabric_for("H100"), Target(80), global_batch=16
+    )
     bound = search.lower_bound(spec, None, None)
     total = sum(p.numel() * 4 for p in wl.model.parameters())
     assert bound >= 2 * total / 2  # parameters and gradients of a stage (half the model), unsharded
@@ -147,7 +165,9 @@ def test_the_lower_bound_of_a_pipeline_counts_the_first_stages_micro_batches_in_
 
     wl = _gpt(4, batch=8)
     spec = ParallelSpec(world_size=2, pipeline_parallel=2, microbatches=4)  # micro-batches of 2
-    search = LayoutSearch(RankSizes(wl, blocks_of(wl.model), device_named("H100")), fabric_for("H100"), Target(80), global_batch=8)
+    search = LayoutSearch(
+        RankSizes(wl, blocks_of(wl.model), device_named("H100")), fabric_for("H100"), Target(80), global_batch=8
+    )
     one = search.sizes.saved_per_block(None, None)  # every block's saved activations at micro-batch 1
     assert search.lower_bound(spec, None, None) >= one / 2 * 2 * 2  # half the blocks, 2 in flight of 2 rows
     assert measure_pipeline(wl, spec).ranks[0].device_bytes >= search.lower_bound(spec, None, None)

@@ -26,13 +26,20 @@ def test_a_frozen_plan_is_extrapolated_over_its_blocks_and_remeasured_exactly():
     wl = _gpt(6, batch=2)
     before = ModelSnapshot.capture(wl.model)
     plan = Plan(frozen=("blocks.*.attn.*",), loss="chunked")
-    r = plan_layout(wl, 4, "H100", TARGET, tensor_parallel=(1,), region_kinds=(None, "full"), max_micro_batches=2, plan=plan)
+    r = plan_layout(
+        wl, 4, "H100", TARGET, tensor_parallel=(1,), region_kinds=(None, "full"), max_micro_batches=2, plan=plan
+    )
     assert r.chosen is not None and r.remeasured is not None
-    assert not any("full depth" in n for n in r.notes) and any("starts from the plan: freeze blocks.*.attn.*" in n for n in r.notes)
+    assert not any("full depth" in n for n in r.notes) and any(
+        "starts from the plan: freeze blocks.*.attn.*" in n for n in r.notes
+    )
     assert all(c.plan.frozen == plan.frozen and c.plan.loss == "chunked" for c in r.candidates)
     assert r.remeasured.device_peak_bytes == r.chosen.checked_peak_bytes
-    m = measure_parallel(wl, r.chosen.spec, r.chosen.plan.replace(accumulation_steps=min(r.chosen.accumulation, 2)
-                                                                  if r.chosen.accumulation > 1 else None))
+    m = measure_parallel(
+        wl,
+        r.chosen.spec,
+        r.chosen.plan.replace(accumulation_steps=min(r.chosen.accumulation, 2) if r.chosen.accumulation > 1 else None),
+    )
     assert m.device_peak_bytes == r.remeasured.device_peak_bytes
     assert before.differences(wl.model) == []
 
@@ -40,8 +47,16 @@ def test_a_frozen_plan_is_extrapolated_over_its_blocks_and_remeasured_exactly():
 @pytest.mark.slow
 def test_a_plan_that_treats_one_block_apart_is_measured_at_full_depth():
     wl = _gpt(6, batch=2)
-    r = plan_layout(wl, 2, "H100", Target(64, headroom=1.0), tensor_parallel=(1,), region_kinds=(None,), remeasure=False,
-                    plan=Plan(frozen=("blocks.5",)))
+    r = plan_layout(
+        wl,
+        2,
+        "H100",
+        Target(64, headroom=1.0),
+        tensor_parallel=(1,),
+        region_kinds=(None,),
+        remeasure=False,
+        plan=Plan(frozen=("blocks.5",)),
+    )
     assert any("the plan treats some blocks differently" in n for n in r.notes)
     assert r.chosen is not None and r.chosen.plan.frozen == ("blocks.5",)
 
@@ -54,12 +69,15 @@ def test_the_plans_checkpointing_precision_and_batch_are_kept():
     assert r.global_batch == 2 * 2 * 2  # the plan's batch x accumulation per GPU, on 2 GPUs
 
 
-@pytest.mark.parametrize("plan,message", [
-    (Plan(regions={"blocks.0": "full"}), "every block is checkpointed alike"),
-    (Plan(compile_budget=0.5), "compile budget cannot be sized per rank"),
-    (Plan(frozen=("nope",)), "plan frozen: 'nope' names no parameter or module"),
-    ("freeze", "plan must be a memsave_nb.Plan"),
-])
+@pytest.mark.parametrize(
+    "plan,message",
+    [
+        (Plan(regions={"blocks.0": "full"}), "every block is checkpointed alike"),
+        (Plan(compile_budget=0.5), "compile budget cannot be sized per rank"),
+        (Plan(frozen=("nope",)), "plan frozen: 'nope' names no parameter or module"),
+        ("freeze", "plan must be a memsave_nb.Plan"),
+    ],
+)
 def test_a_plan_it_cannot_start_from_is_one_line(plan, message):
     wl = _gpt(2)
     with pytest.raises(PlanError) as info:

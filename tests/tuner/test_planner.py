@@ -62,12 +62,23 @@ def test_planner_estimates_and_choice_in_fake_mode():
     base = measure_peak(wl, Plan())
     # the baseline does not fit: the GPU holds the CUDA context and 75% of the baseline's peak
     target = Target((CUDA_CONTEXT_BYTES + base.peak_bytes * 0.75) / 2**30)
-    result = plan_for(wl, target, mode="fake", device="A100",
-                      freezing={"all": Plan(), "last": presets.last_blocks(wl.model, 1)}, precisions=(None,),
-                      micro_batches=(1, 2))
+    result = plan_for(
+        wl,
+        target,
+        mode="fake",
+        device="A100",
+        freezing={"all": Plan(), "last": presets.last_blocks(wl.model, 1)},
+        precisions=(None,),
+        micro_batches=(1, 2),
+    )
     assert before.differences(wl.model) == []
     assert len(result.candidates) > 50
-    baseline = next(c for c in result.candidates if c.plan.replace(name="") == Plan().replace(frozen=(), trainable=()) or c.plan.describe() == "baseline (no changes)")
+    baseline = next(
+        c
+        for c in result.candidates
+        if c.plan.replace(name="") == Plan().replace(frozen=(), trainable=())
+        or c.plan.describe() == "baseline (no changes)"
+    )
     assert not baseline.fits
     chosen = result.chosen
     assert chosen is not None and chosen.fits and "allocator replay" in chosen.measured_verdict

@@ -64,7 +64,9 @@ def test_nothing_fits_is_zero():
 
 @pytest.mark.slow
 def test_cli_target_and_max_batch(capsys):
-    code = main(["report", "--model", "mlp", "--mode", "fake", "--target-gb", "0.05", "--max-batch", "--precision", "bf16"])
+    code = main(
+        ["report", "--model", "mlp", "--mode", "fake", "--target-gb", "0.05", "--max-batch", "--precision", "bf16"]
+    )
     out = capsys.readouterr().out
     assert code == 0
     # the verdict: the allocator model's replay plus a 500 MiB CUDA context, over 0.05 GB (issue 40);
@@ -74,7 +76,9 @@ def test_cli_target_and_max_batch(capsys):
     assert "80% headroom line" not in out
     found = re.search(r"Max batch that fits: (\d+)", out)
     assert found and int(found.group(1)) == 0 and "allocator replay" in out.split("Max batch that fits")[1]
-    code = main(["report", "--model", "mlp", "--mode", "fake", "--target-gb", "0.6", "--max-batch", "--precision", "bf16"])
+    code = main(
+        ["report", "--model", "mlp", "--mode", "fake", "--target-gb", "0.6", "--max-batch", "--precision", "bf16"]
+    )
     out = capsys.readouterr().out
     assert code == 0 and out.split("Peak")[1].splitlines()[1].startswith("Target 0.6 GB: fits")
     found = re.search(r"Max batch that fits: (\d+)", out)
@@ -97,7 +101,8 @@ def test_searches_carry_the_single_tensor_optimizer_caveat(capsys):
     assert 1 <= foreach.value <= default.value  # foreach's temporaries can only lower the boundary
     seq = max_seq_len(wl, Plan(optimizer="adamw"), Target(0.495))
     assert len(seq.notes) == 1
-    code = main(["report", "--model", "mlp", "--mode", "fake", "--target-gb", "0.6", "--max-batch",
-                 "--optimizer", "adamw"])
+    code = main(
+        ["report", "--model", "mlp", "--mode", "fake", "--target-gb", "0.6", "--max-batch", "--optimizer", "adamw"]
+    )
     out = capsys.readouterr().out
     assert code == 0 and "  note: AdamW ran its single-tensor step" in out.split("Max batch that fits")[1]

@@ -41,10 +41,12 @@ def _rss_probe(code: str, cap_gb: float | None = None) -> subprocess.CompletedPr
     """Run ``code`` in a fresh interpreter (optionally under an address-space cap)."""
     prelude = ""
     if cap_gb is not None:
-        prelude = (f"import resource; resource.setrlimit(resource.RLIMIT_AS, ({int(cap_gb * 2**30)}, "
-                   f"{int(cap_gb * 2**30)}))\n")
-    return subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(code)], capture_output=True, text=True,
-                          timeout=240)
+        prelude = (
+            f"import resource; resource.setrlimit(resource.RLIMIT_AS, ({int(cap_gb * 2**30)}, {int(cap_gb * 2**30)}))\n"
+        )
+    return subprocess.run(
+        [sys.executable, "-c", prelude + textwrap.dedent(code)], capture_output=True, text=True, timeout=240
+    )
 
 
 def test_fake_mode_big_batch_adds_no_rss():
@@ -180,12 +182,20 @@ def test_plan_refuses_absurd_batch_sizes(n):
         _one_line(info.value)
 
 
-@pytest.mark.parametrize("kwargs", [
-    {"precision": "p" * 200_000}, {"optimizer": "o" * 200_000}, {"batch_size": "9" * 200_000},
-    {"set_to_none": "x" * 200_000}, {"parallel": {"world_size": "w" * 200_000}},
-    {"parallel": {"strategy": "s" * 200_000}}, {"parallel": {"param_dtype": "d" * 200_000}},
-    {"parallel": {"x" * 200_000: 1}}, {"parallel": "q" * 200_000},
-])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"precision": "p" * 200_000},
+        {"optimizer": "o" * 200_000},
+        {"batch_size": "9" * 200_000},
+        {"set_to_none": "x" * 200_000},
+        {"parallel": {"world_size": "w" * 200_000}},
+        {"parallel": {"strategy": "s" * 200_000}},
+        {"parallel": {"param_dtype": "d" * 200_000}},
+        {"parallel": {"x" * 200_000: 1}},
+        {"parallel": "q" * 200_000},
+    ],
+)
 def test_bad_knob_and_parallel_values_are_cut_like_the_older_fields(kwargs):
     with pytest.raises(PlanError) as info:
         Plan(**kwargs)
@@ -200,15 +210,27 @@ def test_shard_modules_must_be_names_not_a_dict():
         ParallelSpec(shard_modules={"a": 1})
 
 
-@pytest.mark.parametrize("kwargs, word", [
-    ({"micro_batches": [0]}, "micro_batches"), ({"micro_batches": [-2]}, "micro_batches"),
-    ({"micro_batches": [1.5]}, "micro_batches"), ({"micro_batches": 2}, "micro_batches"),
-    ({"regions": ["nope"]}, "nope"), ({"regions": "0"}, "regions"),
-    ({"base_plan": "x"}, "base_plan"), ({"freezing": {"a": None}}, "freezing"),
-    ({"freezing": {"a": "p"}}, "freezing"), ({"mode": "bogus"}, "mode"), ({"remeasure": -1}, "remeasure"),
-    ({"precisions": ("p",)}, "precision"), ({"memsave": (1,)}, "memsave"), ({"compile_budgets": (2.0,)}, "budget"),
-    ({"link": ["pcie5"]}, "link"), ({"region_kinds": ("x",)}, "region kind"),
-])
+@pytest.mark.parametrize(
+    "kwargs, word",
+    [
+        ({"micro_batches": [0]}, "micro_batches"),
+        ({"micro_batches": [-2]}, "micro_batches"),
+        ({"micro_batches": [1.5]}, "micro_batches"),
+        ({"micro_batches": 2}, "micro_batches"),
+        ({"regions": ["nope"]}, "nope"),
+        ({"regions": "0"}, "regions"),
+        ({"base_plan": "x"}, "base_plan"),
+        ({"freezing": {"a": None}}, "freezing"),
+        ({"freezing": {"a": "p"}}, "freezing"),
+        ({"mode": "bogus"}, "mode"),
+        ({"remeasure": -1}, "remeasure"),
+        ({"precisions": ("p",)}, "precision"),
+        ({"memsave": (1,)}, "memsave"),
+        ({"compile_budgets": (2.0,)}, "budget"),
+        ({"link": ["pcie5"]}, "link"),
+        ({"region_kinds": ("x",)}, "region kind"),
+    ],
+)
 def test_plan_for_names_a_bad_argument_before_any_work(kwargs, word):
     from memsave_nb.planner.search import plan_for
 
@@ -228,9 +250,14 @@ def test_plan_for_refuses_a_target_that_is_not_one():
             plan_for(_mlp(), target)
 
 
-@pytest.mark.parametrize("kwargs, word", [
-    ({"mode": "bogus"}, "mode"), ({"upper": 0}, "upper"), ({"upper": 10**30}, "upper"),
-])
+@pytest.mark.parametrize(
+    "kwargs, word",
+    [
+        ({"mode": "bogus"}, "mode"),
+        ({"upper": 0}, "upper"),
+        ({"upper": 10**30}, "upper"),
+    ],
+)
 def test_max_batch_names_a_bad_argument(kwargs, word):
     wl = _mlp()
     with pytest.raises(MemsaveError) as info:

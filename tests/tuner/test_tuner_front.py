@@ -128,7 +128,9 @@ def test_none_fits_says_which_knob_would_with_the_figure_it_reaches():
     for h in panel.hints:
         if h.plan is not None:
             assert measure_peak(workload, h.plan).peak_bytes == h.peak_bytes, h.knob
-    assert {"smaller batch", "micro-batches", "precision", "freezing", "checkpointing", "offload", "more GPUs"} <= set(hints)
+    assert {"smaller batch", "micro-batches", "precision", "freezing", "checkpointing", "offload", "more GPUs"} <= set(
+        hints
+    )
     box = panel.hints_box.value
     assert "memsave-hint memsave-fits" in box and f"batch {b} (from 128)" in box
     lines = hint_lines(panel.hints, panel.target)

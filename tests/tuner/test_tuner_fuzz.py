@@ -28,12 +28,40 @@ from memsave_nb.workload import Workload
 
 
 def fuzz(n: int) -> settings:
-    return settings(max_examples=n, deadline=None, derandomize=True, database=None,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much])
+    return settings(
+        max_examples=n,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
+    )
 
 
-HOSTILE_NUMBERS = [0, -1, -2, 1, 2, 3, 4, 8, 0.5, 1.5, -0.0, math.nan, math.inf, -math.inf, 1e300, 1e308, 2**40,
-                   2**31, 2**31 - 1, 10**30, -(10**30), True, False]
+HOSTILE_NUMBERS = [
+    0,
+    -1,
+    -2,
+    1,
+    2,
+    3,
+    4,
+    8,
+    0.5,
+    1.5,
+    -0.0,
+    math.nan,
+    math.inf,
+    -math.inf,
+    1e300,
+    1e308,
+    2**40,
+    2**31,
+    2**31 - 1,
+    10**30,
+    -(10**30),
+    True,
+    False,
+]
 WRONG_TYPES = [None, "2", "", "x" * 5000, b"1", [], [1], (2,), {}, {"a": 1}, object(), torch.tensor(2), 2j]
 hostile = st.one_of(st.sampled_from(HOSTILE_NUMBERS + WRONG_TYPES), st.integers(), st.floats(), st.text(max_size=8))
 
@@ -60,30 +88,36 @@ def _call(fn, *args, **kwargs):
 
 # -- plain data: no model involved ------------------------------------------------------------
 
-knob_fields = st.fixed_dictionaries({}, optional={
-    "batch_size": small([None, 1, 2, 7]),
-    "seq_len": small([None, 1, 16]),
-    "accumulation_steps": small([None, 1, 2]),
-    "precision": small([None, *PRECISIONS, "BF16", "auto-cast_bf16", "fp64"]),
-    "optimizer": small([None, *OPTIMIZERS, "ADAMW", "sophia"]),
-    "set_to_none": small([None, True, False]),
-    "loss": small([None, "full", "chunked", "CHUNKED", "fused", 1]),
-    "loss_chunk": small([None, 1, 1024, 0, -1, 2**31, True, 2.0]),
-})
+knob_fields = st.fixed_dictionaries(
+    {},
+    optional={
+        "batch_size": small([None, 1, 2, 7]),
+        "seq_len": small([None, 1, 16]),
+        "accumulation_steps": small([None, 1, 2]),
+        "precision": small([None, *PRECISIONS, "BF16", "auto-cast_bf16", "fp64"]),
+        "optimizer": small([None, *OPTIMIZERS, "ADAMW", "sophia"]),
+        "set_to_none": small([None, True, False]),
+        "loss": small([None, "full", "chunked", "CHUNKED", "fused", 1]),
+        "loss_chunk": small([None, 1, 1024, 0, -1, 2**31, True, 2.0]),
+    },
+)
 
-parallel_fields = st.fixed_dictionaries({}, optional={
-    "world_size": small([1, 2, 3, 8, 1 << 16, (1 << 16) + 1]),
-    "strategy": small(["fsdp", "ddp", "tp"]),
-    "shard_modules": small([(), ("0",), ["0", "2"], "0", ("nope",), {"a": 1}, (1,)]),
-    "replicate": small([1, 2, 3]),
-    "reshard_after_forward": small([True, False]),
-    "param_dtype": small([None, "bfloat16", "float16", "int8"]),
-    "reduce_dtype": small([None, "float32"]),
-    "cpu_offload": small([True, False]),
-    "bucket_cap_mb": small([1, 25.0, 0.001]),
-    "gradient_as_bucket_view": small([True, False]),
-    "bogus_field": st.just(1),
-})
+parallel_fields = st.fixed_dictionaries(
+    {},
+    optional={
+        "world_size": small([1, 2, 3, 8, 1 << 16, (1 << 16) + 1]),
+        "strategy": small(["fsdp", "ddp", "tp"]),
+        "shard_modules": small([(), ("0",), ["0", "2"], "0", ("nope",), {"a": 1}, (1,)]),
+        "replicate": small([1, 2, 3]),
+        "reshard_after_forward": small([True, False]),
+        "param_dtype": small([None, "bfloat16", "float16", "int8"]),
+        "reduce_dtype": small([None, "float32"]),
+        "cpu_offload": small([True, False]),
+        "bucket_cap_mb": small([1, 25.0, 0.001]),
+        "gradient_as_bucket_view": small([True, False]),
+        "bogus_field": st.just(1),
+    },
+)
 
 
 @fuzz(700)
@@ -162,13 +196,18 @@ RSS_BOUND_MIB = 256
 
 
 @fuzz(100)
-@given(knobs=st.fixed_dictionaries({}, optional={
-    "batch_size": st.sampled_from([1, 3, 64, 4096, 2**20, 2**31 - 1]),
-    "precision": st.sampled_from([None, *PRECISIONS]),
-    "optimizer": st.sampled_from([None, "adamw", "sgd", "sgd_momentum", "adafactor", "adamw_foreach"]),
-    "accumulation_steps": st.sampled_from([None, 1, 2]),
-    "set_to_none": st.sampled_from([None, True, False]),
-}))
+@given(
+    knobs=st.fixed_dictionaries(
+        {},
+        optional={
+            "batch_size": st.sampled_from([1, 3, 64, 4096, 2**20, 2**31 - 1]),
+            "precision": st.sampled_from([None, *PRECISIONS]),
+            "optimizer": st.sampled_from([None, "adamw", "sgd", "sgd_momentum", "adafactor", "adamw_foreach"]),
+            "accumulation_steps": st.sampled_from([None, 1, 2]),
+            "set_to_none": st.sampled_from([None, True, False]),
+        },
+    )
+)
 def test_fuzz_measure_peak_with_knobs(tiny, knobs):
     """Accepted knob plans measure in fake mode, whatever the batch size, with the model intact."""
     before = _rss_mib()
@@ -183,9 +222,13 @@ def test_fuzz_measure_peak_with_knobs(tiny, knobs):
 
 
 @fuzz(150)
-@given(plan=st.one_of(st.just(Plan()), st.just(Plan(precision="bf16")), hostile),
-       target=st.one_of(st.sampled_from([Target(1e-4, 1.0), Target(80)]), hostile),
-       mode=small(["fake"]), upper=small([None, 1, 4, 8]), seq=st.booleans())
+@given(
+    plan=st.one_of(st.just(Plan()), st.just(Plan(precision="bf16")), hostile),
+    target=st.one_of(st.sampled_from([Target(1e-4, 1.0), Target(80)]), hostile),
+    mode=small(["fake"]),
+    upper=small([None, 1, 4, 8]),
+    seq=st.booleans(),
+)
 def test_fuzz_search_arguments(tiny, tiny_lm, plan, target, mode, upper, seq):
     wl = tiny_lm if seq else tiny
     untouched = _Untouched(wl.model)
@@ -200,19 +243,25 @@ def test_fuzz_search_arguments(tiny, tiny_lm, plan, target, mode, upper, seq):
 
 
 @fuzz(120)
-@given(kwargs=st.fixed_dictionaries({}, optional={
-    "mode": small(["fake"]),
-    "micro_batches": small([(1,), [1, 2], (0,), [-2], (3,), [2**40]]),
-    "regions": small([[], ["0"], ["nope"], "0", [""], [None]]),
-    "region_kinds": small([(), ("full",), ("offload", "nope")]),
-    "precisions": small([(None,), ("bf16",), ("bf16_master", None), ("fp64",), "bf16"]),
-    "memsave": small([(False,), (True, False), (1,)]),
-    "base_plan": small([None, Plan(), Plan(batch_size=2)]),
-    "freezing": small([None, {"all": Plan()}, {"a": None}, {"b": "plan"}, ["x"]]),
-    "remeasure": small([0, 1, -1]),
-    "link": small(["pcie5", "nvlink_c2c", "carrier pigeon"]),
-    "compile_budgets": small([(), (0.5,), (2.0,), (math.nan,)]),
-}), target=st.one_of(st.just(Target(1)), hostile))
+@given(
+    kwargs=st.fixed_dictionaries(
+        {},
+        optional={
+            "mode": small(["fake"]),
+            "micro_batches": small([(1,), [1, 2], (0,), [-2], (3,), [2**40]]),
+            "regions": small([[], ["0"], ["nope"], "0", [""], [None]]),
+            "region_kinds": small([(), ("full",), ("offload", "nope")]),
+            "precisions": small([(None,), ("bf16",), ("bf16_master", None), ("fp64",), "bf16"]),
+            "memsave": small([(False,), (True, False), (1,)]),
+            "base_plan": small([None, Plan(), Plan(batch_size=2)]),
+            "freezing": small([None, {"all": Plan()}, {"a": None}, {"b": "plan"}, ["x"]]),
+            "remeasure": small([0, 1, -1]),
+            "link": small(["pcie5", "nvlink_c2c", "carrier pigeon"]),
+            "compile_budgets": small([(), (0.5,), (2.0,), (math.nan,)]),
+        },
+    ),
+    target=st.one_of(st.just(Target(1)), hostile),
+)
 def test_fuzz_planner_arguments(tiny, kwargs, target):
     from memsave_nb.planner.search import plan_for
 
@@ -226,11 +275,17 @@ def test_fuzz_planner_arguments(tiny, kwargs, target):
 
 
 @fuzz(12)
-@given(fields=st.fixed_dictionaries({"world_size": st.sampled_from([1, 2, 3, 0, -1, 2**40, math.nan])}, optional={
-    "strategy": st.sampled_from(["fsdp", "ddp"]),
-    "shard_modules": st.sampled_from([(), ("0",), ("nope",)]),
-    "param_dtype": st.sampled_from([None, "bfloat16"]),
-}), optimizer=st.sampled_from([None, "sgd", "adafactor"]))
+@given(
+    fields=st.fixed_dictionaries(
+        {"world_size": st.sampled_from([1, 2, 3, 0, -1, 2**40, math.nan])},
+        optional={
+            "strategy": st.sampled_from(["fsdp", "ddp"]),
+            "shard_modules": st.sampled_from([(), ("0",), ("nope",)]),
+            "param_dtype": st.sampled_from([None, "bfloat16"]),
+        },
+    ),
+    optimizer=st.sampled_from([None, "sgd", "adafactor"]),
+)
 def test_fuzz_measure_parallel(tiny, fields, optimizer):
     """Per-rank sizing: a figure or one line (never a raw torch exception), the model intact."""
     from memsave_nb.parallel import ParallelSpec, measure_parallel

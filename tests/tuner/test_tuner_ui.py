@@ -19,7 +19,15 @@ from memsave_nb.measure import measure
 from memsave_nb.model_state import ModelSnapshot
 from memsave_nb.plan import Plan
 from memsave_nb.session import Session
-from memsave_nb.target import CUDA_CONTEXT_BYTES, Target, estimate_fits, fit_of, max_batch, measure_peak, replay_line_bytes
+from memsave_nb.target import (
+    CUDA_CONTEXT_BYTES,
+    Target,
+    estimate_fits,
+    fit_of,
+    max_batch,
+    measure_peak,
+    replay_line_bytes,
+)
 from memsave_nb.ui.editor import preset_key
 from memsave_nb.ui.explorer import Explorer
 from memsave_nb.ui.format import format_bytes
@@ -91,7 +99,9 @@ def test_verdict_flips_exactly_where_fit_of_does_everywhere():
     panel.target_gb.value = (edge - 1) / GIB
     assert explorer.target.total_bytes == edge - 1
     assert "memsave-nofit" in panel.verdict.value and "does not fit" in panel.verdict.value
-    assert _classes(explorer.target_verdict) >= {"memsave-nofit"} and "memsave-fits" not in _classes(explorer.target_verdict)
+    assert _classes(explorer.target_verdict) >= {"memsave-nofit"} and "memsave-fits" not in _classes(
+        explorer.target_verdict
+    )
     assert explorer.target_verdict.value.startswith("✘ does not fit (512.0 MiB of 512.0 MiB; allocator replay")
     row = re.search(r"<tr class='memsave-row-fits'>.*?</tr>", explorer.results.table.value).group(0)
     assert row.count("memsave-nofit") == 2 and "memsave-fits" not in row
@@ -147,9 +157,15 @@ def test_search_on_the_worker_front_list_and_loading_a_plan():
     panel.set_target((CUDA_CONTEXT_BYTES + line) / GIB)
     usable = replay_line_bytes(panel.target)
     assert usable == line
-    assert [("memsave-fits" in _classes(r)) for r in panel.front_rows] == [c.est_peak_bytes <= usable for c in result.front]
-    assert {"fits", "does not fit"} <= {("fits" if c.est_peak_bytes <= usable else "does not fit") for c in result.front}
-    assert panel.plot.source.data["fits"] == ["fits" if c.est_peak_bytes <= usable else "does not fit" for c in panel.candidates]
+    assert [("memsave-fits" in _classes(r)) for r in panel.front_rows] == [
+        c.est_peak_bytes <= usable for c in result.front
+    ]
+    assert {"fits", "does not fit"} <= {
+        ("fits" if c.est_peak_bytes <= usable else "does not fit") for c in result.front
+    }
+    assert panel.plot.source.data["fits"] == [
+        "fits" if c.est_peak_bytes <= usable else "does not fit" for c in panel.candidates
+    ]
     # "load" on a front entry that fits: the explorer takes that plan and reruns it (live)
     k = next(k for k, c in enumerate(result.front) if c.fits and c.plan.active_regions)
     front_plan = result.front[k].plan
@@ -173,12 +189,19 @@ def test_a_clicked_point_sets_the_knob_controls_and_the_explorer_reruns_it():
     panel.search(background=True, precisions=(None, "bf16"), micro_batches=(1, 2))
     assert panel.wait(240) and panel.state == "done", panel.status.value
     # a candidate that changes several knobs at once: bf16, 2 micro-batches of 2, a region
-    index = next(i for i, c in enumerate(panel.candidates)
-                 if c.plan.precision == "bf16" and c.plan.accumulation_steps == 2 and c.plan.active_regions)
+    index = next(
+        i
+        for i, c in enumerate(panel.candidates)
+        if c.plan.precision == "bf16" and c.plan.accumulation_steps == 2 and c.plan.active_regions
+    )
     chosen = panel.candidates[index].plan
     panel.plot.source.selected.indices = [index]  # what a tap on the point does
     assert (panel.knob_batch.value, panel.knob_precision.value, panel.knob_accumulate.value) == (2, "bf16", 2)
-    assert panel.knob_seq.value == 0 and panel.knob_optimizer.label == "as given" and panel.knob_zero_grad.label == "as given"
+    assert (
+        panel.knob_seq.value == 0
+        and panel.knob_optimizer.label == "as given"
+        and panel.knob_zero_grad.label == "as given"
+    )
     assert (chosen.batch_size, chosen.precision, chosen.accumulation_steps) == (2, "bf16", 2)
     assert explorer.plan.replace(name="") == chosen.replace(name="")
     assert explorer.wait(120)
@@ -236,7 +259,10 @@ def test_errors_are_one_line_and_cancel_stops_the_search():
     panel.search(background=True, region_kinds=("sideways",))
     assert panel.wait(60)
     assert panel.state == "error" and panel.result is None
-    assert panel.error == "searching plans (fake mode): region kind 'sideways': choose from ('full', 'save_matmuls', 'offload')"
+    assert (
+        panel.error
+        == "searching plans (fake mode): region kind 'sideways': choose from ('full', 'save_matmuls', 'offload')"
+    )
     assert "\n" not in panel.error and "Traceback" not in panel.status.value
     # cancel while the planner measures: status "cancelled", no result, the model as it was
     # the test holds the model's lock, so the search is still at its first measurement when cancel

@@ -24,7 +24,11 @@ def model():
         ([("layers.0", True)], ("layers.0",), ()),
         ([("", True)], ("",), ()),
         ([("", True), ("head", False)], ("stem", "layers"), ()),
-        ([("layers.0", True), ("layers.0.1.conv1", False)], ("layers.0.0", "layers.0.1.bn1", "layers.0.1.conv2", "layers.0.1.bn2"), ()),
+        (
+            [("layers.0", True), ("layers.0.1.conv1", False)],
+            ("layers.0.0", "layers.0.1.bn1", "layers.0.1.conv2", "layers.0.1.bn2"),
+            (),
+        ),
         ([("stem", True), ("stem", False)], (), ()),
     ],
 )
@@ -96,8 +100,15 @@ def test_regions_and_ops(model):
 
 
 def test_other_fields_and_load_round_trip(model):
-    plan = Plan(name="mine", frozen=("stem",), input_requires_grad=True, bn_eval=("*",), memsave=("*",),
-                regions={"layers.2": "full"}, compile_budget=0.5)
+    plan = Plan(
+        name="mine",
+        frozen=("stem",),
+        input_requires_grad=True,
+        bn_eval=("*",),
+        memsave=("*",),
+        regions={"layers.2": "full"},
+        compile_budget=0.5,
+    )
     ed = PlanEditor(model, plan)
     assert ed.plan() == plan
     ed.set_compile_budget(None)

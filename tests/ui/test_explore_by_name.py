@@ -10,8 +10,17 @@ from memsave_nb.errors import WorkloadError
 from memsave_nb.hub import from_pretrained
 from memsave_nb.ui.explorer import explore
 
-SMALL = dict(overrides=dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
-                            num_key_value_heads=2, vocab_size=512), seq_len=32)
+SMALL = dict(
+    overrides=dict(
+        num_hidden_layers=2,
+        hidden_size=64,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=512,
+    ),
+    seq_len=32,
+)
 
 
 def test_explore_a_catalogue_model_by_name_in_fake_mode():

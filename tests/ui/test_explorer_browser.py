@@ -49,8 +49,10 @@ def _expected_saved_bytes() -> dict[str, int]:
     from memsave_nb.session import Session
 
     session = Session(zoo.make("cnn", batch_size=8), repeats=0)
-    return {"baseline": session.baseline.saved_bytes,
-            "stem": session.run(Plan(frozen=("stem",))).measurement.saved_bytes}
+    return {
+        "baseline": session.baseline.saved_bytes,
+        "stem": session.run(Plan(frozen=("stem",))).measurement.saved_bytes,
+    }
 
 
 def run_in_lab() -> None:

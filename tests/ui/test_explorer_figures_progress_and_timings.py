@@ -82,8 +82,9 @@ def test_load_bokehjs_publishes_on_every_call():
 # -- 2. the charts hold every byte -------------------------------------------------------------
 def test_bars_sum_to_the_header_total_on_a_transformer_encoder():
     torch.manual_seed(0)
-    enc = nn.TransformerEncoder(nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True), 2,
-                                enable_nested_tensor=False)
+    enc = nn.TransformerEncoder(
+        nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True), 2, enable_nested_tensor=False
+    )
     ex = explore(enc, torch.randn(4, 16, 32), repeats=0, live=False)
     data = ex.results.layers_plot.source.data
     assert sum(data["saved_bytes"]) == figures.kept_total(ex.baseline)
@@ -126,8 +127,13 @@ def test_sac_panel_says_which_ops_cannot_be_saved_before_the_run(cnn):
     assert cnn.plan == before
     # the advice is true: a plan saving it is refused (or, without the plan's own check, fails in
     # backward with SAC's "cached ... has been mutated")
-    bad = Plan(regions={"layers.0.0": RegionPolicy(RegionKind.SELECTIVE, {"aten.native_batch_norm": OpChoice.SAVE},
-                                                   OpChoice.RECOMPUTE)})
+    bad = Plan(
+        regions={
+            "layers.0.0": RegionPolicy(
+                RegionKind.SELECTIVE, {"aten.native_batch_norm": OpChoice.SAVE}, OpChoice.RECOMPUTE
+            )
+        }
+    )
     with pytest.raises(MemsaveError, match="mutated|writes in place into the output of aten.native_batch_norm"):
         cnn.session.run(bad)
 
@@ -312,8 +318,13 @@ class _WithExtras:
 def test_steady_state_outputs_and_advice_are_shown_when_the_engine_reports_them(cnn):
     m = cnn.baseline
     outputs = m.saved_bytes // 5
-    extra = _WithExtras(m, first_step_peak_bytes=m.peak_bytes - 4096, output_bytes=outputs,
-                        advice=("use_cache=False frees the KV cache",), steady_state=True)
+    extra = _WithExtras(
+        m,
+        first_step_peak_bytes=m.peak_bytes - 4096,
+        output_bytes=outputs,
+        advice=("use_cache=False frees the KV cache",),
+        steady_state=True,
+    )
     cnn._show(SimpleNamespace(plan=Plan(), measurement=extra))
     assert f"step 1: {format_bytes(m.peak_bytes - 4096)}" in cnn.first_step.value
     assert cnn.first_step.layout.display == ""

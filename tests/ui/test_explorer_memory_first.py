@@ -93,7 +93,8 @@ def test_memory_numbers_show_before_the_timed_steps_then_the_time():
     assert mem.measurement.peak_bytes == engine.peak_bytes
     assert mem.measurement.peak_split == engine.peak_split
     assert [(r.name, r.saved_bytes) for r in mem.measurement.modules] == [
-        (r.name, r.saved_bytes) for r in engine.modules]
+        (r.name, r.saved_bytes) for r in engine.modules
+    ]
     # the time text went "timing..." then the time, on this plan's numbers only
     assert [t for p, t in shown if p == mem.plan][0].startswith("timing")
 

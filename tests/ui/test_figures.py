@@ -27,8 +27,12 @@ def cnn():
 
 def _frozen_first(m, name="0"):
     """The same measurement with one module's saved bytes changed (a fake "plan" result)."""
-    modules = tuple(dataclasses.replace(r, saved_bytes=r.saved_bytes + 4096, saved_bytes_own=r.saved_bytes_own + 4096)
-                    if r.name == name else r for r in m.modules)
+    modules = tuple(
+        dataclasses.replace(r, saved_bytes=r.saved_bytes + 4096, saved_bytes_own=r.saved_bytes_own + 4096)
+        if r.name == name
+        else r
+        for r in m.modules
+    )
     return dataclasses.replace(m, modules=modules)
 
 
@@ -41,15 +45,29 @@ def _long(m, n=50_000, peak_at=31_337):
         by_cat["temporaries"][i] = i % 3
     by_cat["temporaries"][peak_at] = 10_000
     phase = ["forward"] * 20_000 + ["backward"] * 25_000 + ["optimizer"] * (n - 45_000)
-    tl = Timeline(phase=tuple(phase), by_category={c: tuple(v) for c, v in by_cat.items()},
-                  phase_starts={"forward": 0, "backward": 20_000, "optimizer": 45_000})
+    tl = Timeline(
+        phase=tuple(phase),
+        by_category={c: tuple(v) for c, v in by_cat.items()},
+        phase_starts={"forward": 0, "backward": 20_000, "optimizer": 45_000},
+    )
     peak = sum(by_cat[c][peak_at] for c in CATEGORIES)
     return dataclasses.replace(m, timeline=tl, peak_index=peak_at, peak_bytes=peak, peak_phase="backward")
 
 
 # -- format ----------------------------------------------------------------------------------
-@pytest.mark.parametrize("n, text", [(0, "0 B"), (1023, "1023 B"), (1024, "1.0 KiB"), (1536, "1.5 KiB"),
-                                     (47339716, "45.1 MiB"), (3 * 1024**3, "3.0 GiB"), (-2048, "-2.0 KiB"), (None, "-")])
+@pytest.mark.parametrize(
+    "n, text",
+    [
+        (0, "0 B"),
+        (1023, "1023 B"),
+        (1024, "1.0 KiB"),
+        (1536, "1.5 KiB"),
+        (47339716, "45.1 MiB"),
+        (3 * 1024**3, "3.0 GiB"),
+        (-2048, "-2.0 KiB"),
+        (None, "-"),
+    ],
+)
 def test_format_bytes(n, text):
     assert format_bytes(n) == text
 
@@ -87,8 +105,11 @@ def test_layer_bars_all_and_top(cnn):
     assert every["saved_bytes"][0] == F.kept_total(cnn)  # the root rolls everything up
     top = F.layer_bars_data(cnn, top=3)
     assert len(top["name"]) == 3 and top["name"][-1] == F.OTHERS_NAME
-    own = [r.saved_bytes_own + r.output_bytes_own for r in cnn.modules
-           if r.is_leaf or r.saved_bytes_own or r.output_bytes_own]
+    own = [
+        r.saved_bytes_own + r.output_bytes_own
+        for r in cnn.modules
+        if r.is_leaf or r.saved_bytes_own or r.output_bytes_own
+    ]
     biggest = sorted(own, reverse=True)[:2]
     assert sorted(top["saved_bytes"][:2], reverse=True) == biggest
     assert top["label"][-1] == f"+{len(own) - 2} others"
@@ -105,8 +126,9 @@ def test_layer_bars_count_bytes_made_in_parent_modules():
     from memsave_nb import Workload
 
     torch.manual_seed(0)
-    enc = nn.TransformerEncoder(nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True), 2,
-                                enable_nested_tensor=False)
+    enc = nn.TransformerEncoder(
+        nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True), 2, enable_nested_tensor=False
+    )
     m = measure(Workload(enc, torch.randn(4, 16, 32)), repeats=0)
     leaves = sum(r.saved_bytes for r in m.modules if r.is_leaf)
     assert leaves < m.saved_bytes / 2  # the chart of leaves left most bytes out
@@ -222,7 +244,10 @@ def test_peak_split_data(mlp):
 def test_history_scatter(mlp):
     timed = dataclasses.replace(mlp, step_seconds=0.010)
     slower = dataclasses.replace(_frozen_first(mlp), step_seconds=0.015)
-    entries = [SimpleNamespace(plan=None, measurement=timed), SimpleNamespace(plan=SimpleNamespace(name="freeze 0"), measurement=slower)]
+    entries = [
+        SimpleNamespace(plan=None, measurement=timed),
+        SimpleNamespace(plan=SimpleNamespace(name="freeze 0"), measurement=slower),
+    ]
     plot = F.history(entries)
     data = plot.source.data
     assert data["peak_bytes"] == [timed.peak_bytes, slower.peak_bytes]
@@ -236,7 +261,10 @@ def test_history_scatter(mlp):
 
 
 def test_budget_sweep(mlp):
-    points = [(1.0, dataclasses.replace(mlp, step_seconds=0.010)), (0.0, dataclasses.replace(mlp, step_seconds=0.020, saved_bytes=1))]
+    points = [
+        (1.0, dataclasses.replace(mlp, step_seconds=0.010)),
+        (0.0, dataclasses.replace(mlp, step_seconds=0.020, saved_bytes=1)),
+    ]
     data = F.budget_sweep_data(points)
     assert data["budget"] == [0.0, 1.0]
     assert data["saved_bytes"] == [1, mlp.saved_bytes]
@@ -258,8 +286,9 @@ def test_timeline_range_holds_the_peak_and_labels(mlp):
 
 
 def test_empty_timeline_draws(mlp):
-    empty = dataclasses.replace(mlp, timeline=Timeline(phase=(), by_category={c: () for c in CATEGORIES}, phase_starts={}),
-                                peak_index=0)
+    empty = dataclasses.replace(
+        mlp, timeline=Timeline(phase=(), by_category={c: () for c in CATEGORIES}, phase_starts={}), peak_index=0
+    )
     plot = F.timeline(empty)
     assert plot.source.data["x"] == [] and plot.sources["phases"].data["phase"] == []
     assert plot.sources["peak"].data["y"] == [empty.peak_bytes]

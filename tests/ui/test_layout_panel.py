@@ -82,7 +82,9 @@ def test_find_a_layout_starts_from_the_explorers_plan():
     as_loaded = plan_layout(wl, 4, "A100", TARGET)
     assert got is not None and got.chosen is not None, finder.status.value
     assert got.chosen.plan.frozen == ("blocks",) and all(c.plan.frozen == ("blocks",) for c in got.candidates)
-    assert got.chosen.label == expected.chosen.label and [c.label for c in got.front] == [c.label for c in expected.front]
+    assert got.chosen.label == expected.chosen.label and [c.label for c in got.front] == [
+        c.label for c in expected.front
+    ]
     assert "requires_grad_(False)" in finder.code.value
     assert "explorer&#x27;s plan (kept: freeze blocks)" in finder.status.value
     assert min(c.est_peak_bytes for c in got.front) < min(c.est_peak_bytes for c in as_loaded.front)
@@ -100,7 +102,7 @@ def test_a_plan_the_layout_search_cannot_start_from_is_one_line():
 
 
 def test_pipeline_stages_asked_for_show_the_chosen_layouts_stages_and_their_peaks():
-    """"only 2, 4, 8" searches pipelines alone: the chosen PP 2 layout's label, stages and bubble are in
+    """ "only 2, 4, 8" searches pipelines alone: the chosen PP 2 layout's label, stages and bubble are in
     the status and the front, and each stage's re-measured peak is in the per-rank table."""
     from memsave_nb.ui.format import format_bytes
     from memsave_nb.ui.layout_panel import STAGES

@@ -19,8 +19,9 @@ def _result(gb: float):
         model = GPT(cfg)
         idx = torch.randint(0, cfg.vocab_size, (1, cfg.block_size))
     wl = Workload(model, {"idx": idx, "targets": idx}, name="gpt")
-    return plan_layout(wl, 2, "H100", Target(gb, headroom=1.0), tensor_parallel=(1,), remeasure=False,
-                       region_kinds=(None, "full"))
+    return plan_layout(
+        wl, 2, "H100", Target(gb, headroom=1.0), tensor_parallel=(1,), remeasure=False, region_kinds=(None, "full")
+    )
 
 
 def test_layout_figure_and_front_table():
@@ -30,7 +31,9 @@ def test_layout_figure_and_front_table():
     fit = fig.select_one({"name": "layout_fit"}).data_source.data
     nofit = fig.select_one({"name": "layout_nofit"}).data_source.data
     assert sorted(fit["peak"] + nofit["peak"]) == sorted(c.est_peak_bytes for c in r.candidates)
-    assert all(p <= r.target.usable_bytes for p in fit["peak"]) and all(p > r.target.usable_bytes for p in nofit["peak"])
+    assert all(p <= r.target.usable_bytes for p in fit["peak"]) and all(
+        p > r.target.usable_bytes for p in nofit["peak"]
+    )
     assert fig.select_one({"name": "layout_front"}).data_source.data["label"] == [c.label for c in r.front]
     assert fig.select_one({"name": "layout_chosen"}).data_source.data["label"] == [r.chosen.label]
     assert fig.select_one({"name": "layout_usable_line"}).location == r.target.usable_bytes

@@ -48,9 +48,11 @@ def test_sac_rows_share_their_headers_scroller_and_columns(mlp):
 
 def test_layer_table_narrow_rules_fit_the_numbers_and_controls(mlp):
     css = layer_table.TABLE_CSS
-    narrow = css[css.index("@container"):]
+    narrow = css[css.index("@container") :]
     width = {sel: int(px) for sel, px in re.findall(r"\.memsave-([\w-]+) \{ width: (\d+)px !important", narrow)}
-    width.update({sel: int(px) for sel, px in re.findall(r"\.memsave-([\w-]+), [^{]+\{ width: (\d+)px !important", narrow)})
+    width.update(
+        {sel: int(px) for sel, px in re.findall(r"\.memsave-([\w-]+), [^{]+\{ width: (\d+)px !important", narrow)}
+    )
     freeze, memsave = layer_table._CONTROLS[0][1], layer_table._CONTROLS[1][1]
     total = width["name-cell"] + freeze + memsave + width["region"] + width["saved-cell"]
     assert total + 6 * 4 <= NARROW_BUDGET_PX, total  # each widget's 2 px margins
@@ -63,6 +65,6 @@ def test_layer_table_narrow_rules_fit_the_numbers_and_controls(mlp):
 
 
 def test_gpus_table_headers_wrap_in_a_narrow_notebook():
-    narrow = NARROW_TABLES_CSS[NARROW_TABLES_CSS.index("@container"):]
+    narrow = NARROW_TABLES_CSS[NARROW_TABLES_CSS.index("@container") :]
     assert "padding: 2px 3px !important; white-space: normal !important;" in narrow
     assert "container-type: inline-size" in NARROW_TABLES_CSS

@@ -20,8 +20,17 @@ from memsave_nb.ui.sized import batch_words, no_seq_reason
 from memsave_nb.workload import Workload
 
 pytestmark = pytest.mark.timeout(300)
-CFG = dict(overrides=dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
-                          num_key_value_heads=2, vocab_size=512, max_position_embeddings=256))
+CFG = dict(
+    overrides=dict(
+        num_hidden_layers=2,
+        hidden_size=64,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=512,
+        max_position_embeddings=256,
+    )
+)
 
 
 @pytest.fixture(scope="module")

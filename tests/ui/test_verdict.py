@@ -26,8 +26,17 @@ from memsave_nb.ui.verdict import opening_gb, parts_html, rule_html
 
 pytestmark = pytest.mark.timeout(300)
 TINY_GPT = zoo.GPTConfig(vocab_size=96, block_size=32, n_layer=2, n_head=2, n_embd=32, dropout=0.0)
-SMALL = dict(overrides=dict(num_hidden_layers=2, hidden_size=128, intermediate_size=256, num_attention_heads=4,
-                            num_key_value_heads=2, vocab_size=1024), seq_len=64)
+SMALL = dict(
+    overrides=dict(
+        num_hidden_layers=2,
+        hidden_size=128,
+        intermediate_size=256,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=1024,
+    ),
+    seq_len=64,
+)
 
 
 def _edge(m) -> int:
@@ -43,7 +52,9 @@ def test_explorer_and_notebook_09_give_one_answer_for_one_target():
     """Notebook 09's way (a model by name, AdamW's foreach step by hand, ``fit_of``) and
     ``explore(name, target_gb=...)`` on a small Qwen2.5 config: the same target, the same answer
     and the same figures on screen, on both sides of the boundary; the CLI's JSON agrees."""
-    nb = measure_peak(from_pretrained("qwen2.5-0.5b", batch_size=1, **SMALL), Plan(optimizer="adamw_foreach"), mode="fake")
+    nb = measure_peak(
+        from_pretrained("qwen2.5-0.5b", batch_size=1, **SMALL), Plan(optimizer="adamw_foreach"), mode="fake"
+    )
     edge = _edge(nb)
     assert edge > CUDA_CONTEXT_BYTES + 2**20  # a step of some MiB, not a rounding artefact
     ex = explore("qwen2.5-0.5b", live=False, target_gb=edge / GIB, **SMALL)
@@ -84,8 +95,9 @@ def test_reserved_beside_allocated_in_the_header_table_and_timeline():
     m = ex.measurement
     r = m.reserved
     assert r.max_reserved_bytes == 12 * 2**20 > m.peak_bytes  # 12 MiB of segments for 11.8 MB of tensors
-    assert ex.reserved.value == (f"reserved {format_bytes(r.max_reserved_bytes)} "
-                                 f"(fragmentation {format_bytes(r.fragmentation_bytes)})")
+    assert ex.reserved.value == (
+        f"reserved {format_bytes(r.max_reserved_bytes)} (fragmentation {format_bytes(r.fragmentation_bytes)})"
+    )
     assert ex.reserved.layout.display == ""
     assert "memsave-row-reserved" in ex.results.table.value
     assert f"<td style='text-align:right'>{format_bytes(r.max_reserved_bytes)}</td>" in ex.results.table.value
