@@ -29,3 +29,11 @@ def tiny(tmp_path):
     path.parent.mkdir()
     path.write_text(json.dumps(TINY_LLAMA))
     return str(path.parent)
+
+
+@pytest.fixture(scope="session")
+def tiny_session(tmp_path_factory):
+    """TINY_LLAMA's model folder once per session (for hypothesis tests, which refuse per-test fixtures)."""
+    path = tmp_path_factory.mktemp("tiny-llama") / "config.json"
+    path.write_text(json.dumps(TINY_LLAMA))
+    return str(path.parent)

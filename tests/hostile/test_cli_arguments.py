@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import time
 
 import pytest
@@ -19,7 +18,6 @@ from hypothesis import strategies as st
 
 from memsave_nb.cli import main
 
-from conftest import TINY_LLAMA  # tests/ is on sys.path (rootdir-relative packages)
 
 LONG = "Z" * 120
 HOSTILE = [
@@ -132,10 +130,8 @@ def words(command: str):
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny-llama") / "config.json"
-    path.write_text(json.dumps(TINY_LLAMA))
-    return str(path.parent)
+def model(tiny_session):
+    return tiny_session
 
 
 def _run(argv: list[str]) -> tuple[int, str, str]:
