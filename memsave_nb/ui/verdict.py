@@ -123,11 +123,12 @@ def rule_html(target: Target, fit: Fit) -> str:
 
 
 def reserved_text(measurement: Any) -> str:
-    """``"reserved 22.2 GiB (+1.2 GiB fragmentation)"`` from the allocator model, "" without a replay."""
+    """``"reserved 22.2 GiB"`` from the allocator model ("" without a replay); short, so the header's
+    memory line stays one line at 1400 px (the fragmentation is in the tooltip)."""
     r = getattr(measurement, "reserved", None)
     if r is None or not r.ops:
         return ""
-    return f"reserved {format_bytes(r.max_reserved_bytes)} (fragmentation {format_bytes(r.fragmentation_bytes)})"
+    return f"reserved {format_bytes(r.max_reserved_bytes)}"
 
 
 def opening_gb(measurement: Any) -> float | None:
@@ -173,12 +174,14 @@ def show_header_verdict(label: Any, target: Target | None, measurement: Any, max
 def show_reserved(label: Any, measurement: Any) -> None:
     """The header's predicted reserved memory beside the allocated peak (hidden without a replay)."""
     label.value = reserved_text(measurement)
+    r = getattr(measurement, "reserved", None)
     label.tooltip = (
         (
             "predicted torch.cuda.max_memory_reserved(): the step's allocations replayed through a model "
-            "of PyTorch's caching allocator (docs/allocator.md)"
+            f"of PyTorch's caching allocator (docs/allocator.md); fragmentation at the peak "
+            f"{format_bytes(r.fragmentation_bytes)}"
         )
-        if label.value
+        if label.value and r is not None
         else None
     )
     label.layout.display = "" if label.value else "none"

@@ -40,7 +40,7 @@ def test_html_report_leads_with_the_answer_stdout_leads_with(page, tmp_path, cap
         "--seq-len",
         "32",
         "--target-gb",
-        "0.05",
+        "0.55",  # past the 500 MiB CUDA context and the 32 MiB cuBLAS workspace the verdict counts
         "--max-batch",
         "--out",
         str(out_html),
@@ -52,7 +52,7 @@ def test_html_report_leads_with_the_answer_stdout_leads_with(page, tmp_path, cap
     wl = memsave_nb.from_pretrained(str(cfg.parent), lora="r=4", seq_len=32, batch_size=1)
     with Plan().apply(wl) as w:
         m = measure(w, mode="fake")
-    target = Target(0.05)
+    target = Target(0.55)
     r = max_batch(wl, Plan(), target)
     assert r.value >= 1
 
