@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import presets, zoo
+from . import kernel_guard, presets, zoo  # noqa: F401  (kernel_guard first: no hub kernel fetch from bitsandbytes)
 from .checkpointing import RegionPolicy
 from .errors import Cancelled, MemsaveError, PlanError, StepError, WorkloadError
 from .hub import from_pretrained
