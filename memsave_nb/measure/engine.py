@@ -21,7 +21,7 @@ from ..errors import WorkloadError, quoted
 from ..model_state import ModelSnapshot
 from ..workload import Workload, iter_tensors
 from . import fake_compat
-from .cuda_attention import sized_attention
+from .cuda_attention import attention_notes, sized_attention
 from .cuda_autocast import autocast_note, sized_autocast
 from .common import clear_grads, cuda_step_note, foreach_note, model_lock, single_tensor_default  # noqa: F401 - re-exported
 from .fake_model import _fake_model, _has_fake_tensors
@@ -162,7 +162,8 @@ def measure(
                 ),
             )
             + m.notes
-            + autocast_note(autocast),
+            + autocast_note(autocast)
+            + attention_notes(attention),
         )
     if tracker.workspace_statuses:
         m = dataclasses.replace(m, notes=m.notes + workspace_notes(tracker.workspace_statuses))
