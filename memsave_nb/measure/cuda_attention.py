@@ -188,7 +188,10 @@ def _round(x: int, m: int) -> int:
     return (x + m - 1) // m * m
 
 
-def backward_buffers(backend: str, q, k, v) -> list[tuple[tuple[int, ...], torch.dtype]]:
+Buffers = list[tuple[tuple[int, ...], torch.dtype]]
+
+
+def backward_buffers(backend: str, q, k, v) -> Buffers:
     """The buffers the CUDA kernel's backward allocates beside dq, dk, dv and frees on return, as
     (shape, dtype); q, k, v as the kernel gets them (B, H, L, D).
 
@@ -208,23 +211,26 @@ def backward_buffers(backend: str, q, k, v) -> list[tuple[tuple[int, ...], torch
     lk = k.size(2)
     f32 = torch.float32
     if backend == FLASH:
-        out = [((b, h, _round(lq, 128)), f32), ((b, _round(lq, 128), h, _round(d, 32 if d <= 128 else 64)), f32)]
+        out: Buffers = [
+            ((b, h, _round(lq, 128)), f32),
+            ((b, _round(lq, 128), h, _round(d, 32 if d <= 128 else 64)), f32),
+        ]
         if k.size(1) != h:
             out += [((b, lk, h, d), q.dtype)] * 2
         return out
     if backend == EFFICIENT:
-        delta = [((b, h, lq), f32)]
+        delta: Buffers = [((b, h, lq), f32)]
         if q.dtype == torch.float32:
             delta += [((b, lq, h, v.size(-1)), f32), ((b, lq, h), f32)]
         return delta
     return []
 
 
-def buffer_bytes(buffers: list[tuple[tuple[int, ...], torch.dtype]]) -> int:
+def buffer_bytes(buffers: Buffers) -> int:
     return sum(math.prod(shape) * dtype.itemsize for shape, dtype in buffers)
 
 
-def _with_backward_buffers(out: torch.Tensor, buffers: list[tuple[tuple[int, ...], torch.dtype]]) -> torch.Tensor:
+def _with_backward_buffers(out: torch.Tensor, buffers: Buffers) -> torch.Tensor:
     """Hooks on the kernel's backward node: the buffers are allocated just before it runs (the real
     kernel allocates them after dq, dk, dv: the same peak) and freed when it has run."""
     node = out.grad_fn

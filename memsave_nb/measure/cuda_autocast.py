@@ -168,12 +168,14 @@ def _apply(policy: str, name: str, keyset: Any, args: tuple, kwargs: dict) -> An
     low = torch.get_autocast_dtype("cpu")
     with torch._C._ExcludeDispatchKeyGuard(_AUTOCAST_CPU):
         if policy == LOWER:
-            return op(*_cast(args, low), **{k: _cast(v, low) for k, v in kwargs.items()})
+            return op(*(_cast(a, low) for a in args), **{k: _cast(v, low) for k, v in kwargs.items()})
         if policy == FP32:
-            return op(*_cast(args, torch.float32), **{k: _cast(v, torch.float32) for k, v in kwargs.items()})
+            return op(
+                *(_cast(a, torch.float32) for a in args), **{k: _cast(v, torch.float32) for k, v in kwargs.items()}
+            )
         if policy == PROMOTE:
             to = _promote_type([*args, *kwargs.values()], low)
-            return op(*_cast(args, to), **{k: _cast(v, to) for k, v in kwargs.items()})
+            return op(*(_cast(a, to) for a in args), **{k: _cast(v, to) for k, v in kwargs.items()})
         if policy == SET_DTYPE:
             position = [a.name for a in op._schema.arguments].index("dtype")
             given = args[position] if position < len(args) else kwargs.get("dtype")
@@ -182,7 +184,16 @@ def _apply(policy: str, name: str, keyset: Any, args: tuple, kwargs: dict) -> An
             return op(*args, **kwargs)
         # APPEND_DTYPE: norm without a dtype runs as the overload with one (fp32 for eligible inputs)
         dtype = torch.float32 if _eligible(args[0]) else args[0].dtype
-        return _overload(CUDA_APPEND_DTYPE[name])(*args, **kwargs, dtype=dtype)
+        return _overload(CUDA_APPEND_DTYPE[name])(*_positional(op, args, kwargs), dtype=dtype)
+
+
+def _positional(op: Any, args: tuple, kwargs: dict) -> list:
+    """Every argument of ``op``'s schema by position, defaults filled in (a Python kernel gets the
+    trailing defaults left out; the overload redispatched to may have no default for them)."""
+    out = []
+    for i, a in enumerate(op._schema.arguments):
+        out.append(args[i] if i < len(args) else kwargs.get(a.name, a.default_value))
+    return out
 
 
 class CudaAutocast:

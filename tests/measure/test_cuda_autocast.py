@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from memsave_nb import Workload, measure
+from memsave_nb.errors import WorkloadError
 from memsave_nb.measure import cuda_autocast as ca
 from tests.measure import hf_models
 
@@ -127,3 +128,22 @@ def test_other_threads_keep_the_cpu_lists_and_the_cpu_kernels_come_back():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert F.layer_norm(h, (D,)).dtype == torch.bfloat16
     assert ca._USERS == [0] and not ca._LIBRARY
+
+
+def test_each_policy_on_ops_the_two_devices_treat_differently():
+    """One op per CUDA policy where the CPU's differs: fp32 (exp), fp32 output unless a dtype is given
+    (sum, softmax), fp32 appended (norm), low precision over a tensor list (einsum), promote (addcmul),
+    not listed on CUDA (cat, which the CPU promotes), float64 left alone, and the refused one."""
+    h, w = torch.randn(4, 8, dtype=torch.bfloat16), torch.randn(8, 8)
+    with ca.cuda_autocast(), torch.autocast("cpu", dtype=torch.bfloat16):
+        assert h.exp().dtype == h.sum().dtype == h.sum(1).dtype == torch.float32
+        assert F.softmax(h, -1, dtype=torch.bfloat16).dtype == torch.bfloat16
+        assert torch.ops.aten.norm.Scalar(h, 2).dtype == torch.float32
+        assert torch.ops.aten.norm.ScalarOpt_dim(h, 2, [1]).shape == (4,)
+        assert torch.einsum("ij,jk->ik", w, w).dtype == torch.bfloat16
+        assert torch.addcmul(h, h, w[:4]).dtype == torch.float32 and torch.addcmul(h, h, h).dtype == torch.bfloat16
+        assert torch.cat([h, w[:4]]).dtype == torch.float32  # type promotion of cat itself, no cast
+        assert torch.cat([h, h]).dtype == torch.bfloat16
+        assert torch.randn(3, dtype=torch.float64).exp().dtype == torch.float64
+        with pytest.raises(WorkloadError, match="binary_cross_entropy_with_logits"):
+            F.binary_cross_entropy(torch.rand(3), torch.rand(3))
