@@ -15,7 +15,10 @@ import torch.nn.functional as F
 from torch._subclasses import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from memsave_nb import measure
+from torch import nn
+
+from memsave_nb import Workload, measure
+from memsave_nb.measure import cuda_attention as cuda_attention_module
 from memsave_nb.measure.cuda_attention import backward_buffers, buffer_bytes, cuda_attention
 from tests.measure import hf_models
 
@@ -87,3 +90,31 @@ def test_what_is_not_sized_is_said():
         hf_models.llama().replace(sized_for="cuda", gpu="a100", autocast_dtype=torch.bfloat16), "fake", repeats=0
     )
     assert not any(n.startswith("not counted") for n in a100.notes)
+
+
+class _Attention(nn.Module):
+    """A projection to q, k, v (4 heads of 16) and SDPA with a float mask: the step's peak is in the
+    attention's backward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.qkv = nn.Linear(64, 3 * 64)
+
+    def forward(self, x):
+        b, length, _ = x.shape
+        q, k, v = self.qkv(x).view(b, length, 3, 4, 16).permute(2, 0, 3, 1, 4)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=torch.zeros(b, 1, length, length)).sum()
+
+
+def test_the_measured_peak_carries_the_buffers(monkeypatch):
+    """The same step without the buffers (our own function switched off) peaks lower by exactly them:
+    memory-efficient fp32 on an A100, B=2, H=4, L=100, D=16: delta 3,200 + product 51,200 + sum 3,200."""
+    w = Workload(
+        _Attention(), torch.randn(2, 100, 64), loss=lambda y: y, optimizer="none", sized_for="cuda", gpu="a100"
+    )
+    with_buffers = measure(w, "fake", repeats=0)
+    monkeypatch.setattr(cuda_attention_module, "backward_buffers", lambda *args: [])
+    without = measure(w, "fake", repeats=0)
+    assert with_buffers.peak_bytes - without.peak_bytes == 2 * 4 * 100 * 4 + 2 * 100 * 4 * 16 * 4 + 2 * 100 * 4 * 4
+    assert with_buffers.peak_bytes - without.peak_bytes == 57_600
