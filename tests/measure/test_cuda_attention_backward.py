@@ -12,10 +12,9 @@ import weakref
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 from torch._subclasses import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
-
-from torch import nn
 
 from memsave_nb import Workload, measure
 from memsave_nb.measure import cuda_attention as cuda_attention_module
