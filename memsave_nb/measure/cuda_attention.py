@@ -165,21 +165,89 @@ def run_backend(backend: str, q, k, v, attn_mask, dropout_p: float, is_causal: b
     if backend == CUDNN:
         return torch.ops.aten._scaled_dot_product_cudnn_attention(
             q, k, v, _additive(attn_mask, q.dtype), lse, dropout_p, is_causal, False, scale=scale
-        )[0]
+        )[0]  # its backward's workspace comes from cuDNN's plan on the GPU: not sized (attention_notes)
     if backend == EFFICIENT:
         mask = _additive(attn_mask, q.dtype)
         mask = _preprocess_mask(mask, q, k) if mask is not None else None
         if k.size(1) != q.size(1):  # GQA: its backward returns per-query-head grads; repeat as math does
             k, v = (t.repeat_interleave(q.size(1) // t.size(1), dim=1) for t in (k, v))
-        return torch.ops.aten._scaled_dot_product_efficient_attention(
+        out = torch.ops.aten._scaled_dot_product_efficient_attention(
             q, k, v, mask, lse, dropout_p, is_causal, scale=scale
         )[0]
+        return _with_backward_buffers(out, backward_buffers(EFFICIENT, q, k, v))
     d = q.size(-1)
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     if d % 8:  # pad_last_dim<8>: padded copies of q, k, v go into the kernel (and are saved)
         q, k, v = (F.pad(t, (0, 8 - d % 8)) for t in (q, k, v))
     out = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, dropout_p, is_causal, False, scale=scale)[0]
+    out = _with_backward_buffers(out, backward_buffers(FLASH, q, k, v))
     return out[..., :d] if d % 8 else out
+
+
+def _round(x: int, m: int) -> int:
+    return (x + m - 1) // m * m
+
+
+Buffers = list[tuple[tuple[int, ...], torch.dtype]]
+
+
+def backward_buffers(backend: str, q, k, v) -> Buffers:
+    """The buffers the CUDA kernel's backward allocates beside dq, dk, dv and frees on return, as
+    (shape, dtype); q, k, v as the kernel gets them (B, H, L, D).
+
+    Flash (``flash_api.cpp`` ``mha_bwd``, dense, not deterministic): ``softmax_d`` fp32
+    ``B x H x round128(Lq)``, ``dq_accum`` fp32 ``B x round128(Lq) x H x round(D, 32 if D <= 128
+    else 64)``, and with fewer key/value heads ``dk_expanded`` / ``dv_expanded`` ``B x Lk x H x D`` in
+    q's dtype. Memory-efficient (``attention_backward.cu`` ``_efficient_attention_backward``):
+    ``delta`` fp32 ``B x H x Lq``; fp32 inputs compute it outside the kernel from
+    ``(grad_out.float() * out.float()).sum(-1)``, whose fp32 product ``B x Lq x H x Dv`` and sum
+    ``B x Lq x H`` live until the expression ends (``kKernelComputesDelta`` is false for fp32). The
+    cutlass kernel's workspace is 0 for fp32 (no gradQ/gradK accumulation); fp16/bf16 kernels
+    accumulate dQ in an fp32 workspace whose size depends on the kernel picked (``cutlassB.h``): not
+    sized (``attention_notes``)."""
+    if not torch.is_grad_enabled() or not any(t.requires_grad for t in (q, k, v)):
+        return []
+    b, h, lq, d = q.shape
+    lk = k.size(2)
+    f32 = torch.float32
+    if backend == FLASH:
+        out: Buffers = [
+            ((b, h, _round(lq, 128)), f32),
+            ((b, _round(lq, 128), h, _round(d, 32 if d <= 128 else 64)), f32),
+        ]
+        if k.size(1) != h:
+            out += [((b, lk, h, d), q.dtype)] * 2
+        return out
+    if backend == EFFICIENT:
+        delta: Buffers = [((b, h, lq), f32)]
+        if q.dtype == torch.float32:
+            delta += [((b, lq, h, v.size(-1)), f32), ((b, lq, h), f32)]
+        return delta
+    return []
+
+
+def buffer_bytes(buffers: Buffers) -> int:
+    return sum(math.prod(shape) * dtype.itemsize for shape, dtype in buffers)
+
+
+def _with_backward_buffers(out: torch.Tensor, buffers: Buffers) -> torch.Tensor:
+    """Hooks on the kernel's backward node: the buffers are allocated just before it runs (the real
+    kernel allocates them after dq, dk, dv: the same peak) and freed when it has run."""
+    node = out.grad_fn
+    if not buffers or node is None:
+        return out
+    live: list[torch.Tensor] = []
+
+    def before(grad_outputs):
+        ref = next(g for g in grad_outputs if g is not None)
+        live.extend(ref.new_empty(shape, dtype=dtype) for shape, dtype in buffers)
+
+    def after(grad_inputs, grad_outputs):
+        live.clear()
+
+    node.register_prehook(before)
+    node.register_hook(after)
+    return out
 
 
 class CudaAttention:
@@ -188,6 +256,7 @@ class CudaAttention:
     def __init__(self, gpu: Gpu) -> None:
         self.gpu = gpu
         self.backends: dict[str, int] = {}
+        self.unsized: set[str] = set()  # backends whose backward ran with a workspace not sized
 
     def __call__(self, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
         dropout_p, is_causal, enable_gqa = float(dropout_p), bool(is_causal), bool(enable_gqa)
@@ -200,6 +269,9 @@ class CudaAttention:
         with torch.autocast("cpu", enabled=False):
             backend = select_backend(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa, self.gpu)
             self.backends[backend] = self.backends.get(backend, 0) + 1
+            training = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+            if training and (backend == CUDNN or (backend == EFFICIENT and query.dtype != torch.float32)):
+                self.unsized.add(backend)
             return run_backend(backend, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
 
 
@@ -238,6 +310,18 @@ def cuda_attention(gpu: str | Gpu | None = None) -> Iterator[CudaAttention]:
             _USERS[0] -= 1
             if not _USERS[0]:
                 F.scaled_dot_product_attention = _ORIGINAL
+
+
+def attention_notes(attention: CudaAttention | None) -> tuple[str, ...]:
+    """The measurement's notes on the attention backward's buffers the twin could not size."""
+    if attention is None or not attention.unsized:
+        return ()
+    why = {
+        CUDNN: "cuDNN attention's backward workspace (its size comes from cuDNN's execution plan, chosen on the GPU)",
+        EFFICIENT: "the fp16/bf16 memory-efficient kernel's fp32 dQ accumulation workspace (up to about an fp32 dQ; "
+        "its size depends on the cutlass kernel picked)",
+    }
+    return tuple(f"not counted: {why[b]}" for b in sorted(attention.unsized))
 
 
 def title_words(backends: dict[str, int]) -> str:

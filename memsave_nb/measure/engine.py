@@ -21,7 +21,8 @@ from ..errors import WorkloadError, quoted
 from ..model_state import ModelSnapshot
 from ..workload import Workload, iter_tensors
 from . import fake_compat
-from .cuda_attention import sized_attention
+from .cuda_attention import attention_notes, sized_attention
+from .cuda_autocast import autocast_note, sized_autocast
 from .common import clear_grads, cuda_step_note, foreach_note, model_lock, single_tensor_default  # noqa: F401 - re-exported
 from .fake_model import _fake_model, _has_fake_tensors
 from .gc_pause import collector_paused
@@ -92,7 +93,7 @@ def measure(
                 f"the model of {workload.name!r} holds fake or meta tensors (built under FakeTensorMode or on the meta device): measure it with mode='fake'"
             )
         snapshot = ModelSnapshot.capture(model, copy_values=(mode == "real"))
-        attention = None
+        attention = autocast = None
         leaves = _user_leaf_grads(workload)
 
         def restore() -> None:  # before a measurement runs again the old way (step.py's _run)
@@ -108,6 +109,7 @@ def measure(
                     _fake_model(model, workload.device) as fake_mode,
                     fake_compat.same_path_as_real(workload),
                     sized_attention(workload) as attention,
+                    sized_autocast(workload) as autocast,
                 ):
                     result = _run(
                         workload,
@@ -159,7 +161,9 @@ def measure(
                     mode == "real" and torch.device(workload.device).type == "cpu",
                 ),
             )
-            + m.notes,
+            + m.notes
+            + autocast_note(autocast)
+            + attention_notes(attention),
         )
     if tracker.workspace_statuses:
         m = dataclasses.replace(m, notes=m.notes + workspace_notes(tracker.workspace_statuses))

@@ -6,7 +6,7 @@ torch 2.13's ``aten/src/ATen/autocast_mode.{h,cpp}``: on CUDA, ``layer_norm`` /
 (``TORCH_LIBRARY_IMPL(aten, AutocastCPU, m)``) hold none of them, so on the CPU they run in
 their input's dtype. Where the input is bf16 (the output of a linear under autocast), CUDA saves
 those ops' fp32 tensors (layer_norm its fp32 input, softmax its fp32 output): 2 more bytes per
-element than the CPU twin, which does not follow this (docs/cuda_step.md lists it).
+element than the CPU's autocast (a step sized for CUDA now follows CUDA's lists: measure/cuda_autocast.py).
 
 The oracle is the real CPU kernels' saved tensors (``saved_tensors_hooks``), with CUDA's policy
 written out by hand (the casts CUDA's autocast inserts) beside the CPU's."""
