@@ -452,7 +452,12 @@ def _report(args: argparse.Namespace) -> int:
             from ..report import write_report
 
             write_report(
-                measurement, args.out, title=title, top=args.top, answer=(peak_line(measurement),), teach=teach
+                measurement,
+                args.out,
+                title=title,
+                top=args.top,
+                answer=(peak_line(measurement), *host_lines(measurement)),
+                teach=teach,
             )
         return 0
     answer, explained = (), ""
@@ -478,7 +483,12 @@ def _report(args: argparse.Namespace) -> int:
         from ..report import write_report
 
         path = write_report(
-            measurement, args.out, title=title, top=args.top, answer=(peak_line(measurement), *answer), teach=teach
+            measurement,
+            args.out,
+            title=title,
+            top=args.top,
+            answer=(peak_line(measurement), *host_lines(measurement), *answer),
+            teach=teach,
         )
         sys.stdout.write(f"\nWrote {path}\n")
     return 0
