@@ -104,3 +104,18 @@ def test_teach_text_and_lora_counts_the_adapters(capsys, tiny):
     assert parts["gradients"]["params"] == t["trainable_params"]
     assert parts["gradients"]["measured_bytes"] == 4 * t["trainable_params"]
     assert parts["weights"]["params"] == t["total_params"]  # the frozen base is held, not trained
+
+
+def test_trl_activation_offloading_reports_host_memory(capsys, tiny, tmp_path):
+    """TRL's ``activation_offloading`` without checkpointing is offload regions on every layer: the
+    host line follows. (With SFTConfig's default checkpointing it is sized as the checkpointing
+    alone, trainers/trl.py: no host bytes counted for the checkpointed inputs TRL offloads.)"""
+    cfg = tmp_path / "sft.json"
+    fields = {"per_device_train_batch_size": 1, "max_length": 32, "activation_offloading": True}
+    cfg.write_text(json.dumps({**fields, "gradient_checkpointing": False}))
+    assert cli.main(["report", "--model", tiny, "--from-config", str(cfg), "--json"]) == 0
+    obj = json.loads(capsys.readouterr().out)
+    assert obj["host"]["tensors"] > 0 and obj["host"]["peak_bytes"] == obj["host"]["to_host_bytes"] > 0
+    assert cli.main(["report", "--model", tiny, "--from-config", str(cfg)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[3].startswith("Host memory: ") and f"{obj['host']['tensors']} copies" in lines[3]
