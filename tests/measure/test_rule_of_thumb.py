@@ -84,3 +84,16 @@ def test_lora_rule_counts_trainable_parameters_only():
     assert v.parts[0].difference_bytes == 2 * 8 * 4  # rotary inv_freq and its original: head_dim / 2 floats
     assert "buffers" in v.parts[0].beyond_words
     assert v.rule_per_param is None and v.per_trainable_param == 12  # frozen base: weights only
+
+
+def test_an_optimizer_without_a_rule_is_said_so_not_guessed():
+    from memsave_nb.ui.teach_table import phase_table, rule_table, teach_lines
+
+    wl = _mlp("adamw")
+    v = teacher_view(measure(wl, mode="fake", repeats=0), wl.model, None)
+    assert v.parts[2].rule_bytes is None and v.rule_bytes is None and v.rule_per_param is None
+    assert v.parts[2].measured_bytes == 8 * N + 16  # measured all the same
+    _, rows = rule_table(v)
+    assert rows[2][3] == "-" and rows[3][3] == "-"
+    assert len(phase_table(v)[1]) == 3
+    assert teach_lines(v)[0].startswith("Rule of thumb: no rule for optimizer of this workload; measured peak")
