@@ -10,7 +10,8 @@ How it is counted:
   the copy back in backward is a fresh device allocation the tracker sees. On CUDA the host
   buffer is pinned and the copy is real (the allocator's peak, ``cuda_peak_bytes``, confirms it).
 - On the CPU the "host" copy is a clone in the same memory: the device peak it shows is the peak a
-  GPU would have, and the bytes moved are reported as host bytes (:data:`LEDGER`).
+  GPU would have, and the bytes moved are reported as host bytes (:data:`LEDGER`; ``measure()``
+  puts each step's own count in ``Measurement.host``, see ``measure/host.py``).
 - Under ``FakeTensorMode`` nothing is copied: the pack keeps shape, dtype and strides, the unpack
   makes an empty tensor of that shape (values do not matter there).
 
@@ -21,12 +22,13 @@ the compute stream (as ``save_on_cpu``'s do), so they are added to the step, not
 from __future__ import annotations
 
 import contextlib
-import threading
 from dataclasses import dataclass
 from typing import Any, Iterator
 
 import torch
 from torch import nn
+
+from memsave_nb.measure.host import LEDGER, OffloadLedger, active_ledgers
 
 __all__ = ["LINKS", "Link", "OffloadLedger", "LEDGER", "offloading", "track_offload", "transfer_seconds"]
 
@@ -50,36 +52,11 @@ LINKS: dict[str, Link] = {
 }
 
 
-class OffloadLedger:
-    """Host bytes held by offloaded regions: live now, the most at once, and moved in total."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.reset()
-
-    def reset(self) -> None:
-        self.live_bytes = 0
-        self.peak_bytes = 0
-        self.moved_bytes = 0
-
-    def add(self, n: int) -> None:
-        with self._lock:
-            self.live_bytes += n
-            self.moved_bytes += n
-            self.peak_bytes = max(self.peak_bytes, self.live_bytes)
-
-    def remove(self, n: int) -> None:
-        with self._lock:
-            self.live_bytes = max(0, self.live_bytes - n)  # a reset may come between pack and release
-
-
-LEDGER = OffloadLedger()
-
-
 @contextlib.contextmanager
 def track_offload() -> Iterator[OffloadLedger]:
-    """Reset the ledger, run the body, and yield it: ``peak_bytes`` is the host memory one step's
-    offloaded regions hold at most (= the bytes each direction moves)."""
+    """Reset the process-wide ledger, run the body, and yield it: ``peak_bytes`` is the host memory
+    the body's offloaded regions hold at most. ``measure()`` keeps its own per-step ledger
+    (``Measurement.host``); this one sees every step since the reset."""
     LEDGER.reset()
     yield LEDGER
 
@@ -100,7 +77,7 @@ class _Packed:
     """One offloaded tensor. Its bytes leave the ledger when backward reloads it, or when the
     graph that holds it dies unreloaded (a failed step): the ledger never keeps a dead step's bytes."""
 
-    __slots__ = ("host", "device", "meta", "nbytes", "released")
+    __slots__ = ("host", "device", "meta", "nbytes", "released", "ledgers")
 
     def __init__(self) -> None:
         self.released = True  # nothing counted yet
@@ -108,12 +85,15 @@ class _Packed:
     def count(self, nbytes: int) -> None:
         self.nbytes = nbytes
         self.released = False
-        LEDGER.add(nbytes)
+        self.ledgers = active_ledgers()  # this thread's, now: backward may release on another thread
+        for ledger in self.ledgers:
+            ledger.add(nbytes)
 
-    def release(self) -> None:
+    def release(self, returned: bool = False) -> None:
         if not self.released:
             self.released = True
-            LEDGER.remove(self.nbytes)
+            for ledger in self.ledgers:
+                ledger.remove(self.nbytes, returned=returned)
 
     def __del__(self) -> None:
         self.release()
@@ -151,7 +131,7 @@ def offloading(module: nn.Module) -> Iterator[None]:
     def unpack(packed: Any) -> torch.Tensor:
         if isinstance(packed, torch.Tensor):
             return packed
-        packed.release()
+        packed.release(returned=True)
         if packed.meta is not None:
             shape, stride, dtype, _ = packed.meta
             return torch.empty_strided(shape, stride, dtype=dtype, device=packed.device)

@@ -151,6 +151,9 @@ def _summary_html(m: Measurement, baseline: Measurement | None) -> str:
     ]
     if m.steady_state and m.first_step_peak_bytes is not None:
         items.insert(1, ("first-step peak", format_bytes(m.first_step_peak_bytes)))
+    if m.host is not None and m.host.to_host_bytes:  # offloaded activations (Measurement.host)
+        items.append(("host memory (offloaded)", format_bytes(m.host.peak_bytes)))
+        items.append(("moved each way per step", format_bytes(m.host.to_host_bytes)))
     if m.cuda_peak_bytes is not None:
         items.append(("CUDA allocator peak", format_bytes(m.cuda_peak_bytes)))
     if m.reserved is not None:  # the allocator model's replay (docs/allocator.md)
@@ -221,6 +224,25 @@ _TEMPLATE = """
 """
 
 
+def _teach_html(view: Any) -> str:
+    """The teacher's view (``measure/rule_of_thumb.py``): the rule beside the measured bytes, the
+    split at each phase's peak, and what the rule leaves out."""
+    if view is None:
+        return ""
+    from .ui.teach_table import phase_table, rule_table, teach_lines
+
+    rh, rr = rule_table(view)
+    ph, pr = phase_table(view)
+    lines = "".join(f'<p class="note">{html.escape(line)}</p>' for line in teach_lines(view))
+    return (
+        '<h2>Rule of thumb vs measured</h2><div class="teach">'
+        + _table_html(rh, rr, 1, "teach-rule")
+        + _table_html(ph, pr, 1, "teach-phases")
+        + lines
+        + "</div>"
+    )
+
+
 def _answer_html(answer: Sequence[str]) -> str:
     """The answer lines the CLI prints first (peak, verdict, max batch), first in the page too."""
     if not answer:
@@ -239,6 +261,7 @@ def render_report(
     top: int | None = None,
     max_points: int = 2000,
     answer: Sequence[str] = (),
+    teach: Any = None,
 ) -> str:
     """The report as an HTML string (see :func:`write_report`)."""
     from bokeh.embed import file_html
@@ -256,7 +279,8 @@ def render_report(
 alive when the forward of the step ends (kept for backward), parameters and inputs excluded.</p>
 {_summary_html(m, c.baseline)}
 {notes}
-{_table_html(split_headers, split_rows, 1, "split")}"""
+{_table_html(split_headers, split_rows, 1, "split")}
+{_teach_html(teach)}"""
     plans = f"<h2>Plans</h2>{_plans_html(c)}" if len(c.entries) > 1 else ""
     outro = f"<h2>Per-layer table</h2>\n{_table_html(headers, rows, 3, 'layers')}\n{plans}"
     # file_html bundles only the BokehJS parts these figures use, inline: no CDN, opens offline.
@@ -277,14 +301,16 @@ def write_report(
     top: int | None = None,
     max_points: int = 2000,
     answer: Sequence[str] = (),
+    teach: Any = None,
 ) -> Path:
     """Write a standalone HTML report of ``obj`` (a Measurement, or a session with ``.baseline`` and
     ``.history``) to ``path``: peak split, per-layer bars, the memory timeline, for a session also
     the plans tried (and a compile-budget sweep when there is one), and the per-layer table.
     ``answer``: lines shown first under the title, as the CLI prints them (peak, verdict, max batch).
+    ``teach``: a ``TeacherView`` (``measure.rule_of_thumb.teacher_view``), shown after the split.
     BokehJS is inlined: the file opens with no network. Returns the path written."""
     out = Path(path)
-    text = render_report(obj, title, top=top, max_points=max_points, answer=answer)
+    text = render_report(obj, title, top=top, max_points=max_points, answer=answer, teach=teach)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text, encoding="utf-8")
     return out

@@ -81,13 +81,60 @@ def measurement_json(m, *, top: int | None = None) -> dict:
             {"name": s.name, "type": s.type_name, "saved_bytes_own": s.saved_bytes_own, "saved_bytes": s.saved_bytes}
             for s in layers
         ],
+        "host": host_json(m),
         "advice": list(m.advice),
         "notes": list(m.notes),
     }
 
 
-def report_json(args: Any, cw, plan, measurement, title: str, top: int | None, notes=()) -> dict:
-    """``report --json``: the setup, the measurement, and with ``--target-gb`` the verdict and searches."""
+def host_json(m) -> dict | None:
+    """``Measurement.host`` (all zero when nothing is offloaded; null where it was not counted)."""
+    host = getattr(m, "host", None)
+    if host is None:
+        return None
+    return {
+        "peak_bytes": host.peak_bytes,
+        "to_host_bytes": host.to_host_bytes,
+        "to_device_bytes": host.to_device_bytes,
+        "tensors": host.tensors,
+    }
+
+
+def teach_json(view) -> dict | None:
+    """The teacher's view (``measure/rule_of_thumb.py``): the rule's parts beside the measured bytes."""
+    if view is None:
+        return None
+    return {
+        "optimizer": view.optimizer,
+        "total_params": view.total_params,
+        "trainable_params": view.trainable_params,
+        "rule_bytes": view.rule_bytes,
+        "rule_bytes_per_param": view.rule_per_param,
+        "weights_bytes_per_param": view.weights_per_param,
+        "bytes_per_trainable_param": view.per_trainable_param,
+        "parts": [
+            {
+                "part": p.part,
+                "params": p.params,
+                "rule_bytes": p.rule_bytes,
+                "rule_bytes_per_param": p.rule_per_param,
+                "measured_bytes": p.measured_bytes,
+                "measured_bytes_per_param": p.measured_per_param,
+                "difference_bytes": p.difference_bytes,
+                "rule": p.rule_words,
+                "measured_also_holds": p.beyond_words or None,
+            }
+            for p in view.parts
+        ],
+        "phases": [{"phase": phase, **split.as_dict()} for phase, split in view.phases],
+        "peak_bytes": view.peak_bytes,
+        "left_out_bytes": view.left_out_bytes,
+    }
+
+
+def report_json(args: Any, cw, plan, measurement, title: str, top: int | None, notes=(), teach=None) -> dict:
+    """``report --json``: the setup, the measurement, the teacher's view (``teach``), and with
+    ``--target-gb`` the verdict and searches."""
     from .setup_words import setup_words
 
     seq = getattr(getattr(cw.workload, "batch", None), "seq_len", None)
@@ -105,6 +152,7 @@ def report_json(args: Any, cw, plan, measurement, title: str, top: int | None, n
             "words": setup_words(args, cw.workload, cw.hub).lstrip(", ") or None,
         },
         **measurement_json(measurement, top=top),
+        "teach": teach_json(teach),
         "target": None,
         "max_batch": None,
         "max_seq": None,

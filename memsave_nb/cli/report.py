@@ -122,6 +122,18 @@ def _add_tuner_arguments(rep: argparse.ArgumentParser) -> None:
         help="checkpoint every repeated block this way (full: keep only its input; save_matmuls: "
         "keep the matmuls' outputs, recompute the rest)",
     )
+    rep.add_argument(
+        "--offload",
+        action="store_true",
+        help="offload what every repeated block saves for backward to host memory (CPU) until backward; "
+        "the report's 'Host memory' line says how much the host holds and moves",
+    )
+    rep.add_argument(
+        "--teach",
+        action="store_true",
+        help="the teacher's view: the bytes-per-parameter rule of thumb (weights, gradients, optimizer "
+        "state) beside the measured bytes, and the split at each phase's peak",
+    )
     from .worst import add_worst_arguments
 
     add_worst_arguments(rep)
@@ -155,12 +167,13 @@ KNOB_FLAGS = (
     ("--loss", "loss"),
     ("--loss-chunk", "loss_chunk"),
     ("--checkpoint", "checkpoint"),
+    ("--offload", "offload"),
 )
 
 
 def check_report_args(args: argparse.Namespace) -> None:
     """Combinations that cannot apply, refused in one line before anything is built or measured."""
-    from .parallel import check_parallel_args
+    from .parallel import check_parallel_args, wants_parallel
     from .workload import check_model_flags
 
     if (args.max_batch or args.max_seq) and args.target_gb is None:
@@ -170,6 +183,10 @@ def check_report_args(args: argparse.Namespace) -> None:
     check_knob_args(args)
     check_model_flags(args)
     check_parallel_args(args)
+    if getattr(args, "offload", False) and args.checkpoint is not None:
+        raise MemsaveError("--offload and --checkpoint: one kind per block; choose one")
+    if getattr(args, "offload", False) and wants_parallel(args):
+        raise MemsaveError("--offload: the single-device report; per rank, FSDP2's --cpu-offload moves parameters")
     if args.out is not None and os.path.isdir(args.out):
         raise MemsaveError(f"--out {args.out}: is a folder; give a file name like report.html")
     if args.from_config is not None:
@@ -241,21 +258,24 @@ def _plan_and_parallel(args: argparse.Namespace, cw):
 
 
 def _with_checkpoint(plan, args: argparse.Namespace, model):
-    """``report --checkpoint KIND``: every repeated block checkpointed that way (as ``plan --checkpoint``)."""
-    kind = getattr(args, "checkpoint", None)
+    """``report --checkpoint KIND``: every repeated block checkpointed that way (as ``plan --checkpoint``);
+    ``--offload``: every repeated block offloaded."""
+    kind = "offload" if getattr(args, "offload", False) else getattr(args, "checkpoint", None)
     if kind is None:
         return plan
     from ..planner.depth import blocks_of
 
     blocks = blocks_of(model).names
+    flag = "--offload" if kind == "offload" else "--checkpoint"
     if not blocks:
-        raise MemsaveError(f"--checkpoint: {type(model).__name__} has no repeated blocks to checkpoint")
+        raise MemsaveError(f"{flag}: {type(model).__name__} has no repeated blocks to {flag.lstrip('-')}")
     return plan.replace(regions={name: kind for name in blocks})
 
 
-def format_report(measurement, *, title: str, top: int | None = None, answer: tuple[str, ...] = ()) -> str:
+def format_report(measurement, *, title: str, top: int | None = None, answer: tuple[str, ...] = (), teach=None) -> str:
     """The text the ``report`` command prints: heading, the answer (peak, split, and the target's
-    ``answer`` lines), then the per-layer table and the totals."""
+    ``answer`` lines), then the per-layer table and the totals; ``teach`` (a ``TeacherView``): the
+    rule of thumb beside the measured bytes, after the split."""
     from ..ui.format import format_bytes, format_flops, format_time_spread, layer_table, render_table, split_table
 
     m = measurement
@@ -268,8 +288,10 @@ def format_report(measurement, *, title: str, top: int | None = None, answer: tu
         title,
         "",
         peak_line(m),
+        *host_lines(m),
         *answer,
         render_table(split_headers, split_rows, right={1, 2}),
+        *_teach_block(teach),
         "",
         "Saved activations per layer " + caption if caption else "Saved activations per layer",
         layers,
@@ -282,6 +304,51 @@ def format_report(measurement, *, title: str, top: int | None = None, answer: tu
     lines.extend(f"Advice: {a}" for a in m.advice)
     lines.extend(f"Note: {n}" for n in m.notes)
     return "\n".join(lines) + "\n"
+
+
+def host_lines(m, link: str = "pcie5") -> list[str]:
+    """The 'Host memory' line, where the step offloads anything (``Measurement.host``)."""
+    host = getattr(m, "host", None)
+    if host is None or not (host.to_host_bytes or host.tensors):
+        return []
+    from ..offload import LINKS, transfer_seconds
+    from ..ui.format import format_bytes, format_seconds
+
+    return [
+        f"Host memory: {format_bytes(host.peak_bytes)} at most (offloaded activations, {host.tensors} copies); "
+        f"moved per step: {format_bytes(host.to_host_bytes)} to the host in forward, "
+        f"{format_bytes(host.to_device_bytes)} back in backward "
+        f"(~{format_seconds(transfer_seconds(host.to_host_bytes, link))} over {LINKS[link].name})"
+    ]
+
+
+def _teach_block(view) -> list[str]:
+    if view is None:
+        return []
+    from ..ui.format import render_table
+    from ..ui.teach_table import phase_table, rule_table, teach_lines
+
+    rh, rr = rule_table(view)
+    ph, pr = phase_table(view)
+    return [
+        "",
+        "Rule of thumb vs measured (bytes per parameter; the measured bytes are the most the step held)",
+        render_table(rh, rr, right={1, 2, 3, 4, 5, 6}),
+        "",
+        render_table(ph, pr, right={1, 2, 3, 4, 5, 6}),
+        *teach_lines(view),
+    ]
+
+
+def teacher_view_of(applied, plan, measurement, optimizer=None):
+    """The teacher's view of the step just measured (inside ``plan.apply``: the model as it ran).
+    ``optimizer``: the workload's own before the plan (the plan's bf16_master wraps it)."""
+    from ..measure.rule_of_thumb import teacher_view
+    from ..vocabulary import OPTIMIZER_ALIASES
+
+    name = plan.optimizer or optimizer
+    name = OPTIMIZER_ALIASES.get(name.lower(), name.lower()) if isinstance(name, str) else None
+    return teacher_view(measurement, applied.model, name, master=plan.precision == "bf16_master")
 
 
 HUB_TOP = 20  # a Hugging Face model has a thousand modules: its table lists the top ones unless --top says
@@ -349,6 +416,7 @@ def _report(args: argparse.Namespace) -> int:
         return report_parallel(args, cw, plan, spec, notes)
     with plan.apply(cw.workload) as applied:
         measurement = measure(applied, mode=cw.mode, repeats=args.repeats)
+        teach = teacher_view_of(applied, plan, measurement, cw.workload.optimizer)
     knobs = f", {plan.describe()}" if not plan.is_empty else ""
     from .setup_words import setup_words
 
@@ -357,7 +425,7 @@ def _report(args: argparse.Namespace) -> int:
     if args.json:
         from .json_out import dump, report_json
 
-        obj = report_json(args, cw, plan, measurement, title, top, notes)
+        obj = report_json(args, cw, plan, measurement, title, top, notes, teach=teach)
         obj["setup"]["worst_sample"] = (
             None
             if lengths is None
@@ -383,7 +451,14 @@ def _report(args: argparse.Namespace) -> int:
         if args.out:
             from ..report import write_report
 
-            write_report(measurement, args.out, title=title, top=args.top, answer=(peak_line(measurement),))
+            write_report(
+                measurement,
+                args.out,
+                title=title,
+                top=args.top,
+                answer=(peak_line(measurement), *host_lines(measurement)),
+                teach=teach,
+            )
         return 0
     answer, explained = (), ""
     if args.target_gb is not None:
@@ -402,11 +477,18 @@ def _report(args: argparse.Namespace) -> int:
         from .gpu_fit import gpu_fit_lines, gpu_fit_rows
 
         answer = (*answer, *gpu_fit_lines(gpu_fit_rows(cw.workload, plan, measurement, args.headroom)))
-    text = format_report(measurement, title=title, top=top, answer=answer)
+    text = format_report(measurement, title=title, top=top, answer=answer, teach=teach if args.teach else None)
     sys.stdout.write(text + "".join(f"Note: {n}\n" for n in notes) + explained)
     if args.out:
         from ..report import write_report
 
-        path = write_report(measurement, args.out, title=title, top=args.top, answer=(peak_line(measurement), *answer))
+        path = write_report(
+            measurement,
+            args.out,
+            title=title,
+            top=args.top,
+            answer=(peak_line(measurement), *host_lines(measurement), *answer),
+            teach=teach,
+        )
         sys.stdout.write(f"\nWrote {path}\n")
     return 0

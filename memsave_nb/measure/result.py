@@ -145,6 +145,24 @@ class ReservedMemory:
 
 
 @dataclass(frozen=True)
+class HostMemory:
+    """Host (CPU) memory the step holds for the device: the tensors offload regions copy out in
+    forward and back in backward (``memsave_nb.offload``), counted per copy (a view saved twice is
+    copied twice, as ``save_on_cpu`` does). All zero when nothing is offloaded.
+
+    ``peak_bytes``: the most held at once; ``to_host_bytes`` / ``to_device_bytes``: moved each way
+    in the step; ``tensors``: how many copies. Optimizer state and parameters are never host
+    memory in a single-device step (no such choice exists there; FSDP2's CPU offload is per rank,
+    ``memsave_nb.parallel``).
+    """
+
+    peak_bytes: int = 0
+    to_host_bytes: int = 0
+    to_device_bytes: int = 0
+    tensors: int = 0
+
+
+@dataclass(frozen=True)
 class Measurement:
     """Everything one measured training step tells about memory and time.
 
@@ -181,6 +199,8 @@ class Measurement:
     advice: tuple[str, ...] = ()
     # the allocator model's replay of the step (None where no replay ran)
     reserved: ReservedMemory | None = None
+    # host memory held by offloaded activations (None where it was not counted: a compiled step)
+    host: HostMemory | None = None
 
     # -- lookups -----------------------------------------------------------------------------
     def module(self, name: str) -> ModuleStats:
@@ -235,6 +255,7 @@ class Measurement:
             "step_seconds": self.step_seconds,
             "flops": self.flops,
             "cuda_peak_bytes": self.cuda_peak_bytes,
+            "host_peak_bytes": None if self.host is None else self.host.peak_bytes,
         }
 
     def to_dict(self) -> dict[str, Any]:

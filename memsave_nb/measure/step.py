@@ -19,6 +19,7 @@ from . import fake_compat
 from .common import clear_grads, single_tensor_default
 from .fake_model import _fake_twin, _is_fake
 from .optimizer_state import make_state_on_zero_grads, makes_state_without_a_step
+from .host import host_memory, host_scope
 from .tracker import INPUT, PARAMETER, MemoryTracker
 from .training_step import training_step
 
@@ -302,8 +303,9 @@ def _run_once(
                 step.zero_grad()
             tracker = MemoryTracker(model, count_flops=flops)
             step.tracker = tracker
-            with _noting_gradients(given, received):
+            with _noting_gradients(given, received), host_scope() as host:
                 tracker, cuda, parts = _tracked_step(step, tracker, make_batch, fake_mode)
+            tracker.host_memory = host_memory(host)  # type: ignore[attr-defined]  # offloaded: Measurement.host
             if received is not None and received != {id(p) for p in given}:
                 return None  # some parameter given state received no gradient (or the reverse)
             if warm_up is None:

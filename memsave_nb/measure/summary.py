@@ -138,6 +138,7 @@ def _summarise(
         reserved=replay_tracker(
             tracker.events, tracker.records, preexisting, workspace=_cublas_workspace(workload, phase_starts)
         ),
+        host=getattr(tracker, "host_memory", None),  # the step runner's offload ledger (measure/host.py)
     )
 
 
