@@ -35,7 +35,7 @@ from torch.utils.checkpoint import (
     noop_context_fn,
 )
 
-from memsave_nb.errors import PlanError
+from memsave_nb.errors import PlanError, quoted
 
 __all__ = [
     "PlanError",
@@ -105,7 +105,7 @@ def _check_op_name(name: Any) -> str:
     except (AttributeError, RuntimeError):
         packet = None
     if not isinstance(packet, torch._ops.OpOverloadPacket):
-        raise PlanError(f"op {name!r} is not an operator in torch.ops (load its library before the plan)")
+        raise PlanError(f"op {quoted(name)} is not an operator in torch.ops (load its library before the plan)")
     return name
 
 
@@ -136,7 +136,7 @@ class RegionPolicy:
                 raise
             raise PlanError(f"region policy: {show(str(exc), 100)[1:-1]}") from None
         if kind is not RegionKind.SELECTIVE and (ops or default is not OpChoice.RECOMPUTE):
-            raise PlanError(f"region policy {kind.value!r} takes no per-op choices")
+            raise PlanError(f"region policy {quoted(kind.value)} takes no per-op choices")
         object.__setattr__(self, "kind", kind)
         object.__setattr__(self, "default", default)
         object.__setattr__(self, "ops", dict(sorted(ops.items())))
@@ -309,7 +309,7 @@ def _refuse_write_into_cached(op: Any, args: tuple, kwargs: dict, cached: dict[i
             source = cached.get(_storage_key(t))
             if source is not None:
                 raise PlanError(
-                    f"region {region!r}: {op_name(op)} writes in place into the output of {source}, which the "
+                    f"region {quoted(region)}: {op_name(op)} writes in place into the output of {source}, which the "
                     f"policy saves; recompute {source} (or use full checkpointing) for this region"
                 )
 
@@ -348,7 +348,7 @@ def wrap_region(module: nn.Module, policy: RegionPolicy, name: str = "") -> Call
     culprit = _writes_into_input(module)
     if culprit is not None:
         raise PlanError(
-            f"region {name!r}: {culprit} changes the region's input in place, which checkpointing "
+            f"region {quoted(name)}: {culprit} changes the region's input in place, which checkpointing "
             f"cannot recompute; make a module around it the region"
         )
     previous = module.__dict__.get("forward", _MISSING)
@@ -376,7 +376,7 @@ def wrap_region(module: nn.Module, policy: RegionPolicy, name: str = "") -> Call
             except RuntimeError as exc:  # raised by SAC's cache while recomputing, in backward
                 if "selective activation checkpoint has been mutated" in str(exc):
                     raise PlanError(
-                        f"region {name!r}: a tensor its policy saves was changed in place after the "
+                        f"region {quoted(name)}: a tensor its policy saves was changed in place after the "
                         f"region (an in-place op such as ReLU(inplace=True) on its output?); "
                         f"recompute that op's producer or use full checkpointing"
                     ) from None
@@ -394,7 +394,7 @@ def wrap_region(module: nn.Module, policy: RegionPolicy, name: str = "") -> Call
         out = call(*args, **kwargs)
         if any(t._version != v for t, v in zip(inputs, versions)):
             raise PlanError(
-                f"region {name!r}: {label}.forward changes its input in place, which checkpointing "
+                f"region {quoted(name)}: {label}.forward changes its input in place, which checkpointing "
                 f"cannot recompute; make a module around it the region"
             )
         return out
@@ -419,8 +419,8 @@ def check_nesting(regions: Mapping[str, RegionPolicy]) -> None:
         for outer in active:
             if outer != inner and (outer == "" or inner.startswith(outer + ".")):
                 raise PlanError(
-                    f"region {inner!r} is selective and lies inside region {outer!r}: nested "
-                    f"selective checkpointing is not supported; drop one of them or make {inner!r} full"
+                    f"region {quoted(inner)} is selective inside region {quoted(outer)}: nested selective "
+                    "checkpointing is not supported: drop one or make the inner full"
                 )
 
 

@@ -165,6 +165,8 @@ def describe_knobs(plan: "KnobValues") -> list[str]:
         parts.append(f"chunked loss ({plan.loss_chunk or DEFAULT_LOSS_CHUNK} tokens)")
     elif plan.loss == "full":
         parts.append("full loss")
+    elif plan.loss is not None:  # TRL's head, the label smoother: named as the vocabulary names them
+        parts.append(f"loss {plan.loss}")
     return parts
 
 

@@ -9,7 +9,7 @@ import fnmatch
 from typing import Any, Mapping, Sequence
 
 from memsave_nb.checkpointing import show
-from memsave_nb.errors import PlanError
+from memsave_nb.errors import PlanError, quoted
 
 __all__ = ["ALL", "selects", "memsave_include"]
 
@@ -51,12 +51,12 @@ def _names(value: Any, field_name: str) -> tuple[str, ...]:
     if isinstance(value, str):
         return (value,)
     if isinstance(value, (Mapping, bytes, bytearray)):  # a dict's keys are not a list of names
-        raise PlanError(f"plan field {field_name!r}: expected a list of names, got {show(value)}")
+        raise PlanError(f"plan field {quoted(field_name)}: expected a list of names, got {show(value)}")
     try:
         names = tuple(value)
     except TypeError:
-        raise PlanError(f"plan field {field_name!r}: expected names, got {show(value)}") from None
+        raise PlanError(f"plan field {quoted(field_name)}: expected names, got {show(value)}") from None
     for n in names:
         if not isinstance(n, str):
-            raise PlanError(f"plan field {field_name!r}: {show(n)} is not a name")
+            raise PlanError(f"plan field {quoted(field_name)}: {show(n)} is not a name")
     return tuple(dict.fromkeys(names))  # drop duplicates, keep order

@@ -402,16 +402,34 @@ class ReservedVerdict:
     def total_bytes(self) -> int:
         return self.reserved_bytes + self.context_bytes + self.comm_bytes
 
+    @property
+    def frees_cache(self) -> bool:
+        """Fits although the uncapped replay reserves more than the card: under the card's size
+        torch frees cached segments when an allocation fails and retries, and the replay fits."""
+        return self.fits and self.total_bytes > self.target.total_bytes
+
+    def headline(self) -> str:
+        """``fits (X of Y; ...)``; where the uncapped figure is over the card (``frees_cache``), the
+        allocations and the line instead ("fits (80.9 GiB of 80.0 GiB)" read as a contradiction)."""
+        from memsave_nb.units import format_bytes as fb
+
+        if self.frees_cache:
+            line = self.target.total_bytes - self.context_bytes - self.comm_bytes
+            return (
+                f"fits: peak allocated {fb(self.allocated_bytes)}; the allocator would free cached blocks to stay "
+                f"under {fb(line)} ({self.target.label} less the CUDA context"
+                + (" and buffers" if self.comm_bytes else "")
+                + ")"
+            )
+        return f"{'fits' if self.fits else 'does not fit'} ({fb(self.total_bytes)} of {fb(self.target.total_bytes)}"
+
     def lines(self) -> tuple[str, ...]:
         from memsave_nb.units import format_bytes as fb
 
-        word = "fits" if self.fits else "does not fit"
         conf = f", PYTORCH_CUDA_ALLOC_CONF={self.alloc_conf}" if self.alloc_conf else ""
+        how = "replayed through the caching-allocator model, no 80% rule"
         out = [
-            (
-                f"Target {self.target.label}: {word} ({fb(self.total_bytes)} of {fb(self.target.total_bytes)}; "
-                "replayed through the caching-allocator model, no 80% rule)"
-            ),
+            f"Target {self.target.label}: {self.headline()}; {how}" + ("" if self.frees_cache else ")"),
             (
                 f"  predicted reserved memory: {fb(self.reserved_bytes)} (allocator model{conf}; "
                 f"allocated {fb(self.allocated_bytes)})"
@@ -431,6 +449,11 @@ class ReservedVerdict:
             )
         elif self.fix:
             out.append(f"  PYTORCH_CUDA_ALLOC_CONF={self.fix} fits")
+        if self.frees_cache:
+            out.append(
+                f"  uncapped, the replay reserves {fb(self.total_bytes)} with the context; under "
+                f"{self.target.label} torch frees cached segments when it would run out, and the step fits"
+            )
         return tuple(out)
 
 
@@ -502,14 +525,10 @@ class Fit:
     def verdict(self, target: Target) -> str:
         """``"fits (...)"`` / ``"does not fit (...)"``, saying which rule decided."""
         if self.replay is not None:
-            from memsave_nb.units import format_bytes as fb
-
-            word = "fits" if self.fits else "does not fit"
             fix = f"; PYTORCH_CUDA_ALLOC_CONF={self.replay.fix} fits" if self.replay.fix else ""
-            return (
-                f"{word} ({fb(self.replay.total_bytes)} of {fb(target.total_bytes)}; allocator replay + "
-                f"CUDA context, no 80% rule){fix}"
-            )
+            if self.replay.frees_cache:
+                return f"{self.replay.headline()}; allocator replay, no 80% rule{fix}"
+            return f"{self.replay.headline()}; allocator replay + CUDA context, no 80% rule){fix}"
         return f"{target.verdict(self.peak_bytes)}; 80% rule, no allocator replay"
 
 

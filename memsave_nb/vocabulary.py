@@ -14,6 +14,7 @@ __all__ = [
     "OPTIMIZERS",
     "NO_OPTIMIZER",
     "OPTIMIZER_ALIASES",
+    "OPTIMIZER_STATE",
     "PRECISIONS",
     "REGION_KINDS",
     "SEARCHED_REGION_KINDS",
@@ -37,6 +38,21 @@ OPTIMIZERS: dict[str, str] = {
     "state: two uint8 moments + a float32 absmax per 256 elements",
     "lion": "Lion (optimizers_extra); state: one moment per parameter (float32)",
     "lion_8bit": "Lion in bitsandbytes' blockwise 8-bit layout (optimizers_extra); state: one uint8 moment + absmax",
+}
+# Each optimizer's state layout, as OPTIMIZERS words it: (moments per trainable parameter, bits per
+# moment; 0 = the parameter's own dtype). Step counters, blockwise scales (absmax) and factored
+# rows/columns are left out: what a bound computed before any step may count (layout_estimate.py).
+OPTIMIZER_STATE: dict[str, tuple[int, int]] = {
+    "adamw": (2, 0),
+    "adamw_foreach": (2, 0),
+    "adamw_fused": (2, 0),
+    "adam": (2, 0),
+    "sgd_momentum": (1, 0),
+    "sgd": (0, 0),
+    "adafactor": (0, 0),
+    "adamw_8bit": (2, 8),
+    "lion": (1, 32),
+    "lion_8bit": (1, 8),
 }
 # "no optimizer" (a forward and backward only): a Workload's and the magics' value, not a plan knob
 NO_OPTIMIZER = "none"

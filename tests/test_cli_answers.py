@@ -19,32 +19,23 @@ def _run(capsys, argv):
     return out
 
 
+def _cli(capsys, command: str, model: str, flags: str) -> str:
+    """stdout of ``memsave-nb <command> --model <model> <flags>`` (flags as typed, split on spaces;
+    the model apart: a temporary folder's path)."""
+    return _run(capsys, [command, "--model", model, *flags.split()])
+
+
 def test_per_rank_report_honours_every_knob_flag(capsys):
     from memsave_nb import Plan, zoo
     from memsave_nb.parallel import ParallelSpec, measure_parallel
     from memsave_nb.target import Target
 
-    out = _run(
+    out = _cli(
         capsys,
-        [
-            "report",
-            "--model",
-            "mlp",
-            "--batch",
-            "16",
-            "--world-size",
-            "3",
-            "--fsdp",
-            "--optimizer",
-            "sgd",
-            "--precision",
-            "bf16",
-            "--accumulate",
-            "2",
-            "--keep-grads",
-            "--target-gb",
-            "0.02",
-        ],
+        "report",
+        "mlp",
+        "--batch 16 --world-size 3 --fsdp --optimizer sgd --precision bf16 --accumulate 2 --keep-grads "
+        "--target-gb 0.02",
     )
     plan = Plan(optimizer="sgd", precision="bf16", accumulation_steps=2, set_to_none=False)
     m = measure_parallel(zoo.make("mlp", 16), ParallelSpec(world_size=3), plan)
@@ -62,24 +53,8 @@ def test_a_hub_model_by_local_config_leads_with_the_answer(capsys, tiny):
     from memsave_nb.target import Target, fit_of, max_batch, reserved_verdict
 
     # 0.532 GB: about 12 MiB past the 500 MiB CUDA context and the 32 MiB cuBLAS workspace (H100) the verdict adds
-    out = _run(
-        capsys,
-        [
-            "report",
-            "--model",
-            tiny,
-            "--lora",
-            "r=4",
-            "--seq-len",
-            "32",
-            "--batch",
-            "2",
-            "--optimizer",
-            "sgd",
-            "--target-gb",
-            "0.532",
-            "--max-batch",
-        ],
+    out = _cli(
+        capsys, "report", tiny, "--lora r=4 --seq-len 32 --batch 2 --optimizer sgd --target-gb 0.532 --max-batch"
     )
     wl = memsave_nb.from_pretrained(tiny, lora="r=4", seq_len=32, batch_size=2)
     plan = Plan(optimizer="sgd")
@@ -108,23 +83,7 @@ def test_one_screen_one_answer_verdict_and_max_batch_agree(capsys, tiny, gb):
     the verdict says fits exactly when b <= max batch, at targets below, near and past the context."""
     import re
 
-    out = _run(
-        capsys,
-        [
-            "report",
-            "--model",
-            tiny,
-            "--seq-len",
-            "32",
-            "--batch",
-            "4",
-            "--optimizer",
-            "sgd",
-            "--target-gb",
-            str(gb),
-            "--max-batch",
-        ],
-    )
+    out = _cli(capsys, "report", tiny, f"--seq-len 32 --batch 4 --optimizer sgd --target-gb {gb} --max-batch")
     lines = out.splitlines()
     found = re.match(r"Max batch that fits: (\d+) ", lines[4])
     assert found, lines[4]
@@ -135,22 +94,8 @@ def test_one_screen_one_answer_verdict_and_max_batch_agree(capsys, tiny, gb):
 
 def test_a_hub_id_offline_falls_back_to_the_catalogue(capsys, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    out = _run(
-        capsys,
-        [
-            "report",
-            "--model",
-            "HuggingFaceTB/SmolLM2-135M",
-            "--lora",
-            "r=8",
-            "--seq-len",
-            "16",
-            "--world-size",
-            "2",
-            "--ddp",
-            "--target-gb",
-            "24",
-        ],
+    out = _cli(
+        capsys, "report", "HuggingFaceTB/SmolLM2-135M", "--lora r=8 --seq-len 16 --world-size 2 --ddp --target-gb 24"
     )
     assert out.startswith(
         "memsave_nb per-rank report: HuggingFaceTB/SmolLM2-135M, DDP x2 (buckets 25 MB), batch 1 per rank"
@@ -174,7 +119,7 @@ def test_report_sizes_a_trainer_config(capsys, tmp_path, tiny):
             }
         )
     )
-    out = _run(capsys, ["report", "--model", tiny, "--seq-len", "32", "--from-config", str(args)])
+    out = _cli(capsys, "report", tiny, f"--seq-len 32 --from-config {args}")
     wl = memsave_nb.from_pretrained(tiny, seq_len=32, dtype="fp32")  # config.json has no dtype: the trainer loads fp32
     imported = from_trainer(str(args), wl.model)
     assert imported.plan.batch_size == 3
@@ -190,25 +135,11 @@ def test_plan_exports_the_chosen_plan_as_a_trainer_config(capsys, tmp_path, tiny
     from memsave_nb.trainers import to_trainer
 
     saved, exported = tmp_path / "plan.json", tmp_path / "sft.json"
-    out = _run(
+    out = _cli(
         capsys,
-        [
-            "plan",
-            "--model",
-            tiny,
-            "--lora",
-            "r=4",
-            "--seq-len",
-            "32",
-            "--target-gb",
-            "24",
-            "--save",
-            str(saved),
-            "--export",
-            "trl",
-            "--export-to",
-            str(exported),
-        ],
+        "plan",
+        tiny,
+        f"--lora r=4 --seq-len 32 --target-gb 24 --save {saved} --export trl --export-to {exported}",
     )
     plan = Plan.from_json(saved.read_text())
     assert exported.read_text() == to_trainer(plan, "trl").text
@@ -257,7 +188,7 @@ def test_step_times_show_median_and_spread_and_say_noisy(capsys):
     from memsave_nb import measure, zoo
     from memsave_nb.cli.report import format_report
 
-    out = _run(capsys, ["report", "--model", "mlp", "--batch", "8", "--repeats", "3"])
+    out = _cli(capsys, "report", "mlp", "--batch 8 --repeats 3")
     line = next(x for x in out.splitlines() if x.startswith("Saved activations:"))
     assert ", 3 runs)" in line.split("Step time: ", 1)[1]
     m = measure(zoo.make("mlp", 8), mode="real", repeats=3)
@@ -274,7 +205,7 @@ def test_report_sizes_an_accelerate_fsdp_config_per_rank(capsys, tmp_path, tiny)
 
     cfg = tmp_path / "accelerate.yaml"
     cfg.write_text("distributed_type: FSDP\nnum_processes: 2\nmixed_precision: bf16\nfsdp_config:\n  fsdp_version: 2\n")
-    out = _run(capsys, ["report", "--model", tiny, "--seq-len", "32", "--from-config", str(cfg)])
+    out = _cli(capsys, "report", tiny, f"--seq-len 32 --from-config {cfg}")
     wl = memsave_nb.from_pretrained(tiny, seq_len=32, dtype="fp32")  # config.json has no dtype: the trainer loads fp32
     imported = from_trainer(str(cfg), wl.model)
     m = measure_parallel(wl, imported.parallel, imported.plan)
@@ -287,7 +218,7 @@ def test_qlora_from_the_command_line(capsys, tiny):
     import memsave_nb
     from memsave_nb import measure
 
-    out = _run(capsys, ["report", "--model", tiny, "--lora", "r=4", "--quantize", "nf4", "--seq-len", "32"])
+    out = _cli(capsys, "report", tiny, "--lora r=4 --quantize nf4 --seq-len 32")
     m = measure(memsave_nb.from_pretrained(tiny, lora="r=4", quantize="nf4", seq_len=32), mode="fake")
     assert out.splitlines()[2].startswith(f"Peak memory: {format_bytes(m.peak_bytes)} during {m.peak_phase}")
 
@@ -297,28 +228,12 @@ def test_a_hub_model_per_rank_with_knobs_equals_measure_parallel(capsys, tiny):
     from memsave_nb import Plan
     from memsave_nb.parallel import ParallelSpec, measure_parallel
 
-    out = _run(
+    out = _cli(
         capsys,
-        [
-            "report",
-            "--model",
-            tiny,
-            "--lora",
-            "r=4",
-            "--seq-len",
-            "32",
-            "--batch",
-            "2",
-            "--world-size",
-            "4",
-            "--fsdp",
-            "--precision",
-            "fp32",
-            "--accumulate",
-            "2",
-            "--optimizer",
-            "adamw_foreach",
-        ],
+        "report",
+        tiny,
+        "--lora r=4 --seq-len 32 --batch 2 --world-size 4 --fsdp --precision fp32 --accumulate 2 "
+        "--optimizer adamw_foreach",
     )
     wl = memsave_nb.from_pretrained(tiny, lora="r=4", seq_len=32, batch_size=2)
     m = measure_parallel(
@@ -333,7 +248,7 @@ def test_max_seq_of_a_hub_model(capsys, tiny):
     from memsave_nb import Plan
     from memsave_nb.target import Target, fit_of, measure_peak
 
-    out = _run(capsys, ["report", "--model", tiny, "--seq-len", "32", "--target-gb", "0.524", "--max-seq"])
+    out = _cli(capsys, "report", tiny, "--seq-len 32 --target-gb 0.524 --max-seq")
     line = out.splitlines()[4]
     assert line.startswith("Max sequence length that fits: ") and "allocator replay" in line
     value = int(line.split(": ")[1].split()[0])
@@ -352,9 +267,8 @@ def test_report_loss_chunked_is_the_chunked_loss_knob(capsys, tiny):
     from memsave_nb.target import measure_peak
     from memsave_nb.units import format_bytes
 
-    argv = ["report", "--model", tiny, "--seq-len", "64", "--batch", "4"]
-    chunked_out = _run(capsys, [*argv, "--loss", "chunked", "--loss-chunk", "8"])
-    full_out = _run(capsys, argv)
+    chunked_out = _cli(capsys, "report", tiny, "--seq-len 64 --batch 4 --loss chunked --loss-chunk 8")
+    full_out = _cli(capsys, "report", tiny, "--seq-len 64 --batch 4")
     wl = memsave_nb.from_pretrained(tiny, seq_len=64, batch_size=4)
     chunked = measure_peak(wl, Plan(loss="chunked", loss_chunk=8), mode="fake").peak_bytes
     full = measure_peak(wl, Plan(), mode="fake").peak_bytes

@@ -3,7 +3,6 @@ are measure()'s: the split at the peak, the layers' saved bytes, and the best kn
 
 from __future__ import annotations
 
-import json
 
 import memsave_nb
 from memsave_nb import Plan, cli, measure
@@ -11,26 +10,8 @@ from memsave_nb.planner.what_fits import what_would_fit
 from memsave_nb.target import Target
 from memsave_nb.units import format_bytes
 
-TINY_LLAMA = {
-    "model_type": "llama",
-    "architectures": ["LlamaForCausalLM"],
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "vocab_size": 512,
-    "max_position_embeddings": 256,
-    "rms_norm_eps": 1e-5,
-    "tie_word_embeddings": False,
-}
 
-
-def test_explain_says_what_is_held_who_saved_it_and_the_best_knob(capsys, tmp_path):
-    cfg = tmp_path / "tiny" / "config.json"
-    cfg.parent.mkdir()
-    cfg.write_text(json.dumps(TINY_LLAMA))
-    tiny = str(cfg.parent)
+def test_explain_says_what_is_held_who_saved_it_and_the_best_knob(capsys, tiny):
     assert (
         cli.main(["report", "--model", tiny, "--seq-len", "128", "--batch", "8", "--target-gb", "0.012", "--explain"])
         == 0

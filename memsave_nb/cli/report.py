@@ -65,8 +65,7 @@ def add_knob_arguments(p: argparse.ArgumentParser) -> None:
         "--loss",
         choices=tuple(LOSSES),
         default=None,
-        help="causal LMs: 'chunked' runs cross-entropy through the LM head a chunk of tokens at a time "
-        "(TRL's default, Liger's fused loss): the whole batch's logits are never built",
+        help=loss_help(),
     )
     p.add_argument(
         "--loss-chunk",
@@ -75,6 +74,14 @@ def add_knob_arguments(p: argparse.ArgumentParser) -> None:
         metavar="TOKENS",
         help="with --loss chunked: tokens per chunk (default 1024)",
     )
+
+
+def loss_help() -> str:
+    """--loss's help, one clause per loss of the vocabulary (a loss added there is listed here)."""
+    from ..vocabulary import LOSSES
+
+    words = "; ".join(f"{name}: {meaning.split(': ')[0]}" for name, meaning in LOSSES.items())
+    return f"causal LMs, the loss (default: the model's own): {words}".replace("%", "%%")
 
 
 def check_knob_args(args: argparse.Namespace) -> None:

@@ -50,6 +50,16 @@ def knob_code(plan: Any, m: str) -> tuple[list[str], list[str]]:
             f"# {m}(**batch) with labels now returns an output with .loss only",
             f"use_chunked_loss({m}, chunk={plan.loss_chunk or DEFAULT_LOSS_CHUNK!r})",
         ]
+    elif plan.loss is not None and plan.loss.startswith("trl_"):
+        imports.append("from memsave_nb.loss_trl import use_trl_head")
+        body += _trl_lines(plan.loss, m)
+    elif plan.loss == "hf_smooth":
+        imports.append("from memsave_nb.loss import use_label_smoother")
+        body += [
+            "# loss 'hf_smooth': Hugging Face Trainer's label smoother, set by TrainingArguments(label_smoothing_factor=0.1)",
+            "# (any factor above 0 allocates the same); here the same full logits, log-softmax, gather and sum:",
+            f"use_label_smoother({m}, epsilon=0.1)",
+        ]
     precision = plan.precision or "fp32"
     if precision in ("bf16", "bf16_master"):
         body.append(f"{m}.to(torch.bfloat16)  # parameters and buffers in bf16; cast floating inputs too")
@@ -66,6 +76,19 @@ def knob_code(plan: Any, m: str) -> tuple[list[str], list[str]]:
     else:
         body.append("optimizer = " + opt)
     return imports, body
+
+
+def _trl_lines(loss: str, m: str) -> list[str]:
+    """The TRL settings a ``trl_*`` loss stands for, and the line that runs TRL's head here."""
+    cuda, smoothing = loss.endswith("cuda"), "smooth" in loss
+    fields = ["loss_type='nll'"] + (["label_smoothing_factor=0.1"] if smoothing else [])
+    fields += [] if cuda else ["use_cpu=True"]
+    return [
+        f"# loss {loss!r}: TRL's fused LM head as SFTTrainer runs it "
+        f"({'with Triton, on CUDA' if cuda else 'without Triton, on the CPU'}); in TRL set SFTConfig({', '.join(fields)})",
+        f"# here {m}(**batch) with labels runs the same head and returns its loss",
+        f"use_trl_head({m}, cuda={cuda!r}, smoothing={0.1 if smoothing else 0.0!r})",
+    ]
 
 
 _STEP_CODE = """\

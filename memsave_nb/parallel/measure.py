@@ -53,6 +53,14 @@ def measure_parallel(
         raise ParallelError("a compile budget cannot be sized per rank in fake mode (fake tensors do not compile)")
     _check_optimizer(workload, spec, plan)
     layouts = rank_layouts(workload.model, spec)
+    if isinstance(spec, ParallelSpec) and spec.pipeline_parallel > 1:  # its pp dim was sharded as HSDP's replicas
+        if spec.tensor_parallel > 1:  # the model's own refusal first (heads TP cannot split)
+            from .tp import resolve_tp_plan
+
+            resolve_tp_plan(workload.model, spec)
+        raise ParallelError(
+            f"pipeline_parallel={spec.pipeline_parallel}: size pipeline stages with measure_pipeline(workload, spec, plan)"
+        )
     if ranks is None:
         chosen = [(g[0], g) for g in layouts]
     else:

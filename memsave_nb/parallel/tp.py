@@ -18,6 +18,7 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
+from ..errors import quoted
 from ..parallel_spec import ParallelError, ParallelSpec
 from ..tp_plan import default_tp_plan, matched_tp_plan, tp_styles
 
@@ -39,7 +40,7 @@ def resolve_tp_plan(model: nn.Module, spec: ParallelSpec) -> list[tuple[str, str
         names = [n for n, _ in model.named_modules() if n]
         for pattern, _ in spec.tp_plan:
             if not any(fnmatch.fnmatchcase(n, pattern) for n in names):
-                raise ParallelError(f"tp_plan: no module matches {pattern!r}")
+                raise ParallelError(f"tp_plan: no module matches {quoted(pattern)}")
         plan = matched_tp_plan(model, spec.tp_plan)
     modules = dict(model.named_modules())
     for name, style in plan:
@@ -48,7 +49,7 @@ def resolve_tp_plan(model: nn.Module, spec: ParallelSpec) -> list[tuple[str, str
             continue
         if not isinstance(mod, (nn.Linear, nn.Embedding)):
             raise ParallelError(
-                f"tp_plan: {name!r} is a {type(mod).__name__}; style {style!r} splits a Linear or Embedding"
+                f"tp_plan: {quoted(name)} is a {type(mod).__name__}; style {quoted(style)} splits a Linear or Embedding"
             )
     _check_divisible(model, plan, spec.tensor_parallel)
     return plan

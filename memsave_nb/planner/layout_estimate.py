@@ -15,6 +15,7 @@ from memsave_nb.planner.layout_specs import ways
 from memsave_nb.planner.links import Fabric, ring_all_gather, ring_all_reduce
 from memsave_nb.planner.pp import pipeline_seconds
 from memsave_nb.target import Target
+from memsave_nb.vocabulary import OPTIMIZER_ALIASES, OPTIMIZER_STATE
 
 if TYPE_CHECKING:  # pragma: no cover
     from memsave_nb.plan import Plan
@@ -34,10 +35,12 @@ class Timing(NamedTuple):
 def _optimizer_state_factor(workload: "Workload", precision: str | None, plan: "Plan | None" = None) -> float:
     """Optimizer state bytes per trainable parameter byte, where known (a lower bound: 0 if not)."""
     name = plan.optimizer if plan is not None and plan.optimizer else workload.optimizer
-    name = name if isinstance(name, str) else ""
+    name = name.lower() if isinstance(name, str) else ""
     if precision == "bf16_master":
         return 0.0
-    return {"adamw": 2.0, "adam": 2.0, "sgd_momentum": 1.0}.get(name.lower(), 0.0)
+    moments, bits = OPTIMIZER_STATE.get(OPTIMIZER_ALIASES.get(name, name), (0, 0))
+    # a fixed-width moment over parameters at most 4 bytes wide (float32): per parameter byte, at least
+    return float(moments) if bits == 0 else moments * bits / 8 / 4
 
 
 @dataclass

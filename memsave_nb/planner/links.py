@@ -92,10 +92,10 @@ FABRICS["A100-40"] = FABRICS["A100"]
 
 def fabric_for(gpu: str) -> Fabric:
     """The fabric of a GPU kind named in ``roofline.GPUS`` (the kinds share their names)."""
-    from memsave_nb.errors import PlanError
+    from memsave_nb.errors import PlanError, quoted
 
     if gpu not in FABRICS:
-        raise PlanError(f"gpu {gpu!r}: choose one of {sorted(FABRICS)}")
+        raise PlanError(f"gpu {quoted(gpu)}: choose one of {sorted(FABRICS)}")
     return FABRICS[gpu]
 
 

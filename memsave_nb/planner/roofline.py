@@ -93,8 +93,9 @@ def device_named(name: str | Device) -> Device:
     if name in ("host", "cpu"):
         return calibrate_host()
     from memsave_nb.checkpointing import PlanError
+    from memsave_nb.errors import quoted
 
-    raise PlanError(f"device {name!r}: choose one of {sorted(GPUS)} or 'host'")
+    raise PlanError(f"device {quoted(name)}: choose one of {sorted(GPUS)} or 'host'")
 
 
 _HOST: Device | None = None

@@ -441,7 +441,21 @@ def _estimate(
         fb_launch = (cfg.cost.ops.get("forward", 0) + cfg.cost.ops.get("backward", 0)) * dev.launch_seconds
         seconds += (k - 1) * (2 * cfg.cost.weight_bytes / dev.bytes_per_second + fb_launch)
         plan = plan.replace(batch_size=batch // k, accumulation_steps=k)
+    # reductions summed from per-region shares can exceed what is left to take (seen: -480.8 MiB on
+    # a tiny LoRA Llama); no plan frees the weights, their gradients or the optimizer's state
+    peak = max(peak, _resident_bytes(m))
     return Candidate(plan, cfg.label, int(peak), seconds, estimate_fits(target, peak))
+
+
+def _resident_bytes(m: "Measurement") -> int:
+    """Parameters + gradients + optimizer state at the moment they sum highest: what lives
+    whatever the regions do, so no estimate goes below it."""
+    split = m.peak_split
+    at_peak = split.parameters + split.gradients + split.optimizer_state
+    if not len(m.timeline):
+        return at_peak
+    cats = m.timeline.by_category
+    return max(at_peak, max(map(sum, zip(cats["parameters"], cats["gradients"], cats["optimizer_state"]))))
 
 
 def _grad_bytes(m: "Measurement") -> int:

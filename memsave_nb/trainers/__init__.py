@@ -32,6 +32,32 @@ __all__ = [
 
 TRAINERS: dict[str, ModuleType] = {"hf": hf, "trl": trl, "axolotl": axolotl, "accelerate": accelerate}
 
+# keys of axolotl's YAML that neither TrainingArguments, SFTConfig (with TRL's ModelConfig: lora_r,
+# load_in_4bit) nor an accelerate config has: a config holding none of the batch fields is still axolotl's
+_AXOLOTL_ONLY = (
+    "base_model",
+    "base_model_config",
+    "tokenizer_type",
+    "datasets",
+    "dataset_prepared_path",
+    "val_set_size",
+    "adapter",
+    "lora_model_dir",
+    "lora_target_linear",
+    "micro_batch_size",
+    "sequence_len",
+    "sample_packing",
+    "pad_to_sequence_len",
+    "num_epochs",
+    "train_on_inputs",
+    "unfrozen_parameters",
+    "flash_attention",
+    "xformers_attention",
+    "sdp_attention",
+    "wandb_project",
+    "evals_per_epoch",
+    "saves_per_epoch",
+)
 _TRL_ONLY = ("max_length", "loss_type", "activation_offloading", "packing", "padding_free", "dataset_text_field")
 
 
@@ -43,7 +69,7 @@ def detect(config: Any) -> str:
     if cls.endswith("TrainingArguments"):
         return "hf"
     d = load_config(config)
-    if "micro_batch_size" in d or "sequence_len" in d or "base_model" in d:
+    if any(k in d for k in _AXOLOTL_ONLY) or d.get("gradient_checkpointing") == "offload":
         return "axolotl"
     if "distributed_type" in d or ("mixed_precision" in d and "per_device_train_batch_size" not in d):
         return "accelerate"

@@ -16,6 +16,7 @@ import stat
 from typing import Any, Mapping
 
 from memsave_nb.checkpointing import PlanError, show
+from memsave_nb.errors import quoted
 
 __all__ = [
     "MAX_BYTES",
@@ -32,6 +33,19 @@ MAX_BYTES = 1 << 20  # a trainer config is a few KB; 1 MiB parses in well under 
 MAX_DEPTH = 32
 MAX_VALUES = 100_000  # values reached by walking the result (aliases counted each time they are reached)
 MAX_ALIASES = 100
+MAX_DIGITS = 100  # a whole number in a trainer config; Python refuses to read one over 4300 digits
+
+
+class _LongNumber:
+    """A whole number of more than ``MAX_DIGITS`` digits, kept unread so the walk can name its field."""
+
+    def __init__(self, digits: int) -> None:
+        self.digits = digits
+
+
+def _whole_number(text: str) -> Any:
+    digits = sum(c.isdigit() for c in text)
+    return _LongNumber(digits) if digits > MAX_DIGITS else int(text)
 
 
 class TrainerConfigError(PlanError):
@@ -67,7 +81,7 @@ def parse_text(text: str, where: str = "text") -> dict[str, Any]:
     if len(text) > MAX_BYTES:
         raise TrainerConfigError(f"config {where} is over {MAX_BYTES} characters: not a trainer config")
     try:
-        data = json.loads(text)
+        data = json.loads(text, parse_int=_whole_number)
     except RecursionError:
         raise TrainerConfigError(f"config {where} nests deeper than {MAX_DEPTH} levels") from None
     except ValueError:
@@ -81,20 +95,25 @@ def parse_text(text: str, where: str = "text") -> dict[str, Any]:
 def check_bounds(data: Any, where: str = "config") -> None:
     """Walk ``data`` once, iteratively: at most ``MAX_DEPTH`` deep and ``MAX_VALUES`` values
     (a cycle or an alias bomb hits the second)."""
-    stack = [(data, 0)]
+    stack: list[tuple[Any, int, Any]] = [(data, 0, None)]
     seen = 0
     while stack:
-        value, depth = stack.pop()
+        value, depth, field = stack.pop()
         seen += 1
         if seen > MAX_VALUES:
             raise TrainerConfigError(f"{where} holds more than {MAX_VALUES} values (an alias bomb or a cycle?)")
         if depth > MAX_DEPTH:
             raise TrainerConfigError(f"{where} nests deeper than {MAX_DEPTH} levels")
+        if isinstance(value, _LongNumber):
+            name = quoted(field) if field is not None else "a key"
+            raise TrainerConfigError(
+                f"config {where}: field {name} holds a whole number of {value.digits} digits (at most {MAX_DIGITS} read)"
+            )
         if isinstance(value, Mapping):
-            stack.extend((v, depth + 1) for v in _items(value))
-            stack.extend((k, depth + 1) for k in _keys(value))
+            stack.extend((v, depth + 1, k) for k, v in _pairs(value))
+            stack.extend((k, depth + 1, None) for k in _keys(value))
         elif isinstance(value, (list, tuple, set, frozenset)):
-            stack.extend((v, depth + 1) for v in _first(value))
+            stack.extend((v, depth + 1, field) for v in _first(value))
 
 
 def _first(values: Any) -> list:
@@ -107,8 +126,8 @@ def _first(values: Any) -> list:
     return out
 
 
-def _items(m: Mapping) -> list:
-    return _first(m.values())
+def _pairs(m: Mapping) -> list:
+    return _first(m.items())
 
 
 def _keys(m: Mapping) -> list:
@@ -136,6 +155,12 @@ def _yaml(text: str, where: str) -> Any:
                 return super().compose_node(parent, index)
             finally:
                 self.depth -= 1
+
+        def construct_yaml_int(self, node):  # noqa: ANN001 - yaml's signature
+            digits = sum(c.isdigit() for c in str(node.value))
+            return _LongNumber(digits) if digits > MAX_DIGITS else super().construct_yaml_int(node)
+
+    Loader.add_constructor("tag:yaml.org,2002:int", Loader.construct_yaml_int)
 
     try:
         return yaml.load(text, Loader=Loader)  # noqa: S506 - a SafeLoader subclass

@@ -15,7 +15,7 @@ from typing import Callable
 
 import ipywidgets as W
 
-from memsave_nb.errors import MemsaveError
+from memsave_nb.errors import MemsaveError, quoted
 
 from . import figures
 from .editor import PlanEditor
@@ -34,7 +34,7 @@ def parse_budgets(text: str) -> list[float]:
         try:
             value = float(part)
         except ValueError:
-            raise MemsaveError(f"budget {part!r} is not a number") from None
+            raise MemsaveError(f"budget {quoted(part)} is not a number") from None
         if not 0.0 <= value <= 1.0:
             raise MemsaveError(f"budget {value:g} is outside [0, 1]")
         out.append(value)

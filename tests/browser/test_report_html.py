@@ -4,37 +4,18 @@ Chromium; the figures themselves come from measure() / max_batch() run here."""
 
 from __future__ import annotations
 
-import json
-
 import memsave_nb
 from memsave_nb import Plan, cli, measure
 from memsave_nb.target import Target, max_batch
 from memsave_nb.units import format_bytes
 
-TINY_LLAMA = {
-    "model_type": "llama",
-    "architectures": ["LlamaForCausalLM"],
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "vocab_size": 512,
-    "max_position_embeddings": 256,
-    "rms_norm_eps": 1e-5,
-    "tie_word_embeddings": False,
-}
 
-
-def test_html_report_leads_with_the_answer_stdout_leads_with(page, tmp_path, capsys):
-    cfg = tmp_path / "tiny-llama" / "config.json"
-    cfg.parent.mkdir()
-    cfg.write_text(json.dumps(TINY_LLAMA))
+def test_html_report_leads_with_the_answer_stdout_leads_with(page, tmp_path, capsys, tiny):
     out_html = tmp_path / "x.html"
     argv = [
         "report",
         "--model",
-        str(cfg.parent),
+        tiny,
         "--lora",
         "r=4",
         "--seq-len",
@@ -49,7 +30,7 @@ def test_html_report_leads_with_the_answer_stdout_leads_with(page, tmp_path, cap
     lines = capsys.readouterr().out.splitlines()
 
     # the oracle: the engine on the same model and plan
-    wl = memsave_nb.from_pretrained(str(cfg.parent), lora="r=4", seq_len=32, batch_size=1)
+    wl = memsave_nb.from_pretrained(tiny, lora="r=4", seq_len=32, batch_size=1)
     with Plan().apply(wl) as w:
         m = measure(w, mode="fake")
     target = Target(0.55)

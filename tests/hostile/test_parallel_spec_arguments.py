@@ -50,118 +50,70 @@ def gpt():
     return tiny_gpt()
 
 
-@settings(
-    max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
-)
-@given(
-    world_size=SMALL,
-    strategy=STRATEGY,
-    shard_modules=MODULES,
-    replicate=SMALL,
-    reshard_root=FLAG,
-    param_dtype=st.one_of(st.sampled_from(["bfloat16", "float16", "int64"]), JUNK),
-    cpu_offload=FLAG,
-    bucket_cap_mb=st.one_of(st.sampled_from([1.0, 25.0]), JUNK),
-    tensor_parallel=SMALL,
-    sequence_parallel=FLAG,
-    tp_plan=TP_PLAN,
-    pipeline_parallel=SMALL,
-    schedule=SCHEDULE,
-    microbatches=SMALL,
-)
-def test_every_parallel_spec_is_sized_or_refused_in_one_line(
-    gpt,
-    world_size,
-    strategy,
-    shard_modules,
-    replicate,
-    reshard_root,
-    param_dtype,
-    cpu_offload,
-    bucket_cap_mb,
-    tensor_parallel,
-    sequence_parallel,
-    tp_plan,
-    pipeline_parallel,
-    schedule,
-    microbatches,
-):
+def _sized_or_refused(gpt, fields: dict, *, seconds: float | None = None) -> None:
+    """``measure_parallel(gpt, ParallelSpec(**fields))``: sized (a positive peak, within ``seconds``
+    of CPU time) or refused in one short line; the model left as it was either way."""
     before = ModelSnapshot.capture(gpt.model)
     start = time.process_time()
     try:
-        spec = ParallelSpec(
-            world_size=world_size,
-            strategy=strategy,
-            shard_modules=shard_modules,
-            replicate=replicate,
-            reshard_root=reshard_root,
-            param_dtype=param_dtype,
-            cpu_offload=cpu_offload,
-            bucket_cap_mb=bucket_cap_mb,
-            tensor_parallel=tensor_parallel,
-            sequence_parallel=sequence_parallel,
-            tp_plan=tp_plan,
-            pipeline_parallel=pipeline_parallel,
-            schedule=schedule,
-            microbatches=microbatches,
-        )
-        result = measure_parallel(gpt, spec)
-    except MemsaveError as exc:
-        _check(exc)
-        event(f"refused: {type(exc).__name__}")
-    else:
-        event("sized")
-        assert result.worst.peak_bytes > 0
-        assert time.process_time() - start < 60
-    assert before.differences(gpt.model) == []
-
-
-@settings(
-    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
-)
-@given(
-    world_size=st.sampled_from([1, 2, 4, 8]),
-    strategy=st.sampled_from(["fsdp", "ddp"]),
-    replicate=st.sampled_from([1, 2]),
-    tensor_parallel=st.sampled_from([1, 2, 4]),
-    sequence_parallel=st.booleans(),
-    pipeline_parallel=st.sampled_from([1, 2, 4]),
-    microbatches=st.sampled_from([1, 2, 3]),
-    cpu_offload=st.booleans(),
-)
-def test_combinations_of_valid_degrees_are_sized_or_refused_in_one_line(
-    gpt,
-    world_size,
-    strategy,
-    replicate,
-    tensor_parallel,
-    sequence_parallel,
-    pipeline_parallel,
-    microbatches,
-    cpu_offload,
-):
-    """Degrees each valid alone, combined (PP x TP x HSDP, SP, offload, DDP): the refusals that need
-    the model (heads, blocks, stages) come through as the same one line."""
-    before = ModelSnapshot.capture(gpt.model)
-    try:
-        spec = ParallelSpec(
-            world_size=world_size,
-            strategy=strategy,
-            replicate=replicate,
-            cpu_offload=cpu_offload,
-            tensor_parallel=tensor_parallel,
-            sequence_parallel=sequence_parallel,
-            pipeline_parallel=pipeline_parallel,
-            microbatches=microbatches,
-        )
-        result = measure_parallel(gpt, spec)
+        result = measure_parallel(gpt, ParallelSpec(**fields))
     except MemsaveError as exc:
         _check(exc)
         event(f"refused: {' '.join(str(exc).split()[:3])}")
     else:
         event("sized")
         assert result.worst.peak_bytes > 0
+        assert seconds is None or time.process_time() - start < seconds
     assert before.differences(gpt.model) == []
+
+
+FIXTURE_OK = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+
+
+@settings(FIXTURE_OK, max_examples=80)
+@given(
+    st.fixed_dictionaries(
+        {
+            "world_size": SMALL,
+            "strategy": STRATEGY,
+            "shard_modules": MODULES,
+            "replicate": SMALL,
+            "reshard_root": FLAG,
+            "param_dtype": st.one_of(st.sampled_from(["bfloat16", "float16", "int64"]), JUNK),
+            "cpu_offload": FLAG,
+            "bucket_cap_mb": st.one_of(st.sampled_from([1.0, 25.0]), JUNK),
+            "tensor_parallel": SMALL,
+            "sequence_parallel": FLAG,
+            "tp_plan": TP_PLAN,
+            "pipeline_parallel": SMALL,
+            "schedule": SCHEDULE,
+            "microbatches": SMALL,
+        }
+    )
+)
+def test_every_parallel_spec_is_sized_or_refused_in_one_line(gpt, fields):
+    _sized_or_refused(gpt, fields, seconds=60)
+
+
+@settings(FIXTURE_OK, max_examples=30)
+@given(
+    st.fixed_dictionaries(
+        {
+            "world_size": st.sampled_from([1, 2, 4, 8]),
+            "strategy": st.sampled_from(["fsdp", "ddp"]),
+            "replicate": st.sampled_from([1, 2]),
+            "tensor_parallel": st.sampled_from([1, 2, 4]),
+            "sequence_parallel": st.booleans(),
+            "pipeline_parallel": st.sampled_from([1, 2, 4]),
+            "microbatches": st.sampled_from([1, 2, 3]),
+            "cpu_offload": st.booleans(),
+        }
+    )
+)
+def test_combinations_of_valid_degrees_are_sized_or_refused_in_one_line(gpt, fields):
+    """Degrees each valid alone, combined (PP x TP x HSDP, SP, offload, DDP): the refusals that need
+    the model (heads, blocks, stages) come through as the same one line."""
+    _sized_or_refused(gpt, fields)
 
 
 def test_pp_by_tp_keeps_the_head_count_message():
@@ -178,3 +130,19 @@ def test_pp_by_tp_keeps_the_head_count_message():
             measure_parallel(wl, spec)
         _check(err.value)
         assert "does not divide" in str(err.value) and "(3)" in str(err.value), str(err.value)
+
+
+def test_a_pipeline_spec_is_sent_to_measure_pipeline(gpt):
+    """measure_parallel sharded a pipeline spec's pp dimension as HSDP's replicas (a wrong size), or
+    raised torch's "fully_shard expects a 1D or 2D DeviceMesh" (PP 2 x replicate 2): one line now."""
+    from memsave_nb.parallel import ParallelError, measure_pipeline
+
+    for fields in (
+        {"world_size": 2, "pipeline_parallel": 2},
+        {"world_size": 4, "replicate": 2, "pipeline_parallel": 2},
+    ):
+        spec = ParallelSpec(**fields)
+        with pytest.raises(ParallelError, match="measure_pipeline") as info:
+            measure_parallel(gpt, spec)
+        _check(info.value)
+    assert measure_pipeline(gpt, ParallelSpec(world_size=2, pipeline_parallel=2, microbatches=2)).device_peak_bytes > 0

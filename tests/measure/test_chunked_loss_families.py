@@ -154,6 +154,25 @@ def _close(ours, theirs, rel):
         )
 
 
+def _own_and_chunked(model, batch):
+    """(the model's own loss and gradients, the chunked knob's loss and gradients) on ``batch``,
+    with ``loss_chunk=5`` (several chunks); the model put back after."""
+    params = list(model.parameters())
+    own = model(**batch).loss  # the model's own loss (float32 cross-entropy inside)
+    g_own = torch.autograd.grad(own, params)
+    with Plan(loss="chunked", loss_chunk=5).apply(Workload(model, batch)) as w:
+        ours = w.forward(w.make_batch()).loss
+        g_ours = torch.autograd.grad(ours, params)
+    assert "forward" not in vars(model)  # put back
+    return (own, g_own), (ours, g_ours)
+
+
+def _equal_to_the_models_own(model, own, ours):
+    """The chunked loss and gradients against the model's own, to float32's cross-entropy."""
+    torch.testing.assert_close(ours[0].float(), own[0].float(), rtol=1e-6, atol=0)
+    _close((dict(model.named_parameters()), ours[1]), own[1], 1e-5)
+
+
 @pytest.mark.parametrize("case", list(CASES))
 def test_chunked_loss_and_gradients_equal_the_models_own_float64(case):
     model = _model(case)
@@ -163,12 +182,7 @@ def test_chunked_loss_and_gradients_equal_the_models_own_float64(case):
 
     ref = _reference(model, batch)
     g_ref = torch.autograd.grad(ref, list(params.values()))
-    own = model(**batch).loss  # the model's own loss (float32 cross-entropy inside)
-    g_own = torch.autograd.grad(own, list(params.values()))
-    with Plan(loss="chunked", loss_chunk=5).apply(Workload(model, batch)) as w:
-        ours = w.forward(w.make_batch()).loss
-        g_ours = torch.autograd.grad(ours, list(params.values()))
-    assert "forward" not in vars(model)  # put back
+    own, (ours, g_ours) = _own_and_chunked(model, batch)
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in state.items())
 
     assert ours.dtype == torch.float64
@@ -176,8 +190,7 @@ def test_chunked_loss_and_gradients_equal_the_models_own_float64(case):
     # Cohere's layer norm computes in float32 whatever the model's dtype: last-bit differences of the
     # gradient coming into the backbone round to float32 there (seen: 1.2e-7 of the largest)
     _close((params, g_ours), g_ref, 1e-6 if case == "cohere" else 1e-10)
-    torch.testing.assert_close(ours.float(), own.float(), rtol=1e-6, atol=0)
-    _close((params, g_ours), g_own, 1e-5)
+    _equal_to_the_models_own(model, own, (ours, g_ours))
 
 
 @pytest.mark.parametrize(
@@ -361,13 +374,7 @@ def test_trainer_keywords_are_the_models_own(extra):
         batch[extra] = torch.tensor(23)  # more than this micro-batch's 12 kept positions
     else:
         batch[extra] = torch.roll(batch["labels"], 2, dims=1)  # aligned with the positions (labels still needed)
-    params = list(model.parameters())
-    own = model(**batch).loss
-    g_own = torch.autograd.grad(own, params)
-    with Plan(loss="chunked", loss_chunk=5).apply(Workload(model, batch)) as w:
-        ours = w.forward(w.make_batch()).loss
-        g_ours = torch.autograd.grad(ours, params)
-    torch.testing.assert_close(ours.float(), own.float(), rtol=1e-6, atol=0)
-    _close((dict(model.named_parameters()), g_ours), g_own, 1e-5)
+    own, ours = _own_and_chunked(model, batch)
+    _equal_to_the_models_own(model, own, ours)
     if extra == "num_items_in_batch":
-        assert abs(ours.item() - 12 / 23 * _reference(model, {k: v for k, v in batch.items() if k != extra})) < 1e-9
+        assert abs(ours[0].item() - 12 / 23 * _reference(model, {k: v for k, v in batch.items() if k != extra})) < 1e-9
