@@ -32,7 +32,13 @@ def add_parser(sub, positive_int) -> None:
     p.add_argument(
         "--seq-len", type=positive_int, default=None, metavar="T", help="Hugging Face models: the sequence length"
     )
-    p.add_argument("--target-gb", type=_gb, required=True, metavar="GB", help="the GPU's memory in GB")
+    p.add_argument(
+        "--target-gb",
+        type=_gb,
+        required=True,
+        metavar="GB",
+        help="the GPU's memory in GB as its maker counts it (read as GiB: an 80 GB H100 is 80 GiB)",
+    )
     p.add_argument(
         "--headroom",
         type=_fraction,

@@ -101,7 +101,7 @@ def _add_tuner_arguments(rep: argparse.ArgumentParser) -> None:
         type=_gb,
         default=None,
         metavar="GB",
-        help=f"the GPU's memory in GB (presets {', '.join(f'{g:g}' for g in PRESETS_GB)}): says fits / does not fit",
+        help=f"the GPU's memory in GB as its maker counts it, read as GiB (presets {', '.join(f'{g:g}' for g in PRESETS_GB)}): says fits / does not fit",
     )
     rep.add_argument(
         "--headroom",
