@@ -13,12 +13,14 @@ touched and ``torch.distributed.is_initialized()`` is as it was.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 from typing import Any, Sequence
 
 import torch
 
 from ..errors import MemsaveError
+from ..measure.cuda_attention import sized_attention
 from ..measure.fake_compat import optimizer_numbers
 from ..measure.fake_dispatch import quick_dispatch
 from ..workload import Workload, map_tensors
@@ -70,6 +72,7 @@ def measure_parallel(
         max(r.offload_h2d_bytes for r in results),
         max(r.offload_d2h_bytes for r in results),
         max(r.foreach_temp_bytes for r in results),
+        None if worst.reserved is None else worst.reserved.max_reserved_bytes,
     )
     return ParallelMeasurement(
         spec=spec, ranks=results, steady=steady, plan_name=getattr(plan, "name", "") or "", unseen=unseen
@@ -140,14 +143,20 @@ def measure_rank(
         with applied as wl, entries_restored(wl.model):
             with contextlib.nullcontext() if tp else fake_mode:
                 called = apply_parallel(wl.model, spec, mesh, fake=True)
-            with quick_dispatch(fake_mode), fake_mode, waits:  # cache hits the quick way (fake_dispatch)
+            # a step sized for CUDA runs the SDPA kernel CUDA would pick on ``workload.gpu``, as the engine's
+            with quick_dispatch(fake_mode), fake_mode, waits, sized_attention(wl) as attention:
                 if tp:
                     wl.model.to_empty(device="cpu")
                 batch = _fake_batch(wl, fake_mode)
                 # an optimizer that reads a scalar (Adafactor's step count) gets the single-device answer
                 try:
                     with optimizer_numbers():
-                        return tracked_step(wl, called, batch, rank=rank, ranks=ranks or (rank,), steady=steady)
+                        result = tracked_step(wl, called, batch, rank=rank, ranks=ranks or (rank,), steady=steady)
+                    if attention is not None and attention.backends:
+                        result = dataclasses.replace(
+                            result, attention_backends=tuple(sorted(attention.backends.items()))
+                        )
+                    return result
                 except (MemsaveError, KeyboardInterrupt):
                     raise
                 except Exception as exc:  # noqa: BLE001 - one line, the cause kept
