@@ -64,11 +64,12 @@ def test_bars_line_verdict_and_table_follow_the_target():
     # the hatched range holds the replay's excess over the counted peak, not the 80% rule's quarter
     assert source.data["unseen_top"][k] - worst.peak_bytes < 2 * 2**30
     assert panel.figure.y_range.end >= line.location
-    needed = reserved + (500 + 512 * n) * 2**20
-    over = (needed - 2**20) / 2**30  # a MiB short of the replay's total: does not fit
-    ex.tuner.set_target(over)
+    fixed = (500 + 512 * n) * 2**20
+    needed = reserved + fixed
+    short = (deciding.reserved.max_allocated_bytes - 1 + fixed) / 2**30  # under the allocations' peak
+    ex.tuner.set_target(short)
     assert "memsave-nofit" in panel.verdict.value and "does not fit" in panel.verdict.value
-    ex.tuner.set_target((needed + 2**20) / 2**30)
+    ex.tuner.set_target(needed / 2**30)
     assert "memsave-fits" in panel.verdict.value
     # the table: a real table, whole column names, units chosen per value
     table = panel.table.value
