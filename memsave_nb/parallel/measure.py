@@ -39,12 +39,15 @@ def measure_parallel(
     *,
     ranks: Sequence[int] | None = None,
     steady: bool = True,
+    replay: bool = True,
 ) -> ParallelMeasurement:
     """Per-rank peak and split of one training step of ``workload`` under ``spec``.
 
     ``plan`` (a ``memsave_nb.Plan``) is applied to the twin first: freezing, memory-saving layers,
     checkpointed regions. ``ranks``: which ranks to measure; by default one of each shard layout,
-    which includes the worst rank. ``steady``: measure step 2 (optimizer state alive).
+    which includes the worst rank. ``steady``: measure step 2 (optimizer state alive). ``replay``:
+    replay each rank's step through the caching-allocator model (``replay.py``; False: the 80% rule
+    judges it, as the layout search's shallow twins, whose steps no GPU runs).
     ``spec`` defaults to ``plan.parallel``.
     """
     if spec is None:
@@ -64,7 +67,9 @@ def measure_parallel(
             if r not in by_rank:
                 raise ParallelError(f"rank {r} is outside world size {spec.world_size}")
             chosen.append((r, (r,)))
-    results = tuple(measure_rank(workload, spec, plan, rank=r, ranks=g, steady=steady) for r, g in chosen)
+    results = tuple(
+        measure_rank(workload, spec, plan, rank=r, ranks=g, steady=steady, replay=replay) for r, g in chosen
+    )
     worst = max(results, key=lambda r: (r.device_bytes, r.peak_bytes, -r.rank))
     unseen = unseen_lines(
         spec,
@@ -118,6 +123,7 @@ def measure_rank(
     rank: int = 0,
     ranks: tuple[int, ...] | None = None,
     steady: bool = True,
+    replay: bool = True,
 ) -> RankMeasurement:
     """One rank in fake mode (see ``measure_parallel``)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -151,7 +157,9 @@ def measure_rank(
                 # an optimizer that reads a scalar (Adafactor's step count) gets the single-device answer
                 try:
                     with optimizer_numbers():
-                        result = tracked_step(wl, called, batch, rank=rank, ranks=ranks or (rank,), steady=steady)
+                        result = tracked_step(
+                            wl, called, batch, rank=rank, ranks=ranks or (rank,), steady=steady, replay=replay
+                        )
                     if attention is not None and attention.backends:
                         result = dataclasses.replace(
                             result, attention_backends=tuple(sorted(attention.backends.items()))

@@ -312,6 +312,9 @@ class ParallelMeasurement:
                 "rank(s)        peak          " if self.spec.pipeline_parallel == 1 else "rank (stage)   peak          "
             )
         cols = [c for c in CATEGORIES if any(split(r).get(c) for r in self.ranks)]
+        replayed = all(r.reserved is not None for r in self.ranks)
+        if replayed:  # the allocator replay's max_memory_reserved per rank, beside the counted peak
+            first += "reserved      "
         lines = [head, first + "  ".join(f"{c:>14.14}" for c in cols)]
         pp = self.spec.pipeline_parallel
         for r in self.ranks:
@@ -319,11 +322,20 @@ class ParallelMeasurement:
             if pp > 1:
                 label = f"{_ranks_label(r.ranks)} (stage {','.join(map(str, stages_of(self.spec, r.rank)))})"
             host = f"{fmt(r.host_peak_bytes or 0)}  " if offload else ""
+            reserved = f"{fmt(r.reserved.max_reserved_bytes)}  " if replayed and r.reserved is not None else ""
             lines.append(
-                f"{label:<14} {fmt(r.device_bytes)}  {host}" + "  ".join(f"{fmt(split(r).get(c, 0)):>14}" for c in cols)
+                f"{label:<14} {fmt(r.device_bytes)}  {host}{reserved}"
+                + "  ".join(f"{fmt(split(r).get(c, 0)):>14}" for c in cols)
             )
         where = " on the device" if offload else ""
         lines.append(f"worst rank {self.worst.rank}: {fmt(self.device_peak_bytes)} counted{where}")
+        if replayed:
+            top = max(self.ranks, key=lambda r: r.reserved.max_reserved_bytes if r.reserved else 0)
+            assert top.reserved is not None
+            lines.append(
+                f"  predicted reserved (allocator replay, rank {top.rank}): {fmt(top.reserved.max_reserved_bytes).strip()}, "
+                f"fragmentation at its allocated peak {fmt(top.reserved.fragmentation_bytes).strip()}"
+            )
         for u in self.unseen:
             lines.append(f"  + {u.name}: {fmt(u.low_bytes).strip()} .. {fmt(u.high_bytes).strip()}  [{u.source}]")
         lines.append(

@@ -70,14 +70,22 @@ def _call(workload: Workload, model: nn.Module, batch: Any) -> Any:
 
 
 def tracked_step(
-    workload: Workload, model: nn.Module, batch: Any, *, rank: int, ranks: tuple[int, ...], steady: bool | str = True
+    workload: Workload,
+    model: nn.Module,
+    batch: Any,
+    *,
+    rank: int,
+    ranks: tuple[int, ...],
+    steady: bool | str = True,
+    replay: bool = True,
 ) -> RankMeasurement:
     """Run (steady: two steps, the second tracked) and summarise one rank.
 
     ``workload.model`` is the sharded module whose parameters train; ``model`` is what is called
     (the same module under FSDP2, the DDP wrapper under DDP). ``steady``: True makes the optimizer
     state with one optimizer step on zero gradients, ``"full"`` runs a whole first step, False
-    measures the first step. The workload's ``accumulation_steps`` and ``set_to_none`` are honoured
+    measures the first step. ``replay``: the device events through the allocator model
+    (``RankMeasurement.reserved``). The workload's ``accumulation_steps`` and ``set_to_none`` are honoured
     as the engine honours them (the same batch for each micro-step).
     """
     start = time.perf_counter()
@@ -126,11 +134,13 @@ def tracked_step(
     staging = backend_staging(tracker, kinds)
     result = summarise(tracker, kinds, marks, rank=rank, ranks=ranks, seconds=time.perf_counter() - start, host=host)
     # the GPU's share of the step (no host storages, no gloo staging copies) through the allocator model
-    reserved, streams = replay_rank(tracker, skip=set(host) | staging, workspace=_cublas_workspace(workload, tracker))
+    if replay:
+        reserved, streams = replay_rank(
+            tracker, skip=set(host) | staging, workspace=_cublas_workspace(workload, tracker)
+        )
+        result = dataclasses.replace(result, reserved=reserved, reserved_streams=streams)
     result = dataclasses.replace(
         result,
-        reserved=reserved,
-        reserved_streams=streams,
         collectives=tuple(
             (op, size, calls, nbytes) for (op, size), (calls, nbytes) in sorted(tracker.collectives.items())
         ),

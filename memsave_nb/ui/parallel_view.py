@@ -244,13 +244,15 @@ NO_RANK_REPLAY = (
 
 
 def table_html(result: Any) -> str:
-    """Per rank group: device peak, host peak under offload, each category; then the unseen lines.
+    """Per rank group: device peak, predicted reserved (the allocator replay), host peak under
+    offload, each category; then the unseen lines.
     Scrolls sideways in a narrow page with the rank column fixed."""
     cols = columns(result)
     strategy = getattr(result.spec, "strategy", "fsdp")
     offload = result.host_peak_bytes is not None
-    heads = ["ranks", "GPU peak" if offload else "peak"] + (["host peak"] if offload else [])
-    heads += [category_name(c, strategy) for c in cols]
+    replayed = _replayed(result)
+    heads = ["ranks", "GPU peak" if offload else "peak"] + (["predicted reserved"] if replayed else [])
+    heads += (["host peak"] if offload else []) + [category_name(c, strategy) for c in cols]
     sticky = "position:sticky;left:0;background:var(--jp-layout-color0, #fff);"
     cell = "padding:2px 8px;text-align:right;white-space:nowrap;"
     th = "".join(f"<th style='{cell}{sticky if i == 0 else ''}'>{html.escape(h)}</th>" for i, h in enumerate(heads))
@@ -258,6 +260,7 @@ def table_html(result: Any) -> str:
     for r in result.ranks:
         values = (
             [r.device_bytes]
+            + ([r.reserved.max_reserved_bytes] if replayed else [])
             + ([r.host_peak_bytes or 0] if offload else [])
             + [_split(result, r).get(c, 0) for c in cols]
         )
