@@ -119,7 +119,7 @@ def unseen_lines(
         extra = max(reserved_bytes - peak_bytes, 0)
         lines.append(
             Unseen(
-                "allocator rounding and cached segments (replayed)",
+                "allocator fragmentation: rounding and cached segments (replayed)",
                 extra,
                 extra,
                 "the rank's allocations and frees replayed through a model of torch 2.13's CUDA caching allocator "

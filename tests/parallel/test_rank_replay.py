@@ -175,3 +175,21 @@ def test_a_per_rank_step_sized_for_cuda_saves_what_the_engine_saves(gpu, dtype, 
     assert ranks[0].saved_bytes - ranks[1].saved_bytes == (65_568 if backend == "memory-efficient" else 2 * 16)
     assert ranks[0].reserved.workspace_bytes == single[0].reserved.workspace_bytes > 0
     assert ranks[1].reserved.workspace_bytes == 0
+
+
+def test_pipeline_stages_keep_the_80_percent_rule_and_say_so():
+    """Pipeline stages carry no replay: the GPUs tab's verdict is the 80% rule on the counted peak,
+    labelled in one line, and its line is the usable share; the unseen lines keep the 25% headroom."""
+    pytest.importorskip("bokeh")
+    from memsave_nb.parallel import measure_pipeline
+    from memsave_nb.ui.parallel_view import NO_RANK_REPLAY, rank_figure, verdict_html
+
+    from .test_pipeline import mlp, spec
+
+    m = measure_pipeline(mlp(), spec("1f1b"))
+    assert all(r.reserved is None for r in m.ranks)
+    html = verdict_html(m, Target(16))
+    assert html.count("memsave-parallel-rule") == 1 and NO_RANK_REPLAY in html and "memsave-parallel-replay" not in html
+    assert rank_figure(m, Target(16)).select_one({"name": "gpus_usable_line"}).location == Target(16).usable_bytes
+    assert any(u.name == "allocator fragmentation and headroom" for u in m.unseen)
+    assert "reserved" not in m.table().splitlines()[1]
