@@ -108,7 +108,7 @@ def replay_rank(
     allocated, reserved = series[peak] if peak is not None else (0, 0)
     st = alloc.stats
     # events in ops stay the kept ones' indices; the peak's is mapped back to the tracker's
-    peak_event = kept[max(ops[peak][2], 0)] if peak is not None and kept else 0
+    peak_event = kept[min(max(ops[peak][2], 0), len(kept) - 1)] if peak is not None and kept else 0
     return (
         ReservedMemory(
             max_reserved_bytes=st.max_reserved,
