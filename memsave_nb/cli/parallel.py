@@ -195,14 +195,21 @@ def report_parallel(args: argparse.Namespace, cw, plan, spec=None, notes=()) -> 
         from ..target import Target
         from .target import cli_target, verdict_line
 
+        from ..parallel.verdict import worst_fit
+
         target = cli_target(args)
-        lines.append(verdict_line(target, m.device_peak_bytes, " per rank"))
-        whole = Target(target.gb, 1.0, target.name)  # the unseen lines are what the headroom is for
-        lines.append(
-            f"  with the unseen lines' upper end ({format_bytes(m.device_peak_bytes + m.unseen_high_bytes)}) on the "
-            f"whole GPU: {whole.verdict(m.device_peak_bytes + m.unseen_high_bytes)}"
-        )
-        explained = "\n" + target.line() + "\n"
+        rank, fit = worst_fit(target, m)
+        if fit.replay is not None:  # every rank replayed through the allocator model: its verdict, no 80% rule
+            lines.append(f"Target {target.label} per rank: {fit.verdict(target)}; deciding rank {rank.rank}")
+            lines += list(fit.replay.lines()[1:])
+        else:  # pipeline stages: no replay, the 80% rule, and the unseen lines on the whole GPU
+            lines.append(verdict_line(target, m.device_peak_bytes, " per rank") + " (80% rule, no allocator replay)")
+            whole = Target(target.gb, 1.0, target.name)  # the unseen lines are what the headroom is for
+            lines.append(
+                f"  with the unseen lines' upper end ({format_bytes(m.device_peak_bytes + m.unseen_high_bytes)}) on "
+                f"the whole GPU: {whole.verdict(m.device_peak_bytes + m.unseen_high_bytes)}"
+            )
+            explained = "\n" + target.line() + "\n"
     split = worst.device_peak_split or worst.peak_split
     lines.append("Split: " + ", ".join(f"{k.replace('_', ' ')} {format_bytes(v)}" for k, v in split.items() if v))
     lines += ["", m.table()]

@@ -406,5 +406,19 @@ def _summarise(workload: Workload, model: nn.Module, step: _Profiled, times: lis
             "measured from profiler memory events"
             + (" of a torch.compile'd model" if compiled else "")
             + ": no per-module or per-op attribution",
-        ),
+        )
+        + _cuda_attention_note(workload),
+    )
+
+
+def _cuda_attention_note(workload: Workload) -> tuple[str, ...]:
+    """A step sized for CUDA that ran here on CPU tensors: its attention was the CPU's kernel. The
+    engine and the per-rank runner answer SDPA with CUDA's choice (``cuda_attention``) on fake
+    tensors only (CUDA's kernels have no CPU implementation), and a compiled step cannot be faked."""
+    if workload.sized_for != "cuda" or torch.device(workload.device).type == "cuda":
+        return ()
+    return (
+        f"sized for CUDA ({workload.gpu or 'the default GPU'}), but this step ran real tensors on "
+        f"{torch.device(workload.device).type}: scaled_dot_product_attention ran this device's kernel, not the one "
+        "CUDA would pick (that choice is made in fake mode only, and a compiled step cannot be faked)",
     )

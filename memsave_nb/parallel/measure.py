@@ -13,12 +13,14 @@ touched and ``torch.distributed.is_initialized()`` is as it was.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 from typing import Any, Sequence
 
 import torch
 
 from ..errors import MemsaveError
+from ..measure.cuda_attention import sized_attention
 from ..measure.fake_compat import optimizer_numbers
 from ..measure.fake_dispatch import quick_dispatch
 from ..workload import Workload, map_tensors
@@ -37,12 +39,15 @@ def measure_parallel(
     *,
     ranks: Sequence[int] | None = None,
     steady: bool = True,
+    replay: bool = True,
 ) -> ParallelMeasurement:
     """Per-rank peak and split of one training step of ``workload`` under ``spec``.
 
     ``plan`` (a ``memsave_nb.Plan``) is applied to the twin first: freezing, memory-saving layers,
     checkpointed regions. ``ranks``: which ranks to measure; by default one of each shard layout,
-    which includes the worst rank. ``steady``: measure step 2 (optimizer state alive).
+    which includes the worst rank. ``steady``: measure step 2 (optimizer state alive). ``replay``:
+    replay each rank's step through the caching-allocator model (``replay.py``; False: the 80% rule
+    judges it, as the layout search's shallow twins, whose steps no GPU runs).
     ``spec`` defaults to ``plan.parallel``.
     """
     if spec is None:
@@ -70,7 +75,9 @@ def measure_parallel(
             if r not in by_rank:
                 raise ParallelError(f"rank {r} is outside world size {spec.world_size}")
             chosen.append((r, (r,)))
-    results = tuple(measure_rank(workload, spec, plan, rank=r, ranks=g, steady=steady) for r, g in chosen)
+    results = tuple(
+        measure_rank(workload, spec, plan, rank=r, ranks=g, steady=steady, replay=replay) for r, g in chosen
+    )
     worst = max(results, key=lambda r: (r.device_bytes, r.peak_bytes, -r.rank))
     unseen = unseen_lines(
         spec,
@@ -78,6 +85,7 @@ def measure_parallel(
         max(r.offload_h2d_bytes for r in results),
         max(r.offload_d2h_bytes for r in results),
         max(r.foreach_temp_bytes for r in results),
+        None if worst.reserved is None else worst.reserved.max_reserved_bytes,
     )
     return ParallelMeasurement(
         spec=spec, ranks=results, steady=steady, plan_name=getattr(plan, "name", "") or "", unseen=unseen
@@ -123,6 +131,7 @@ def measure_rank(
     rank: int = 0,
     ranks: tuple[int, ...] | None = None,
     steady: bool = True,
+    replay: bool = True,
 ) -> RankMeasurement:
     """One rank in fake mode (see ``measure_parallel``)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -148,14 +157,22 @@ def measure_rank(
         with applied as wl, entries_restored(wl.model):
             with contextlib.nullcontext() if tp else fake_mode:
                 called = apply_parallel(wl.model, spec, mesh, fake=True)
-            with quick_dispatch(fake_mode), fake_mode, waits:  # cache hits the quick way (fake_dispatch)
+            # a step sized for CUDA runs the SDPA kernel CUDA would pick on ``workload.gpu``, as the engine's
+            with quick_dispatch(fake_mode), fake_mode, waits, sized_attention(wl) as attention:
                 if tp:
                     wl.model.to_empty(device="cpu")
                 batch = _fake_batch(wl, fake_mode)
                 # an optimizer that reads a scalar (Adafactor's step count) gets the single-device answer
                 try:
                     with optimizer_numbers():
-                        return tracked_step(wl, called, batch, rank=rank, ranks=ranks or (rank,), steady=steady)
+                        result = tracked_step(
+                            wl, called, batch, rank=rank, ranks=ranks or (rank,), steady=steady, replay=replay
+                        )
+                    if attention is not None and attention.backends:
+                        result = dataclasses.replace(
+                            result, attention_backends=tuple(sorted(attention.backends.items()))
+                        )
+                    return result
                 except (MemsaveError, KeyboardInterrupt):
                     raise
                 except Exception as exc:  # noqa: BLE001 - one line, the cause kept

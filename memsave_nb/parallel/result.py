@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..measure.result import ReservedMemory
 from ..parallel_spec import ParallelSpec
 
 CATEGORIES = (
@@ -40,12 +41,15 @@ def unseen_lines(
     offload_h2d_bytes: int = 0,
     offload_d2h_bytes: int = 0,
     foreach_temp_bytes: int = 0,
+    reserved_bytes: int | None = None,
 ) -> tuple[Unseen, ...]:
     """The explicit lines added beside every per-rank peak (figures per rank).
 
     ``peak_bytes`` is the device peak; under CPU offload ``offload_*_bytes`` are the upper bounds
     of the device-side copies a CPU mesh cannot show (``host.copy_bounds``), estimates.
-    ``foreach_temp_bytes``: see ``RankMeasurement.foreach_temp_bytes``.
+    ``foreach_temp_bytes``: see ``RankMeasurement.foreach_temp_bytes``. ``reserved_bytes``: the
+    rank's predicted reserved memory (its allocator replay); with it the fragmentation line is the
+    replay's excess over the peak, not the 80% rule's 25%.
     """
     lines = []
     if foreach_temp_bytes:
@@ -111,13 +115,26 @@ def unseen_lines(
             "convolutions do the same (docs/parallel.md, 'Against the allocator's own record')",
         )
     )
+    if reserved_bytes is not None:
+        extra = max(reserved_bytes - peak_bytes, 0)
+        lines.append(
+            Unseen(
+                "allocator fragmentation: rounding and cached segments (replayed)",
+                extra,
+                extra,
+                "the rank's allocations and frees replayed through a model of torch 2.13's CUDA caching allocator "
+                "(FSDP2's all-gather and reduce-scatter streams kept apart): predicted max_memory_reserved less "
+                "the counted peak (docs/parallel.md, 'Reserved memory per rank')",
+            )
+        )
+        return tuple(lines)
     lines.append(
         Unseen(
             "allocator fragmentation and headroom",
             0,
             peak_bytes // 4,
             "Fujii et al. 2024 (arXiv 2411.06465, 454 runs on A100/H100): estimates below 80% of GPU memory "
-            "never ran out of memory, i.e. keep up to 25% above the counted peak",
+            "never ran out of memory, i.e. keep up to 25% above the counted peak (no allocator replay for this rank)",
         )
     )
     return tuple(lines)
@@ -160,6 +177,15 @@ class RankMeasurement:
     # pipeline stages: the peak within each micro-batch's forward and backward and the optimizer step
     # (label, bytes), what the layout planner extrapolates over depth one by one
     segment_peaks: tuple[tuple[str, int], ...] = ()
+    # the rank's device events replayed through the caching-allocator model (``replay.py``): predicted
+    # ``max_memory_reserved``, fragmentation, the reserved timeline; None where no replay exists
+    # (pipeline stages, the cross-check's rebuilt ranks): the 80% rule judges those
+    reserved: ReservedMemory | None = field(default=None, repr=False)
+    # the stream of each op in ``reserved.ops`` (FSDP2's all-gather / reduce-scatter pools); () = all default
+    reserved_streams: tuple[int, ...] = field(default=(), repr=False)
+    # a step sized for CUDA (``Workload.sized_for``/``gpu``): the SDPA backends CUDA would pick, with
+    # their calls (forward and a checkpoint's recomputation), as ``measure/cuda_attention.py`` chose them
+    attention_backends: tuple[tuple[str, int], ...] = ()
 
     @property
     def device_bytes(self) -> int:
@@ -186,6 +212,17 @@ class RankMeasurement:
             "offload_d2h_bytes": self.offload_d2h_bytes,
             "foreach_temp_bytes": self.foreach_temp_bytes,
             "collectives": [list(c) for c in self.collectives],
+            "attention_backends": dict(self.attention_backends),
+            "reserved": None
+            if self.reserved is None
+            else {
+                "max_reserved_bytes": self.reserved.max_reserved_bytes,
+                "max_allocated_bytes": self.reserved.max_allocated_bytes,
+                "fragmentation_bytes": self.reserved.fragmentation_bytes,
+                "segments": self.reserved.segments,
+                "streams": 1 + max(self.reserved_streams, default=0),
+                "alloc_conf": self.reserved.alloc_conf,
+            },
         }
 
 
@@ -275,6 +312,9 @@ class ParallelMeasurement:
                 "rank(s)        peak          " if self.spec.pipeline_parallel == 1 else "rank (stage)   peak          "
             )
         cols = [c for c in CATEGORIES if any(split(r).get(c) for r in self.ranks)]
+        replayed = all(r.reserved is not None for r in self.ranks)
+        if replayed:  # the allocator replay's max_memory_reserved per rank, beside the counted peak
+            first += "reserved      "
         lines = [head, first + "  ".join(f"{c:>14.14}" for c in cols)]
         pp = self.spec.pipeline_parallel
         for r in self.ranks:
@@ -282,11 +322,20 @@ class ParallelMeasurement:
             if pp > 1:
                 label = f"{_ranks_label(r.ranks)} (stage {','.join(map(str, stages_of(self.spec, r.rank)))})"
             host = f"{fmt(r.host_peak_bytes or 0)}  " if offload else ""
+            reserved = f"{fmt(r.reserved.max_reserved_bytes)}  " if replayed and r.reserved is not None else ""
             lines.append(
-                f"{label:<14} {fmt(r.device_bytes)}  {host}" + "  ".join(f"{fmt(split(r).get(c, 0)):>14}" for c in cols)
+                f"{label:<14} {fmt(r.device_bytes)}  {host}{reserved}"
+                + "  ".join(f"{fmt(split(r).get(c, 0)):>14}" for c in cols)
             )
         where = " on the device" if offload else ""
         lines.append(f"worst rank {self.worst.rank}: {fmt(self.device_peak_bytes)} counted{where}")
+        if replayed:
+            top = max(self.ranks, key=lambda r: r.reserved.max_reserved_bytes if r.reserved else 0)
+            assert top.reserved is not None
+            lines.append(
+                f"  predicted reserved (allocator replay, rank {top.rank}): {fmt(top.reserved.max_reserved_bytes).strip()}, "
+                f"fragmentation at its allocated peak {fmt(top.reserved.fragmentation_bytes).strip()}"
+            )
         for u in self.unseen:
             lines.append(f"  + {u.name}: {fmt(u.low_bytes).strip()} .. {fmt(u.high_bytes).strip()}  [{u.source}]")
         lines.append(

@@ -24,6 +24,7 @@ from ..workload import Workload, iter_tensors
 from .apply import unsharded_tensors
 from .host import copy_bounds, host_records
 from .ddp import rebuild_buckets, reducer_storages
+from .replay import replay_rank
 from .result import CATEGORIES, RankMeasurement
 from .tracker import ShardTracker, local_shard
 
@@ -69,14 +70,22 @@ def _call(workload: Workload, model: nn.Module, batch: Any) -> Any:
 
 
 def tracked_step(
-    workload: Workload, model: nn.Module, batch: Any, *, rank: int, ranks: tuple[int, ...], steady: bool | str = True
+    workload: Workload,
+    model: nn.Module,
+    batch: Any,
+    *,
+    rank: int,
+    ranks: tuple[int, ...],
+    steady: bool | str = True,
+    replay: bool = True,
 ) -> RankMeasurement:
     """Run (steady: two steps, the second tracked) and summarise one rank.
 
     ``workload.model`` is the sharded module whose parameters train; ``model`` is what is called
     (the same module under FSDP2, the DDP wrapper under DDP). ``steady``: True makes the optimizer
     state with one optimizer step on zero gradients, ``"full"`` runs a whole first step, False
-    measures the first step. The workload's ``accumulation_steps`` and ``set_to_none`` are honoured
+    measures the first step. ``replay``: the device events through the allocator model
+    (``RankMeasurement.reserved``). The workload's ``accumulation_steps`` and ``set_to_none`` are honoured
     as the engine honours them (the same batch for each micro-step).
     """
     start = time.perf_counter()
@@ -124,6 +133,12 @@ def tracked_step(
     kinds = categorise(tracker, grads - {None}, opt - {None}, unsharded - {None}, marks)
     staging = backend_staging(tracker, kinds)
     result = summarise(tracker, kinds, marks, rank=rank, ranks=ranks, seconds=time.perf_counter() - start, host=host)
+    # the GPU's share of the step (no host storages, no gloo staging copies) through the allocator model
+    if replay:
+        reserved, streams = replay_rank(
+            tracker, skip=set(host) | staging, workspace=_cublas_workspace(workload, tracker)
+        )
+        result = dataclasses.replace(result, reserved=reserved, reserved_streams=streams)
     result = dataclasses.replace(
         result,
         collectives=tuple(
@@ -153,6 +168,17 @@ def tracked_step(
         backend_staging_bytes=sum(tracker.records[i].nbytes for i in staging),
         peak_without_staging_bytes=without.peak_bytes,
     )
+
+
+def _cublas_workspace(workload: Workload, tracker: ShardTracker) -> tuple[int, int, str] | None:
+    """A step sized for CUDA reserves a cuBLAS workspace at its first matmul, placed at the start of
+    forward as the single-GPU summary places it (``measure/summary.py``); None otherwise."""
+    if workload.sized_for != "cuda":
+        return None
+    from ..measure.cublas_workspace import SOURCE, workspace_bytes
+
+    start = next((i for i, p in enumerate(tracker.event_phase) if p == "forward"), 0)
+    return workspace_bytes(workload.gpu), start, SOURCE
 
 
 # A storage first met as the output of a view op was allocated below the dispatcher, where no

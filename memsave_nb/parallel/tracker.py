@@ -12,6 +12,10 @@
 - **Communication buffers**: storages born inside FSDP2's ``foreach_all_gather`` /
   ``foreach_reduce`` (all-gather input/output, reduce-scatter input/output) are marked; those that
   become gathered parameters or gradient shards are re-categorised after the step.
+- **Streams**: a storage born while FSDP2 has another stream selected (its all-gather copy-in and
+  reduce-scatter streams; on the CPU ``torch.cpu``'s stand-in streams, which FSDP2 creates and
+  enters just as on CUDA) is noted with that stream's number (``record_stream``; 0, the default,
+  is not noted), so the allocator replay can keep per-stream pools (``replay.py``).
 - **Sharding propagation on a cold cache**: the first time DTensor meets an op signature it runs the
   op on fake global-shape tensors to learn the output's metadata, under the fake mode then active,
   which in fake mode is ours. Those ops are not the rank's computation (later measurements in the
@@ -168,6 +172,10 @@ class ShardTracker(MemoryTracker):
         self.collectives: dict[tuple[str, int], tuple[int, int]] = {}
         # on real ranks: each collective's Work released where the rank lets it go (parallel/works.py)
         self.releases: WorkReleases | None = None
+        # record index -> the stream (1, 2, ... in order of first use) it was allocated on, if not the default
+        self.record_stream: dict[int, int] = {}
+        self._streams: dict[int, int] = {}
+        self._default_stream: Any = None
 
     # -- collectives (what the layout planner times) ---------------------------------------------
     def _observe(self, func, args, kwargs, out) -> None:
@@ -192,6 +200,10 @@ class ShardTracker(MemoryTracker):
     # -- storages -------------------------------------------------------------------------------
     def _add(self, storage, record) -> None:
         super()._add(storage, record)
+        stream = torch.cpu.current_stream()
+        if self._default_stream is not None and stream is not self._default_stream:
+            number = self._streams.setdefault(id(stream), len(self._streams) + 1)
+            self.record_stream[len(self.records) - 1] = number
         if record.kind is None:
             if self._in_collective:
                 self.comm_records.add(len(self.records) - 1)
@@ -226,6 +238,7 @@ class ShardTracker(MemoryTracker):
     # -- context --------------------------------------------------------------------------------
     def __enter__(self) -> "ShardTracker":
         stack = self._stack
+        self._default_stream = torch.cpu.current_stream()
         stack.enter_context(_patched_resize(self))
         stack.enter_context(_marked_collectives(self))
         stack.enter_context(_marked_redistributions(self))

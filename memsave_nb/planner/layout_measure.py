@@ -144,7 +144,8 @@ class RankSizes:
                     plan = self.plan_for(names, kind, precision, mb * spec.microbatches)
                     m = measure_pipeline(wl, spec, plan, ranks=measured_stages(spec))
                 else:
-                    m = measure_parallel(wl, spec, self.plan_for(names, kind, precision, mb, k))
+                    # shallow twins extrapolated over depth: their allocator replay would be no rank's
+                    m = measure_parallel(wl, spec, self.plan_for(names, kind, precision, mb, k), replay=False)
                 self.measurements += 1
                 self.store.measurements += 1
                 w = m.worst

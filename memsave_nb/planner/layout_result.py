@@ -87,7 +87,8 @@ class LayoutResult:
     def summary(self) -> str:
         lines = [
             f"layout planner: {self.gpus} x {self.device.name}, target {self.target.label} "
-            f"(under {format_bytes(self.target.usable_bytes)}), global batch {self.global_batch}; "
+            f"(estimates under {format_bytes(self.target.usable_bytes)}: the 80% rule, as the search's peaks are "
+            f"extrapolated, not replayed), global batch {self.global_batch}; "
             f"{len(self.candidates)} candidates, {len(self.fitting)} fit; {self.measurements} per-rank measurements; "
             f"{self.search_cpu_seconds:.1f} s CPU searching, {self.remeasure_cpu_seconds:.1f} s re-measuring"
         ]
@@ -107,13 +108,29 @@ class LayoutResult:
                 f"communication {comm}), peak {format_bytes(c.est_peak_bytes)} estimated"
             )
             if self.remeasured is not None:
-                peak = self.remeasured.device_peak_bytes
-                lines.append(
-                    f"re-measured per rank at full depth: worst rank {format_bytes(peak)} ({self.target.verdict(peak)})"
-                )
+                lines.append(self._remeasured_line())
         lines += [f"pruned by the lower bound: {p}" for p in self.pruned]
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
+
+    def _remeasured_line(self) -> str:
+        """The chosen layout measured per rank at full depth: the allocator replay's verdict where its
+        ranks were replayed (predicted reserved + CUDA context + buffers), else the 80% rule's, labelled."""
+        from memsave_nb.parallel.verdict import worst_fit
+
+        m = self.remeasured
+        assert m is not None
+        peak = m.device_peak_bytes
+        rank, fit = worst_fit(self.target, m, fixes=False)
+        if fit.replay is None:
+            return (
+                f"re-measured per rank at full depth: worst rank {format_bytes(peak)} ({self.target.verdict(peak)}; "
+                "80% rule, no allocator replay)"
+            )
+        return (
+            f"re-measured per rank at full depth: worst rank {format_bytes(peak)} counted; rank {rank.rank} predicted "
+            f"reserved {format_bytes(fit.replay.reserved_bytes)}: {fit.verdict(self.target)}"
+        )
 
     def to_code(self) -> str:
         if self.chosen is None:

@@ -4,7 +4,10 @@ above it, the GPU's usable line, a fits / does not fit verdict against the Fit-a
 a table with units chosen per value.
 
 Bokeh names: figure ``gpus_figure``, stacks ``gpus_bar_<category>``, ``gpus_unseen`` (hatched),
-``gpus_usable_line``; ``.memsave-parallel-rule`` says the verdict is the 80% rule (no allocator replay per rank).
+``gpus_usable_line`` (the 80% rule's usable share, or where every rank was replayed through the
+allocator model the whole GPU less the CUDA context and communication buffers; the hatched range then
+holds the replay's rounding and cached segments); ``.memsave-parallel-replay`` says the verdict is the
+replay's, ``.memsave-parallel-rule`` that it is the 80% rule (no replay: pipeline stages).
 
 The layout planner's answer (``planner.plan_layout``) has its picture here too: every candidate as
 estimated peak per GPU against estimated step time, the front and the chosen layout
@@ -23,7 +26,8 @@ from bokeh.models import ColumnDataSource, FactorRange, HoverTool, Range1d, Span
 from bokeh.plotting import figure
 
 from memsave_nb.parallel.result import CATEGORIES, stages_of, unseen_lines
-from memsave_nb.target import Target
+from memsave_nb.parallel.verdict import worst_fit
+from memsave_nb.target import COMM_BUFFER_SOURCE, CUDA_CONTEXT_SOURCE, Target, replay_line_bytes
 
 from .format import format_bytes
 from .plot_base import _bytes_axis
@@ -64,8 +68,23 @@ def _split(result: Any, r: Any) -> dict[str, int]:
 
 def _unseen(result: Any, r: Any) -> tuple[int, int]:
     """The unseen lines for this rank's own peak (the fragmentation line scales with it)."""
-    lines = unseen_lines(result.spec, r.device_bytes, r.offload_h2d_bytes, r.offload_d2h_bytes, r.foreach_temp_bytes)
+    reserved = None if getattr(r, "reserved", None) is None else r.reserved.max_reserved_bytes
+    lines = unseen_lines(
+        result.spec, r.device_bytes, r.offload_h2d_bytes, r.offload_d2h_bytes, r.foreach_temp_bytes, reserved
+    )
     return sum(u.low_bytes for u in lines), sum(u.high_bytes for u in lines)
+
+
+def _replayed(result: Any) -> bool:
+    return all(getattr(r, "reserved", None) is not None for r in result.ranks)
+
+
+def _line_bytes(result: Any, target: Target) -> int:
+    """The dashed line: where every rank was replayed, what a rank may reserve (the whole GPU less the
+    CUDA context and communication buffers); else the 80% rule's usable share."""
+    if _replayed(result):
+        return replay_line_bytes(target, result.spec.communicators)
+    return target.usable_bytes
 
 
 def columns(result: Any) -> list[str]:
@@ -90,7 +109,7 @@ def rank_figure(result: Any, target: Target | None, *, width: int = 640, height:
         data["unseen_top"]
         + (
             [
-                target.usable_bytes,
+                _line_bytes(result, target),
             ]
             if target
             else []
@@ -140,7 +159,7 @@ def rank_figure(result: Any, target: Target | None, *, width: int = 640, height:
     if target is not None:
         fig.add_layout(
             Span(
-                location=target.usable_bytes,
+                location=_line_bytes(result, target),
                 dimension="width",
                 line_color="#333333",
                 line_dash="dashed",
@@ -157,17 +176,22 @@ def rank_figure(result: Any, target: Target | None, *, width: int = 640, height:
 
 
 def verdict_html(result: Any, target: Target | None) -> str:
-    """Fits / does not fit for the worst rank against the target (the counted peak under the
-    headroom line; the unseen lines against the whole card)."""
+    """Fits / does not fit against the target. Where the ranks were replayed through the allocator
+    model: the deciding rank's predicted reserved memory + CUDA context + communication buffers,
+    each with its source, against the whole GPU (no 80% rule). Else the 80% rule on the worst
+    rank's counted peak, labelled (``NO_RANK_REPLAY``)."""
     worst = result.worst
     counted = worst.device_bytes
-    low, high = _unseen(result, worst)
     where = " on the GPU" if result.host_peak_bytes is not None else ""
     if target is None:
         return (
             f"<span class='memsave-parallel-verdict'>worst {rank_label(worst.ranks, result.spec)}: {format_bytes(counted)} counted"
             f"{where}; set a GPU size in <i>Fit a GPU</i> for a verdict</span>"
         )
+    rank, fit = worst_fit(target, result)
+    if fit.replay is not None:
+        return _replay_html(result, target, rank, fit)
+    low, high = _unseen(result, worst)
     ok = target.fits(counted)
     whole = counted + high <= target.total_bytes
     extra = (
@@ -182,21 +206,53 @@ def verdict_html(result: Any, target: Target | None) -> str:
     )
 
 
-# the per-rank measurements carry no allocator replay (parallel/result.py): said, not invented
+def _replay_html(result: Any, target: Target, rank: Any, fit: Any) -> str:
+    v = fit.replay
+    ok = fit.fits
+    word = "fits" if ok else "does not fit"
+    parts = [
+        f"predicted reserved {format_bytes(v.reserved_bytes)}",
+        f"CUDA context {format_bytes(v.context_bytes)}",
+    ]
+    if v.communicators:
+        parts.append(f"communication buffers {format_bytes(v.comm_bytes)}")
+    head = (
+        f"<b class='memsave-parallel-verdict {'memsave-fits' if ok else 'memsave-nofit'}' "
+        f"style='color:{FITS_COLOR if ok else MISS_COLOR}'>{rank_label(rank.ranks, result.spec)}: "
+        f"{' + '.join(parts)} = {format_bytes(v.total_bytes)}, {word} the whole {html.escape(target.label)}</b>"
+    )
+    r = rank.reserved
+    fix = f"; PYTORCH_CUDA_ALLOC_CONF={html.escape(v.fix)} fits" if v.fix else ""
+    streams = 1 + max(getattr(rank, "reserved_streams", ()), default=0)
+    sources = (
+        f"reserved: this rank's allocations replayed through the caching-allocator model ({streams} stream"
+        f"{'s' * (streams > 1)}; counted peak {format_bytes(rank.device_bytes)}, fragmentation at the allocated "
+        f"peak {format_bytes(r.fragmentation_bytes)}{', cuBLAS workspace inside' if v.workspace_bytes else ''}); "
+        f"CUDA context: {html.escape(CUDA_CONTEXT_SOURCE)}"
+        + (f"; buffers: {v.communicators} x {html.escape(COMM_BUFFER_SOURCE)}" if v.communicators else "")
+    )
+    return f"{head}<small>{fix}</small><br><small class='memsave-parallel-replay'>{RANK_REPLAY}: {sources}</small>"
+
+
+# where every rank was replayed through the allocator model (parallel/replay.py)
+RANK_REPLAY = "allocator replay per rank, no 80% rule"
+# where a rank carries no allocator replay (pipeline stages): said, not invented
 NO_RANK_REPLAY = (
-    "80% rule: the per-rank steps are not replayed through the allocator model yet, so no predicted "
-    "reserved memory per rank; the Fit a GPU tab's single-GPU verdict is the replay's"
+    "80% rule: these per-rank steps (pipeline stages) are not replayed through the allocator model, so no "
+    "predicted reserved memory per rank; the verdict is the counted peak under 80% of the GPU"
 )
 
 
 def table_html(result: Any) -> str:
-    """Per rank group: device peak, host peak under offload, each category; then the unseen lines.
+    """Per rank group: device peak, predicted reserved (the allocator replay), host peak under
+    offload, each category; then the unseen lines.
     Scrolls sideways in a narrow page with the rank column fixed."""
     cols = columns(result)
     strategy = getattr(result.spec, "strategy", "fsdp")
     offload = result.host_peak_bytes is not None
-    heads = ["ranks", "GPU peak" if offload else "peak"] + (["host peak"] if offload else [])
-    heads += [category_name(c, strategy) for c in cols]
+    replayed = _replayed(result)
+    heads = ["ranks", "GPU peak" if offload else "peak"] + (["predicted reserved"] if replayed else [])
+    heads += (["host peak"] if offload else []) + [category_name(c, strategy) for c in cols]
     sticky = "position:sticky;left:0;background:var(--jp-layout-color0, #fff);"
     cell = "padding:2px 8px;text-align:right;white-space:nowrap;"
     th = "".join(f"<th style='{cell}{sticky if i == 0 else ''}'>{html.escape(h)}</th>" for i, h in enumerate(heads))
@@ -204,6 +260,7 @@ def table_html(result: Any) -> str:
     for r in result.ranks:
         values = (
             [r.device_bytes]
+            + ([r.reserved.max_reserved_bytes] if replayed else [])
             + ([r.host_peak_bytes or 0] if offload else [])
             + [_split(result, r).get(c, 0) for c in cols]
         )

@@ -31,14 +31,18 @@ def test_report_parallel_mistakes_are_one_line(capsys):
 
 def test_report_tp_prints_the_2d_layout_and_the_numbers_of_measure_parallel(capsys):
     """``--tp 2 --world-size 4``: the per-rank answer for TP 2 x FSDP2 2 on the zoo GPT, equal to
-    measure_parallel with the same spec (the table is the same object's text)."""
+    measure_parallel with the same spec (the table is the same object's text). The verdict is the
+    allocator replay's: at 1 GB the CUDA context and two communicators' buffers (1.5 GiB) already do
+    not fit; at 2 GB the rank does."""
     assert main(["report", "--model", "gpt", "--batch", "2", "--world-size", "4", "--tp", "2", "--target-gb", "1"]) == 0
+    assert "does not fit (1.5 GiB of 1.0 GiB; allocator replay" in capsys.readouterr().out.splitlines()[3]
+    assert main(["report", "--model", "gpt", "--batch", "2", "--world-size", "4", "--tp", "2", "--target-gb", "2"]) == 0
     out = capsys.readouterr().out
     expected = measure_parallel(zoo.make("gpt", 2), ParallelSpec(world_size=4, tensor_parallel=2))
     head = out.splitlines()[0]
     assert "TP 2 x FSDP2 2 (4 ranks, mesh 2x2)" in head
     assert expected.table() in out
-    assert "fits" in out.splitlines()[3]
+    assert out.splitlines()[3].startswith("Target 2 GB per rank: fits (1.5 GiB of 2.0 GiB; allocator replay")
     assert not dist.is_initialized()
 
 

@@ -12,7 +12,7 @@ pytest.importorskip("ipywidgets")
 from memsave_nb import Plan
 from memsave_nb.parallel import ParallelSpec, measure_parallel
 from memsave_nb.session import Session
-from memsave_nb.target import Target
+from memsave_nb.target import Target, replay_line_bytes
 from memsave_nb.ui.explorer import Explorer
 from memsave_nb.ui.format import format_bytes
 from memsave_nb.ui.parallel_panel import ParallelPanel
@@ -42,22 +42,35 @@ def test_bars_line_verdict_and_table_follow_the_target():
     assert source.data["unseen_bottom"][k] == worst.peak_bytes
     assert source.data["unseen_top"][k] - worst.peak_bytes > 300 * 2**20  # the CUDA context at least
     assert fig.select_one({"name": "gpus_unseen"}).glyph.hatch_pattern == "/"
-    # the explorer's target (set in Fit a GPU) draws the usable line and the verdict
+    # the explorer's target (set in Fit a GPU) draws the line and the verdict; every rank was replayed
+    # through the allocator model, so the line is the whole GPU less the CUDA context and the NCCL
+    # buffers, and the verdict is the replay's (predicted reserved + context + buffers), no 80% rule
     ex.tuner.set_target(16)
     assert ex.target is not None
     line = panel.figure.select_one({"name": "gpus_usable_line"})
-    assert line is not None and line.location == Target(16).usable_bytes
-    assert "memsave-fits" in panel.verdict.value and format_bytes(worst.peak_bytes) in panel.verdict.value
-    # per-rank steps carry no allocator replay: the tab says its rule in one line rather than invent one
+    n = expected.spec.communicators
     assert (
-        panel.verdict.value.count("memsave-parallel-rule") == 1
-        and "80% rule: the per-rank steps" in panel.verdict.value
+        line is not None and line.location == replay_line_bytes(Target(16), n) == 16 * 2**30 - (500 + 512 * n) * 2**20
     )
+    deciding = max(expected.ranks, key=lambda r: r.reserved.max_reserved_bytes)
+    reserved = deciding.reserved.max_reserved_bytes
+    assert reserved >= deciding.peak_bytes
+    assert (
+        "memsave-fits" in panel.verdict.value and f"predicted reserved {format_bytes(reserved)}" in panel.verdict.value
+    )
+    assert (
+        panel.verdict.value.count("memsave-parallel-replay") == 1 and "memsave-parallel-rule" not in panel.verdict.value
+    )
+    # the hatched range holds the replay's excess over the counted peak, not the 80% rule's quarter
+    assert source.data["unseen_top"][k] - worst.peak_bytes < 2 * 2**30
     assert panel.figure.y_range.end >= line.location
-    tiny = worst.peak_bytes * 0.9 / 0.8 / 2**30  # just under: does not fit
-    ex.tuner.set_target(tiny)
+    fixed = (500 + 512 * n) * 2**20
+    needed = reserved + fixed
+    short = (deciding.reserved.max_allocated_bytes - 1 + fixed) / 2**30  # under the allocations' peak
+    ex.tuner.set_target(short)
     assert "memsave-nofit" in panel.verdict.value and "does not fit" in panel.verdict.value
-    assert panel.figure.select_one({"name": "gpus_usable_line"}).location == Target(tiny).usable_bytes
+    ex.tuner.set_target(needed / 2**30)
+    assert "memsave-fits" in panel.verdict.value
     # the table: a real table, whole column names, units chosen per value
     table = panel.table.value
     assert "<table" in table and "<pre" not in table

@@ -1,0 +1,83 @@
+"""Does a rank fit the GPU: ``target.fit_of``'s per-rank twin.
+
+Where the rank's step was replayed (``RankMeasurement.reserved``), the verdict is the replay's:
+predicted reserved memory + CUDA context + one set of communication buffers per communicator
+against the whole GPU, the replay run again under that capacity with FSDP2's streams apart
+(``replay.py``). Where it was not (pipeline stages, ranks rebuilt by the cross-check), the 80% rule
+on the device peak, and the ``Fit`` says which rule decided.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..target import (
+    ALLOC_KNOBS,
+    COMM_BUFFER_BYTES,
+    CUDA_CONTEXT_BYTES,
+    RULE_80,
+    RULE_REPLAY,
+    Fit,
+    ReservedVerdict,
+    Target,
+)
+from .replay import fits
+
+__all__ = ["rank_fit", "rank_verdict", "worst_fit"]
+
+
+def rank_verdict(target: Target, rank: Any, *, communicators: int = 0, fixes: bool = True) -> ReservedVerdict | None:
+    """The allocator replay's verdict for one rank, or None where the rank has no replay."""
+    r = getattr(rank, "reserved", None)
+    if r is None or not r.ops:
+        return None
+    streams = getattr(rank, "reserved_streams", ())
+    comm = COMM_BUFFER_BYTES * communicators
+    capacity = target.total_bytes - CUDA_CONTEXT_BYTES - comm
+    ok = fits(r.ops, streams, r.alloc_conf, capacity)
+    fix, frag = "", False
+    if not ok and fixes:
+        frag = 0 < r.max_allocated_bytes <= capacity
+        base = r.alloc_conf.strip(", ")
+        for knob in ALLOC_KNOBS:
+            conf = f"{base},{knob}" if base else knob
+            if fits(r.ops, streams, conf, capacity):
+                fix = conf
+                break
+    return ReservedVerdict(
+        target,
+        r.max_reserved_bytes,
+        r.max_allocated_bytes,
+        CUDA_CONTEXT_BYTES,
+        comm,
+        communicators,
+        ok,
+        r.alloc_conf,
+        frag,
+        fix,
+        r.workspace_bytes,
+        r.workspace_source,
+    )
+
+
+def rank_fit(target: Target, rank: Any, *, communicators: int = 0, fixes: bool = True) -> Fit:
+    """``fit_of`` for one ``RankMeasurement``: the replay's verdict where it has one, else the 80%
+    rule on its device peak (``device_bytes``)."""
+    replay = rank_verdict(target, rank, communicators=communicators, fixes=fixes)
+    if replay is not None:
+        return Fit(replay.fits, RULE_REPLAY, rank.device_bytes, replay)
+    return Fit(target.fits(rank.device_bytes), RULE_80, rank.device_bytes)
+
+
+def worst_fit(target: Target, result: Any, *, fixes: bool = True) -> tuple[Any, Fit]:
+    """The rank that decides a ``ParallelMeasurement``'s verdict, and its ``Fit``: a rank that does
+    not fit first, then the largest predicted total (replay) or device peak (rule)."""
+    n = result.spec.communicators if result.spec.world_size > 1 else 0
+    fitted = [(r, rank_fit(target, r, communicators=n, fixes=fixes)) for r in result.ranks]
+
+    def weight(pair: tuple[Any, Fit]) -> tuple:
+        r, f = pair
+        total = f.replay.total_bytes if f.replay is not None else r.device_bytes
+        return (not f.fits, total, -r.rank)
+
+    return max(fitted, key=weight)
