@@ -57,6 +57,7 @@ from .runner import Runner
 from .sac_panel import SacPanel
 from .sized import batch_words
 from .styles import explorer_style, narrow_tables_style
+from .ticker import Ticker
 from .verdict import show_header_verdict
 
 __all__ = ["Explorer", "explore", "last_explorer"]
@@ -106,9 +107,6 @@ class Explorer(ExplorerRuns, W.VBox):
         self.baseline: Measurement = base_entry.measurement
         self.target: Target | None = None  # fits / does not fit the target GPU (set in the "Fit a GPU" tab)
         self._max_batch: _MaxBatch | None = None
-        self._run_started: float | None = None
-        self._progress_label = ""
-        self._ticker: threading.Thread | None = None
         self._unsavable: list | None = None
         self._failed_plan: Plan | None = None  # the plan whose last run failed: never exported
         self.code_text = ""
@@ -155,6 +153,7 @@ class Explorer(ExplorerRuns, W.VBox):
         self.run_button, self.cancel_button, self.live = b.run_button, b.cancel_button, b.live
         self.progress, self.progress_text, self.status = b.progress, b.progress_text, b.status
         self.status_bar, self.error_box = b.box, b.error_box
+        self.ticker = Ticker(self._ui_lock, self.progress_text, "memsave-progress")
 
     def _build_tabs(self, base_entry: Entry, max_open_rows: int) -> None:
         """The tabs and their panels; the "Fit a GPU" tab is added last, once the explorer is wired."""

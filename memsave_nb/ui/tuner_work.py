@@ -1,6 +1,7 @@
 """The "Fit a GPU" panel's background work: one job at a time on a worker thread (the newest
 request wins, a generation marks stale results), the status line, the elapsed-seconds ticker and
-the cancel button. ``ui/tuner_panel.py`` hands it each search's work and its "done" text."""
+the cancel button (the ticker is ``ui/ticker.py``'s). ``ui/tuner_panel.py`` hands it each search's
+work and its "done" text."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from memsave_nb.errors import Cancelled, MemsaveError
 
 from .pareto_figure import FITS_COLOR, MISS_COLOR
 from .runner import Runner
+from .ticker import Ticker
 
 
 def one_line(exc: BaseException) -> str:
@@ -37,15 +39,13 @@ class TunerWork:
         self.state = "idle"
         self.error: str | None = None
         self.requested: float | None = None  # when the user asked (the click), not when the worker started
-        self._started: float | None = None
-        self._label = ""
-        self._ticker: threading.Thread | None = None
         self.cancel_button = W.Button(description="cancel", icon="stop", disabled=True, layout=W.Layout(width="100px"))
         self.cancel_button.add_class("memsave-tuner-cancel")
         self.status = W.HTML("")
         self.status.add_class("memsave-tuner-status")
         self.progress_text = W.HTML("")
         self.progress_text.add_class("memsave-tuner-progress")
+        self.ticker = Ticker(lock, self.progress_text, "memsave-tuner-progress")
         self.cancel_button.on_click(lambda _b: self.cancel())
 
     def set_status(self, state: str, text: str = "") -> None:
@@ -117,32 +117,12 @@ class TunerWork:
 
     def _begin(self, label: str) -> None:
         with self.lock:
-            self._label = label
-            self._started = time.perf_counter()
             self.cancel_button.disabled = False
-            self._tick()
+            self.ticker.start(label)
             self.set_status("running", label)
-        ticker = self._ticker
-        if ticker is None or not ticker.is_alive():
-            self._ticker = threading.Thread(target=self._tick_loop, name="memsave-tuner-progress", daemon=True)
-            self._ticker.start()
-
-    def _tick(self) -> None:
-        started = self._started
-        if started is not None:
-            self.progress_text.value = (
-                f"<small>{html.escape(self._label)} · {time.perf_counter() - started:.0f} s elapsed</small>"
-            )
-
-    def _tick_loop(self) -> None:
-        while self._started is not None:
-            time.sleep(0.5)
-            with self.lock:
-                self._tick()
 
     def _end(self, state: str, text: str) -> None:
         with self.lock:
-            self._started = None
+            self.ticker.stop()
             self.cancel_button.disabled = True
-            self.progress_text.value = ""
             self.set_status(state, text)
