@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from bokeh.models import ColumnDataSource, DataRange1d, FactorRange, LabelSet
+from bokeh.models import ColumnDataSource, DataRange1d, FactorRange
+from bokeh.models.annotations import LabelSet
 from bokeh.plotting import figure
 
 from ..measure.result import Measurement

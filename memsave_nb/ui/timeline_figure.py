@@ -7,7 +7,8 @@ from __future__ import annotations
 from typing import Iterable, Sequence
 
 import numpy as np
-from bokeh.models import ColumnDataSource, LabelSet, Range1d
+from bokeh.models import ColumnDataSource, Range1d
+from bokeh.models.annotations import LabelSet
 from bokeh.plotting import figure
 
 from ..measure.result import CATEGORIES, Measurement
@@ -140,8 +141,8 @@ def timeline(
         width=width,
         height=height,
         title=title,
-        y_range=Range1d(0, _timeline_top(measurement) * 1.15),
-        x_range=Range1d(*_phase_bounds(measurement, None)),
+        y_range=Range1d(start=0, end=_timeline_top(measurement) * 1.15),
+        x_range=_whole_step_range(measurement),
         tools="xpan,xwheel_zoom,box_zoom,save,reset",
         toolbar_location="above",
         name="timeline_figure",
@@ -211,6 +212,11 @@ def timeline(
         plot.figure.y_range.start, plot.figure.y_range.end = 0, top
 
     return Plot(fig, sources, data_fn, after)
+
+
+def _whole_step_range(measurement: Measurement) -> Range1d:
+    start, end = _phase_bounds(measurement, None)
+    return Range1d(start=start, end=end)
 
 
 def _phase_bounds(measurement: Measurement, phase: str | None) -> tuple[float, float]:
