@@ -32,10 +32,11 @@ from __future__ import annotations
 
 import html
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import ipywidgets as W
 from memsave_nb.errors import MemsaveError
+from memsave_nb.plan import Plan
 from memsave_nb.target import PRESETS_GB, Target, estimate_fits, replay_line_bytes
 
 from .format import format_bytes
@@ -62,6 +63,14 @@ if TYPE_CHECKING:  # pragma: no cover
     from memsave_nb.target import Fit
 
 
+class Found(NamedTuple):
+    """A search's answer (``result``: target.py's SearchResult) and the plan and target it was for."""
+
+    plan: Plan
+    target: Target
+    result: Any
+
+
 def _no_target_text(explorer: TunerHost) -> str:
     return (
         f"no target yet: no single GPU of the presets holds this step's parameters, gradients and optimizer "
@@ -83,8 +92,8 @@ class TunerPanel(W.VBox):
         self.candidates: list["Candidate"] = []
         self.front_indices: list[int] = []  # index into candidates of each front-list entry
         self.picked: int | None = None
-        self.max_batch: tuple[Any, Target, Any] | None = None  # (plan, target, SearchResult) of the last search
-        self.max_seq: tuple[Any, Target, Any] | None = None  # (plan, target, SearchResult) of the last search
+        self.max_batch: Found | None = None  # the last max-batch search
+        self.max_seq: Found | None = None  # the last max-seq-len search
         self._picking = False
         self._syncing = False
         self._drawn_for: Target | None = None  # the target the scatter was last drawn for
@@ -300,7 +309,7 @@ class TunerPanel(W.VBox):
             return max_batch(workload, plan, target, cancel_event=ev)
 
         def done(r: Any) -> str:
-            self.max_batch = (plan, target, r)
+            self.max_batch = Found(plan, target, r)
             self.explorer.set_max_batch(plan, target, r.value)
             self._show_max_batch()
             if self.explorer.max_batch_shown() is None:  # the plan on display is not the one searched
@@ -328,7 +337,7 @@ class TunerPanel(W.VBox):
             return max_seq_len(workload, plan, target, cancel_event=ev)
 
         def done(r: Any) -> str:
-            self.max_seq = (plan, target, r)
+            self.max_seq = Found(plan, target, r)
             extra = f"; {r.limit}" if r.limit else ""
             self.max_seq_result.value = (
                 f"max sequence length that fits: <b>{r.value}</b> (peak "
