@@ -43,9 +43,9 @@ from memsave_nb.workload import Workload
 
 from .budget_panel import BudgetPanel
 from .editor import PlanEditor
-from .explorer_runs import ExplorerRuns
 from .explorer_header import Header
 from .explorer_open import _check_model_device, session_for  # noqa: F401 - _check_model_device: public here too
+from .explorer_runs import ExplorerRuns
 from .explorer_status import StatusBar, status_html
 from .explorer_tabs import CodeTab, Toolbar
 from .explorer_text import _delta_text, loss_note_html, output_kind, title_html  # noqa: F401 - public here too

@@ -1,6 +1,6 @@
 """The explorer's runs on its worker thread: a plan's measurement, a compile-budget sweep, the
-progress line while they run, and a failure shown inside the widget (``ui/explorer.py`` mixes
-this in; the widgets it touches are the explorer's)."""
+progress line while they run (written by ``ui/ticker.py``), and a failure shown inside the widget
+(``ui/explorer.py`` mixes this in; the widgets it touches are the explorer's)."""
 
 from __future__ import annotations
 
