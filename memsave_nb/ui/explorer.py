@@ -28,12 +28,12 @@ from __future__ import annotations
 import html
 import threading
 import weakref
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import ipywidgets as W
 from torch import nn
 
-from memsave_nb.errors import MemsaveError, WorkloadError
+from memsave_nb.errors import MemsaveError
 from memsave_nb.measure import Measurement
 from memsave_nb.measure.common import sized_words
 from memsave_nb.plan import Plan
@@ -43,9 +43,13 @@ from memsave_nb.workload import Workload
 
 from .budget_panel import BudgetPanel
 from .editor import PlanEditor
+from .explorer_header import Header
+from .explorer_open import _check_model_device, session_for  # noqa: F401 - _check_model_device: public here too
 from .explorer_runs import ExplorerRuns
+from .explorer_status import StatusBar, status_html
+from .explorer_tabs import CodeTab, Toolbar
 from .explorer_text import _delta_text, loss_note_html, output_kind, title_html  # noqa: F401 - public here too
-from .format import format_bytes, format_time_spread, time_change
+from .format import format_time_spread, time_change
 from .layer_table import LayerTable, tied_by_module
 from .plots import bokehjs_loader
 from .results_panel import ResultsPanel
@@ -53,7 +57,8 @@ from .runner import Runner
 from .sac_panel import SacPanel
 from .sized import batch_words
 from .styles import explorer_style, narrow_tables_style
-from .verdict import show_header_verdict, show_reserved
+from .ticker import Ticker
+from .verdict import show_header_verdict
 
 __all__ = ["Explorer", "explore", "last_explorer"]
 
@@ -68,12 +73,12 @@ def last_explorer() -> "Explorer | None":
 TAB_TITLES = ("Layers", "SAC per op", "Compile budget", "Results", "Plan as code", "GPUs")
 
 
-def _label(value: str, cls: str, **layout: Any) -> W.Label:
-    # as wide as the text (a Label's default inline width spreads the header over two lines)
-    layout = {"width": "auto", "flex": "0 0 auto", "margin": "0 4px 0 0", **layout}
-    w = W.Label(value=value, layout=W.Layout(**layout))
-    w.add_class(cls)
-    return w
+class _MaxBatch(NamedTuple):
+    """The max batch the "Fit a GPU" tab found, for which plan and target."""
+
+    plan: Plan
+    target: Target
+    value: int
 
 
 class Explorer(ExplorerRuns, W.VBox):
@@ -100,181 +105,13 @@ class Explorer(ExplorerRuns, W.VBox):
 
         base_entry = session.baseline_entry
         self.baseline: Measurement = base_entry.measurement
-
-        # -- header: numbers, status, controls -------------------------------------------------
-        wl = session.workload
-        self.title = W.HTML(self._title_for(None))
-        self.title.add_class("memsave-title")
-        self.saved_total = _label("-", "memsave-saved-total")
-        self.saved_bytes = _label("-", "memsave-saved-bytes")
-        self.saved_delta = _label("", "memsave-saved-delta")
-        self.peak_total = _label("-", "memsave-peak-total")
-        self.peak_bytes = _label("-", "memsave-peak-bytes")
-        self.peak_delta = _label("", "memsave-peak-delta")
-        self.output_kept = _label("", "memsave-output-bytes", display="none")
-        self.first_step = _label("", "memsave-first-step-peak", display="none")
-        self.reserved = _label("", "memsave-reserved", display="none")  # the allocator model's, ui/verdict.py
-        self.step_time = _label("-", "memsave-step-time")
-        self.cuda_peak = _label("", "memsave-cuda-peak", display="none")
-        # fits / does not fit the target GPU (set in the "Fit a GPU" tab), and its max batch when found
-        self.target: Target | None = None
-        self._max_batch: tuple[Plan, Target, int] | None = None
-        self.target_verdict = _label("", "memsave-target-verdict", display="none")
-        # two designed lines (memory; time) rather than one that wraps anywhere
-        memory_row = W.HBox(
-            [
-                W.HTML("<b>saved</b>", layout=W.Layout(flex="0 0 auto", margin="0 6px 0 0")),
-                self.saved_total,
-                self.saved_bytes,
-                self.saved_delta,
-                self.output_kept,
-                W.HTML("<b>peak</b>", layout=W.Layout(flex="0 0 auto", margin="0 6px 0 8px")),
-                self.peak_total,
-                self.peak_bytes,
-                self.peak_delta,
-                self.first_step,
-                self.reserved,
-            ],
-            layout=W.Layout(flex_flow="row wrap", align_items="center"),
-        )
-        time_row = W.HBox(
-            [
-                W.HTML("<b>step</b>", layout=W.Layout(flex="0 0 auto", margin="0 6px 0 0")),
-                self.step_time,
-                self.cuda_peak,
-                self.target_verdict,
-            ],
-            layout=W.Layout(flex_flow="row wrap", align_items="center"),
-        )
-        for row in (memory_row, time_row):
-            row.add_class("memsave-summary-row")
-        self.summary = W.VBox([memory_row, time_row])
-        self.summary.add_class("memsave-summary")
-        self.advice = W.HTML("", layout=W.Layout(display="none"))
-        self.advice.add_class("memsave-advice")
-        self.loss_note = W.HTML(loss_note_html(wl, session.mode))
-        self.loss_note.add_class("memsave-loss-note")
-
-        self.status = W.HTML("idle")
-        self.status.add_class("memsave-status")
-        self.progress = W.IntProgress(
-            value=0, min=0, max=1, layout=W.Layout(width="160px", visibility="hidden", flex="0 0 auto")
-        )
-        self.progress.add_class("memsave-progress")
-        self.progress_text = W.HTML("")
-        self.progress_text.add_class("memsave-progress-text")
-        # fixed widths that do not shrink: at 700 px the buttons keep their words
-        self.cancel_button = W.Button(
-            description="cancel",
-            icon="stop",
-            disabled=True,
-            layout=W.Layout(width="100px", min_width="100px", flex="0 0 auto"),
-        )
-        self.cancel_button.add_class("memsave-cancel")
-        self.run_button = W.Button(
-            description="run",
-            icon="play",
-            layout=W.Layout(width="90px", min_width="90px", flex="0 0 auto"),
-            tooltip="measure the current plan now",
-        )
-        self.run_button.add_class("memsave-run")
-        self.live = W.Checkbox(
-            value=live,
-            description="live reruns",
-            indent=False,
-            layout=W.Layout(width="120px", min_width="110px", flex="0 0 auto"),
-        )
-        self.live.add_class("memsave-live")
-        self.status_bar = W.HBox(
-            [self.run_button, self.cancel_button, self.live, self.progress, self.progress_text, self.status],
-            layout=W.Layout(align_items="center", flex_flow="row wrap"),
-        )
-        self._run_started: float | None = None
-        self._progress_label = ""
-        self._ticker: threading.Thread | None = None
-        self.error_box = W.HTML("", layout=W.Layout(display="none"))
-        self.error_box.add_class("memsave-error")
-
-        # -- whole-model toolbar -------------------------------------------------------------------
-        try:
-            from memsave_nb.presets import presets_for
-
-            self._presets = presets_for(wl)  # the workload: no input-only preset for token-id batches
-        except Exception:  # noqa: BLE001 - presets are a convenience; the explorer works without
-            self._presets = {}
-        self.preset = W.Dropdown(
-            options=[("plan preset…", "")] + [(k, k) for k in self._presets], value="", layout=W.Layout(width="220px")
-        )
-        self.preset.add_class("memsave-preset")
-        self.input_grad = W.Checkbox(
-            value=bool(getattr(wl, "input_requires_grad", False)),
-            description="input requires grad",
-            indent=False,
-            layout=W.Layout(width="160px"),
-        )
-        self.input_grad.add_class("memsave-input-grad")
-        self.bn_eval = W.Checkbox(
-            value=False, description="batch norm in eval mode", indent=False, layout=W.Layout(width="190px")
-        )
-        self.bn_eval.add_class("memsave-bn-eval")
-        self.reset_button = W.Button(description="reset plan", icon="undo", layout=W.Layout(width="110px"))
-        self.reset_button.add_class("memsave-reset")
-
-        # -- panels ------------------------------------------------------------------------------
-        self.table = LayerTable(
-            self.editor, max_open_rows=max_open_rows, on_select=self._on_select, tied=tied_by_module(self.model)
-        )
+        self.target: Target | None = None  # fits / does not fit the target GPU (set in the "Fit a GPU" tab)
+        self._max_batch: _MaxBatch | None = None
         self._unsavable: list | None = None
-        self.sac = SacPanel(self.editor, unsavable=self._unsavable_in)
-        self.budget = BudgetPanel(
-            self.editor,
-            on_sweep=self.sweep,
-            disabled_reason=("fake tensors do not compile: open the explorer in real mode to try a compile budget")
-            if session.mode == "fake"
-            else "",
-        )
-        self.results = ResultsPanel(
-            base_entry, on_pick=self._on_pick, first_step=(session.first_step_peak, self.show_first_step_peak)
-        )
-        self.code = W.HTML()
-        self.code.add_class("memsave-plan-code")
-        self.code_text = ""
         self._failed_plan: Plan | None = None  # the plan whose last run failed: never exported
-        self.plan_json = W.Textarea(layout=W.Layout(width="100%", height="120px"))
-        self.plan_json.add_class("memsave-plan-json")
-        layers_tab = W.VBox(
-            [
-                W.HBox(
-                    [
-                        self.preset,
-                        self.input_grad,
-                        self.bn_eval,
-                        self.reset_button,
-                        self.table.expand_all,
-                        self.table.collapse_all,
-                    ],
-                    layout=W.Layout(flex_flow="row wrap"),
-                ),
-                self.table,
-            ]
-        )
-        code_tab = W.VBox(
-            [
-                W.HTML("<small>Run this once after building the model (before building the optimizer):</small>"),
-                self.code,
-                W.HTML("<small>The plan as JSON (<code>Plan.from_json</code> reads it back):</small>"),
-                self.plan_json,
-            ]
-        )
-        from .parallel_panel import ParallelPanel
-
-        # per-rank sizing, on demand; judged against the "Fit a GPU" target
-        self.gpus = ParallelPanel(session.workload, plan_fn=lambda: self.plan, target_fn=lambda: self.target)
-        self.tabs = W.Tab(children=[layers_tab, self.sac, self.budget, self.results, code_tab, self.gpus])
-        self.tuner = None  # the "Fit a GPU" panel (ui/tuner_panel.py), added once the wiring below is done
-        for i, t in enumerate(TAB_TITLES):
-            self.tabs.set_title(i, t)
-
+        self.code_text = ""
+        self._build_header(live)
+        self._build_tabs(base_entry, max_open_rows)
         super().__init__(
             [
                 bokehjs_loader(),
@@ -290,17 +127,7 @@ class Explorer(ExplorerRuns, W.VBox):
             ]
         )
         self.add_class("memsave-explorer")
-
-        # -- wiring ------------------------------------------------------------------------------
-        self.editor.on_change(self._on_edit)
-        self.run_button.on_click(lambda _b: self.rerun())
-        self.cancel_button.on_click(lambda _b: self.cancel())
-        self.live.observe(lambda ch: self.rerun() if ch["new"] and self.state == "changed" else None, "value")
-        self.preset.observe(self._user_preset, "value")
-        self.input_grad.observe(self._user_input_grad, "value")
-        self.bn_eval.observe(lambda ch: None if self._syncing else self.editor.set_bn_eval(ch["new"]), "value")
-        self.reset_button.on_click(lambda _b: self.set_plan(Plan()))
-
+        self._wire()
         self._show(base_entry)
         self._show_code()
         from .tuner_panel import TunerPanel
@@ -311,6 +138,70 @@ class Explorer(ExplorerRuns, W.VBox):
         self._set_status("idle", "baseline measured")
         global _last_explorer
         _last_explorer = weakref.ref(self)
+
+    # -- construction ----------------------------------------------------------------------------
+    def _build_header(self, live: bool) -> None:
+        """The header (ui/explorer_header.py) and the status bar (ui/explorer_status.py); each widget
+        is kept under its own name too (tests, notebooks and the DOM hooks above read them)."""
+        h = self.header = Header.build(self._title_for(None), loss_note_html(self.session.workload, self.session.mode))
+        self.title, self.summary, self.advice, self.loss_note = h.title, h.summary, h.advice, h.loss_note
+        self.saved_total, self.saved_bytes, self.saved_delta = h.saved_total, h.saved_bytes, h.saved_delta
+        self.peak_total, self.peak_bytes, self.peak_delta = h.peak_total, h.peak_bytes, h.peak_delta
+        self.output_kept, self.first_step, self.reserved = h.output_kept, h.first_step, h.reserved
+        self.step_time, self.cuda_peak, self.target_verdict = h.step_time, h.cuda_peak, h.target_verdict
+        b = self.bar = StatusBar.build(live)
+        self.run_button, self.cancel_button, self.live = b.run_button, b.cancel_button, b.live
+        self.progress, self.progress_text, self.status = b.progress, b.progress_text, b.status
+        self.status_bar, self.error_box = b.box, b.error_box
+        self.ticker = Ticker(self._ui_lock, self.progress_text, "memsave-progress")
+
+    def _build_tabs(self, base_entry: Entry, max_open_rows: int) -> None:
+        """The tabs and their panels; the "Fit a GPU" tab is added last, once the explorer is wired."""
+        from .parallel_panel import ParallelPanel
+
+        session = self.session
+        t = self.toolbar = Toolbar.build(session.workload)
+        self._presets = t.presets
+        self.preset, self.input_grad, self.bn_eval, self.reset_button = (
+            t.preset,
+            t.input_grad,
+            t.bn_eval,
+            t.reset_button,
+        )
+        self.table = LayerTable(
+            self.editor, max_open_rows=max_open_rows, on_select=self._on_select, tied=tied_by_module(self.model)
+        )
+        self.sac = SacPanel(self.editor, unsavable=self._unsavable_in)
+        self.budget = BudgetPanel(
+            self.editor,
+            on_sweep=self.sweep,
+            disabled_reason=("fake tensors do not compile: open the explorer in real mode to try a compile budget")
+            if session.mode == "fake"
+            else "",
+        )
+        self.results = ResultsPanel(
+            base_entry, on_pick=self._on_pick, first_step=(session.first_step_peak, self.show_first_step_peak)
+        )
+        self.code_tab = CodeTab.build()
+        self.code, self.plan_json = self.code_tab.code, self.code_tab.plan_json
+        # per-rank sizing, on demand; judged against the "Fit a GPU" target
+        self.gpus = ParallelPanel(session.workload, plan_fn=lambda: self.plan, target_fn=lambda: self.target)
+        self.tabs = W.Tab(
+            children=[t.layers_tab(self.table), self.sac, self.budget, self.results, self.code_tab.tab, self.gpus]
+        )
+        self.tuner = None  # the "Fit a GPU" panel (ui/tuner_panel.py), added once the wiring is done
+        for i, title in enumerate(TAB_TITLES):
+            self.tabs.set_title(i, title)
+
+    def _wire(self) -> None:
+        self.editor.on_change(self._on_edit)
+        self.run_button.on_click(lambda _b: self.rerun())
+        self.cancel_button.on_click(lambda _b: self.cancel())
+        self.live.observe(lambda ch: self.rerun() if ch["new"] and self.state == "changed" else None, "value")
+        self.preset.observe(self._user_preset, "value")
+        self.input_grad.observe(self._user_input_grad, "value")
+        self.bn_eval.observe(lambda ch: None if self._syncing else self.editor.set_bn_eval(ch["new"]), "value")
+        self.reset_button.on_click(lambda _b: self.set_plan(Plan()))
 
     def _title_for(self, plan: Plan | None) -> str:
         """The title for the plan on display: its batch and sequence follow the plan's knobs."""
@@ -372,16 +263,16 @@ class Explorer(ExplorerRuns, W.VBox):
         """Note the max batch found for ``plan`` under ``target``: the header shows it while that
         plan and target are on display."""
         with self._ui_lock:
-            self._max_batch = (plan, target, value)
+            self._max_batch = _MaxBatch(plan, target, value)
             self._show_target()
 
     def max_batch_shown(self) -> int | None:
         """The max batch found for the plan on display under the current target, if any."""
         mb = self._max_batch
-        if mb is None or self.target is None or mb[1] != self.target:
+        if mb is None or self.target is None or mb.target != self.target:
             return None
         shown = self.entry.plan if self.entry is not None else Plan()
-        return mb[2] if mb[0].replace(name="") == shown.replace(name="") else None
+        return mb.value if mb.plan.replace(name="") == shown.replace(name="") else None
 
     def _show_target(self) -> None:
         show_header_verdict(self.target_verdict, self.target, self.measurement, self.max_batch_shown())
@@ -526,60 +417,7 @@ class Explorer(ExplorerRuns, W.VBox):
             self.title.value = self._title_for(entry.plan)
             self.error_box.value = ""
             self.error_box.layout.display = "none"
-            self.saved_total.value = format_bytes(m.saved_bytes)
-            self.saved_bytes.value = f"{m.saved_bytes:,} B"
-            self.saved_delta.value = _delta_text(m.saved_bytes, base.saved_bytes)
-            self.peak_total.value = format_bytes(m.peak_bytes)
-            self.peak_bytes.value = f"{m.peak_bytes:,} B"
-            self.peak_delta.value = _delta_text(m.peak_bytes, base.peak_bytes)
-            self.step_time.value = (
-                (
-                    format_time_spread(m)
-                    + (
-                        f", {time_change(m, base)}"
-                        if entry is not self.session.baseline_entry and m.step_seconds is not None
-                        else ""
-                    )
-                )
-                if m.step_seconds is not None
-                else self._untimed_text(entry)
-            )
-            outputs = int(getattr(m, "output_bytes", 0) or 0)
-            self.output_kept.value = f"+ {format_bytes(outputs)} outputs and caches" if outputs else ""
-            self.output_kept.tooltip = (
-                (
-                    f"outputs and caches the step keeps to the end of forward, not saved for "
-                    f"backward ({outputs:,} B); {m.saved_bytes + outputs:,} B kept in all"
-                )
-                if outputs
-                else None
-            )
-            self.output_kept.layout.display = "" if outputs else "none"
-            first = getattr(m, "first_step_peak_bytes", None)
-            show_first = first is not None and first != m.peak_bytes
-            self.first_step.value = f"(step 1: {format_bytes(first)})" if show_first else ""
-            self.first_step.tooltip = (
-                (f"the peak of training's steady-state step; the first step peaks at {first:,} B")
-                if show_first
-                else None
-            )
-            self.first_step.layout.display = "" if show_first else "none"
-            advice = tuple(getattr(m, "advice", ()) or ())
-            self.advice.value = (
-                (
-                    "<ul style='margin:2px 0;font-size:90%;color:#8a6d3b'>"
-                    + "".join(f"<li>{html.escape(a)}</li>" for a in advice)
-                    + "</ul>"
-                )
-                if advice
-                else ""
-            )
-            self.advice.layout.display = "" if advice else "none"
-            self.cuda_peak.value = (
-                f"CUDA allocator peak {format_bytes(m.cuda_peak_bytes)}" if m.cuda_peak_bytes is not None else ""
-            )
-            self.cuda_peak.layout.display = "" if m.cuda_peak_bytes is not None else "none"
-            show_reserved(self.reserved, m)
+            self.header.show(m, base, self._step_text(entry))
             self._show_target()
             self.table.show(m, base)
             self.sac.show(m, base, entry.plan)
@@ -587,6 +425,15 @@ class Explorer(ExplorerRuns, W.VBox):
             self.results.show_history(self._history_entries(), self._current_index())
         for fn in list(self._listeners):
             fn(entry)
+
+    def _step_text(self, entry: Entry) -> str:
+        """The step-time line: the spread of the timed steps and the change against the baseline."""
+        m = entry.measurement
+        if m.step_seconds is None:
+            return self._untimed_text(entry)
+        if entry is self.session.baseline_entry:
+            return format_time_spread(m)
+        return f"{format_time_spread(m)}, {time_change(m, self.baseline)}"
 
     def _show_code(self) -> None:
         plan = self.plan
@@ -597,53 +444,15 @@ class Explorer(ExplorerRuns, W.VBox):
                 code = plan.to_code(loop=self.session.workload.loop)
             except MemsaveError as exc:
                 code = f"# cannot write this plan as code: {exc}"
-        self.code.value = (
-            "<pre style='font-size:85%;background:var(--jp-layout-color2, #f7f7f7);color:var(--jp-content-font-color1, "
-            "inherit);padding:6px;white-space:pre;overflow-x:auto'>"
-            f"{html.escape(code)}</pre>"
-        )
+        self.code_tab.show(code, plan.to_json(indent=1))
         self.code_text = code
-        self.plan_json.value = plan.to_json(indent=1)
 
     def _set_status(self, state: str, text: str = "") -> None:
-        color = {
-            "running": "#1f77b4",
-            "waiting": "#1f77b4",
-            "error": "#d62728",
-            "cancelled": "#b8860b",
-            "done": "#2ca02c",
-            "changed": "#b8860b",
-        }.get(state, "#555")
-        icon = "<span class='memsave-spinner'></span>" if state in ("running", "waiting") else ""
         self.state = state
-        self.status.value = (
-            f"<span style='color:{color}'>{icon}<b>{html.escape(state)}</b></span> <small>{html.escape(text)}</small>"
-        )
+        self.status.value = status_html(state, text)
 
 
 # -- the public front door -------------------------------------------------------------------------
-
-
-def _check_model_device(model: nn.Module, device: str, mode: str) -> None:
-    """The model must already be where the step runs: the explorer never moves a user's model."""
-    import torch
-
-    from memsave_nb.workload import check_device
-
-    device = check_device(device)  # an unavailable device is its own one-line error
-    if mode == "fake":
-        return  # fake mode makes fake twins of the parameters; the device only names the batch's
-    want = torch.device(device)
-    for p in model.parameters():
-        have = p.device
-        if have.type == "meta":
-            return
-        if have.type != want.type or (want.index is not None and have.index != want.index):
-            raise WorkloadError(
-                f"the model is on {have} but device={device!r}: move it first (model.to({device!r})) "
-                "or pass the device it is on"
-            )
-        return
 
 
 def explore(
@@ -671,41 +480,9 @@ def explore(
     ``target_gb``: the GPU the question is about (the "Fit a GPU" target; default: the smallest preset that fits)."""
     if target_gb is not None:
         Target(target_gb)  # a bad size is one line before anything is measured
-    if hub_kwargs and not isinstance(model_or_workload, str):
-        raise WorkloadError(f"{', '.join(sorted(hub_kwargs))}: only with a model given by name")
-    if isinstance(model_or_workload, Session):
-        session = model_or_workload
-    else:
-        if isinstance(model_or_workload, str):
-            from .by_name import workload_by_name
-
-            if batch is not None or loss is not None:
-                raise WorkloadError("a model name brings its own batch and loss; pass a model to use yours")
-            workload, mode = workload_by_name(model_or_workload, device, mode, hub_kwargs)
-        elif isinstance(model_or_workload, Workload):
-            workload = model_or_workload
-            if batch is not None or loss is not None:
-                raise WorkloadError("a Workload brings its own batch and loss; pass the model to use other ones")
-        elif isinstance(model_or_workload, nn.Module):
-            if batch is None:
-                raise WorkloadError(
-                    "pass a batch: explore(model, batch) (a tensor, tuple, dict or a function making one)"
-                )
-            _check_model_device(model_or_workload, device, mode)
-            workload = Workload(
-                model_or_workload,
-                batch,
-                loss=loss,
-                optimizer=optimizer,
-                device=device,
-                name=type(model_or_workload).__name__,
-            )
-        else:
-            raise WorkloadError(
-                f"explore() takes a torch.nn.Module, a Workload, a Session or a demo name, "
-                f"got {type(model_or_workload).__name__}"
-            )
-        session = Session(workload, mode, repeats=repeats)
+    session = session_for(
+        model_or_workload, batch, loss, optimizer, device, mode, repeats=repeats, hub_kwargs=hub_kwargs
+    )
     explorer = Explorer(session, live=live, debounce_s=debounce_s)
     if target_gb is not None:
         explorer.tuner.set_target(target_gb)

@@ -1,6 +1,6 @@
 """The explorer's runs on its worker thread: a plan's measurement, a compile-budget sweep, the
-progress line while they run, and a failure shown inside the widget (``ui/explorer.py`` mixes
-this in; the widgets it touches are the explorer's)."""
+progress line while they run (written by ``ui/ticker.py``), and a failure shown inside the widget
+(``ui/explorer.py`` mixes this in; the widgets it touches are the explorer's)."""
 
 from __future__ import annotations
 
@@ -84,8 +84,8 @@ class ExplorerRuns:
                 return
             self._timing_entry = entry
             self._show(entry)
-            self._progress_label = f"memory measured in {entry.seconds:.2f} s; timing the step"
-            self._tick()
+            self.ticker.label = f"memory measured in {entry.seconds:.2f} s; timing the step"
+            self.ticker.tick()
             early.append(entry)
         finally:
             self._ui_lock.release()
@@ -119,7 +119,7 @@ class ExplorerRuns:
             for i, b in enumerate(budgets):
                 if cancel_event.is_set():
                     raise Cancelled("sweep cancelled")
-                self._progress_label = f"budget {b:g} ({i + 1} of {len(budgets)}): compiling, then measuring"
+                self.ticker.label = f"budget {b:g} ({i + 1} of {len(budgets)}): compiling, then measuring"
                 self._set_status("running", f"sweep: budget {b:g} ({i + 1}/{len(budgets)})")
                 entry = self.session.run(
                     plan.replace(compile_budget=b, name=f"{plan.name or 'compile'} @ budget {b:g}"),
@@ -146,39 +146,15 @@ class ExplorerRuns:
             self.progress.bar_style = "info"
             self.progress.layout.visibility = "visible"
             self.cancel_button.disabled = False
-            self._run_started = time.perf_counter()
-            self._progress_label = label
-            self._tick()
+            self.ticker.start(label)
             self._set_status("running", text)
-        ticker = self._ticker
-        if ticker is None or not ticker.is_alive():
-            self._ticker = threading.Thread(target=self._tick_loop, name="memsave-progress", daemon=True)
-            self._ticker.start()
-
-    def _tick(self) -> None:
-        """The progress line: what is running (phase, budget i of n) and for how long."""
-        started = self._run_started
-        if started is None:
-            return
-        elapsed = time.perf_counter() - started
-        self.progress_text.value = (
-            f"<small>{html.escape(self._progress_label)}{' · ' if self._progress_label else ''}"
-            f"{elapsed:.0f} s elapsed</small>"
-        )
-
-    def _tick_loop(self) -> None:
-        while self._run_started is not None:
-            time.sleep(0.5)
-            with self._ui_lock:
-                self._tick()
 
     def _end(self, state: str, text: str) -> None:
         with self._ui_lock:
             self.progress.value = self.progress.max
             self.progress.layout.visibility = "hidden"
             self.cancel_button.disabled = True
-            self._run_started = None
-            self.progress_text.value = ""
+            self.ticker.stop()
             self._set_status(state, text)
 
     def _fail(self, plan: Plan | None, exc: BaseException, *, revert: bool = False) -> None:

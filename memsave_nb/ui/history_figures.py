@@ -6,12 +6,22 @@ from __future__ import annotations
 import math
 from typing import Any, Iterable, Sequence
 
-from bokeh.models import ColumnDataSource, DataRange1d, HoverTool, LabelSet, TapTool
-from bokeh.plotting import figure
+from bokeh.models import ColumnDataSource, LabelSet
 
 from ..measure.result import Measurement
 from .format import format_bytes, format_seconds
-from .plot_base import BAR_COLOR, CATEGORY_COLORS, Data, Plot, _bytes_axis, _measurement, legend_below
+from .plot_base import (
+    BAR_COLOR,
+    CATEGORY_COLORS,
+    Data,
+    Plot,
+    _bytes_axis,
+    _measurement,
+    add_hover,
+    add_pick_tools,
+    legend_below,
+    pan_zoom_figure,
+)
 
 
 # -- history of plans tried ------------------------------------------------------------------
@@ -87,16 +97,7 @@ def history(
 
     datas = data_fn(entries, current)
     source = ColumnDataSource(datas["main"], name="history")
-    fig = figure(
-        width=width,
-        height=height,
-        title=title,
-        tools="pan,wheel_zoom,box_zoom,save,reset",
-        toolbar_location="above",
-        x_range=DataRange1d(range_padding=0.15),
-        y_range=DataRange1d(range_padding=0.15),
-        name="history_figure",
-    )
+    fig = pan_zoom_figure("history_figure", title, width, height, 0.15)
     points = fig.scatter(
         x="x",
         y="peak_bytes",
@@ -120,17 +121,8 @@ def history(
             text_color="#333333",
         )
     )
-    fig.add_tools(TapTool(renderers=[points]))
-    fig.add_tools(
-        HoverTool(
-            renderers=[points],
-            tooltips=[
-                ("plan", "@label"),
-                ("peak", "@peak_label"),
-                ("saved", "@saved_label"),
-                ("step", "@time_label"),
-            ],
-        )
+    add_pick_tools(
+        fig, points, [("plan", "@label"), ("peak", "@peak_label"), ("saved", "@saved_label"), ("step", "@time_label")]
     )
     _bytes_axis(fig.yaxis[0])
     fig.yaxis.axis_label = "peak memory"
@@ -231,16 +223,7 @@ def budget_sweep(
 
     datas = data_fn(points)
     source = ColumnDataSource(datas["main"], name="budget_sweep")
-    fig = figure(
-        width=width,
-        height=height,
-        title=title,
-        tools="pan,wheel_zoom,box_zoom,save,reset",
-        toolbar_location="above",
-        x_range=DataRange1d(range_padding=0.15),
-        y_range=DataRange1d(start=0, range_padding=0.15),
-        name="budget_sweep_figure",
-    )
+    fig = pan_zoom_figure("budget_sweep_figure", title, width, height, 0.15, y_start=0)
     fig.line(x="x", y="peak_bytes", source=source, color=CATEGORY_COLORS["optimizer_state"], legend_label="peak")
     peak_pts = fig.scatter(
         x="x",
@@ -269,16 +252,10 @@ def budget_sweep(
             x="x", y="peak_bytes", text="budget_label", source=source, x_offset=6, y_offset=4, text_font_size="8pt"
         )
     )
-    fig.add_tools(
-        HoverTool(
-            renderers=[peak_pts, saved_pts],
-            tooltips=[
-                ("budget", "@budget_label"),
-                ("peak", "@peak_label"),
-                ("saved", "@saved_label"),
-                ("step", "@time_label"),
-            ],
-        )
+    add_hover(
+        fig,
+        [peak_pts, saved_pts],
+        [("budget", "@budget_label"), ("peak", "@peak_label"), ("saved", "@saved_label"), ("step", "@time_label")],
     )
     _bytes_axis(fig.yaxis[0])
     fig.yaxis.axis_label = "bytes"

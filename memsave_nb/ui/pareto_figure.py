@@ -13,11 +13,10 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING, Any, Sequence
 
-from bokeh.models import ColumnDataSource, DataRange1d, HoverTool, TapTool
-from bokeh.plotting import figure
+from bokeh.models import ColumnDataSource
 
-from . import figures
 from .format import format_bytes
+from .plot_base import Data, Plot, _bytes_axis, add_pick_tools, legend_corner, pan_zoom_figure
 
 if TYPE_CHECKING:  # pragma: no cover
     from memsave_nb.planner import Candidate
@@ -32,7 +31,7 @@ def _spot(c: "Candidate") -> tuple[float, int]:
     return round(c.est_seconds * 1e3, 6), int(c.est_peak_bytes)
 
 
-def pareto_data(candidates: Sequence["Candidate"], front: Sequence["Candidate"] = ()) -> figures.Data:
+def pareto_data(candidates: Sequence["Candidate"], front: Sequence["Candidate"] = ()) -> Data:
     on_front = {id(c) for c in front}
     stacked = Counter(_spot(c) for c in candidates)
     first_at: dict[tuple[float, int], int] = {}
@@ -49,7 +48,7 @@ def pareto_data(candidates: Sequence["Candidate"], front: Sequence["Candidate"] 
         "stacked",
         "stack_text",
     )
-    data: figures.Data = {k: [] for k in keys}
+    data: Data = {k: [] for k in keys}
     for i, c in enumerate(candidates):
         spot = _spot(c)
         n = stacked[spot]
@@ -68,7 +67,7 @@ def pareto_data(candidates: Sequence["Candidate"], front: Sequence["Candidate"] 
     return data
 
 
-def headroom_data(candidates: Sequence["Candidate"], usable_bytes: int | None) -> figures.Data:
+def headroom_data(candidates: Sequence["Candidate"], usable_bytes: int | None) -> Data:
     """The headroom line's two ends: across the points' time range (or a unit one when empty)."""
     if usable_bytes is None:
         return {"ms": [], "peak_bytes": []}
@@ -83,25 +82,16 @@ def pareto(
     *,
     width: int = 620,
     height: int = 380,
-) -> figures.Plot:
+) -> Plot:
     """The scatter with its headroom line; ``plot.update(candidates, front, usable_bytes)`` refreshes it."""
 
-    def data_fn(cs: Sequence[Any], fr: Sequence[Any] = (), usable: int | None = None) -> dict[str, figures.Data]:
+    def data_fn(cs: Sequence[Any], fr: Sequence[Any] = (), usable: int | None = None) -> dict[str, Data]:
         return {"main": pareto_data(cs, fr), "headroom": headroom_data(cs, usable)}
 
     datas = data_fn(candidates, front, usable_bytes)
     source = ColumnDataSource(datas["main"], name="pareto")
     line_source = ColumnDataSource(datas["headroom"], name="pareto_headroom")
-    fig = figure(
-        width=width,
-        height=height,
-        title="Planner: estimated peak vs estimated step time",
-        tools="pan,wheel_zoom,box_zoom,save,reset",
-        toolbar_location="above",
-        x_range=DataRange1d(range_padding=0.1),
-        y_range=DataRange1d(range_padding=0.1),
-        name="pareto_figure",
-    )
+    fig = pan_zoom_figure("pareto_figure", "Planner: estimated peak vs estimated step time", width, height, 0.1)
     line = fig.line(
         x="ms",
         y="peak_bytes",
@@ -134,25 +124,22 @@ def pareto(
         text_color="#555555",
         name="pareto_stacked",
     )
-    fig.legend.location = "top_right"
-    fig.legend.background_fill_alpha = 0.4
-    fig.add_tools(TapTool(renderers=[points]))
-    fig.add_tools(
-        HoverTool(
-            renderers=[points],
-            tooltips=[
-                ("plan", "@label"),
-                ("config", "@config"),
-                ("peak", "@peak_label"),
-                ("step", "@ms{0.00} ms"),
-                ("plans here", "@stacked"),
-                ("", "@fits"),
-            ],
-        )
+    legend_corner(fig)
+    add_pick_tools(
+        fig,
+        points,
+        [
+            ("plan", "@label"),
+            ("config", "@config"),
+            ("peak", "@peak_label"),
+            ("step", "@ms{0.00} ms"),
+            ("plans here", "@stacked"),
+            ("", "@fits"),
+        ],
     )
-    figures._bytes_axis(fig.yaxis[0])
+    _bytes_axis(fig.yaxis[0])
     fig.yaxis.axis_label = "estimated peak"
     fig.xaxis.axis_label = "estimated step time (ms)"
-    plot = figures.Plot(fig, {"main": source, "headroom": line_source}, data_fn)
+    plot = Plot(fig, {"main": source, "headroom": line_source}, data_fn)
     plot.rule = line  # type: ignore[attr-defined]
     return plot

@@ -1,12 +1,14 @@
 """What every figure shares: the categories' colours, the :class:`Plot` bundle a builder returns,
-the bytes axis. Below ``figures.py`` and ``history_figures.py``."""
+the bytes axis, and the hover / tap / legend / pan-zoom setup the figures would otherwise each
+repeat. Below every ``*_figure(s).py``."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
-from bokeh.models import ColumnDataSource, CustomJSTickFormatter
+from bokeh.models import ColumnDataSource, CustomJSTickFormatter, DataRange1d, HoverTool, TapTool
+from bokeh.plotting import figure
 
 from ..measure.result import Measurement
 from .format import BYTES_TICK_JS
@@ -73,6 +75,47 @@ def legend_below(fig: Any, rows: int = 1) -> None:
     if rows > 1:
         legend.nrows = rows
     fig.add_layout(legend, "below")
+
+
+def legend_corner(fig: Any, location: str = "top_right", alpha: float = 0.4) -> None:
+    """Keep the legend inside the plot, see-through, for a scatter whose corner is free."""
+    fig.legend.location = location
+    fig.legend.background_fill_alpha = alpha
+
+
+Tooltips = Iterable[tuple[str, str]]
+
+
+def add_hover(fig: Any, renderers: Iterable[Any], tooltips: Tooltips, **options: Any) -> None:
+    """One hover tool over ``renderers`` (``options``: e.g. ``mode="vline"``)."""
+    fig.add_tools(HoverTool(renderers=list(renderers), tooltips=list(tooltips), **options))
+
+
+def add_pick_tools(fig: Any, points: Any, tooltips: Tooltips) -> None:
+    """Click and hover on a scatter's points: a click selects (``source.selected.indices`` says which
+    point, what the explorer and the tuner listen to) and the hover describes it."""
+    fig.add_tools(TapTool(renderers=[points]))
+    add_hover(fig, [points], tooltips)
+
+
+def pan_zoom_figure(
+    name: str, title: str, width: int, height: int, padding: float, *, y_start: float | None = None
+) -> Any:
+    """A scatter's figure: pan and zoom tools above it, both ranges following the data with
+    ``padding`` (``y_start=0`` pins the y axis at zero)."""
+    y_range = (
+        DataRange1d(range_padding=padding) if y_start is None else DataRange1d(start=y_start, range_padding=padding)
+    )
+    return figure(
+        width=width,
+        height=height,
+        title=title,
+        tools="pan,wheel_zoom,box_zoom,save,reset",
+        toolbar_location="above",
+        x_range=DataRange1d(range_padding=padding),
+        y_range=y_range,
+        name=name,
+    )
 
 
 def _bytes_axis(axis: Any) -> None:

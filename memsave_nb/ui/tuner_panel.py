@@ -32,242 +32,150 @@ from __future__ import annotations
 
 import html
 import threading
-import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import ipywidgets as W
-from memsave_nb.errors import Cancelled, MemsaveError
-from memsave_nb.target import (
-    DEFAULT_HEADROOM,
-    HEADROOM_SOURCE,
-    MAX_GB,
-    PRESETS_GB,
-    Target,
-    estimate_fits,
-    replay_line_bytes,
-)
+from memsave_nb.errors import MemsaveError
+from memsave_nb.plan import Plan
+from memsave_nb.target import PRESETS_GB, Target, estimate_fits, replay_line_bytes
 
 from .format import format_bytes
 from .front_list import FrontList
 from .pareto_figure import FITS_COLOR, MISS_COLOR, pareto, pareto_data  # noqa: F401 - pareto_data: public here too
 from .plots import bokeh_widget
-from .runner import Runner
 from .sized import no_seq_reason  # noqa: F401 - public here too (named models' batches can be searched)
+from .tuner_controls import (  # noqa: F401 - public here too
+    AS_GIVEN,
+    FREE,
+    ZERO_GRAD_CHOICES,
+    KnobControls,
+    SearchControls,
+    TargetControls,
+    fit_note,
+)
 from .tuner_host import TunerHost
 from .tuner_text import _floor, _hints_count, _hints_html, _notes_html  # noqa: F401 - public here too
+from .tuner_work import TunerWork, one_line  # noqa: F401 - one_line: public here too
 from .verdict import fit_for, opening_gb, parts_html, rule_html, verdict_text
 
 if TYPE_CHECKING:  # pragma: no cover
     from memsave_nb.planner import Candidate, PlannerResult
     from memsave_nb.target import Fit
 
-FREE = "other…"
+
+class Found(NamedTuple):
+    """A search's answer (``result``: target.py's SearchResult) and the plan and target it was for."""
+
+    plan: Plan
+    target: Target
+    result: Any
 
 
-# -- the panel ---------------------------------------------------------------------------------
-# Dropdown values are strings: ipywidgets shows a None value as an empty menu, not as "as given"
-AS_GIVEN = ""
-ZERO_GRAD_CHOICES = (("as given", AS_GIVEN), ("set to None", "none"), ("zero in place", "zero"))
-_ZERO_GRAD = {AS_GIVEN: None, "none": True, "zero": False}
-
-
-def one_line(exc: BaseException) -> str:
-    """An error as the one line the panel shows (our errors' message, else type and first line)."""
-    if isinstance(exc, MemsaveError):
-        return " ".join(str(exc).split())
-    first = (str(exc).strip().splitlines() or [""])[0]
-    return f"{type(exc).__name__}: {first}"
+def _no_target_text(explorer: TunerHost) -> str:
+    return (
+        f"no target yet: no single GPU of the presets holds this step's parameters, gradients and optimizer "
+        f"state ({format_bytes(_floor(explorer.measurement))}); shard it (GPUs tab) or freeze most of it, "
+        "or pick a size"
+    )
 
 
 class TunerPanel(W.VBox):
     """Target, verdict, knobs, max batch and the planner's front, wired to a :class:`TunerHost`
-    (the explorer)."""
+    (the explorer). The controls are built in ``ui/tuner_controls.py``, the background work runs
+    in ``ui/tuner_work.py``; this class says what they show."""
 
     TITLE = "Fit a GPU"
 
     def __init__(self, explorer: TunerHost, *, device: str = "H100"):
-        from memsave_nb.vocabulary import LOSSES, OPTIMIZERS, PRECISIONS
-        from memsave_nb.planner import GPUS
-
         self.explorer = explorer
         self.result: "PlannerResult | None" = None
         self.candidates: list["Candidate"] = []
         self.front_indices: list[int] = []  # index into candidates of each front-list entry
         self.picked: int | None = None
-        self.max_batch: tuple[Any, Target, Any] | None = None  # (plan, target, SearchResult) of the last search
-        self.error: str | None = None
-        self.state = "idle"
+        self.max_batch: Found | None = None  # the last max-batch search
+        self.max_seq: Found | None = None  # the last max-seq-len search
         self._picking = False
         self._syncing = False
         self._drawn_for: Target | None = None  # the target the scatter was last drawn for
         self.fit: "Fit | None" = None  # target.fit_of for the measurement on display (ui/verdict.py), after refresh
         self._planner_fits: list[bool] = []  # the planner's own fits per candidate, for its own target
+        self.hints: list = []  # what_would_fit's answer when a search found nothing that fits
         # background work: the newest request wins (ui/runner.py); a generation marks stale results
-        self.runner = Runner(0.0, name="memsave-tuner")
-        self._generation = 0
-        self._user_cancelled = False
-        self._started: float | None = None
-        self._label = ""
-        self._ticker: threading.Thread | None = None
+        self.work = TunerWork(explorer._ui_lock)
+        self.runner, self.status, self.progress_text = self.work.runner, self.work.status, self.work.progress_text
+        self.cancel_button = self.work.cancel_button
 
         # the target starts at the smallest preset the step fits (target.fit_of); none when no preset
         # holds even its weights, gradients and optimizer state (a 70B opened at "24 GB: 2685%")
         start_gb = opening_gb(explorer.measurement)
-        self.no_target: str | None = (
-            None
-            if start_gb is not None
-            else (
-                f"no target yet: no single GPU of the presets holds this step's parameters, gradients and optimizer "
-                f"state ({format_bytes(_floor(explorer.measurement))}); shard it (GPUs tab) or freeze most of it, "
-                "or pick a size"
-            )
-        )
-        start_gb = start_gb or float(max(PRESETS_GB))
-        options = [(f"{g:g} GB", float(g)) for g in PRESETS_GB] + [(FREE, 0.0)]
-        self.target_menu = W.Dropdown(
-            options=options, value=start_gb, description="my GPU", layout=W.Layout(width="200px")
-        )
-        self.target_menu.add_class("memsave-target")
-        self.target_gb = W.BoundedFloatText(
-            value=start_gb, min=1e-6, max=MAX_GB, step=1.0, description="GB", layout=W.Layout(width="160px")
-        )
-        self.target_gb.add_class("memsave-target-gb")
-        self.headroom = W.BoundedFloatText(
-            value=DEFAULT_HEADROOM, min=0.05, max=1.0, step=0.05, description="headroom", layout=W.Layout(width="170px")
-        )
-        self.headroom.add_class("memsave-headroom")
-        self.device = W.Dropdown(
-            options=list(GPUS), value=device, description="time on", layout=W.Layout(width="200px")
-        )
+        self.no_target: str | None = None if start_gb is not None else _no_target_text(explorer)
+        self.targets = TargetControls.build(start_gb or float(max(PRESETS_GB)), device)
+        self.target_menu, self.target_gb = self.targets.menu, self.targets.gb
+        self.headroom, self.device = self.targets.headroom, self.targets.device
+        # the controls keep their old names on the panel (tests, notebooks and the docs read them)
+        self.knobs = k = KnobControls.build()
+        self.knob_batch, self.knob_seq, self.knob_precision = k.batch, k.seq, k.precision
+        self.knob_optimizer, self.knob_accumulate, self.knob_zero_grad = k.optimizer, k.accumulate, k.zero_grad
+        self.knob_loss, self.knob_apply = k.loss, k.apply
+        self.searches = sc = SearchControls.build()
+        self.max_batch_button, self.max_batch_result = sc.max_batch_button, sc.max_batch_result
+        self.max_seq_button, self.max_seq_result = sc.max_seq_button, sc.max_seq_result
+        self.search_button = sc.search_button
         self.line = W.HTML("")
-        self.verdict = W.HTML("")
-        self.verdict.add_class("memsave-verdict")
-        self.max_batch_button = W.Button(description="max batch", icon="arrows-v", layout=W.Layout(width="120px"))
-        self.max_batch_button.add_class("memsave-max-batch")
-        self.max_batch_result = W.HTML("")
-        self.max_batch_result.add_class("memsave-max-batch-result")
-        self.max_seq_button = W.Button(description="max seq len", icon="arrows-h", layout=W.Layout(width="120px"))
-        self.max_seq_button.add_class("memsave-max-seq")
-        self.max_seq_result = W.HTML("")
-        self.max_seq_result.add_class("memsave-max-seq-result")
-        self.max_seq = None  # (plan, target, SearchResult) of the last search
-        self.search_button = W.Button(
-            description="find plans that fit", icon="search", button_style="info", layout=W.Layout(width="180px")
-        )
-        self.search_button.add_class("memsave-plan-search")
-        self.cancel_button = W.Button(description="cancel", icon="stop", disabled=True, layout=W.Layout(width="100px"))
-        self.cancel_button.add_class("memsave-tuner-cancel")
-        self.status = W.HTML("")
-        self.status.add_class("memsave-tuner-status")
-        self.progress_text = W.HTML("")
-        self.progress_text.add_class("memsave-tuner-progress")
-
-        # workload knobs (memsave_nb.knobs) of the plan on display; 0 / "as given" keeps the workload's own
-        small = W.Layout(width="150px")
-        self.knob_batch = W.BoundedIntText(value=0, min=0, max=1 << 20, description="batch", layout=small)
-        self.knob_seq = W.BoundedIntText(value=0, min=0, max=1 << 24, description="seq len", layout=small)
-        self.knob_precision = W.Dropdown(
-            options=[("as given", AS_GIVEN)] + [(k, k) for k in PRECISIONS],
-            value=AS_GIVEN,
-            description="precision",
-            layout=W.Layout(width="220px"),
-        )
-        self.knob_optimizer = W.Dropdown(
-            options=[("as given", AS_GIVEN)] + [(k, k) for k in OPTIMIZERS],
-            value=AS_GIVEN,
-            description="optimizer",
-            layout=W.Layout(width="220px"),
-        )
-        self.knob_accumulate = W.BoundedIntText(value=1, min=1, max=1024, description="accumulate", layout=small)
-        self.knob_zero_grad = W.Dropdown(
-            options=ZERO_GRAD_CHOICES, value=AS_GIVEN, description="zero_grad", layout=W.Layout(width="220px")
-        )
-        self.knob_loss = W.Dropdown(
-            options=[("as given", AS_GIVEN)] + [(k, k) for k in LOSSES],
-            value=AS_GIVEN,
-            description="loss",
-            layout=W.Layout(width="220px"),
-        )
-        for name, w in (
-            ("batch", self.knob_batch),
-            ("seq", self.knob_seq),
-            ("precision", self.knob_precision),
-            ("optimizer", self.knob_optimizer),
-            ("accumulate", self.knob_accumulate),
-            ("zero-grad", self.knob_zero_grad),
-            ("loss", self.knob_loss),
-        ):
-            w.add_class(f"memsave-knob-{name}")
-        self.knob_apply = W.Button(description="apply knobs", icon="check", layout=W.Layout(width="120px"))
-        self.knob_apply.add_class("memsave-knobs-apply")
-        self.knob_apply.on_click(lambda _b: self.apply_knobs())
-
-        self.code = W.HTML("")
-        self.code.add_class("memsave-tuner-code")
-        self.hints: list = []  # what_would_fit's answer when a search found nothing that fits
-        self.hints_box = W.HTML("")
-        self.hints_box.add_class("memsave-tuner-hints")
+        self.verdict = _classed_html("memsave-verdict")
+        self.code = _classed_html("memsave-tuner-code")
+        self.hints_box = _classed_html("memsave-tuner-hints")
         self.plot = pareto([], [], None)
-        self.plot.source.selected.on_change("indices", self._tapped)
         self.front_list = FrontList(self.pick)
-        note = W.HTML(
-            "<small>Fits means the step's allocations, replayed through a model of PyTorch's CUDA caching "
-            "allocator, plus the CUDA context stay within the GPU's memory (docs/allocator.md); a step "
-            f"without a replay is held to 80% of it ({html.escape(HEADROOM_SOURCE)}). The same test "
-            "answers the CLI, the searches and the planner. The planner's points are estimates (under the "
-            "GPU less the CUDA context) until re-measured. The planner works in fake mode; click a point, "
-            "or <i>load</i> in the list, to load that plan into the explorer.</small>"
-        )
+        super().__init__(self._rows())
+        self.add_class("memsave-tuner-panel")
+        self._wire()
+        why_no_seq = no_seq_reason(explorer.session.workload)
+        if why_no_seq:
+            sc.disable_seq(why_no_seq)
+        explorer.on_result(lambda _entry: self.refresh())
+        explorer.editor.on_change(self.sync_knobs)  # a loaded or edited plan: the knob controls follow
+        self.sync_knobs()
+        self.refresh()
+
+    def _rows(self) -> list[W.Widget]:
+        sc = self.searches
+        return [
+            self.targets.row(),
+            self.line,
+            W.HBox([self.verdict]),
+            self.knobs.row(),
+            W.HBox([sc.max_batch_button, sc.max_batch_result], layout=W.Layout(align_items="center")),
+            W.HBox([sc.max_seq_button, sc.max_seq_result], layout=W.Layout(align_items="center")),
+            W.HBox(
+                [sc.search_button, self.cancel_button, self.progress_text, self.status],
+                layout=W.Layout(align_items="center", flex_flow="row wrap"),
+            ),
+            self.hints_box,
+            W.HBox([bokeh_widget(self.plot.figure), self.front_list], layout=W.Layout(flex_flow="row wrap")),
+            fit_note(),
+            self.code,
+        ]
+
+    def _wire(self) -> None:
+        self.knob_apply.on_click(lambda _b: self.apply_knobs())
+        self.plot.source.selected.on_change("indices", self._tapped)
         self.target_menu.observe(self._menu_changed, "value")
         self.target_gb.observe(self._gb_changed, "value")
         self.headroom.observe(lambda _ch: self._target_chosen(), "value")
         self.max_batch_button.on_click(lambda _b: self.find_max_batch(background=True))
         self.max_seq_button.on_click(lambda _b: self.find_max_seq_len(background=True))
         self.search_button.on_click(lambda _b: self.search(background=True))
-        self.cancel_button.on_click(lambda _b: self.cancel())
-        super().__init__(
-            [
-                W.HBox(
-                    [self.target_menu, self.target_gb, self.headroom, self.device],
-                    layout=W.Layout(flex_flow="row wrap"),
-                ),
-                self.line,
-                W.HBox([self.verdict]),
-                W.HBox(
-                    [
-                        self.knob_batch,
-                        self.knob_seq,
-                        self.knob_precision,
-                        self.knob_optimizer,
-                        self.knob_accumulate,
-                        self.knob_zero_grad,
-                        self.knob_loss,
-                        self.knob_apply,
-                    ],
-                    layout=W.Layout(flex_flow="row wrap"),
-                ),
-                W.HBox([self.max_batch_button, self.max_batch_result], layout=W.Layout(align_items="center")),
-                W.HBox([self.max_seq_button, self.max_seq_result], layout=W.Layout(align_items="center")),
-                W.HBox(
-                    [self.search_button, self.cancel_button, self.progress_text, self.status],
-                    layout=W.Layout(align_items="center", flex_flow="row wrap"),
-                ),
-                self.hints_box,
-                W.HBox([bokeh_widget(self.plot.figure), self.front_list], layout=W.Layout(flex_flow="row wrap")),
-                note,
-                self.code,
-            ]
-        )
-        self.add_class("memsave-tuner-panel")
-        why_no_seq = no_seq_reason(explorer.session.workload)
-        if why_no_seq:  # the button stays, greyed, and says why
-            self.max_seq_button.disabled = True
-            self.max_seq_button.tooltip = why_no_seq
-            self.max_seq_result.value = f"<small style='color:#888'>{html.escape(why_no_seq)}</small>"
-        explorer.on_result(lambda _entry: self.refresh())
-        explorer.editor.on_change(self.sync_knobs)  # a loaded or edited plan: the knob controls follow
-        self.sync_knobs()
-        self.refresh()
+
+    @property
+    def state(self) -> str:
+        """idle, waiting, running, done, cancelled or error: the status line's first word."""
+        return self.work.state
+
+    @property
+    def error(self) -> str | None:
+        """The last error's line (None unless the status says error)."""
+        return self.work.error
 
     # -- state -----------------------------------------------------------------------------------
     @property
@@ -313,13 +221,7 @@ class TunerPanel(W.VBox):
         with self.explorer._ui_lock:
             self._syncing = True
             try:
-                self.knob_batch.value = plan.batch_size or 0
-                self.knob_seq.value = plan.seq_len or 0
-                self.knob_precision.value = plan.precision or AS_GIVEN
-                self.knob_optimizer.value = plan.optimizer or AS_GIVEN
-                self.knob_accumulate.value = plan.accumulation_steps or 1
-                self.knob_zero_grad.value = {None: AS_GIVEN, True: "none", False: "zero"}[plan.set_to_none]
-                self.knob_loss.value = plan.loss or AS_GIVEN
+                self.knobs.show(plan)
             finally:
                 self._syncing = False
 
@@ -375,113 +277,22 @@ class TunerPanel(W.VBox):
             + _notes_html(r)
         )
 
-    # -- background work -------------------------------------------------------------------------
+    # -- background work (ui/tuner_work.py) ----------------------------------------------------
     def _set_status(self, state: str, text: str = "") -> None:
-        color = {"error": MISS_COLOR, "cancelled": "#b8860b", "done": FITS_COLOR}.get(state, "#1f77b4")
-        self.state = state
-        self.error = text if state == "error" else None
-        self.status.value = (
-            f"<span style='color:{color}'><b>{html.escape(state)}</b></span> "
-            f"<small style='color:{color if state == 'error' else 'inherit'}'>{html.escape(text)}</small>"
-        )
+        self.work.set_status(state, text)
 
-    def _submit(
-        self, label: str, work: Callable[[threading.Event], Any], done: Callable[[Any], str], background: bool
-    ) -> Any:
-        with self.explorer._ui_lock:
-            self._generation += 1
-            generation = self._generation
-            self._requested = time.perf_counter()  # the user's wait starts at the click, not when the worker starts
-        job = lambda ev: self._job(label, work, done, ev, generation)  # noqa: E731
-        if background:
-            self._set_status("waiting", label)
-            self.runner.submit(job, delay_s=0)
-            return None
-        return self.runner.run_sync(job)
-
-    def _job(
-        self,
-        label: str,
-        work: Callable[[threading.Event], Any],
-        done: Callable[[Any], str],
-        cancel_event: threading.Event,
-        generation: int,
-    ) -> Any:
-        if generation != self._generation:
-            return None  # superseded before it started
-        self._user_cancelled = False
-        self._begin(label)
-        try:
-            value = work(cancel_event)
-        except Cancelled:
-            if generation == self._generation or self._user_cancelled:
-                self._end("cancelled", f"{label}: stopped; the model is as it was")
-            return None
-        except BaseException as exc:  # noqa: BLE001 - shown in the panel, never lost in a thread
-            if generation == self._generation:
-                self._end("error", f"{label}: {one_line(exc)}")
-            return None
-        if generation != self._generation:
-            return None  # a newer request owns the display
-        with self.explorer._ui_lock:
-            text = done(value)
-        self._end("done", text)
-        return value
+    def _submit(self, label: str, work: Any, done: Any, background: bool) -> Any:
+        return self.work.submit(label, work, done, background)
 
     def cancel(self) -> bool:
         """Stop the running search / max batch at its next measurement (the model is restored)."""
-        self._user_cancelled = True
-        stopped = self.runner.cancel()
-        if stopped:
-            self._set_status("cancelled", "cancel requested")
-        return stopped
-
-    def _begin(self, label: str) -> None:
-        with self.explorer._ui_lock:
-            self._label = label
-            self._started = time.perf_counter()
-            self.cancel_button.disabled = False
-            self._tick()
-            self._set_status("running", label)
-        ticker = self._ticker
-        if ticker is None or not ticker.is_alive():
-            self._ticker = threading.Thread(target=self._tick_loop, name="memsave-tuner-progress", daemon=True)
-            self._ticker.start()
-
-    def _tick(self) -> None:
-        started = self._started
-        if started is not None:
-            self.progress_text.value = (
-                f"<small>{html.escape(self._label)} · {time.perf_counter() - started:.0f} s elapsed</small>"
-            )
-
-    def _tick_loop(self) -> None:
-        while self._started is not None:
-            time.sleep(0.5)
-            with self.explorer._ui_lock:
-                self._tick()
-
-    def _end(self, state: str, text: str) -> None:
-        with self.explorer._ui_lock:
-            self._started = None
-            self.cancel_button.disabled = True
-            self.progress_text.value = ""
-            self._set_status(state, text)
+        return self.work.cancel()
 
     # -- actions ---------------------------------------------------------------------------------
     def apply_knobs(self) -> None:
         """Put the knob controls into the explorer's plan (which reruns when live)."""
         try:
-            plan = self.explorer.plan.replace(
-                batch_size=self.knob_batch.value or None,
-                seq_len=self.knob_seq.value or None,
-                precision=self.knob_precision.value or None,
-                optimizer=self.knob_optimizer.value or None,
-                accumulation_steps=self.knob_accumulate.value if self.knob_accumulate.value > 1 else None,
-                set_to_none=_ZERO_GRAD[self.knob_zero_grad.value],
-                loss=self.knob_loss.value or None,  # the chunk stays the plan's while the loss is chunked
-                loss_chunk=self.explorer.plan.loss_chunk if self.knob_loss.value == "chunked" else None,
-            )
+            plan = self.knobs.plan_from(self.explorer.plan)
         except MemsaveError as exc:
             self._set_status("error", str(exc))
             return
@@ -498,7 +309,7 @@ class TunerPanel(W.VBox):
             return max_batch(workload, plan, target, cancel_event=ev)
 
         def done(r: Any) -> str:
-            self.max_batch = (plan, target, r)
+            self.max_batch = Found(plan, target, r)
             self.explorer.set_max_batch(plan, target, r.value)
             self._show_max_batch()
             if self.explorer.max_batch_shown() is None:  # the plan on display is not the one searched
@@ -526,7 +337,7 @@ class TunerPanel(W.VBox):
             return max_seq_len(workload, plan, target, cancel_event=ev)
 
         def done(r: Any) -> str:
-            self.max_seq = (plan, target, r)
+            self.max_seq = Found(plan, target, r)
             extra = f"; {r.limit}" if r.limit else ""
             self.max_seq_result.value = (
                 f"max sequence length that fits: <b>{r.value}</b> (peak "
@@ -591,14 +402,8 @@ class TunerPanel(W.VBox):
         return (
             f"{len(result.candidates)} plans, {len(result.fitting)} fit; "
             + (f"chosen: {chosen.label}" if chosen else "none fits" + _hints_count(self.hints))
-            + f" ({self._waited(result.seconds):.1f} s)"
+            + f" ({self.work.waited(result.seconds):.1f} s)"
         )
-
-    def _waited(self, fallback: float) -> float:
-        """Seconds since the user asked (the click): the search and, when none fits, the knobs tried
-        after it (the planner's own ``seconds`` left those out: 31 s shown for an 87 s wait)."""
-        started = getattr(self, "_requested", None)
-        return time.perf_counter() - started if started is not None else fallback
 
     @property
     def front_rows(self) -> list[W.HBox]:
@@ -670,3 +475,9 @@ class TunerPanel(W.VBox):
 
 def _same(a: Any, b: Any) -> bool:
     return a.replace(name="") == b.replace(name="")
+
+
+def _classed_html(cls: str) -> W.HTML:
+    w = W.HTML("")
+    w.add_class(cls)
+    return w
