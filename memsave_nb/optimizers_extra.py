@@ -42,10 +42,10 @@ def state_bytes_per_parameter(numel: int, moments: int, bits: int) -> int:
     return moments * (numel + 4 * -(-numel // BLOCK))
 
 
-def embedding_weights(model: nn.Module) -> list[nn.Parameter]:
+def embedding_weights(model: nn.Module) -> list[torch.Tensor]:
     """The weights the HF Trainer registers for 32-bit state: every ``nn.Embedding``'s (a tied
     ``lm_head`` shares its embedding's parameter, so it is one of them), each once."""
-    seen: dict[int, nn.Parameter] = {}
+    seen: dict[int, torch.Tensor] = {}
     for m in model.modules():
         if isinstance(m, nn.Embedding) and isinstance(m.weight, torch.Tensor):
             seen.setdefault(id(m.weight), m.weight)

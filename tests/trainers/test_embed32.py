@@ -141,3 +141,22 @@ def test_the_cli_prints_the_trainers_optimizer_state(capsys, tmp_path):
         _step(model, plain)
     assert _total(theirs) - _total(plain) == hf.embedding_gap("adamw_8bit", model) == 195_584
     assert printed == format_bytes(_total(theirs)) != format_bytes(_total(plain))
+
+
+def test_the_exported_code_keeps_the_embedding_at_32_bits_as_sized():
+    """Plan.to_code() registers the Trainer's override: its optimizer's state is the knob's, to the byte."""
+    model = tiny("llama", VOCAB, hidden=HIDDEN)
+    scope: dict = {"model": model}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # bitsandbytes' kernel loader on CPU
+        exec(Plan(optimizer="adamw_8bit_embed32").to_code(), scope)
+    ids = torch.randint(3, VOCAB, (2, 8), generator=torch.Generator().manual_seed(0))
+    scope["training_step"](model, [{"input_ids": ids, "labels": ids}], scope["optimizer"])
+    twin = tiny("llama", VOCAB, hidden=HIDDEN)
+    with Plan(optimizer="adamw_8bit_embed32").apply(
+        Workload(twin, batch={"input_ids": torch.zeros(1, 2, dtype=torch.long)})
+    ) as w:
+        ours = w.make_optimizer()
+        _step(twin, ours)
+    assert _state(scope["optimizer"], model) == _state(ours, twin)
+    assert _state(ours, twin)["model.embed_tokens.weight"][1:] == ({torch.float32}, False)
