@@ -14,6 +14,12 @@ is smaller by about two float32 copies of the largest parameter. Paged variants
 memory under pressure; sized here as device memory (an upper bound), see ``docs/trainers.md``.
 The quantization maps are uniform grids (the second moment's of fourth roots), not bitsandbytes'
 dynamic maps: the same bytes, close enough values for a measured step.
+
+Chosen parameters can keep 32-bit state (``keep_in_32bit``), as bitsandbytes' ``GlobalOptimManager``
+override ``{"optim_bits": 32}`` makes them: ``state1``/``state2`` float32, no absmax, no map. The HF
+Trainer registers that override for every ``nn.Embedding`` weight when its bitsandbytes optimizer has
+``optim_bits=8`` (``create_optimizer``); ``embeddings32=True`` does the same once ``follow_model``
+gives it the model (``Workload.make_optimizer`` does).
 """
 
 from __future__ import annotations
@@ -22,8 +28,9 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
+from torch import nn
 
-__all__ = ["BLOCK", "MIN_8BIT_SIZE", "LayoutOptimizer", "state_bytes_per_parameter"]
+__all__ = ["BLOCK", "MIN_8BIT_SIZE", "LayoutOptimizer", "embedding_weights", "state_bytes_per_parameter"]
 
 BLOCK, MIN_8BIT_SIZE = 256, 4096
 
@@ -35,8 +42,20 @@ def state_bytes_per_parameter(numel: int, moments: int, bits: int) -> int:
     return moments * (numel + 4 * -(-numel // BLOCK))
 
 
+def embedding_weights(model: nn.Module) -> list[torch.Tensor]:
+    """The weights the HF Trainer registers for 32-bit state: every ``nn.Embedding``'s (a tied
+    ``lm_head`` shares its embedding's parameter, so it is one of them), each once."""
+    seen: dict[int, torch.Tensor] = {}
+    for m in model.modules():
+        if isinstance(m, nn.Embedding) and isinstance(m.weight, torch.Tensor):
+            seen.setdefault(id(m.weight), m.weight)
+    return list(seen.values())
+
+
 class LayoutOptimizer(torch.optim.Optimizer):
-    """AdamW (``moments=2``) or Lion (``moments=1``) with 32-bit or blockwise 8-bit state."""
+    """AdamW (``moments=2``) or Lion (``moments=1``) with 32-bit or blockwise 8-bit state;
+    ``keep32``: parameters whose state stays 32-bit (bitsandbytes' ``optim_bits=32`` override);
+    ``embeddings32``: the model's ``nn.Embedding`` weights too, once :meth:`follow_model` is called."""
 
     def __init__(
         self,
@@ -48,12 +67,28 @@ class LayoutOptimizer(torch.optim.Optimizer):
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
         weight_decay: float = 1e-2,
+        keep32: Iterable[torch.Tensor] = (),
+        embeddings32: bool = False,
     ) -> None:
         if moments not in (1, 2) or bits not in (8, 32):
             raise ValueError("moments must be 1 (Lion) or 2 (AdamW), bits 8 or 32")
         super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay})
-        self.moments, self.bits = moments, bits
+        self.moments, self.bits, self.embeddings32 = moments, bits, embeddings32
+        self._keep32: set[int] = set()
+        self.keep_in_32bit(keep32)
         self._maps: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def keep_in_32bit(self, tensors: Iterable[torch.Tensor]) -> None:
+        """Keep these parameters' state in 32 bits (by identity, as bitsandbytes matches ``id(p)``);
+        a parameter whose state already exists keeps its layout, as in bitsandbytes."""
+        self._keep32.update(id(t) for t in tensors)
+
+    def follow_model(self, model: nn.Module, held: dict[int, torch.Tensor] | None = None) -> None:
+        """With ``embeddings32``: the model's ``nn.Embedding`` weights keep 32-bit state. ``held``: the
+        tensor this optimizer holds for a model parameter, by the parameter's id (fp32 master copies)."""
+        if self.embeddings32:
+            weights = embedding_weights(model)
+            self.keep_in_32bit(weights if held is None else [held[id(w)] for w in weights if id(w) in held])
 
     def _qmaps(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         if device not in self._maps:  # signed (first moment), unsigned (second): 256 floats each, held
@@ -64,7 +99,7 @@ class LayoutOptimizer(torch.optim.Optimizer):
     def _init(self, p: torch.Tensor) -> dict[str, Any]:
         st = self.state[p]
         st["step"] = 0  # a Python int, as bitsandbytes keeps it
-        eight = self.bits == 8 and p.numel() >= MIN_8BIT_SIZE
+        eight = self.bits == 8 and p.numel() >= MIN_8BIT_SIZE and id(p) not in self._keep32
         blocks = -(-p.numel() // BLOCK)
         qmaps = self._qmaps(p.device) if eight else None
         for i in range(1, self.moments + 1):

@@ -38,6 +38,10 @@ OPTIMIZERS: dict[str, str] = {
     "state: two uint8 moments + a float32 absmax per 256 elements",
     "lion": "Lion (optimizers_extra); state: one moment per parameter (float32)",
     "lion_8bit": "Lion in bitsandbytes' blockwise 8-bit layout (optimizers_extra); state: one uint8 moment + absmax",
+    "adamw_8bit_embed32": "adamw_8bit as the HF Trainer builds it (optim='adamw_bnb_8bit' and the other 8-bit "
+    "bitsandbytes names): every nn.Embedding weight keeps two float32 moments (create_optimizer's override)",
+    "lion_8bit_embed32": "lion_8bit as the HF Trainer builds it (optim='lion_8bit', 'paged_lion_8bit'): every "
+    "nn.Embedding weight keeps one float32 moment (create_optimizer's override)",
 }
 # Each optimizer's state layout, as OPTIMIZERS words it: (moments per trainable parameter, bits per
 # moment; 0 = the parameter's own dtype). Step counters, blockwise scales (absmax) and factored
@@ -53,6 +57,8 @@ OPTIMIZER_STATE: dict[str, tuple[int, int]] = {
     "adamw_8bit": (2, 8),
     "lion": (1, 32),
     "lion_8bit": (1, 8),
+    "adamw_8bit_embed32": (2, 8),  # the embeddings' 32-bit moments are above this lower bound
+    "lion_8bit_embed32": (1, 8),
 }
 # "no optimizer" (a forward and backward only): a Workload's and the magics' value, not a plan knob
 NO_OPTIMIZER = "none"

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from .errors import WorkloadError, quoted
-from .vocabulary import DEFAULT_LOOP, LOOPS, NO_OPTIMIZER, OPTIMIZER_ALIASES, OPTIMIZERS
+from .vocabulary import DEFAULT_LOOP, LOOPS, NO_OPTIMIZER, OPTIMIZER_ALIASES, OPTIMIZER_STATE, OPTIMIZERS
 
 AUTOCAST_DTYPES = (torch.bfloat16, torch.float16)
 
@@ -31,12 +31,26 @@ def optimizer_factory(name: str) -> Callable[[Iterable[nn.Parameter]], torch.opt
     key = OPTIMIZER_ALIASES.get(name.lower(), name.lower())
     if key not in OPTIMIZERS:
         raise WorkloadError(f"unknown optimizer {quoted(name)}; choose from {', '.join(sorted(OPTIMIZERS))} or 'none'")
-    if key in ("adamw_8bit", "lion", "lion_8bit"):  # bitsandbytes' layouts, in plain torch (fake mode runs them)
+    moments, bits = OPTIMIZER_STATE[key]
+    if bits in (8, 32):  # bitsandbytes' layouts, in plain torch (fake mode runs them)
         from .optimizers_extra import LayoutOptimizer
 
-        moments, bits = (2, 8) if key == "adamw_8bit" else (1, 8 if key == "lion_8bit" else 32)
-        return lambda params: LayoutOptimizer(params, moments=moments, bits=bits, lr=1e-3)
+        emb32 = key.endswith("_embed32")  # nn.Embedding weights in 32 bits, as the HF Trainer keeps them
+        return lambda params: LayoutOptimizer(params, moments=moments, bits=bits, lr=1e-3, embeddings32=emb32)
     return _TORCH_OPTIMIZERS[key]
+
+
+def follow_model(optimizer: Any, model: nn.Module, params: list[nn.Parameter]) -> None:
+    """Tell an optimizer that chooses by module (``follow_model``: a layout optimizer keeping
+    embeddings in 32 bits) the model it steps; through a master-weights wrapper (``_inner`` over
+    ``_masters``, one per parameter) it is told which copy stands for which parameter."""
+    inner = getattr(optimizer, "_inner", None)
+    target = optimizer if inner is None else inner
+    follow = getattr(target, "follow_model", None)
+    if not callable(follow):
+        return
+    masters = getattr(optimizer, "_masters", None) if inner is not None else None
+    follow(model, None if masters is None else {id(p): m for p, m in zip(params, masters)})
 
 
 _TORCH_OPTIMIZERS: dict[str, Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]] = {
@@ -278,6 +292,7 @@ class Workload:
             return None
         factory = optimizer_factory(spec) if isinstance(spec, str) else spec
         optimizer = factory(params)
+        follow_model(optimizer, self.model, params)
         if self.sized_for == "cuda":  # the step chosen, for the measurement's note (not a field)
             self.__dict__["cuda_step"] = follow_cuda_default(optimizer) or "its own"
         return optimizer

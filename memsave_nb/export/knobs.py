@@ -21,6 +21,8 @@ _OPTIMIZER_CODE = {
     "adamw_8bit": "bitsandbytes.optim.AdamW8bit(params, lr=1e-3)",
     "lion": "bitsandbytes.optim.Lion(params, lr=1e-3)",  # 32-bit state: the layout the knob sizes
     "lion_8bit": "bitsandbytes.optim.Lion8bit(params, lr=1e-3)",
+    "adamw_8bit_embed32": "bitsandbytes.optim.AdamW8bit(params, lr=1e-3)",  # + the Trainer's override below
+    "lion_8bit_embed32": "bitsandbytes.optim.Lion8bit(params, lr=1e-3)",
 }
 
 
@@ -75,6 +77,15 @@ def knob_code(plan: Any, m: str) -> tuple[list[str], list[str]]:
         ]
     else:
         body.append("optimizer = " + opt)
+    if (plan.optimizer or "").endswith("_embed32"):  # what HF Trainer.create_optimizer registers
+        body += [
+            "# nn.Embedding weights keep 32-bit optimizer state, as the HF Trainer registers them",
+            f"for mod in {m}.modules():",
+            "    if isinstance(mod, torch.nn.Embedding):",
+            "        bitsandbytes.optim.GlobalOptimManager.get_instance().register_module_override(",
+            '            mod, "weight", {"optim_bits": 32}',
+            "        )",
+        ]
     return imports, body
 
 

@@ -32,6 +32,8 @@ _STATE: dict[str, tuple[str, float]] = {
     "lion": ("fixed", 4),
     "adamw_8bit": ("fixed", 2),
     "lion_8bit": ("fixed", 1),
+    "adamw_8bit_embed32": ("fixed", 2),
+    "lion_8bit_embed32": ("fixed", 1),
 }
 MASTER_BYTES = 4  # an fp32 copy of each trainable parameter
 # what the measured state holds beyond the rule, by optimizer
@@ -42,6 +44,8 @@ _STATE_EXTRA: dict[str, str] = {
     "adamw_fused": "a 4-byte step counter per parameter tensor",
     "adamw_8bit": "a float32 absmax per 256 elements; tensors under 4,096 elements keep float32 state",
     "lion_8bit": "a float32 absmax per 256 elements; tensors under 4,096 elements keep float32 state",
+    "adamw_8bit_embed32": "float32 moments for nn.Embedding weights (8 bytes each); absmax per 256 elements",
+    "lion_8bit_embed32": "a float32 moment for nn.Embedding weights (4 bytes each); absmax per 256 elements",
     "adafactor": "the factored moments (a row and a column per matrix)",
 }
 

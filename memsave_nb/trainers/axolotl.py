@@ -168,6 +168,8 @@ def write(plan: Plan, parallel: ParallelSpec | None = None, model: nn.Module | N
             notes.append("optimizer 'adam': written as adamw_torch (with weight_decay 0 it is Adam, same state bytes)")
         elif plan.optimizer in hf._OPTIM_OUT:
             out["optimizer"] = hf._OPTIM_OUT[plan.optimizer]
+            if plan.optimizer in hf.EMBED32:  # axolotl builds it through HF Trainer.create_optimizer
+                notes.append(hf.embed32_note(plan.optimizer, f"optimizer: {out['optimizer']}"))
             if plan.optimizer == "adamw_foreach":
                 notes.append("optimizer 'adamw_foreach': written as adamw_torch (torch picks foreach)")
         else:

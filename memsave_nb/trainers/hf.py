@@ -62,15 +62,16 @@ OPTIM: dict[str, str] = {
     "adamw_torch": "adamw",
     "adamw_torch_fused": "adamw_fused",
     "adafactor": "adafactor",
-    "adamw_bnb_8bit": "adamw_8bit",
-    "adamw_8bit": "adamw_8bit",
     "sgd": "sgd",
-    # bitsandbytes' layouts (optimizers_extra.py); paged ones sized on the device (an upper bound)
-    "paged_adamw_8bit": "adamw_8bit",
+    # bitsandbytes' layouts (optimizers_extra.py); paged ones sized on the device (an upper bound).
+    # optim_bits=8 (trainer_optimizer.py): create_optimizer keeps nn.Embedding weights in 32 bits
+    "adamw_bnb_8bit": "adamw_8bit_embed32",
+    "adamw_8bit": "adamw_8bit_embed32",
+    "paged_adamw_8bit": "adamw_8bit_embed32",
     "lion_32bit": "lion",
     "paged_lion_32bit": "lion",
-    "lion_8bit": "lion_8bit",
-    "paged_lion_8bit": "lion_8bit",
+    "lion_8bit": "lion_8bit_embed32",
+    "paged_lion_8bit": "lion_8bit_embed32",
 }
 _OPTIM_OUT = {
     "adamw": "adamw_torch",
@@ -78,10 +79,14 @@ _OPTIM_OUT = {
     "adamw_fused": "adamw_torch_fused",
     "adafactor": "adafactor",
     "adamw_8bit": "adamw_bnb_8bit",
+    "adamw_8bit_embed32": "adamw_bnb_8bit",
     "sgd": "sgd",
     "lion": "lion_32bit",
     "lion_8bit": "lion_8bit",
+    "lion_8bit_embed32": "lion_8bit",
 }
+# plan optimizers the Trainer cannot run as sized: its 8-bit bitsandbytes optimizer keeps embeddings in 32 bits
+EMBED32 = {"adamw_8bit": "adamw_8bit_embed32", "lion_8bit": "lion_8bit_embed32"}
 
 # fields that change memory and that no plan field sizes: reported when set
 _UNSIZED = {
@@ -175,7 +180,7 @@ def read_fields(
     if optim == "sgd" and "momentum" in optim_args:
         momentum = _number_in(optim_args, "momentum")
     kw.update(optim_of(optim, notes, momentum))
-    if kw.get("optimizer") in ("adamw_8bit", "lion_8bit"):
+    if kw.get("optimizer") in EMBED32.values():
         embedding_note(kw["optimizer"], model, notes)
     ckpt = d.get("activation_checkpointing")
     if ckpt is None:
@@ -235,30 +240,37 @@ def read_fields(
 
 
 def embedding_gap(knob: str, model: nn.Module | None) -> int:
-    """Bytes the Trainer's 8-bit bitsandbytes optimizer keeps above the knob's layout: ``create_optimizer``
-    registers every ``nn.Embedding`` weight for 32-bit state (``GlobalOptimManager.register_module_override``)."""
-    from memsave_nb.optimizers_extra import state_bytes_per_parameter
+    """Bytes of optimizer state the Trainer's 8-bit bitsandbytes optimizer keeps above the plain 8-bit
+    layout: ``create_optimizer`` registers every ``nn.Embedding`` weight for 32-bit state
+    (``GlobalOptimManager.register_module_override``); ``*_embed32`` knobs size them."""
+    from memsave_nb.optimizers_extra import embedding_weights, state_bytes_per_parameter
 
     if model is None:
         return 0
-    moments = 2 if knob == "adamw_8bit" else 1
-    weights = {
-        id(m.weight): m.weight for m in model.modules() if isinstance(m, nn.Embedding) and m.weight.requires_grad
-    }
+    moments = 2 if knob.startswith("adamw") else 1
     return sum(
         state_bytes_per_parameter(w.numel(), moments, 32) - state_bytes_per_parameter(w.numel(), moments, 8)
-        for w in weights.values()
+        for w in embedding_weights(model)
+        if w.requires_grad
     )
 
 
 def embedding_note(knob: str, model: nn.Module | None, notes: list[str]) -> None:
+    """One line saying the embeddings' 32-bit state is sized (and its bytes above 8 bits)."""
     gap = embedding_gap(knob, model)
-    if model is None or gap:
-        size = f"{gap:,} B" if model is not None else "pass model= to count them"
-        notes.append(
-            f"{knob}: the Trainer keeps nn.Embedding weights' optimizer state in 32 bits (bitsandbytes' "
-            f"module override), above the 8-bit layout sized here: {size}"
-        )
+    size = f"{gap:,} B above 8 bits" if model is not None else "pass model= to see their bytes here"
+    notes.append(
+        f"{knob}: the Trainer keeps nn.Embedding weights' optimizer state in 32 bits (bitsandbytes' module "
+        f"override); sized ({size})"
+    )
+
+
+def embed32_note(knob: str, written: str) -> str:
+    """Why a plain 8-bit knob reads back as its ``*_embed32`` form (the Trainer's embedding override)."""
+    return (
+        f"optimizer {knob!r}: wrote {written}; the Trainer keeps nn.Embedding weights' state in 32 bits "
+        f"(more memory), read back as {EMBED32[knob]!r}"
+    )
 
 
 _SGD_SIZED = {"momentum", "dampening", "weight_decay", "nesterov"}  # no state beyond the momentum buffer
@@ -388,6 +400,8 @@ def write_fields(
             out["optim"], out["optim_args"] = "sgd", "momentum=0.9"
         elif plan.optimizer in _OPTIM_OUT:
             out["optim"] = _OPTIM_OUT[plan.optimizer]
+            if plan.optimizer in EMBED32:
+                notes.append(embed32_note(plan.optimizer, f"optim={out['optim']!r}"))
         elif plan.optimizer == "adam":
             out["optim"] = "adamw_torch"
             notes.append(
