@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
@@ -37,3 +38,18 @@ def tiny_session(tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny-llama") / "config.json"
     path.write_text(json.dumps(TINY_LLAMA))
     return str(path.parent)
+
+
+@pytest.fixture(autouse=True)
+def _bitsandbytes_overrides_die_with_their_test():
+    """bitsandbytes' ``GlobalOptimManager`` is one per process and keeps every override a Trainer
+    registers (``create_optimizer``: ``nn.Embedding`` weights at 32 bits), keyed by parameter index:
+    any later 8-bit optimizer at those indices took them (tests/measure/test_optimizers_extra failed
+    after tests/trainers/test_embed32). Cleared after each test that left some."""
+    yield
+    bnb = sys.modules.get("bitsandbytes")
+    if bnb is None:
+        return
+    manager = bnb.optim.GlobalOptimManager.get_instance()
+    if manager.pid2config or manager.index2config or manager.module_weight_config_triple:
+        manager.initialize()
