@@ -1,0 +1,152 @@
+"""TRL's ``activation_offloading`` with gradient checkpointing on (SFTConfig's default), held to
+TRL's own ``OffloadActivations`` run on a tiny Llama on the CPU.
+
+TRL's hooks wrap the whole forward; a checkpointed layer saves only its inputs through them (the
+checkpoint's own hooks take everything inside), so what leaves a layer is its input hidden state.
+memsave_nb sizes that as ``full_offload`` regions on the layers; the final norm's and the loss's
+saved tensors, which TRL moves too, stay on the device in the plan: the test counts them apart.
+"""
+
+from __future__ import annotations
+
+import json
+from unittest import mock
+
+import pytest
+import torch
+from torch import nn
+from torch.utils._python_dispatch import _disable_current_modes
+
+from memsave_nb import Plan, Workload, cli, measure
+from memsave_nb.checkpointing import RegionKind
+from memsave_nb.model_state import ModelSnapshot
+from memsave_nb.trainers import from_trainer, to_trainer
+
+from .conftest import LAYERS, VOCAB, tiny_llama
+
+trl = pytest.importorskip("trl")
+
+B, T, D = 2, 16, 32  # tiny_llama's hidden size
+LAYER_NAMES = [f"model.layers.{i}" for i in range(LAYERS)]
+
+
+def _batch() -> dict[str, torch.Tensor]:
+    ids = torch.randint(0, VOCAB, (B, T), generator=torch.Generator().manual_seed(0))
+    return {"input_ids": ids, "labels": ids}
+
+
+class _UnderTRL(nn.Module):
+    """The model's forward inside TRL's context, as ``SFTTrainer.compute_loss`` runs it."""
+
+    def __init__(self, model: nn.Module, ctx) -> None:
+        super().__init__()
+        self.model, self.ctx = model, ctx
+
+    def forward(self, **batch):
+        with self.ctx:
+            return self.model(**batch)
+
+
+def _trl_step():
+    """TRL's context (single stream, unpinned: the CPU has neither) on a Llama checkpointed as
+    transformers does it, its pack hook wrapped to record each tensor TRL copies to the host and
+    whether a decoder layer was running. The host copy is hidden from the memory tracker, as a
+    host buffer on a GPU machine is not device memory."""
+    from trl.models.activation_offloading import get_act_offloading_ctx_manager
+
+    model = tiny_llama()
+    model.activation_checkpointing_enable()
+    with mock.patch("torch.accelerator.current_accelerator", return_value=torch.device("cpu")):
+        ctx = get_act_offloading_ctx_manager(model, use_pin_memory=False, use_streams=False)
+    layer = [False]
+    for block in model.model.layers:
+        block.register_forward_pre_hook(lambda *a: layer.__setitem__(0, True))
+        block.register_forward_hook(lambda *a: layer.__setitem__(0, False))
+    moved: list[tuple[bool, int, int]] = []  # (in a layer, bytes copied, device storage)
+    pack = ctx.pack_hook
+
+    def counting_pack(t):
+        with _disable_current_modes():
+            tensor_id = pack(t)
+        host, offloaded = ctx.tracker[tensor_id][:2]
+        if offloaded:
+            moved.append((layer[0], host.numel() * host.element_size(), t.untyped_storage()._cdata))
+        return tensor_id
+
+    ctx.pack_hook = counting_pack
+    m = measure(Workload(model=_UnderTRL(model, ctx), batch=_batch(), optimizer="sgd"), mode="real", repeats=0)
+    return m, moved
+
+
+def _ours(kind: str, mode: str = "real"):
+    wl = Workload(model=tiny_llama(), batch=_batch(), optimizer="sgd")
+    before = ModelSnapshot.capture(wl.model)
+    with Plan(regions={n: kind for n in LAYER_NAMES}).apply(wl) as w:
+        m = measure(w, mode=mode, repeats=0)
+    assert before.differences(wl.model) == []
+    return m
+
+
+def test_full_offload_is_trls_offloading_of_the_checkpointed_layers_to_the_byte():
+    """TRL moves each layer's input (B x T x D float32, 4,096 B; 4 layers: 16,384 B) and, outside
+    the layers, the final norm's input twice (pow and mul save it; single-stream mode copies each
+    save) and its normalised output (3 x 4,096 B), and the loss's log-probabilities twice
+    (log_softmax and nll_loss save them: 2 x B*T x vocab x 4 = 16,384 B). The token ids (256 B),
+    the norm's rsqrt (128 B), the targets and the scalar are under TRL's 1,024 B; the LM head's
+    saves pass TRL's no-op hooks. Device: each layer input is its own storage, freed once moved;
+    outside, the three storages (4,096 + 4,096 + 8,192 B) are freed once each."""
+    trl_m, moved = _trl_step()
+    in_layers = sum(n for inside, n, _ in moved if inside)
+    outside = [(n, s) for inside, n, s in moved if not inside]
+    outside_host = sum(n for n, _ in outside)
+    outside_device = sum(dict((s, n) for n, s in outside).values())
+    assert in_layers == LAYERS * B * T * D * 4 == 16_384
+    assert outside_host == 3 * B * T * D * 4 + 2 * B * T * VOCAB * 4 == 28_672
+    assert outside_device == 2 * B * T * D * 4 + B * T * VOCAB * 4 == 16_384
+
+    full, ours = _ours("full"), _ours("full_offload")
+    assert ours.host.to_host_bytes == ours.host.peak_bytes == ours.host.to_device_bytes == in_layers
+    assert ours.host.tensors == sum(1 for inside, _, _ in moved if inside) == LAYERS
+    assert full.host.to_host_bytes == 0
+    # device: ours frees what TRL frees in the layers; TRL frees the rest besides
+    assert full.end_of_forward.total - ours.end_of_forward.total == in_layers
+    assert full.end_of_forward.total - trl_m.end_of_forward.total == in_layers + outside_device
+    assert ours.peak_bytes <= full.peak_bytes
+    assert _ours("full_offload", "fake").host == ours.host  # fake tensors count the same bytes
+
+
+def test_sftconfig_with_both_switches_reads_as_full_offload_and_writes_back():
+    model = tiny_llama()
+    got = from_trainer({"activation_offloading": True, "gradient_checkpointing": True, "max_length": T}, model)
+    assert sorted(got.plan.regions) == LAYER_NAMES
+    assert {p.kind for p in got.plan.regions.values()} == {RegionKind.FULL_OFFLOAD}
+    assert any("full_offload" in n for n in got.notes)
+    back = to_trainer(got.plan, "trl", model=model).fields
+    assert back["activation_offloading"] is True and back["activation_checkpointing"] is True
+    assert "offload" not in json.dumps(back.get("activation_checkpointing_kwargs", {}))
+    # without checkpointing: every saved tensor of the layers goes, as before
+    alone = from_trainer({"activation_offloading": True, "gradient_checkpointing": False}, model)
+    assert {p.kind for p in alone.plan.regions.values()} == {RegionKind.OFFLOAD}
+    # checkpointing alone: no host bytes
+    plain = from_trainer({"gradient_checkpointing": True}, model)
+    assert {p.kind for p in plain.plan.regions.values()} == {RegionKind.FULL}
+
+
+def test_exported_code_checkpoints_then_offloads_each_layer():
+    code = Plan(regions={n: "full_offload" for n in LAYER_NAMES}).to_code()
+    for n in LAYER_NAMES:
+        target = f"model.get_submodule({n!r})"
+        assert code.index(f"checkpoint_region({target})") < code.index(f"offload_region({target})")
+    assert "def offload_region(module):" in code
+
+
+def test_report_from_an_sftconfig_prints_the_host_line(capsys, tiny, tmp_path):
+    fields = tmp_path / "sft.yaml"
+    fields.write_text("activation_offloading: true\ngradient_checkpointing: true\nmax_length: 64\nbf16: false\n")
+    assert cli.main(["report", "--model", tiny, "--from-config", str(fields)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    host = [line for line in lines if line.startswith("Host memory: ")]
+    assert len(host) == 1 and "to the host in forward" in host[0]
+    fields.write_text("gradient_checkpointing: true\nmax_length: 64\nbf16: false\n")
+    assert cli.main(["report", "--model", tiny, "--from-config", str(fields)]) == 0
+    assert "Host memory" not in capsys.readouterr().out
