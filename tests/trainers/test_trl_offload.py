@@ -15,6 +15,7 @@ from unittest import mock
 import pytest
 import torch
 from torch import nn
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import _disable_current_modes
 
 from memsave_nb import Plan, Workload, cli, measure
@@ -63,6 +64,7 @@ def _trl_step():
         block.register_forward_pre_hook(lambda *a: layer.__setitem__(0, True))
         block.register_forward_hook(lambda *a: layer.__setitem__(0, False))
     moved: list[tuple[bool, int, int]] = []  # (in a layer, bytes copied, device storage)
+    refs: list[StorageWeakRef] = []
     pack = ctx.pack_hook
 
     def counting_pack(t):
@@ -70,11 +72,14 @@ def _trl_step():
             tensor_id = pack(t)
         host, offloaded = ctx.tracker[tensor_id][:2]
         if offloaded:
-            moved.append((layer[0], host.numel() * host.element_size(), t.untyped_storage()._cdata))
+            ref = StorageWeakRef(t.untyped_storage())  # held: its address is never reused, data still freed
+            refs.append(ref)
+            moved.append((layer[0], host.numel() * host.element_size(), ref.cdata))
         return tensor_id
 
     ctx.pack_hook = counting_pack
     m = measure(Workload(model=_UnderTRL(model, ctx), batch=_batch(), optimizer="sgd"), mode="real", repeats=0)
+    assert len(refs) == len(moved)
     return m, moved
 
 
@@ -132,12 +137,31 @@ def test_sftconfig_with_both_switches_reads_as_full_offload_and_writes_back():
     assert {p.kind for p in plain.plan.regions.values()} == {RegionKind.FULL}
 
 
-def test_exported_code_checkpoints_then_offloads_each_layer():
-    code = Plan(regions={n: "full_offload" for n in LAYER_NAMES}).to_code()
+def _grads(model: nn.Module) -> list[torch.Tensor]:
+    model(**_batch()).loss.backward()
+    return [p.grad.clone() for p in model.parameters()]
+
+
+def test_exported_code_checkpoints_then_offloads_each_layer_and_keeps_the_gradients():
+    """The snippet runs on a fresh model: same gradients as the plain model, and its offload hook
+    (the outer one) packs exactly one tensor per layer, the layer's B x T x D input."""
+    plan = Plan(regions={n: "full_offload" for n in LAYER_NAMES})
+    code = plan.to_code()
     for n in LAYER_NAMES:
         target = f"model.get_submodule({n!r})"
         assert code.index(f"checkpoint_region({target})") < code.index(f"offload_region({target})")
-    assert "def offload_region(module):" in code
+    expected, fresh = _grads(tiny_llama()), tiny_llama()
+    exec(compile(code, "<plan>", "exec", dont_inherit=True), {"model": fresh})
+    packed: list[tuple[int, ...]] = []
+    real_hooks = torch.autograd.graph.saved_tensors_hooks
+
+    def spying_hooks(pack, unpack):
+        return real_hooks(lambda t: (packed.append(tuple(t.shape)), pack(t))[1], unpack)
+
+    with mock.patch("torch.autograd.graph.saved_tensors_hooks", spying_hooks):
+        got = _grads(fresh)
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(got, expected))
+    assert packed == [(B, T, D)] * LAYERS
 
 
 def test_report_from_an_sftconfig_prints_the_host_line(capsys, tiny, tmp_path):
