@@ -35,6 +35,7 @@ from ._common import (
     Exported,
     Imported,
     TrainerConfigError,
+    checkpoint_layers,
     dump,
     every_n_of,
     load_config,
@@ -104,7 +105,7 @@ def read(config: Any, model: nn.Module | None = None, world_size: int | None = N
         notes.append(f"max_length={max_length}: TRL truncates to it; sized at that length (shorter data is shorter)")
     if truthy(d.get("activation_offloading"), "activation_offloading"):
         if kw.get("regions"):
-            kw["regions"] = _offload_inputs(kw["regions"], notes)
+            kw["regions"] = _offload_inputs(kw["regions"], model, notes)
         else:
             kw["regions"], more = regions_for(model, RegionKind.OFFLOAD)
             notes += more
@@ -120,15 +121,21 @@ def read(config: Any, model: nn.Module | None = None, world_size: int | None = N
     return Imported(plan, plan.parallel, tuple(notes))
 
 
-def _offload_inputs(regions: dict[str, RegionPolicy], notes: list[str]) -> dict[str, RegionPolicy]:
-    """Checkpointed layers under TRL's offloading: each one's kept inputs go to the host."""
+def _offload_inputs(
+    regions: dict[str, RegionPolicy], model: nn.Module | None, notes: list[str]
+) -> dict[str, RegionPolicy]:
+    """Checkpointed layers under TRL's offloading: each one's kept inputs go to the host; a layer
+    left unchecked (``every_n_layers`` > 1) has every saved tensor moved, as an offload region."""
     full = RegionPolicy(RegionKind.FULL_OFFLOAD)
     out = {k: full if p.kind is RegionKind.FULL else p for k, p in regions.items()}
+    bare = [name for name in (checkpoint_layers(model) if model is not None else []) if name not in out]
+    out.update({name: RegionPolicy(RegionKind.OFFLOAD) for name in bare})
     other = sorted({p.kind.value for p in regions.values() if p.kind is not RegionKind.FULL})
     notes.append(
         "activation_offloading with checkpointing: TRL moves what the checkpointed layers keep (their inputs, "
         f"{TRL_MIN_OFFLOAD_BYTES} bytes or more) to the host; sized as 'full_offload' regions (the final norm's "
         "and the loss's saved tensors, which TRL also moves, stay on device)"
+        + (f"; the {len(bare)} layers not checkpointed as offload regions" if bare else "")
         + (f"; {', '.join(other)} regions sized as they are" if other else "")
     )
     return out
@@ -145,7 +152,11 @@ def write(plan: Plan, parallel: ParallelSpec | None = None, model: nn.Module | N
                 "full and full_offload regions together: TRL's activation_offloading is one switch; "
                 "wrote it on (every checkpointed layer's inputs go to the host)"
             )
-        regions = {k: RegionPolicy.full() if p.kind is RegionKind.FULL_OFFLOAD else p for k, p in plan.regions.items()}
+        regions = {  # TRL's switch moves the other layers' saved tensors too: offload regions are implied
+            k: RegionPolicy.full() if p.kind is RegionKind.FULL_OFFLOAD else p
+            for k, p in plan.regions.items()
+            if p.kind is not RegionKind.OFFLOAD
+        }
         plan = Plan(**{**_plan_kwargs(plan), "regions": regions})
     offload_only = every_n_of(plan, model, RegionKind.OFFLOAD)[0] == 1 and not any(
         p.kind is RegionKind.FULL for p in plan.regions.values()

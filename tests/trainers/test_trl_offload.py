@@ -10,6 +10,7 @@ saved tensors, which TRL moves too, stay on the device in the plan: the test cou
 from __future__ import annotations
 
 import json
+from typing import Any, NamedTuple
 from unittest import mock
 
 import pytest
@@ -48,39 +49,57 @@ class _UnderTRL(nn.Module):
             return self.model(**batch)
 
 
-def _trl_step():
+class _CpuModule:
+    """``torch.cpu`` plus the ``empty_cache`` TRL's ``__enter__`` calls once bitsandbytes is imported."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(torch.cpu, name)
+
+    def empty_cache(self) -> None:
+        pass
+
+
+class _Save(NamedTuple):
+    layer: int | None  # the decoder layer running when it was saved (None: outside the layers)
+    moved: bool  # TRL copied it to the host
+    nbytes: int
+    param: bool  # a parameter or a view of one
+    storage: int  # the device storage (a held weak ref keeps the address from being reused)
+
+
+def _trl_step(every_n: int = 1) -> tuple[Any, list[_Save]]:
     """TRL's context (single stream, unpinned: the CPU has neither) on a Llama checkpointed as
-    transformers does it, its pack hook wrapped to record each tensor TRL copies to the host and
-    whether a decoder layer was running. The host copy is hidden from the memory tracker, as a
-    host buffer on a GPU machine is not device memory."""
+    transformers does it, its pack hook wrapped to record each saved tensor it sees. The host copy
+    is hidden from the memory tracker, as a host buffer on a GPU machine is not device memory."""
     from trl.models.activation_offloading import get_act_offloading_ctx_manager
 
     model = tiny_llama()
-    model.activation_checkpointing_enable()
+    model.activation_checkpointing_enable(every_n_layers=every_n)
     with mock.patch("torch.accelerator.current_accelerator", return_value=torch.device("cpu")):
         ctx = get_act_offloading_ctx_manager(model, use_pin_memory=False, use_streams=False)
-    layer = [False]
-    for block in model.model.layers:
-        block.register_forward_pre_hook(lambda *a: layer.__setitem__(0, True))
-        block.register_forward_hook(lambda *a: layer.__setitem__(0, False))
-    moved: list[tuple[bool, int, int]] = []  # (in a layer, bytes copied, device storage)
+    ctx.device_module = _CpuModule()
+    layer: list[int | None] = [None]
+    for i, block in enumerate(model.model.layers):
+        block.register_forward_pre_hook(lambda *a, i=i: layer.__setitem__(0, i))
+        block.register_forward_hook(lambda *a: layer.__setitem__(0, None))
+    params = {id(p) for p in model.parameters()}
+    saves: list[_Save] = []
     refs: list[StorageWeakRef] = []
     pack = ctx.pack_hook
 
     def counting_pack(t):
         with _disable_current_modes():
             tensor_id = pack(t)
-        host, offloaded = ctx.tracker[tensor_id][:2]
-        if offloaded:
-            ref = StorageWeakRef(t.untyped_storage())  # held: its address is never reused, data still freed
-            refs.append(ref)
-            moved.append((layer[0], host.numel() * host.element_size(), ref.cdata))
+        host, moved = ctx.tracker[tensor_id][:2]
+        nbytes = host.numel() * host.element_size() if moved else t.numel() * t.element_size()
+        param = id(t) in params or (t._base is not None and id(t._base) in params)
+        refs.append(StorageWeakRef(t.untyped_storage()))
+        saves.append(_Save(layer[0], moved, nbytes, param, refs[-1].cdata))
         return tensor_id
 
     ctx.pack_hook = counting_pack
     m = measure(Workload(model=_UnderTRL(model, ctx), batch=_batch(), optimizer="sgd"), mode="real", repeats=0)
-    assert len(refs) == len(moved)
-    return m, moved
+    return m, saves
 
 
 def _ours(kind: str, mode: str = "real"):
@@ -100,7 +119,8 @@ def test_full_offload_is_trls_offloading_of_the_checkpointed_layers_to_the_byte(
     the norm's rsqrt (128 B), the targets and the scalar are under TRL's 1,024 B; the LM head's
     saves pass TRL's no-op hooks. Device: each layer input is its own storage, freed once moved;
     outside, the three storages (4,096 + 4,096 + 8,192 B) are freed once each."""
-    trl_m, moved = _trl_step()
+    trl_m, saves = _trl_step()
+    moved = [(x.layer is not None, x.nbytes, x.storage) for x in saves if x.moved]
     in_layers = sum(n for inside, n, _ in moved if inside)
     outside = [(n, s) for inside, n, s in moved if not inside]
     outside_host = sum(n for n, _ in outside)
@@ -174,3 +194,35 @@ def test_report_from_an_sftconfig_prints_the_host_line(capsys, tiny, tmp_path):
     fields.write_text("gradient_checkpointing: true\nmax_length: 64\nbf16: false\n")
     assert cli.main(["report", "--model", tiny, "--from-config", str(fields)]) == 0
     assert "Host memory" not in capsys.readouterr().out
+
+
+def test_every_second_layer_checkpointed_the_others_are_offload_regions_to_the_byte():
+    """``every_n_layers=2``: layers 0 and 2 keep only their inputs (full_offload), layers 1 and 3
+    have every saved tensor moved by TRL (offload regions). Ours moves, besides what TRL moves in
+    the layers, the small tensors TRL keeps under its 1,024 B in layers 1 and 3 (per layer: the
+    two norms' rsqrt and its input, 4 x 128 B; the rotary cos/sin views, 1 x 1 x T x head_dim,
+    that the four products with q and k save, 4 x 512 B; the attention's 512 B log-sum-exp): an offload region has no threshold. Device: ours frees at most those."""
+    trl_m, saves = _trl_step(every_n=2)
+    fields = {"activation_offloading": True, "gradient_checkpointing": True, "max_length": T}
+    got = from_trainer({**fields, "gradient_checkpointing_kwargs": {"every_n_layers": 2}}, tiny_llama())
+    kinds = {n: p.kind for n, p in got.plan.regions.items()}
+    assert kinds == {
+        n: RegionKind.FULL_OFFLOAD if i % 2 == 0 else RegionKind.OFFLOAD for i, n in enumerate(LAYER_NAMES)
+    }
+    in_layers = sum(x.nbytes for x in saves if x.moved and x.layer is not None)
+    small = [x for x in saves if x.layer in (1, 3) and not x.moved and not x.param]
+    assert all(x.nbytes < 1024 for x in small) and sum(x.nbytes for x in small) == 2 * (4 * 128 + 5 * 512)
+    outside = {x.storage: x.nbytes for x in saves if x.moved and x.layer is None}
+
+    wl = Workload(model=tiny_llama(), batch=_batch(), optimizer="sgd")
+    with Plan(regions=got.plan.regions).apply(wl) as w:
+        ours = measure(w, mode="real", repeats=0)
+    with Plan(regions={n: "full" for n in LAYER_NAMES[::2]}).apply(wl) as w:
+        full = measure(w, mode="real", repeats=0)
+    assert ours.host.to_host_bytes == in_layers + sum(x.nbytes for x in small) == 202_752
+    trl_layers_freed = full.end_of_forward.total - trl_m.end_of_forward.total - sum(outside.values())
+    ours_freed = full.end_of_forward.total - ours.end_of_forward.total
+    assert 0 <= ours_freed - trl_layers_freed <= sum({x.storage: x.nbytes for x in small}.values())
+    back = to_trainer(got.plan, "trl", model=tiny_llama()).fields
+    assert back["activation_offloading"] is True
+    assert back["activation_checkpointing_kwargs"]["every_n_layers"] == 2
