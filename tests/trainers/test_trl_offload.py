@@ -226,3 +226,24 @@ def test_every_second_layer_checkpointed_the_others_are_offload_regions_to_the_b
     back = to_trainer(got.plan, "trl", model=tiny_llama()).fields
     assert back["activation_offloading"] is True
     assert back["activation_checkpointing_kwargs"]["every_n_layers"] == 2
+
+
+def test_full_offload_is_written_for_every_trainer_never_dropped(tmp_path):
+    """TRL: a real ``SFTConfig`` built from the written fields (every warning an error) reads back
+    as the same regions. HF: ``activation_checkpointing_kwargs.offload`` (transformers wraps each
+    checkpoint in ``save_on_cpu``); axolotl: ``gradient_checkpointing: offload``; accelerate has no
+    field and says so."""
+    import warnings
+
+    model = tiny_llama()
+    plan = Plan(regions={n: "full_offload" for n in LAYER_NAMES}, seq_len=T, precision="fp32")
+    fields = to_trainer(plan, "trl", model=model).fields
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        args = trl.SFTConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", **fields)
+    assert args.activation_offloading and args.activation_checkpointing
+    assert from_trainer(args, model).plan.regions == plan.regions
+    hf = to_trainer(plan, "hf", model=model).fields
+    assert hf["activation_checkpointing"] is True and hf["activation_checkpointing_kwargs"]["offload"] is True
+    assert to_trainer(plan, "axolotl", model=model).fields["gradient_checkpointing"] == "offload"
+    assert any("full_offload regions" in n for n in to_trainer(plan, "accelerate", model=model).notes)
