@@ -185,12 +185,21 @@ def test_exported_code_checkpoints_then_offloads_each_layer_and_keeps_the_gradie
 
 
 def test_report_from_an_sftconfig_prints_the_host_line(capsys, tiny, tmp_path):
+    """TINY_LLAMA (2 layers, hidden 64, float32), SFTConfig's batch 8, max_length 64: the host
+    holds each layer's input, 2 x 8 x 64 x 64 x 4 = 262,144 B, in --json and on the host line."""
+    from tests.conftest import TINY_LLAMA
+
     fields = tmp_path / "sft.yaml"
     fields.write_text("activation_offloading: true\ngradient_checkpointing: true\nmax_length: 64\nbf16: false\n")
+    assert cli.main(["report", "--model", tiny, "--from-config", str(fields), "--json"]) == 0
+    host = json.loads(capsys.readouterr().out)["host"]
+    layers, hidden = TINY_LLAMA["num_hidden_layers"], TINY_LLAMA["hidden_size"]
+    assert host["to_host_bytes"] == host["peak_bytes"] == layers * 8 * 64 * hidden * 4 == 262_144
+    assert host["tensors"] == layers
     assert cli.main(["report", "--model", tiny, "--from-config", str(fields)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    host = [line for line in lines if line.startswith("Host memory: ")]
-    assert len(host) == 1 and "to the host in forward" in host[0]
+    line = [x for x in lines if x.startswith("Host memory: ")]
+    assert len(line) == 1 and "to the host in forward" in line[0] and "256.0 KiB" in line[0]
     fields.write_text("gradient_checkpointing: true\nmax_length: 64\nbf16: false\n")
     assert cli.main(["report", "--model", tiny, "--from-config", str(fields)]) == 0
     assert "Host memory" not in capsys.readouterr().out
