@@ -7,7 +7,11 @@ what happens to the tensors its ops produce:
 - ``none``: no checkpointing (the module runs as it is),
 - ``full``: keep only the region's inputs, recompute everything in backward,
 - ``selective``: per op type, save or recompute (``ops``), with a ``default`` for the rest;
-  implemented with ``create_selective_checkpoint_contexts``.
+  implemented with ``create_selective_checkpoint_contexts``,
+- ``offload``: no checkpoint; what the region saves goes to host memory (:mod:`memsave_nb.offload`),
+- ``full_offload``: full checkpoint, and the inputs it keeps go to host memory (TRL's
+  ``activation_offloading`` with gradient checkpointing on; tensors under TRL's 1024-byte
+  threshold stay).
 
 Ops are named by their overload packet, ``"aten.mm"``, never by overload (``aten.mm.default``):
 a SAC policy receives an ``OpOverload`` and comparing it against packets is always False, which
@@ -60,6 +64,9 @@ class RegionKind(str, enum.Enum):
     FULL = "full"
     SELECTIVE = "selective"
     OFFLOAD = "offload"  # tensors saved in the region go to host memory (see offload.py)
+    # full checkpoint whose kept inputs go to host memory (TRL's activation_offloading with
+    # gradient checkpointing: the checkpoint's inputs are the only tensors the region saves)
+    FULL_OFFLOAD = "full_offload"
 
 
 class OpChoice(str, enum.Enum):
@@ -194,6 +201,7 @@ POLICY_PRESETS: dict[str, RegionPolicy] = {
     "save_compute_intensive": RegionPolicy.save(COMPUTE_INTENSIVE_OPS),
     "recompute_all": RegionPolicy(RegionKind.SELECTIVE, {}, OpChoice.RECOMPUTE),
     "offload": RegionPolicy(RegionKind.OFFLOAD),
+    "full_offload": RegionPolicy(RegionKind.FULL_OFFLOAD),
 }
 
 
@@ -362,6 +370,13 @@ def wrap_region(module: nn.Module, policy: RegionPolicy, name: str = "") -> Call
         def call(*args: Any, **kwargs: Any) -> Any:
             with offloading(module):
                 return inner(*args, **kwargs)
+
+    elif policy.kind is RegionKind.FULL_OFFLOAD:
+        from memsave_nb.offload import TRL_MIN_OFFLOAD_BYTES, offloading
+
+        def call(*args: Any, **kwargs: Any) -> Any:  # the checkpoint saves its inputs under these hooks
+            with offloading(module, min_bytes=TRL_MIN_OFFLOAD_BYTES):
+                return checkpoint(inner, *args, use_reentrant=False, **kwargs)
 
     elif context_fn is noop_context_fn:  # torch.compile traces checkpoint only without a no-op context_fn
 

@@ -30,7 +30,19 @@ from torch import nn
 
 from memsave_nb.measure.host import LEDGER, OffloadLedger, active_ledgers
 
-__all__ = ["LINKS", "Link", "OffloadLedger", "LEDGER", "offloading", "track_offload", "transfer_seconds"]
+__all__ = [
+    "LINKS",
+    "Link",
+    "OffloadLedger",
+    "LEDGER",
+    "TRL_MIN_OFFLOAD_BYTES",
+    "offloading",
+    "track_offload",
+    "transfer_seconds",
+]
+
+# trl 1.16 OffloadActivations(min_offload_size=1024): a saved tensor of fewer bytes stays on the device
+TRL_MIN_OFFLOAD_BYTES = 1024
 
 
 @dataclass(frozen=True)
@@ -100,8 +112,9 @@ class _Packed:
 
 
 @contextlib.contextmanager
-def offloading(module: nn.Module) -> Iterator[None]:
-    """Offload what ``module``'s forward saves for backward (its parameters stay)."""
+def offloading(module: nn.Module, min_bytes: int = 0) -> Iterator[None]:
+    """Offload what ``module``'s forward saves for backward (its parameters stay, and so does a
+    tensor of fewer than ``min_bytes`` bytes, as TRL keeps those under its ``min_offload_size``)."""
     from torch.utils._python_dispatch import _disable_current_modes
 
     params = {id(p) for p in module.parameters()}
@@ -110,9 +123,11 @@ def offloading(module: nn.Module) -> Iterator[None]:
     def pack(t: torch.Tensor) -> Any:
         if id(t) in params or (t._base is not None and id(t._base) in params) or t.device.type == "meta":
             return t
+        nbytes = _nbytes(t)
+        if nbytes < min_bytes:
+            return t
         packed = _Packed()
         packed.device = t.device
-        nbytes = _nbytes(t)
         if _is_fake(t):
             packed.host = None
             packed.meta = (t.shape, t.stride(), t.dtype, t.requires_grad)

@@ -81,6 +81,8 @@ REGION_KINDS: dict[str, str] = {
     "save_compute_intensive": "selective: keep matmuls, attention and convolutions, recompute the rest",
     "recompute_all": "selective with every op recomputed",
     "offload": "keep what the region saves on the host (CPU) until backward",
+    "full_offload": "full checkpoint with its kept inputs on the host until backward "
+    "(TRL's activation_offloading with gradient checkpointing)",
 }
 # the kinds the single-GPU planner tries on every region (the layout search leaves out "offload")
 SEARCHED_REGION_KINDS = ("full", "save_matmuls", "offload")

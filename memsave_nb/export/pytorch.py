@@ -91,11 +91,14 @@ def plan_code(plan: Any, model_var: str = "model", loop: str = DEFAULT_LOOP) -> 
         for policy, fn_name in policies.items():
             body += [""] + _policy_code(policy, fn_name).splitlines()
         body += ["", ""]
-        if any(p.kind is RegionKind.OFFLOAD for p in regions.values()):
+        if any(p.kind in (RegionKind.OFFLOAD, RegionKind.FULL_OFFLOAD) for p in regions.values()):
             body += [*_OFFLOAD_HELPER.splitlines(), "", ""]
         for region, policy in regions.items():
             target = f"{m}.get_submodule({region!r})" if region else m
             if policy.kind is RegionKind.OFFLOAD:
+                body.append(f"offload_region({target})")
+            elif policy.kind is RegionKind.FULL_OFFLOAD:  # offload outside: the checkpoint's kept inputs go
+                body.append(f"checkpoint_region({target})")
                 body.append(f"offload_region({target})")
             elif policy.kind is RegionKind.FULL:
                 body.append(f"checkpoint_region({target})")

@@ -127,8 +127,9 @@ def write(plan: Plan, parallel: ParallelSpec | None = None, model: nn.Module | N
         notes.append(
             "selective (per-op) checkpointing: not an accelerate field; apply the plan's regions in your script"
         )
-    if any(p.kind is RegionKind.OFFLOAD for p in plan.regions.values()):
-        notes.append("offload regions: not an accelerate field; apply the plan's regions in your script")
+    for kind in (RegionKind.OFFLOAD, RegionKind.FULL_OFFLOAD):
+        if any(p.kind is kind for p in plan.regions.values()):
+            notes.append(f"{kind.value} regions: not an accelerate field; apply the plan's regions in your script")
     for knob in ("batch_size", "accumulation_steps", "optimizer", "seq_len"):
         if getattr(plan, knob) is not None:
             notes.append(f"{knob}={getattr(plan, knob)}: set it in your script (accelerate's config has no such field)")

@@ -182,6 +182,9 @@ def write(plan: Plan, parallel: ParallelSpec | None = None, model: nn.Module | N
         out["gradient_checkpointing"] = True
         out["selective_checkpointing"] = {"save": sorted(set().union(*saves))}
         notes += _coverage(plan, model, RegionKind.SELECTIVE)
+    elif RegionKind.FULL_OFFLOAD in kinds:  # axolotl's "offload": checkpointed layers' inputs on the CPU
+        out["gradient_checkpointing"] = "offload"
+        notes += _coverage(plan, model, RegionKind.FULL_OFFLOAD)
     elif RegionKind.FULL in kinds:
         out["gradient_checkpointing"] = True
         notes += _coverage(plan, model, RegionKind.FULL)

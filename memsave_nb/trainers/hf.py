@@ -420,6 +420,13 @@ def write_fields(
     notes += more
     off_n, more = every_n_of(plan, model, RegionKind.OFFLOAD)
     notes += more
+    inputs_n, more = every_n_of(plan, model, RegionKind.FULL_OFFLOAD)  # checkpoint + kept inputs on the host
+    notes += more
+    if inputs_n is not None:
+        if off_n is None:
+            off_n = inputs_n  # the Trainer's offload=True is save_on_cpu around each checkpoint: those inputs
+        else:
+            notes.append("offload and full_offload regions together: one offload switch; wrote the offload regions")
     if full_n is not None and off_n is not None:
         notes.append(
             "full and offload regions together: the Trainer has one checkpointing switch; wrote the full regions"

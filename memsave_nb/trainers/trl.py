@@ -2,8 +2,12 @@
 
 ``SFTConfig`` is ``TrainingArguments`` (see :mod:`.hf`) with other defaults
 (``gradient_checkpointing=True``, ``bf16=True`` unless ``fp16``) plus ``max_length`` (-> the plan's
-``seq_len``: TRL truncates to it; shorter data stays shorter) and ``activation_offloading`` (every
-saved tensor of the forward goes to the host: sized as offload regions on every layer).
+``seq_len``: TRL truncates to it; shorter data stays shorter) and ``activation_offloading`` (trl
+1.16 ``models/activation_offloading.py``: a ``saved_tensors_hooks`` around the whole forward moves
+every saved tensor of 1024 bytes or more, parameters and the LM head's excepted, to the host).
+Without checkpointing it is sized as offload regions on every layer; with checkpointing (SFTConfig's
+default) the checkpoint's inputs are the only tensors a layer saves through those hooks, so each
+checkpointed layer becomes a ``full_offload`` region (its kept inputs on the host).
 The loss (trl 1.16, ``SFTTrainer.compute_loss`` and ``trainer/utils.py``'s ``add_fused_lm_head``):
 ``loss_type='nll'`` (the default) and ``'dft'`` both run the backbone and then a fused LM head that
 projects tiles of 4096 tokens x 32768 vocabulary entries, never the ``batch x seq x vocab`` logits;
@@ -20,8 +24,9 @@ from typing import Any
 
 from torch import nn
 
-from memsave_nb.checkpointing import RegionKind, show
+from memsave_nb.checkpointing import RegionKind, RegionPolicy, show
 from memsave_nb.loss_trl import TRL_LOSSES
+from memsave_nb.offload import TRL_MIN_OFFLOAD_BYTES
 from memsave_nb.parallel_spec import ParallelSpec
 from memsave_nb.plan import Plan
 
@@ -30,6 +35,7 @@ from ._common import (
     Exported,
     Imported,
     TrainerConfigError,
+    checkpoint_layers,
     dump,
     every_n_of,
     load_config,
@@ -99,10 +105,7 @@ def read(config: Any, model: nn.Module | None = None, world_size: int | None = N
         notes.append(f"max_length={max_length}: TRL truncates to it; sized at that length (shorter data is shorter)")
     if truthy(d.get("activation_offloading"), "activation_offloading"):
         if kw.get("regions"):
-            notes.append(
-                "activation_offloading with checkpointing: TRL offloads the checkpointed layers' inputs; "
-                "sized as the checkpointing alone"
-            )
+            kw["regions"] = _offload_inputs(kw["regions"], model, notes)
         else:
             kw["regions"], more = regions_for(model, RegionKind.OFFLOAD)
             notes += more
@@ -118,10 +121,43 @@ def read(config: Any, model: nn.Module | None = None, world_size: int | None = N
     return Imported(plan, plan.parallel, tuple(notes))
 
 
+def _offload_inputs(
+    regions: dict[str, RegionPolicy], model: nn.Module | None, notes: list[str]
+) -> dict[str, RegionPolicy]:
+    """Checkpointed layers under TRL's offloading: each one's kept inputs go to the host; a layer
+    left unchecked (``every_n_layers`` > 1) has every saved tensor moved, as an offload region."""
+    full = RegionPolicy(RegionKind.FULL_OFFLOAD)
+    out = {k: full if p.kind is RegionKind.FULL else p for k, p in regions.items()}
+    bare = [name for name in (checkpoint_layers(model) if model is not None else []) if name not in out]
+    out.update({name: RegionPolicy(RegionKind.OFFLOAD) for name in bare})
+    other = sorted({p.kind.value for p in regions.values() if p.kind is not RegionKind.FULL})
+    notes.append(
+        "activation_offloading with checkpointing: TRL moves what the checkpointed layers keep (their inputs, "
+        f"{TRL_MIN_OFFLOAD_BYTES} bytes or more) to the host; sized as 'full_offload' regions (the final norm's "
+        "and the loss's saved tensors, which TRL also moves, stay on device)"
+        + (f"; the {len(bare)} layers not checkpointed as offload regions" if bare else "")
+        + (f"; {', '.join(other)} regions sized as they are" if other else "")
+    )
+    return out
+
+
 def write(plan: Plan, parallel: ParallelSpec | None = None, model: nn.Module | None = None) -> Exported:
     """A plan -> ``SFTConfig`` fields as JSON (``SFTConfig(**json.loads(text))``). SFTConfig's own
     defaults differ from TrainingArguments', so checkpointing and bf16 are always written."""
     notes: list[str] = []
+    inputs_offloaded = any(p.kind is RegionKind.FULL_OFFLOAD for p in plan.regions.values())
+    if inputs_offloaded:  # TRL's switch with its checkpointing: written as full regions + activation_offloading
+        if any(p.kind is RegionKind.FULL for p in plan.regions.values()):
+            notes.append(
+                "full and full_offload regions together: TRL's activation_offloading is one switch; "
+                "wrote it on (every checkpointed layer's inputs go to the host)"
+            )
+        regions = {  # TRL's switch moves the other layers' saved tensors too: offload regions are implied
+            k: RegionPolicy.full() if p.kind is RegionKind.FULL_OFFLOAD else p
+            for k, p in plan.regions.items()
+            if p.kind is not RegionKind.OFFLOAD
+        }
+        plan = Plan(**{**_plan_kwargs(plan), "regions": regions})
     offload_only = every_n_of(plan, model, RegionKind.OFFLOAD)[0] == 1 and not any(
         p.kind is RegionKind.FULL for p in plan.regions.values()
     )
@@ -150,6 +186,9 @@ def write(plan: Plan, parallel: ParallelSpec | None = None, model: nn.Module | N
         notes.append(
             f"sequence length not in the plan: SFTConfig's default max_length={DEFAULTS['max_length']} truncates"
         )
+    if inputs_offloaded:
+        out["activation_offloading"] = True
+        notes.append("full_offload regions: wrote activation_offloading=True with checkpointing on")
     if offload_only:
         out["activation_offloading"] = True
         notes.append(

@@ -25,6 +25,7 @@ REGION_CHOICES: tuple[tuple[str, str], ...] = (
     ("save compute-intensive", "save_compute_intensive"),
     ("recompute all", "recompute_all"),
     ("offload to host", "offload"),
+    ("full checkpoint, inputs on host", "full_offload"),
     ("custom (per op)", "custom"),
 )
 CUSTOM = "custom"
