@@ -84,18 +84,21 @@ def read(config: Any, model: nn.Module | None = None, world_size: int | None = N
         regions = {k: RegionPolicy.save(save) for k in regions}
         notes += more
     elif ckpt in ("offload", "offload_disk"):
-        regions, more = regions_for(model, RegionKind.OFFLOAD)
+        regions, more = regions_for(model, RegionKind.FULL_OFFLOAD)
         notes += more
         notes.append(
-            f"gradient_checkpointing: {ckpt}: axolotl checkpoints each layer and moves its inputs off the device; "
-            "sized as offloading each layer's saved tensors"
+            f"gradient_checkpointing: {ckpt}: axolotl checkpoints each layer and moves its inputs off the device "
+            "(full_offload)" + ("; offload_disk's disk is sized as host memory" if ckpt == "offload_disk" else "")
         )
     elif ckpt:
         regions, more = regions_for(model, RegionKind.FULL)
         notes += more
     if truthy(d.get("activation_offloading"), "activation_offloading"):
-        if regions:
-            notes.append("activation_offloading with checkpointing: sized as the checkpointing alone")
+        if regions and all(p.kind is RegionKind.FULL for p in regions.values()):
+            regions = {k: RegionPolicy(RegionKind.FULL_OFFLOAD) for k in regions}  # as TRL's: the inputs go
+            notes.append("activation_offloading with checkpointing: each checkpointed layer's inputs on the host")
+        elif regions:
+            notes.append("activation_offloading with these regions: sized as the regions alone")
         else:
             regions, more = regions_for(model, RegionKind.OFFLOAD)
             notes += more

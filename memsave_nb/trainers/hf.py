@@ -209,11 +209,11 @@ def read_fields(
         every_n = whole(ckpt_kwargs, "every_n_layers", 1)
         offload = truthy(ckpt_kwargs.pop("offload", False), "offload")
         ckpt_kwargs.pop("every_n_layers", None)
-        kind = RegionKind.OFFLOAD if offload else RegionKind.FULL
-        if offload:
+        kind = RegionKind.FULL_OFFLOAD if offload else RegionKind.FULL
+        if offload:  # transformers 5.25 _activation_checkpointing_enable: save_on_cpu around each checkpoint
             notes.append(
-                "checkpointing with offload: the Trainer checkpoints each layer and holds its inputs on the host; "
-                "sized as offloading each layer's saved tensors (same device bytes, more host bytes)"
+                "checkpointing with offload: each layer is checkpointed inside save_on_cpu, so its inputs wait on "
+                "the host (full_offload; save_on_cpu moves tensors under 1 KiB too, sized here on the device)"
             )
         kw["regions"], more = regions_for(model, kind, every_n)
         notes += more
@@ -422,11 +422,12 @@ def write_fields(
     notes += more
     inputs_n, more = every_n_of(plan, model, RegionKind.FULL_OFFLOAD)  # checkpoint + kept inputs on the host
     notes += more
-    if inputs_n is not None:
-        if off_n is None:
-            off_n = inputs_n  # the Trainer's offload=True is save_on_cpu around each checkpoint: those inputs
-        else:
-            notes.append("offload and full_offload regions together: one offload switch; wrote the offload regions")
+    if off_n is not None:  # every saved tensor to the host, no checkpoint: the Trainer has no switch for it
+        notes.append(
+            "offload regions: the Trainer cannot offload without checkpointing (its offload=True checkpoints each "
+            "layer inside save_on_cpu: full_offload); not written"
+        )
+    off_n = inputs_n  # the Trainer's offload=True is save_on_cpu around each checkpoint: those inputs
     if full_n is not None and off_n is not None:
         notes.append(
             "full and offload regions together: the Trainer has one checkpointing switch; wrote the full regions"

@@ -198,7 +198,13 @@ def plans(draw, trainer: str) -> Plan:
     if trainer == "hf":
         kw["loss"] = draw(st.sampled_from([None, "hf_smooth"]))
     n = draw(every_n)
-    kind = draw(st.sampled_from([RegionKind.FULL, RegionKind.OFFLOAD]))
+    kind = draw(st.sampled_from([RegionKind.FULL, RegionKind.FULL_OFFLOAD, RegionKind.OFFLOAD]))
+    if trainer == "hf" and kind is RegionKind.OFFLOAD:
+        kind = RegionKind.FULL_OFFLOAD  # the Trainer offloads only inside its checkpoints (save_on_cpu)
+    if trainer == "trl" and kind is RegionKind.FULL_OFFLOAD and n not in (None, 1):
+        kind = RegionKind.FULL  # TRL's offloading then also moves the unchecked layers' tensors: offload regions
+    if trainer == "trl" and kind is RegionKind.OFFLOAD and n not in (None, 1):
+        kind = RegionKind.FULL  # TRL's switch offloads every layer or none
     if trainer == "axolotl":
         n = None if n is None else 1
         if draw(st.booleans()):

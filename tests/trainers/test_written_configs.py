@@ -98,7 +98,7 @@ PLANS = [
         batch_size=2,
         precision="autocast_fp16",
         optimizer="adam",
-        regions={LAYERS[0]: "offload"},
+        regions={n: "full_offload" for n in LAYERS},
         seq_len=16,
         loss="hf_smooth",
     ),
@@ -128,7 +128,12 @@ def test_exported_fields_construct_without_deprecation_warnings(trainer, plan):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         args = _args(cls, **exported.fields)
-    assert from_trainer(args, model).plan.regions == plan.regions
+    back = from_trainer(args, model).plan.regions
+    if trainer == "hf" and any(p.kind.value == "offload" for p in plan.regions.values()):
+        # the Trainer offloads only inside its checkpoints (save_on_cpu): plain offload is not written, and says so
+        assert back == {} and any("offload regions: the Trainer cannot offload" in n for n in exported.notes)
+    else:
+        assert back == plan.regions
 
 
 def test_hf_smooth_is_the_trainers_label_smoother_value_gradient_and_allocations():
