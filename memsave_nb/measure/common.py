@@ -59,15 +59,19 @@ def foreach_note(name: str) -> str:
     )
 
 
-def cuda_step_note(attention: dict[str, int] | None = None, step: str | None = "foreach", real: bool = False) -> str:
+def cuda_step_note(
+    attention: dict[str, int] | None = None, step: str | None = "foreach", real: bool = False, autocast: bool = False
+) -> str:
     """What a workload sized for CUDA (``Workload.sized_for="cuda"``) ran, said once under its numbers:
     the optimizer's step (``follow_cuda_default``'s answer: "foreach", "fused", "single-tensor" as
-    asked, None without the choice) and, in fake mode, the attention backend CUDA picks (a real CPU
-    step cannot run CUDA's kernels: ``real`` says its attention was the CPU's)."""
+    asked, None without the choice), in fake mode the attention backend CUDA picks (a real CPU step
+    cannot run CUDA's kernels: ``real`` says its attention was the CPU's) and, with ``autocast``,
+    that autocast ran CUDA's op lists (``cuda_autocast.sized_autocast``), real or fake."""
     from .cuda_attention import title_words
 
     words = [f"{step} optimizer step"] if step else []
     words += [title_words(attention)] if attention else (["the CPU's attention (a real step)"] if real else [])
+    words += ["CUDA's autocast lists"] if autocast else []
     why = {
         "foreach": "the optimizer left to pick its implementation takes torch's GPU default, the foreach step "
         "(its temporaries counted)",

@@ -407,7 +407,8 @@ def _summarise(workload: Workload, model: nn.Module, step: _Profiled, times: lis
             + (" of a torch.compile'd model" if compiled else "")
             + ": no per-module or per-op attribution",
         )
-        + _cuda_attention_note(workload),
+        + _cuda_attention_note(workload)
+        + _cuda_autocast_note(workload),
     )
 
 
@@ -421,4 +422,17 @@ def _cuda_attention_note(workload: Workload) -> tuple[str, ...]:
         f"sized for CUDA ({workload.gpu or 'the default GPU'}), but this step ran real tensors on "
         f"{torch.device(workload.device).type}: scaled_dot_product_attention ran this device's kernel, not the one "
         "CUDA would pick (that choice is made in fake mode only, and a compiled step cannot be faked)",
+    )
+
+
+def _cuda_autocast_note(workload: Workload) -> tuple[str, ...]:
+    """A step sized for CUDA under autocast that ran compiled on CPU tensors: autocast's CPU op lists
+    were traced into the graph. The engine follows CUDA's lists by replacing autocast's kernels
+    (``cuda_autocast``), but a graph compiled earlier, without them, would be reused as it is."""
+    if workload.sized_for != "cuda" or workload.autocast_dtype is None or torch.device(workload.device).type == "cuda":
+        return ()
+    return (
+        f"sized for CUDA, but this compiled step ran autocast's {torch.device(workload.device).type} op lists, "
+        "not CUDA's: layer_norm, softmax, sum, pow, exp, ... kept the low dtype here where CUDA runs and saves them "
+        "in fp32 (CUDA's lists are followed by the uncompiled engine and the per-rank runners only)",
     )

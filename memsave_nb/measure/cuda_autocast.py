@@ -255,8 +255,14 @@ def cuda_autocast() -> Iterator[CudaAutocast]:
 
 @contextlib.contextmanager
 def sized_autocast(workload: Any) -> Iterator[CudaAutocast | None]:
-    """``cuda_autocast`` for a step sized for CUDA under autocast; else nothing (None)."""
-    if getattr(workload, "sized_for", None) != "cuda" or getattr(workload, "autocast_dtype", None) is None:
+    """``cuda_autocast`` for a step sized for CUDA under autocast on CPU tensors (real or fake: the
+    engine in either mode, the per-rank runners); else nothing (None). A step on a CUDA device runs
+    CUDA's own autocast kernels and needs none of this."""
+    if (
+        getattr(workload, "sized_for", None) != "cuda"
+        or getattr(workload, "autocast_dtype", None) is None
+        or torch.device(getattr(workload, "device", "cpu")).type != "cpu"
+    ):
         yield None
         return
     with cuda_autocast() as answer:

@@ -121,18 +121,19 @@ def measure(
                         first_step_peak=first_step_peak,
                         restore=restore,
                     )
-            else:
-                result = _run(
-                    workload,
-                    fake_mode=None,
-                    flops=flops,
-                    cancel_event=cancel_event,
-                    steady_state=steady_state,
-                    repeats=repeats,
-                    first_step_peak=first_step_peak,
-                    restore=restore,
-                    after_tracked=_memory_first(workload, steady_state, on_memory),
-                )
+            else:  # CUDA's autocast lists run on real CPU tensors too (its attention kernels do not)
+                with sized_autocast(workload) as autocast:
+                    result = _run(
+                        workload,
+                        fake_mode=None,
+                        flops=flops,
+                        cancel_event=cancel_event,
+                        steady_state=steady_state,
+                        repeats=repeats,
+                        first_step_peak=first_step_peak,
+                        restore=restore,
+                        after_tracked=_memory_first(workload, steady_state, on_memory),
+                    )
         finally:
             snapshot.restore(model)
             for t, g in leaves:
@@ -159,6 +160,7 @@ def measure(
                     attention.backends if attention else None,
                     workload.__dict__.get("cuda_step"),
                     mode == "real" and torch.device(workload.device).type == "cpu",
+                    autocast=autocast is not None,
                 ),
             )
             + m.notes

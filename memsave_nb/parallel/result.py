@@ -186,6 +186,9 @@ class RankMeasurement:
     # a step sized for CUDA (``Workload.sized_for``/``gpu``): the SDPA backends CUDA would pick, with
     # their calls (forward and a checkpoint's recomputation), as ``measure/cuda_attention.py`` chose them
     attention_backends: tuple[tuple[str, int], ...] = ()
+    # a step sized for CUDA under autocast: the ops that ran with CUDA's autocast policy where the CPU's
+    # differs, with their calls (``measure/cuda_autocast.py``)
+    autocast_ops: tuple[tuple[str, int], ...] = ()
 
     @property
     def device_bytes(self) -> int:
@@ -213,6 +216,7 @@ class RankMeasurement:
             "foreach_temp_bytes": self.foreach_temp_bytes,
             "collectives": [list(c) for c in self.collectives],
             "attention_backends": dict(self.attention_backends),
+            "autocast_ops": dict(self.autocast_ops),
             "reserved": None
             if self.reserved is None
             else {

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..measure.cuda_autocast import CudaAutocast, sized_autocast
 from ..measure.engine import single_tensor_default
 from ..measure.optimizer_state import init_optimizer_state, make_state_on_zero_grads  # noqa: F401 - re-exported
 from ..measure.tracker import INPUT
@@ -87,7 +88,30 @@ def tracked_step(
     measures the first step. ``replay``: the device events through the allocator model
     (``RankMeasurement.reserved``). The workload's ``accumulation_steps`` and ``set_to_none`` are honoured
     as the engine honours them (the same batch for each micro-step).
+    A step sized for CUDA under autocast follows CUDA's op lists (``sized_autocast``), as the engine's
+    does: the warm-up and the tracked step, on fake ranks and real gloo ranks alike; the ops it
+    answered in the tracked step are the result's ``autocast_ops``.
     """
+    with sized_autocast(workload) as autocast:
+        result = _tracked_step(
+            workload, model, batch, rank=rank, ranks=ranks, steady=steady, replay=replay, autocast=autocast
+        )
+    if autocast is not None and autocast.ops:
+        result = dataclasses.replace(result, autocast_ops=tuple(sorted(autocast.ops.items())))
+    return result
+
+
+def _tracked_step(
+    workload: Workload,
+    model: nn.Module,
+    batch: Any,
+    *,
+    rank: int,
+    ranks: tuple[int, ...],
+    steady: bool | str,
+    replay: bool,
+    autocast: CudaAutocast | None,
+) -> RankMeasurement:
     start = time.perf_counter()
     params = [p for p in workload.model.parameters()]
     trainable = [p for p in params if p.requires_grad]
@@ -121,6 +145,8 @@ def tracked_step(
         tracker.register_tensors((t for s in optimizer.state.values() for t in iter_tensors(s)), "optimizer_state")
     tracker.register_tensors(iter_tensors(batch), INPUT)
     marks: dict = {}
+    if autocast is not None:
+        autocast.ops.clear()  # the tracked step's calls, not the warm-up's
     with tracker:
         _run(workload, model, batch, optimizer, tracker, marks)
         grads = {tracker.record_of(local_shard(p.grad)) for p in params if p.grad is not None}
