@@ -72,6 +72,12 @@ def allocation_size(size: int) -> int:
     return -(-size // K_ROUND_LARGE) * K_ROUND_LARGE
 
 
+def _growable(b: Block) -> int:
+    """``expandable_size`` in ``get_free_block``: a free block at the mapped end of an expandable
+    segment counts with the unmapped address space after it (modelled as unbounded)."""
+    return b.size + (NO_LIMIT if b.segment.expandable and b.next is None else 0)
+
+
 @dataclass(eq=False)
 class Block:
     addr: int
@@ -187,6 +193,12 @@ class CachingAllocator:
         if i == len(lst) or lst[i][0] != stream:
             return None
         b = self._by_key[lst[i]]
+        if b.segment.expandable:  # best fit by the size a block can grow to (get_free_block)
+            while i + 1 < len(lst) and lst[i + 1][0] == stream:
+                nxt = self._by_key[lst[i + 1]]
+                if _growable(nxt) >= _growable(b) or not b.segment.expandable:
+                    break
+                i, b = i + 1, nxt
         mss = self.settings.max_split_size
         if size < mss and b.size >= mss:
             return None
