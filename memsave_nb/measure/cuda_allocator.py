@@ -4,29 +4,34 @@ Why: the tracker counts live bytes (``max_memory_allocated``); an out-of-memory 
 reserved bytes (``max_memory_reserved``), which the allocator's rounding, pools, splitting and
 caching make larger. Replaying the step's ordered allocations through this model predicts them.
 
-Rules, from pytorch/pytorch ``c10/cuda/CUDACachingAllocator.cpp`` (commit 001074d2, torch
-2.13-era); the names are the C++ functions (see ``docs/allocator.md`` for the quoted lines):
+Rules, read in pytorch/pytorch ``c10/cuda/CUDACachingAllocator.cpp`` at commit 001074d2 (torch
+2.13-era; 134,496 characters). The code-index tools give no line numbers, so each rule names its
+function and the character range of that file where it stands (``[a-b k]``, thousands;
+``read_file`` with that offset shows it); ``docs/allocator.md`` quotes the lines.
 
-- ``round_size``: below 512 B -> 512; else a multiple of 512, or with
-  ``roundup_power2_divisions`` N > 1 and size > 512*N, the next of N steps between powers of two.
-- ``get_pool``: size <= 1 MiB (``kSmallSize``) -> small pool, else large; one set of free blocks
-  per pool, searched per stream (``BlockComparatorSize``: stream, size, address).
-- ``get_allocation_size``: a new segment is 2 MiB (small), 20 MiB (large, size < 10 MiB) or the
-  size rounded up to 2 MiB.
-- ``get_free_block``: best fit (smallest, then lowest address, same stream); a request below
-  ``max_split_size`` never takes a block >= it; a request >= it takes a block only if under
-  size + 20 MiB.
-- ``should_split``: small pool (or expandable segments): remainder >= 512 B; large pool:
-  size < ``max_split_size`` and remainder > 1 MiB. Otherwise the whole block is handed out.
-- ``free_block`` / ``try_merge_blocks``: a freed block merges with free neighbours.
-- ``malloc``: no free block -> new segment; over the device's memory: ``release_available_
-  cached_blocks`` (only with ``max_split_size``: whole free oversize segments), then
-  ``release_cached_blocks`` (every unsplit free segment, both pools), then out of memory.
-  ``empty_cache`` is ``release_cached_blocks``.
-- expandable segments (``try_allocate_expandable_block``): one segment per stream and pool that
-  grows by 2 MiB (small) or 20 MiB (large) pages. Modelled as growing at its end only; unmapping
-  on ``empty_cache`` returns the whole pages of free blocks at the segment's end (the real one
-  also unmaps pages inside; see docs).
+- ``round_size`` [64-80k]: below 512 B -> 512; else a multiple of 512, or with
+  ``roundup_power2_divisions`` N > 1 and size > 512*N, ``roundup_power2_next_division`` [64-80k].
+- ``get_pool`` [80-96k]: size <= 1 MiB (``kSmallSize`` [0-16k]) -> small pool, else large; free
+  blocks ordered by ``BlockComparatorSize`` [16-32k]: stream, size, address.
+- ``get_allocation_size`` [80-96k]: a new segment is 2 MiB (small), 20 MiB (large, size < 10
+  MiB) or the size rounded up to 2 MiB.
+- ``get_free_block`` [80-96k]: best fit (smallest, then lowest address, same stream); in an
+  expandable segment a block is sized with the unmapped space after it (``expandable_size``);
+  a request below ``max_split_size`` never takes a block >= it; a request >= it takes a block
+  only if under size + 20 MiB.
+- ``should_split`` [80-96k]: small pool (or expandable segments): remainder >= 512 B; large
+  pool: size < ``max_split_size`` and remainder > 1 MiB. Otherwise the whole block is handed out.
+- ``free_block`` / ``try_merge_blocks`` [80-96k]: a freed block merges with free neighbours.
+- ``malloc`` [32-48k]: no free block -> ``alloc_block`` [96-112k] (a new segment); failing that
+  ``release_available_cached_blocks`` [96-112k] (only with ``max_split_size``: whole free
+  oversize segments), then ``release_cached_blocks`` / ``release_blocks`` [96-112k] (every unsplit
+  free segment, both pools), then out of memory. ``emptyCache`` [48-64k] is
+  ``release_cached_blocks``.
+- expandable segments (``find_expandable_block``, ``map_block``, ``try_allocate_expandable_block``
+  [78-96k]; Note [Expandable Segments] [0-16k]): one segment per stream and pool that grows by
+  2 MiB (small) or 20 MiB (large) pages. Modelled as growing at its end only; ``empty_cache``
+  returns the whole pages of free blocks at the segment's end (``unmap_block`` [96-112k] also
+  unmaps whole pages inside free blocks; see docs).
 """
 
 from __future__ import annotations
@@ -70,6 +75,12 @@ def allocation_size(size: int) -> int:
     if size < K_MIN_LARGE_ALLOC:
         return K_LARGE_BUFFER
     return -(-size // K_ROUND_LARGE) * K_ROUND_LARGE
+
+
+def _growable(b: Block) -> int:
+    """``expandable_size`` in ``get_free_block``: a free block at the mapped end of an expandable
+    segment counts with the unmapped address space after it (modelled as unbounded)."""
+    return b.size + (NO_LIMIT if b.segment.expandable and b.next is None else 0)
 
 
 @dataclass(eq=False)
@@ -187,6 +198,12 @@ class CachingAllocator:
         if i == len(lst) or lst[i][0] != stream:
             return None
         b = self._by_key[lst[i]]
+        if b.segment.expandable:  # best fit by the size a block can grow to (get_free_block)
+            while i + 1 < len(lst) and lst[i + 1][0] == stream:
+                nxt = self._by_key[lst[i + 1]]
+                if _growable(nxt) >= _growable(b) or not b.segment.expandable:
+                    break
+                i, b = i + 1, nxt
         mss = self.settings.max_split_size
         if size < mss and b.size >= mss:
             return None
