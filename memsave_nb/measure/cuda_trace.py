@@ -38,12 +38,14 @@ class Replay:
 
 def _start_state(events: list[dict], segments: list[dict]) -> tuple[list[dict], dict[int, int]]:
     """Segments made before the first event, and the allocations live at the first event."""
-    made = {e["addr"] for e in events if e["action"] == "segment_alloc"}
+    made = {e["addr"] for e in events if e["action"] == "segment_alloc" and "addr" in e}
     old = [s for s in segments if s["address"] not in made]
     live_at_start: dict[int, int] = {}
     seen: set[int] = set()
     for e in events:
-        a = e["addr"]
+        a = e.get("addr")  # an "oom" event has none: it names the request that failed, no block
+        if a is None:
+            continue
         if e["action"] == "alloc":
             seen.add(a)
         elif e["action"] == "free_completed" and a not in seen:

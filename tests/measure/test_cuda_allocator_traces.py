@@ -43,3 +43,16 @@ def test_replay_with_made_up_addresses_reserves_the_same(trace):
     differ = [(m, d) for m, d in zip(r.model_segments, r.dump_segments) if m != d]
     assert all(m[0] == 2 << 20 for m, _ in differ)  # only small-pool segments differ
     assert len(differ) == (0 if n_allocs == 7 else 11)
+
+
+def test_a_trace_that_ran_out_of_memory_replays_as_the_same_trace_without_its_oom_event():
+    """An ``oom`` event (torch records the failed request: size, stream, free bytes; no address) is
+    what a user's snapshot of a failed run holds; it made ``_start_state`` raise KeyError."""
+    import copy
+
+    snap = json.loads((DATA / "eor_nn.json").read_text())
+    failed = copy.deepcopy(snap)
+    events = failed["device_traces"][0]
+    events.insert(len(events) // 2, {"action": "oom", "size": 2**40, "stream": 0, "device_free": 0})
+    plain, with_oom = replay(snap), replay(failed)
+    assert with_oom.max_reserved == plain.max_reserved and with_oom.model_segments == plain.model_segments
