@@ -71,9 +71,10 @@ class TeachTab:
         phases.add_class("memsave-teach-phases")
         notes.add_class("memsave-teach-notes")
         intro = W.HTML(
-            "<small>The rule of thumb counts weights, gradients and optimizer state per parameter; the "
-            "measured bytes are the most the step held of each. What the rule leaves out (activations "
-            "kept for backward, outputs, temporaries) is in the phase table.</small>"
+            "<p class='memsave-teach-intro'>The rule of thumb counts weights, gradients and optimizer "
+            "state per parameter; the measured bytes are the most the step held of each. What the rule "
+            "leaves out (activations kept for backward, outputs, temporaries) is in the phase table, at "
+            "each phase's own peak.</p>"
         )
         tab = W.VBox([intro, rule, phases, notes])
         tab.add_class("memsave-teach")

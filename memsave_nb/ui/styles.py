@@ -38,16 +38,18 @@ NARROW_TABLES_CSS = """<style>
 _T = ".memsave-explorer .memsave-teach-table"
 TEACH_CSS = f"""<style>
 .memsave-explorer .memsave-teach-box {{ container-type: inline-size; overflow-x: auto; max-width: 100%; }}
-{_T} {{ border-collapse: collapse; font-size: 90%; color: var(--jp-content-font-color1, inherit); margin: 4px 0; }}
+{_T} {{ border-collapse: collapse; font-size: 90%; line-height: 1.35; margin: 4px 0;
+  color: var(--jp-content-font-color1, inherit); }}
 {_T} th, {_T} td {{ padding: 2px 8px; text-align: right; white-space: nowrap;
   border-bottom: 1px solid var(--jp-border-color2, #ddd); }}
 {_T} th:first-child, {_T} td:first-child {{ text-align: left; }}
 {_T} tr[data-part="total"] td {{ font-weight: bold; }}
-.memsave-explorer .memsave-teach-line {{ margin: 2px 0; font-size: 90%; color: var(--jp-content-font-color1, inherit); }}
+.memsave-explorer .memsave-teach-line, .memsave-explorer .memsave-teach-intro {{ margin: 2px 0; font-size: 90%;
+  line-height: 1.35; color: var(--jp-content-font-color1, inherit); }}
 @container (max-width: 760px) {{
   {_T} {{ font-size: 11px; }}
   {_T} th, {_T} td {{ padding: 2px 3px; white-space: normal; }}
-  {_T} th {{ vertical-align: bottom; overflow-wrap: anywhere; }}
+  {_T} th {{ vertical-align: bottom; }}
 }}
 </style>"""
 

@@ -19,6 +19,7 @@ from memsave_nb.plan import Plan
 from memsave_nb.planner.depth import blocks_of
 from memsave_nb.ui.explorer import explore
 from memsave_nb.ui.format import format_bytes
+from memsave_nb.ui.styles import TEACH_CSS
 from memsave_nb.ui.teach_table import phase_table, rule_table
 from memsave_nb.zoo import GPTConfig
 
@@ -46,6 +47,9 @@ def test_one_block_offloaded_shows_the_engines_host_bytes_and_the_rule_beside_th
     before = ModelSnapshot.capture(wl.model)
     assert ex.tabs.titles[6] == "Rule of thumb" and ex.tabs.children[6] is ex.teach.tab
     assert ex.host.layout.display == "none" and ex.host.value == ""  # nothing offloaded: no label
+    style = [w for w in ex.children if "memsave-teach-style" in w._dom_classes]
+    assert len(style) == 1 and style[0].value == TEACH_CSS and style[0].layout.display == "none"
+    assert "var(--jp-content-font-color1" in TEACH_CSS and "@container (max-width: 760px)" in TEACH_CSS
     first = blocks_of(wl.model).names[0]
     ex.editor.set_region(first, "offload")
     entry = ex.run_now(raise_errors=True)
