@@ -107,6 +107,9 @@ pd.DataFrame(rows).set_index("plan")
 # ## Your turn
 #
 # The explorer works on the fake model too (sizes only, no step time).
+# Its **Rule of thumb** tab puts the bytes-per-parameter rule that guides quote (weights,
+# gradients, optimizer state) beside the bytes this step measured, and shows what the rule leaves
+# out at each phase's peak: the activations.
 #
 # **Question.** Pick the preset *last block* from the menu. Which of the three GPUs does full
 # fine-tuning of only the last block fit, and which part of the peak is now the largest?
