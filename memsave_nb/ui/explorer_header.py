@@ -119,11 +119,11 @@ class Header:
 
     def _show_host(self, m: Measurement, offloads: bool) -> None:
         host = getattr(m, "host", None)
-        shown = host is not None and (offloads or host.tensors > 0)
-        self.host.layout.display = "" if shown else "none"
-        if not shown:
+        if host is None or not (offloads or host.tensors > 0):
+            self.host.layout.display = "none"
             self.host.value, self.host.tooltip = "", None
             return
+        self.host.layout.display = ""
         from memsave_nb.offload import LINKS, transfer_seconds
 
         from .format import format_seconds
