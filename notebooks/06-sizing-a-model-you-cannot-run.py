@@ -107,6 +107,10 @@ pd.DataFrame(rows).set_index("plan")
 # ## Your turn
 #
 # The explorer works on the fake model too (sizes only, no step time).
+# Its **Rule of thumb** tab puts the bytes-per-parameter rule that guides quote (weights,
+# gradients, optimizer state) beside the bytes this step measured, and shows what the rule leaves
+# out at each phase's peak: the activations. The optimizer here is a function, which has no rule:
+# pick `adamw_foreach` in the *Fit a GPU* tab's optimizer knob and *apply knobs* to see its 4 B.
 #
 # **Question.** Pick the preset *last block* from the menu. Which of the three GPUs does full
 # fine-tuning of only the last block fit, and which part of the peak is now the largest?

@@ -193,7 +193,8 @@ print("all claims hold")
 # **Fit a GPU** tab with the 24 GB target and the RTX 4090's roofline: *find plans* runs the
 # planner above and draws its front (click a point to load that plan), *max batch* bisects the
 # batch for the plan on display. The Layers tab changes the plan by hand: freeze, checkpoint or
-# offload per block, and the header's verdict follows.
+# offload per block, and the header's verdict follows (an offloaded block adds the host memory it
+# takes and the bytes moved per step to the header's step line).
 
 # %%
 from memsave_nb import explore

@@ -15,7 +15,9 @@ bytes, ``"27,028,744 B"``), ``.memsave-peak-total`` / ``.memsave-peak-bytes``,
 ``.memsave-error``, ``.memsave-cancel``, ``.memsave-run``, ``.memsave-plan-code``,
 ``.memsave-progress-text`` (phase and elapsed seconds of a run), ``.memsave-summary`` (the header
 numbers), ``.memsave-advice``, ``.memsave-loss-note``, ``.memsave-bokeh`` (each figure widget),
-``.memsave-target-verdict`` (fits / does not fit the "Fit a GPU" tab's target, with the class
+``.memsave-host`` (host memory and bytes moved per step, shown when the plan offloads a region),
+``.memsave-teach-rule`` / ``.memsave-teach-phases`` (the "Rule of thumb" tab's tables, rows named by
+``data-part``), ``.memsave-target-verdict`` (fits / does not fit the "Fit a GPU" tab's target, with the class
 ``memsave-fits`` or ``memsave-nofit``, and the max batch once found for the plan on display), and
 per module ``.memsave-freeze-<slug>`` (see :mod:`memsave_nb.ui.layer_table`).
 
@@ -33,9 +35,11 @@ from typing import Any, Callable, NamedTuple
 import ipywidgets as W
 from torch import nn
 
+from memsave_nb.checkpointing import RegionKind
 from memsave_nb.errors import MemsaveError
 from memsave_nb.measure import Measurement
 from memsave_nb.measure.common import sized_words
+from memsave_nb.measure.rule_of_thumb import TeacherView
 from memsave_nb.plan import Plan
 from memsave_nb.session import Entry, Session
 from memsave_nb.target import Target
@@ -48,6 +52,7 @@ from .explorer_open import _check_model_device, session_for  # noqa: F401 - _che
 from .explorer_runs import ExplorerRuns
 from .explorer_status import StatusBar, status_html
 from .explorer_tabs import CodeTab, Toolbar
+from .explorer_teach import TeachTab, view_for
 from .explorer_text import _delta_text, loss_note_html, output_kind, title_html  # noqa: F401 - public here too
 from .format import format_time_spread, time_change
 from .layer_table import LayerTable, tied_by_module
@@ -56,7 +61,7 @@ from .results_panel import ResultsPanel
 from .runner import Runner
 from .sac_panel import SacPanel
 from .sized import batch_words
-from .styles import explorer_style, narrow_tables_style
+from .styles import explorer_style, narrow_tables_style, teach_style
 from .ticker import Ticker
 from .verdict import show_header_verdict
 
@@ -70,7 +75,8 @@ def last_explorer() -> "Explorer | None":
     return _last_explorer() if _last_explorer is not None else None
 
 
-TAB_TITLES = ("Layers", "SAC per op", "Compile budget", "Results", "Plan as code", "GPUs")
+TAB_TITLES = ("Layers", "SAC per op", "Compile budget", "Results", "Plan as code", "GPUs", "Rule of thumb")
+TEACH_CACHE = 256  # teacher's views kept (one per entry shown): a pick in the history shows its own again
 
 
 class _MaxBatch(NamedTuple):
@@ -110,6 +116,7 @@ class Explorer(ExplorerRuns, W.VBox):
         self._unsavable: list | None = None
         self._failed_plan: Plan | None = None  # the plan whose last run failed: never exported
         self.code_text = ""
+        self._views: dict[int, tuple[Entry, TeacherView | str]] = {}  # id(entry): the entry and its view
         self._build_header(live)
         self._build_tabs(base_entry, max_open_rows)
         super().__init__(
@@ -117,6 +124,7 @@ class Explorer(ExplorerRuns, W.VBox):
                 bokehjs_loader(),
                 explorer_style(),
                 narrow_tables_style(),
+                teach_style(),
                 self.title,
                 self.summary,
                 self.advice,
@@ -149,6 +157,7 @@ class Explorer(ExplorerRuns, W.VBox):
         self.peak_total, self.peak_bytes, self.peak_delta = h.peak_total, h.peak_bytes, h.peak_delta
         self.output_kept, self.first_step, self.reserved = h.output_kept, h.first_step, h.reserved
         self.step_time, self.cuda_peak, self.target_verdict = h.step_time, h.cuda_peak, h.target_verdict
+        self.host = h.host
         b = self.bar = StatusBar.build(live)
         self.run_button, self.cancel_button, self.live = b.run_button, b.cancel_button, b.live
         self.progress, self.progress_text, self.status = b.progress, b.progress_text, b.status
@@ -186,9 +195,9 @@ class Explorer(ExplorerRuns, W.VBox):
         self.code, self.plan_json = self.code_tab.code, self.code_tab.plan_json
         # per-rank sizing, on demand; judged against the "Fit a GPU" target
         self.gpus = ParallelPanel(session.workload, plan_fn=lambda: self.plan, target_fn=lambda: self.target)
-        self.tabs = W.Tab(
-            children=[t.layers_tab(self.table), self.sac, self.budget, self.results, self.code_tab.tab, self.gpus]
-        )
+        self.teach = TeachTab.build()  # the rule of thumb beside the measured split (ui/explorer_teach.py)
+        children = [t.layers_tab(self.table), self.sac, self.budget, self.results, self.code_tab.tab, self.gpus]
+        self.tabs = W.Tab(children=[*children, self.teach.tab])
         self.tuner = None  # the "Fit a GPU" panel (ui/tuner_panel.py), added once the wiring is done
         for i, title in enumerate(TAB_TITLES):
             self.tabs.set_title(i, title)
@@ -409,20 +418,43 @@ class Explorer(ExplorerRuns, W.VBox):
                 return i
         return None
 
-    def _show(self, entry: Entry) -> None:
+    def _view_of(self, entry: Entry) -> TeacherView | str:
+        """The teacher's view of ``entry`` (counted once per entry), or why there is none. Never
+        called inside a run: it applies the plan itself."""
+        got = self._views.get(id(entry))
+        if got is not None and got[0] is entry:
+            return got[1]
+        try:
+            view: TeacherView | str = view_for(self.session.workload, entry.plan, entry.measurement)
+        except Exception as exc:  # noqa: BLE001 - the teacher's view is extra: the run's numbers still show
+            view = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if len(self._views) >= TEACH_CACHE:
+            self._views.pop(next(iter(self._views)))
+        self._views[id(entry)] = (entry, view)
+        return view
+
+    def _show(self, entry: Entry, *, teach: bool = True) -> None:
+        """Show ``entry`` everywhere; ``teach=False``: a run's early numbers, shown from inside the
+        run (the plan is applied then), leave the "Rule of thumb" tab to the run's end."""
         m, base = entry.measurement, self.baseline
+        view = self._view_of(entry) if teach else None
+        offloads = any(p.kind is RegionKind.OFFLOAD for p in entry.plan.active_regions.values())
         with self._ui_lock:
             self.entry = entry
             self.error = None
             self.title.value = self._title_for(entry.plan)
             self.error_box.value = ""
             self.error_box.layout.display = "none"
-            self.header.show(m, base, self._step_text(entry))
+            self.header.show(m, base, self._step_text(entry), offloads=offloads)
             self._show_target()
             self.table.show(m, base)
             self.sac.show(m, base, entry.plan)
             self.results.show(m, base)
             self.results.show_history(self._history_entries(), self._current_index())
+            if isinstance(view, TeacherView):
+                self.teach.show(view)
+            elif view is not None:
+                self.teach.show_error(view)
         for fn in list(self._listeners):
             fn(entry)
 

@@ -1,7 +1,7 @@
 """The explorer's header: the title, the memory and time lines (saved, peak, step time, the CUDA
-peak, the target verdict), the advice and the loss note, built once and filled from a
-Measurement against the baseline. No logic beyond formatting: ``ui/explorer.py`` decides what is
-shown."""
+peak, the host memory of offloaded regions, the target verdict), the advice and the loss note,
+built once and filled from a Measurement against the baseline. No logic beyond formatting:
+``ui/explorer.py`` decides what is shown."""
 
 from __future__ import annotations
 
@@ -52,6 +52,7 @@ class Header:
     reserved: W.Label  # the allocator model's, ui/verdict.py
     step_time: W.Label
     cuda_peak: W.Label
+    host: W.Label  # host memory of offloaded regions (Measurement.host); hidden when nothing is offloaded
     target_verdict: W.Label  # fits / does not fit the "Fit a GPU" target, and its max batch when found
     summary: W.VBox
     advice: W.HTML
@@ -71,6 +72,7 @@ class Header:
             reserved=_label("", "memsave-reserved", display="none"),
             step_time=_label("-", "memsave-step-time"),
             cuda_peak=_label("", "memsave-cuda-peak", display="none"),
+            host=_label("", "memsave-host", display="none"),
             target_verdict=_label("", "memsave-target-verdict", display="none"),
         )
         title = W.HTML(title_html)
@@ -82,8 +84,10 @@ class Header:
             + [_bold("peak", "0 6px 0 8px")]
             + [labels[k] for k in ("peak_total", "peak_bytes", "peak_delta", "first_step", "reserved")]
         )
+        # the host label sits on the time line: the memory line is full at 1400 px, and moving
+        # bytes to the host is paid in step time
         time_row = _row(
-            [_bold("step", "0 6px 0 0")] + [labels[k] for k in ("step_time", "cuda_peak", "target_verdict")]
+            [_bold("step", "0 6px 0 0")] + [labels[k] for k in ("step_time", "cuda_peak", "host", "target_verdict")]
         )
         summary = W.VBox([memory_row, time_row])
         summary.add_class("memsave-summary")
@@ -93,8 +97,9 @@ class Header:
         loss_note.add_class("memsave-loss-note")
         return cls(title=title, summary=summary, advice=advice, loss_note=loss_note, **labels)
 
-    def show(self, m: Measurement, base: Measurement, step_text: str) -> None:
-        """Fill the numbers of ``m`` against ``base``; ``step_text`` is the step-time line."""
+    def show(self, m: Measurement, base: Measurement, step_text: str, *, offloads: bool = False) -> None:
+        """Fill the numbers of ``m`` against ``base``; ``step_text`` is the step-time line;
+        ``offloads``: the measured plan offloads a region (the host label is shown)."""
         self.saved_total.value = format_bytes(m.saved_bytes)
         self.saved_bytes.value = f"{m.saved_bytes:,} B"
         self.saved_delta.value = _delta_text(m.saved_bytes, base.saved_bytes)
@@ -110,6 +115,27 @@ class Header:
         )
         self.cuda_peak.layout.display = "" if m.cuda_peak_bytes is not None else "none"
         show_reserved(self.reserved, m)
+        self._show_host(m, offloads)
+
+    def _show_host(self, m: Measurement, offloads: bool) -> None:
+        host = getattr(m, "host", None)
+        if host is None or not (offloads or host.tensors > 0):
+            self.host.layout.display = "none"
+            self.host.value, self.host.tooltip = "", None
+            return
+        self.host.layout.display = ""
+        from memsave_nb.offload import LINKS, transfer_seconds
+
+        from .format import format_seconds
+
+        self.host.value = f"host {format_bytes(host.peak_bytes)}, {format_bytes(host.to_host_bytes)} moved/step"
+        self.host.tooltip = (
+            f"host (CPU) memory: the activations offloaded regions copy out in forward and back in "
+            f"backward, at most {host.peak_bytes:,} B at once ({host.tensors} copies; parameters, "
+            f"gradients and optimizer state stay on the device); moved per step: {host.to_host_bytes:,} B "
+            f"to the host, {host.to_device_bytes:,} B back, ~{format_seconds(transfer_seconds(host.to_host_bytes))} "
+            f"over {LINKS['pcie5'].name} (the link assumed, {LINKS['pcie5'].bytes_per_second / 1e9:g} GB/s each way)"
+        )
 
     def _show_outputs(self, m: Measurement) -> None:
         outputs = int(getattr(m, "output_bytes", 0) or 0)

@@ -83,7 +83,7 @@ class ExplorerRuns:
             if generation != self._generation or cancel_event.is_set():
                 return
             self._timing_entry = entry
-            self._show(entry)
+            self._show(entry, teach=False)  # inside the run: the plan is applied now
             self.ticker.label = f"memory measured in {entry.seconds:.2f} s; timing the step"
             self.ticker.tick()
             early.append(entry)

@@ -33,6 +33,27 @@ NARROW_TABLES_CSS = """<style>
 </style>"""
 
 
+#: the "Rule of thumb" tab's tables (ui/explorer_teach.py): theme colours (readable in the dark theme),
+#: numbers right-aligned; in a narrow notebook smaller type and wrapping cells keep every column in view
+_T = ".memsave-explorer .memsave-teach-table"
+TEACH_CSS = f"""<style>
+.memsave-explorer .memsave-teach-box {{ container-type: inline-size; overflow-x: auto; max-width: 100%; }}
+{_T} {{ border-collapse: collapse; font-size: 90%; line-height: 1.35; margin: 4px 0;
+  color: var(--jp-content-font-color1, inherit); }}
+{_T} th, {_T} td {{ padding: 2px 8px; text-align: right; white-space: nowrap;
+  border-bottom: 1px solid var(--jp-border-color2, #ddd); }}
+{_T} th:first-child, {_T} td:first-child {{ text-align: left; }}
+{_T} tr[data-part="total"] td {{ font-weight: bold; }}
+.memsave-explorer .memsave-teach-line, .memsave-explorer .memsave-teach-intro {{ margin: 2px 0; font-size: 90%;
+  line-height: 1.35; color: var(--jp-content-font-color1, inherit); }}
+@container (max-width: 760px) {{
+  {_T} {{ font-size: 11px; }}
+  {_T} th, {_T} td {{ padding: 2px 3px; white-space: normal; }}
+  {_T} th {{ vertical-align: bottom; }}
+}}
+</style>"""
+
+
 def explorer_style() -> W.HTML:
     """A hidden widget carrying :data:`EXPLORER_CSS` (a ``<style>`` applies wherever it sits)."""
     w = W.HTML(EXPLORER_CSS, layout=W.Layout(display="none"))
@@ -44,4 +65,11 @@ def narrow_tables_style() -> W.HTML:
     """A hidden widget carrying :data:`NARROW_TABLES_CSS`."""
     w = W.HTML(NARROW_TABLES_CSS, layout=W.Layout(display="none"))
     w.add_class("memsave-narrow-tables-style")
+    return w
+
+
+def teach_style() -> W.HTML:
+    """A hidden widget carrying :data:`TEACH_CSS`."""
+    w = W.HTML(TEACH_CSS, layout=W.Layout(display="none"))
+    w.add_class("memsave-teach-style")
     return w
