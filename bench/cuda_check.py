@@ -19,8 +19,16 @@ the allocator's side is
 
 and we print ``allocator - tracker``. Expected: a small positive gap, from the allocator's
 512-byte rounding of every block and from cuBLAS/cuDNN workspaces that no dispatch mode sees.
-Last, the explorer runs headless on CUDA (if ``memsave_nb.ui.explorer`` exists).
-Without CUDA the script says so and exits 0.
+Then the explorer runs headless on CUDA (if ``memsave_nb.ui.explorer`` exists).
+
+Last, the replay check (issue 40; ``--no-replay`` skips it): per case (the demo models, a bf16
+Llama from a config with and without checkpointing, and that one again under
+``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` in a child process) the predicted
+``max_memory_reserved`` of the fake-mode CPU twin, of ``measure()`` on the GPU, and of the real
+step's recorded allocator events replayed through the model, beside the real one, each
+difference explained where known. docs/cuda_step.md, "Running the GPU check", says what each
+column means. Each case runs on its own: a failure prints its traceback, the rest go on, and the
+exit status is 1 at the end. Without CUDA the script says so and exits 0.
 """
 
 from __future__ import annotations
@@ -178,7 +186,8 @@ def _llama(device: str, checkpoint: bool, small: bool) -> Workload:
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        model = LlamaForCausalLM(cfg).to(device=device, dtype=torch.bfloat16).train()
+        with torch.device(device):  # initialised where it runs: the CPU's init of 45M weights takes seconds
+            model = LlamaForCausalLM(cfg).to(dtype=torch.bfloat16).train()
         ids = torch.randint(0, vocab, (batch, seq), device=device)
     if checkpoint:  # transformers 5.25 renamed gradient_checkpointing_enable (the old name warns)
         enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
