@@ -247,8 +247,11 @@ def real_step(wl: Workload, record: bool) -> dict[str, Any]:
 
 
 def plain_snapshot(raw: dict[str, Any], device: int = 0) -> dict[str, Any]:
-    """A ``_snapshot()`` as ``tests/data/gpu-traces`` holds one (no frames), for ``cuda_trace.replay``."""
+    """A ``_snapshot()`` as ``tests/data/gpu-traces`` holds one (no frames; no ``oom`` entries, which
+    carry no address), for ``cuda_trace.replay``."""
     seg_keys = ("device", "address", "total_size", "allocated_size", "stream", "segment_type", "is_expandable")
+    traces = raw["device_traces"]
+    traces = traces[device] if len(traces) > device else traces[-1]  # one list per device, or the one asked for
     return {
         "segments": [
             {k: s[k] for k in seg_keys if k in s}
@@ -261,7 +264,7 @@ def plain_snapshot(raw: dict[str, Any], device: int = 0) -> dict[str, Any]:
             if s.get("device", device) == device
         ],
         "device_traces": [
-            [{k: e[k] for k in ("action", "addr", "size", "stream") if k in e} for e in raw["device_traces"][device]]
+            [{k: e[k] for k in ("action", "addr", "size", "stream") if k in e} for e in traces if "addr" in e]
         ],
     }
 

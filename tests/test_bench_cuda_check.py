@@ -25,7 +25,8 @@ def cc():
 
 def _as_torch_gives_it(snap: dict) -> dict:
     """A plain snapshot dressed as ``torch.cuda.memory._snapshot()`` returns one: frames on every
-    segment, block and event, a device key, and a second device's segment to leave out."""
+    segment, block and event, a device key, a second device's segment to leave out, and an ``oom``
+    entry (it has no address) at the end."""
     segs = [
         s
         | {
@@ -37,6 +38,7 @@ def _as_torch_gives_it(snap: dict) -> dict:
     ]
     other = dict(segs[0], device=1, address=1 << 50)
     events = [e | {"frames": [], "time_us": i} for i, e in enumerate(snap["device_traces"][0])]
+    events.append({"action": "oom", "size": 1 << 40, "device_free": 0, "stream": 0, "frames": []})  # no addr
     return {"segments": segs + [other], "device_traces": [events, []], "allocator_settings": {}}
 
 
