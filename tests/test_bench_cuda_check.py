@@ -85,3 +85,35 @@ def test_a_failing_case_is_reported_and_the_others_run_and_expandable_runs_in_a_
     assert child["trace_reserved"] is None and child["replay_exact"] is None  # said, not guessed
     assert child["tracker_reserved"] != plain["tracker_reserved"]  # pages of 2/20 MiB, one segment per pool
     assert info["shared_trace"].startswith("exact: 7 segment_allocs")
+
+
+def test_the_gpu_only_lines_of_a_row_print(cc, capsys):
+    """The explanations and the row as a GPU run fills them (real figures, the workspace seen or
+    not), formatted here since no GPU is at hand: a typo there would only show on the GPU."""
+    row = {
+        "case": "gpt",
+        "alloc_conf": "",
+        "fake_reserved": 120 * MiB,
+        "tracker_reserved": 122 * MiB,
+        "trace_reserved": 140 * MiB,
+        "real_reserved": 140 * MiB,
+        "replay_reference": 140 * MiB,
+        "replay_exact": True,
+        "trace_allocs": 812,
+        "tracker_allocs": 800,
+        "real_start_reserved": 60 * MiB,
+        "predicted_start_reserved": 58 * MiB,
+        "workspace_live_at_start": True,
+    }
+    for col in ("fake", "tracker", "trace"):
+        row[f"{col}_minus_real"] = row[f"{col}_reserved"] - row["real_reserved"]
+    row["why"] = cc.explain(row, 32 * MiB)
+    assert row["why"][0] == "trace replay exact (same segments, same max)"
+    assert row["why"][1].startswith("+12 allocations below the dispatcher")
+    assert row["why"][2].startswith("cuBLAS workspace 32 MiB live")
+    assert row["why"][3].startswith("start state: real 60.0 MiB reserved vs 58.0 MiB")
+    cc.print_replay_row(row)
+    first = capsys.readouterr().out.splitlines()[0].split()
+    assert first == ["gpt", "120.0", "122.0", "140.0", "140.0", "-20.0", "-18.0", "0.0"]
+    no_ws = cc.explain(dict(row, workspace_live_at_start=False, trace_reserved=139 * MiB), 32 * MiB)
+    assert no_ws[0].startswith("TRACE REPLAY DIFFERS") and any("outside the allocator" in w for w in no_ws)
