@@ -4,38 +4,19 @@ from measure() and the rule computed here."""
 
 from __future__ import annotations
 
-import json
-
 import memsave_nb
 from memsave_nb import Plan, cli, measure
 from memsave_nb.planner.depth import blocks_of
 from memsave_nb.units import format_bytes
 
-TINY_LLAMA = {
-    "model_type": "llama",
-    "architectures": ["LlamaForCausalLM"],
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "vocab_size": 512,
-    "max_position_embeddings": 256,
-    "rms_norm_eps": 1e-5,
-    "tie_word_embeddings": False,
-}
 
-
-def test_html_report_shows_host_memory_and_the_rule_of_thumb(page, tmp_path, capsys):
-    cfg = tmp_path / "tiny-llama" / "config.json"
-    cfg.parent.mkdir()
-    cfg.write_text(json.dumps(TINY_LLAMA))
+def test_html_report_shows_host_memory_and_the_rule_of_thumb(page, tmp_path, capsys, tiny):
     out_html = tmp_path / "h.html"
-    argv = ["report", "--model", str(cfg.parent), "--seq-len", "32", "--offload", "--out", str(out_html)]
+    argv = ["report", "--model", tiny, "--seq-len", "32", "--offload", "--out", str(out_html)]
     assert cli.main(argv) == 0, capsys.readouterr().err
     lines = capsys.readouterr().out.splitlines()
 
-    wl = memsave_nb.from_pretrained(str(cfg.parent), seq_len=32)
+    wl = memsave_nb.from_pretrained(tiny, seq_len=32)
     n = sum(p.numel() for p in wl.model.parameters())
     with Plan(regions={b: "offload" for b in blocks_of(wl.model).names}).apply(wl) as w:
         m = measure(w, mode="fake")
