@@ -111,3 +111,26 @@ def test_replay_false_leaves_the_stages_to_the_rule():
     m = measure_pipeline(mlp(), spec("gpipe"), replay=False)
     assert all(r.reserved is None for r in m.ranks)
     assert worst_fit(Target(16), m)[1].replay is None
+
+
+def test_the_per_rank_report_of_a_pipeline_layout_shows_reserved_per_stage(capsys):
+    """``memsave-nb report --pp 2 --target-gb 1``: the table has a predicted-reserved column (each
+    stage's replay) and the verdict is the deciding stage's replay, no 80% rule."""
+    import torch
+
+    from memsave_nb import zoo
+    from memsave_nb.cli import main
+
+    argv = ["report", "--model", "mlp", "--batch", "16", "--pp", "2", "--world-size", "2", "--schedule", "1f1b"]
+    assert main([*argv, "--target-gb", "1"]) == 0
+    out = capsys.readouterr().out
+    wl = zoo.make("mlp", 16)
+    m = measure_pipeline(
+        wl,
+        ParallelSpec(world_size=2, pipeline_parallel=2, schedule="1f1b", microbatches=4),
+        loss_fn=torch.nn.functional.cross_entropy,
+        target=wl.loss.targets,
+    )
+    rank, fit = worst_fit(Target(1), m)
+    assert m.table() in out and "reserved" in m.table().splitlines()[1]
+    assert f"deciding rank {rank.rank}" in out and fit.verdict(Target(1)) in out and "no allocator replay" not in out
