@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from bokeh.models import ColumnDataSource, Range1d, Span
+from bokeh.models import ColumnDataSource, Range1d
+from bokeh.models.annotations import Span
 from bokeh.plotting import figure
 
 from memsave_nb.parallel.replay import rank_series
@@ -95,7 +96,7 @@ def rank_timeline(
         width=width,
         height=height,
         title=_title(result, index),
-        y_range=Range1d(0, _top(datas["main"], line)),
+        y_range=Range1d(start=0, end=_top(datas["main"], line)),
         tools="xpan,xwheel_zoom,box_zoom,save,reset",
         toolbar_location="above",
         name="gpus_timeline_figure",
