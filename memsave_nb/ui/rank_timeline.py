@@ -151,7 +151,10 @@ def rank_timeline(
 
 
 def _top(data: Data, line: int) -> float:
-    return max(data["reserved"] + data["allocated"] + [line, 1]) * 1.12
+    """The y range's end: the data, and the verdict's line where it is near (under twice the data's
+    top); a line far above would flatten both series to the axis (a small model on an 80 GB GPU)."""
+    top = max(data["reserved"] + data["allocated"] + [1])
+    return max(top, line if line <= 2 * top else 0) * 1.12
 
 
 def show_rank(plot: Plot, result: Any, index: int) -> None:

@@ -46,6 +46,12 @@ def test_the_gpus_tab_draws_the_deciding_ranks_allocated_and_reserved_lines():
     assert fig.select_one({"name": "gpus_allocated_line"}).glyph.line_dash == []
     assert fig.select_one({"name": "gpus_timeline_line"}).location == replay_line_bytes(target, 1)
     assert panel.timeline_box.children and panel.timeline_rank.layout.display == "none"  # one rank: no selector
+    # the line is near (1 GiB less 1012 MiB): in range; on an 80 GB GPU it would flatten the lines: left out
+    assert fig.y_range.end == pytest.approx(max(replay_line_bytes(target, 1), rank.reserved.max_reserved_bytes) * 1.12)
+    far = ParallelPanel(blocks_workload(), plan_fn=lambda: Plan(), live=False, target_fn=lambda: Target(80))
+    far.result = result
+    far.show_target()
+    assert far.timeline.figure.y_range.end == pytest.approx(rank.reserved.max_reserved_bytes * 1.12)
 
 
 def test_a_pipeline_layout_shows_the_deciding_stage_and_the_selector_switches_rank():
