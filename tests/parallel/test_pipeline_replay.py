@@ -134,3 +134,13 @@ def test_the_per_rank_report_of_a_pipeline_layout_shows_reserved_per_stage(capsy
     rank, fit = worst_fit(Target(1), m)
     assert m.table() in out and "reserved" in m.table().splitlines()[1]
     assert f"deciding rank {rank.rank}" in out and fit.verdict(Target(1)) in out and "no allocator replay" not in out
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "interleaved_1f1b"])
+def test_every_schedules_stage_ranks_are_replayed_on_the_default_stream(schedule):
+    """GPipe and interleaved 1F1B (two stages per rank) too: the single-GPU replay of each rank's events."""
+    m, trackers = _spied(mlp(), spec(schedule))
+    for r, tracker in zip(m.ranks, trackers):
+        pre = {i for i, rec in enumerate(tracker.records) if rec.late and rec.died is None}
+        assert r.reserved == replay_tracker(tracker.events, tracker.records, pre) and r.reserved_streams == ()
+        assert r.reserved.max_reserved_bytes >= r.reserved.max_allocated_bytes >= r.peak_bytes
