@@ -202,7 +202,7 @@ def report_parallel(args: argparse.Namespace, cw, plan, spec=None, notes=()) -> 
         if fit.replay is not None:  # every rank replayed through the allocator model: its verdict, no 80% rule
             lines.append(f"Target {target.label} per rank: {fit.verdict(target)}; deciding rank {rank.rank}")
             lines += list(fit.replay.lines()[1:])
-        else:  # pipeline stages: no replay, the 80% rule, and the unseen lines on the whole GPU
+        else:  # no replay (none is made for these ranks): the 80% rule, and the unseen lines on the whole GPU
             lines.append(verdict_line(target, m.device_peak_bytes, " per rank") + " (80% rule, no allocator replay)")
             whole = Target(target.gb, 1.0, target.name)  # the unseen lines are what the headroom is for
             lines.append(

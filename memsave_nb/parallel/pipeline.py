@@ -35,7 +35,8 @@ from ..checkpointing import show
 from .stages import split_stages, stage_inputs
 from .result import ParallelMeasurement, RankMeasurement, unseen_lines
 from .apply import apply_parallel, unsharded_tensors
-from .step import _local, categorise, summarise
+from .replay import replay_rank
+from .step import _cublas_workspace, _local, backend_staging, categorise, summarise
 from .tracker import ShardTracker
 
 StageSplit = Callable[[nn.Module, int], Sequence[nn.Module]]
@@ -174,7 +175,7 @@ class StageRank:
         rank's stages already carry their TP / FSDP2 (set up outside fake mode, ``measure_pipeline``)."""
         from torch.distributed.pipelining import PipelineStage
 
-        self.rank, self.fake = rank, fake
+        self.rank, self.fake, self.workload = rank, fake, workload
         self.args, target, loss = stage_inputs(workload.model, batch, loss_fn, target, workload.compute_loss)
         meta = metadata if metadata is not None else stage_metadata(all_stages, _microbatch(self.args, spec))
         mine = rank_stage_indices(spec, rank // (spec.world_size // spec.pipeline_parallel))
@@ -242,8 +243,10 @@ class StageRank:
             self.target,
         ]
 
-    def measure(self, steady: bool = True) -> RankMeasurement:
-        """One tracked step (``steady``: after a whole first step, as training's step 2 on)."""
+    def measure(self, steady: bool = True, replay: bool = True) -> RankMeasurement:
+        """One tracked step (``steady``: after a whole first step, as training's step 2 on).
+        ``replay``: the rank's device events through the caching-allocator model, as ``step.py``
+        replays an FSDP2 / DDP rank (``RankMeasurement.reserved``; module docstring: streams)."""
         start = time.perf_counter()
         if steady:  # a whole first step: optimizer state, the stages' receive buffers
             self.step()
@@ -266,6 +269,12 @@ class StageRank:
         result = summarise(
             tracker, kinds, marks, rank=self.rank, ranks=(self.rank,), seconds=time.perf_counter() - start
         )
+        if replay:  # a real backend's own staging copies (gloo) are no GPU's, as in ``step.tracked_step``
+            skip = backend_staging(tracker, kinds)
+            wl = getattr(self, "workload", None)  # a subclass built otherwise (the exported code's test) has none
+            workspace = _cublas_workspace(wl, tracker) if wl is not None else None
+            reserved, streams = replay_rank(tracker, skip=skip, workspace=workspace)
+            result = dataclasses.replace(result, reserved=reserved, reserved_streams=streams)
         # the collectives and point-to-point sends the tracked step ran (what the layout planner times)
         return dataclasses.replace(
             result,
@@ -290,6 +299,7 @@ def rank_step(
     mesh: Any = None,
     metadata: list | None = None,
     sharded: bool = False,
+    replay: bool = True,
 ) -> RankMeasurement:
     """Build this rank's stage(s) and schedule on the current default group and measure one step."""
     return StageRank(
@@ -304,7 +314,7 @@ def rank_step(
         mesh=mesh,
         metadata=metadata,
         sharded=sharded,
-    ).measure(steady)
+    ).measure(steady, replay)
 
 
 def stage_spec(spec: ParallelSpec) -> ParallelSpec:
@@ -379,6 +389,7 @@ def measure_pipeline(
     target: torch.Tensor | None = None,
     steady: bool = True,
     ranks: Sequence[int] | None = None,
+    replay: bool = True,
 ) -> ParallelMeasurement:
     """Each pipeline rank's peak and split under ``spec.schedule`` with ``spec.microbatches``.
 
@@ -390,7 +401,8 @@ def measure_pipeline(
     ``loss_fn`` and ``target`` then); the zoo GPT's is its own cross-entropy.
     ``ranks[i]`` of the result is pipeline rank ``i`` (stage ``i``; interleaved: ``i`` and ``i + pp``).
     ``ranks``: the pipeline ranks to measure (default all; the layout planner measures the first and
-    the last, see docs/planner.md).
+    the last, see docs/planner.md). ``replay``: each rank's step through the caching-allocator
+    model (``RankMeasurement.reserved``), as ``measure_parallel`` does; False for shallow twins.
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -440,6 +452,7 @@ def measure_pipeline(
                             mesh=mesh,
                             metadata=metadata,
                             sharded=tp,
+                            replay=replay,
                         )
                         results.append(dataclasses.replace(r, ranks=tuple(range(rank, rank + per_stage))))
                     except (MemsaveError, KeyboardInterrupt):
@@ -453,7 +466,9 @@ def measure_pipeline(
         ranks=results,
         steady=steady,
         plan_name=getattr(plan, "name", "") or "",
-        unseen=unseen_lines(spec, worst.peak_bytes),
+        unseen=unseen_lines(
+            spec, worst.peak_bytes, reserved_bytes=None if worst.reserved is None else worst.reserved.max_reserved_bytes
+        ),
     )
 
 

@@ -6,7 +6,14 @@ Why per stream: torch's allocator caches a freed block in the pool of the stream
 on, and a request on another stream never takes it. FSDP2 (torch 2.13, ``_fsdp_collectives.py``)
 allocates its all-gather input and output under its copy-in stream and the reduce-scatter output
 (whose views become the gradient shards) under its reduce-scatter stream; the tracker notes which
-(``ShardTracker.record_stream``). Not modelled: when a block is really free (a cross-stream free
+(``ShardTracker.record_stream``). Pipeline stages (``pipeline.StageRank.measure``) go through the
+same path: torch 2.13's ``torch.distributed.pipelining`` selects no stream of its own (its receive
+buffers, zero gradients and the tensors it sends are made on the current stream, ``stage.py`` and
+``schedules._batch_p2p``); NCCL runs the sends and receives on its own stream on tensors the caller
+made (its own buffers are an unseen line), so a stage's pool is the default stream's, plus
+FSDP2's where the stage is sharded. Not modelled for them either: a sent tensor's block waits
+for the send to finish before reuse (NCCL records it on its stream); here it is free when it dies.
+Not modelled: when a block is really free (a cross-stream free
 waits on events the real run records; here a block is free when the tracker sees it die), NCCL's
 own buffers (an unseen line), and HSDP's all-reduce stream beyond what the tracker notes.
 docs/parallel.md, "Reserved memory per rank".
@@ -54,6 +61,30 @@ def run_streams(ops: Ops, streams: tuple[int, ...], conf: str, capacity: int = N
     return alloc, series
 
 
+def per_event(ops: Ops, series: list[tuple[int, int]], n_events: int) -> list[tuple[int, int]]:
+    """(allocated, reserved) after each of ``n_events`` tracker events: the state after the last op
+    of that event or an earlier one (an event with no op, a skipped record's, repeats the one before)."""
+    out, last, c = [], (0, 0), 0
+    for k in range(n_events):
+        while c < len(ops) and ops[c][2] <= k:
+            last = series[c]
+            c += 1
+        out.append(last)
+    return out
+
+
+def rank_series(rank: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """A replayed rank's allocated and reserved bytes after each tracker event, the allocator
+    model's (``torch.cuda.memory_allocated`` / ``memory_reserved`` per event): its ops replayed again
+    on their streams. ((), ()) where the rank has no replay."""
+    r = getattr(rank, "reserved", None)
+    if r is None or not r.ops:
+        return (), ()
+    _, series = run_streams(r.ops, getattr(rank, "reserved_streams", ()), r.alloc_conf)
+    pairs = per_event(r.ops, series, len(r.reserved))
+    return tuple(a for a, _ in pairs), tuple(b for _, b in pairs)
+
+
 def fits(ops: Ops, streams: tuple[int, ...], conf: str, capacity: int) -> bool:
     """The replay never runs out of ``capacity`` bytes (after torch's retries)."""
     if capacity <= 0:
@@ -83,32 +114,22 @@ def replay_rank(
     # ops_of reads ``records[idx].born`` against its own event index: give it the kept indices
     born = {k: j for j, k in enumerate(kept)}
     shifted = [_Born(rec, born.get(rec.born, -1)) for rec in records]
-    ops = ops_of(sub, shifted, pre)
-    streams = streams_of(ops, sub, sorted(i for i in pre if records[i].nbytes), tracker.record_stream)
+    # ops_of numbers the kept events; the ops carry the tracker's numbers, so a rank's ops map onto
+    # its whole timeline (``rank_series``) as they do on one GPU
+    ops = tuple((key, n, kept[e] if e >= 0 else e) for key, n, e in ops_of(sub, shifted, pre))
+    streams = streams_of(ops, events, sorted(i for i in pre if records[i].nbytes), tracker.record_stream)
     if workspace is not None:
-        at = next((j for j, k in enumerate(kept) if k >= workspace[1]), len(kept))
-        pos = next((i for i, op in enumerate(ops) if op[2] >= at), len(ops))  # where with_workspace puts it
-        ops = with_workspace(ops, workspace[0], at)
+        pos = next((i for i, op in enumerate(ops) if op[2] >= workspace[1]), len(ops))  # where with_workspace puts it
+        ops = with_workspace(ops, workspace[0], workspace[1])
         if streams:
             streams = streams[:pos] + (0,) + streams[pos:]  # the workspace: the default stream's
     settings_conf = settings_of(conf)[1]
     alloc, series = run_streams(ops, streams, settings_conf)
-    timeline, last, c = [], 0, 0
-    for j in range(len(sub)):
-        while c < len(ops) and ops[c][2] <= j:
-            last = series[c][1]
-            c += 1
-        timeline.append(last)
-    full, j = [], -1
-    for k in range(len(events)):
-        if j + 1 < len(kept) and kept[j + 1] == k:
-            j += 1
-        full.append(timeline[j] if j >= 0 else 0)
+    full = [r for _, r in per_event(ops, series, len(events))]
     peak = max(range(len(series)), key=lambda i: series[i][0], default=None)
     allocated, reserved = series[peak] if peak is not None else (0, 0)
     st = alloc.stats
-    # events in ops stay the kept ones' indices; the peak's is mapped back to the tracker's
-    peak_event = kept[min(max(ops[peak][2], 0), len(kept) - 1)] if peak is not None and kept else 0
+    peak_event = max(ops[peak][2], 0) if peak is not None else 0
     return (
         ReservedMemory(
             max_reserved_bytes=st.max_reserved,

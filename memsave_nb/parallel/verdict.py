@@ -3,8 +3,9 @@
 Where the rank's step was replayed (``RankMeasurement.reserved``), the verdict is the replay's:
 predicted reserved memory + CUDA context + one set of communication buffers per communicator
 against the whole GPU, the replay run again under that capacity with FSDP2's streams apart
-(``replay.py``). Where it was not (pipeline stages, ranks rebuilt by the cross-check), the 80% rule
-on the device peak, and the ``Fit`` says which rule decided.
+(``replay.py``), pipeline stages included. Where it was not (ranks rebuilt by the cross-check,
+the layout search's shallow twins), the 80% rule on the device peak, and the ``Fit`` says which
+rule decided.
 """
 
 from __future__ import annotations

@@ -142,7 +142,8 @@ class RankSizes:
                 wl = self.workload.replace(model=model)
                 if pp > 1:
                     plan = self.plan_for(names, kind, precision, mb * spec.microbatches)
-                    m = measure_pipeline(wl, spec, plan, ranks=measured_stages(spec))
+                    # shallow twins: as below, no allocator replay (it would be no rank's)
+                    m = measure_pipeline(wl, spec, plan, ranks=measured_stages(spec), replay=False)
                 else:
                     # shallow twins extrapolated over depth: their allocator replay would be no rank's
                     m = measure_parallel(wl, spec, self.plan_for(names, kind, precision, mb, k), replay=False)

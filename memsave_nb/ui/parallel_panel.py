@@ -11,7 +11,9 @@ unseen lines hatched above it, the target GPU's usable line and a verdict (the t
 DOM hooks: ``.memsave-gpus`` (number), ``.memsave-sharding`` (dropdown), ``.memsave-tp`` (tensor
 parallel degree), ``.memsave-sp`` (checkbox: sequence parallel), ``.memsave-bf16`` (checkbox), ``.memsave-offload`` (checkbox: FSDP2 CPU offload), ``.memsave-parallel-size`` (button), ``.memsave-parallel-peak`` (worst rank),
 ``.memsave-parallel-verdict`` (fits / does not fit), ``.memsave-parallel-figure`` (the bars),
-``.memsave-parallel-table`` (the table), ``.memsave-parallel-error``.
+``.memsave-parallel-table`` (the table), ``.memsave-parallel-error``, ``.memsave-parallel-timeline``
+(a replayed rank's allocated and reserved bytes over its step, ``ui/rank_timeline.py``) and
+``.memsave-parallel-timeline-rank`` (which rank it shows; the deciding rank first).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from .format import format_bytes
 from .layout_panel import LayoutFinder
 from .parallel_view import rank_figure, table_html, verdict_html
 from .plots import bokeh_widget
+from .rank_timeline import deciding_index, rank_choices, rank_timeline, show_rank
 
 SHARDINGS = (
     ("FSDP2: fully_shard per block + root", "fsdp"),
@@ -113,6 +116,15 @@ class ParallelPanel(W.VBox):
         self.figure_box = W.Box([], layout=W.Layout(width="100%"))
         self.figure_box.add_class("memsave-parallel-figure")
         self.figure = None  # the Bokeh figure of the last result
+        self.timeline_rank = W.Dropdown(
+            options=[], description="timeline of", layout=W.Layout(width="320px", display="none")
+        )
+        self.timeline_rank.add_class("memsave-parallel-timeline-rank")
+        self.timeline_box = W.Box([], layout=W.Layout(width="100%"))
+        self.timeline_box.add_class("memsave-parallel-timeline")
+        self.timeline = None  # the rank timeline's Plot of the last result (None: no rank replayed)
+        self._timeline_result: Any = None
+        self._quiet = False  # the selector being refilled: its changes are not a user's pick
         self.table = W.HTML(layout=W.Layout(width="100%", min_width="0"))
         self.table.add_class("memsave-parallel-table")
         self.error = W.HTML()
@@ -144,6 +156,8 @@ class ParallelPanel(W.VBox):
                 self.verdict,
                 self.error,
                 self.figure_box,
+                self.timeline_rank,
+                self.timeline_box,
                 self.table,
                 layouts_title,
                 self.layouts,
@@ -152,6 +166,7 @@ class ParallelPanel(W.VBox):
         for w in (self.gpus, self.sharding, self.tp, self.sp, self.bf16, self.offload):
             w.observe(lambda _ch: self._changed(), "value")
         self.size_button.on_click(lambda _b: self.refresh(background=True))
+        self.timeline_rank.observe(lambda _ch: self._show_timeline_rank(), "value")
 
     def spec(self) -> ParallelSpec:
         return spec_for(
@@ -191,6 +206,7 @@ class ParallelPanel(W.VBox):
                 self.peak.value = self.verdict.value = self.table.value = ""
                 self.figure_box.children = []
                 self.figure = None
+                self._clear_timeline()
             return
         if generation != self._generation:  # a newer request superseded this one
             return
@@ -218,3 +234,30 @@ class ParallelPanel(W.VBox):
         self.verdict.value = verdict_html(result, target)
         self.figure = rank_figure(result, target)
         self.figure_box.children = [bokeh_widget(self.figure)]
+        self._show_timeline(result, target)
+
+    def _show_timeline(self, result: Any, target: Target | None) -> None:
+        """The deciding rank's allocated / reserved timeline, the selector listing every replayed rank."""
+        index = deciding_index(result, target)
+        if index is None:  # no replay (the cross-check's rebuilt ranks, shallow twins): nothing to draw
+            self._clear_timeline()
+            return
+        self.timeline = rank_timeline(result, index, target)
+        self._timeline_result = result
+        self._quiet = True
+        try:
+            self.timeline_rank.options = rank_choices(result)
+            self.timeline_rank.value = index
+        finally:
+            self._quiet = False
+        self.timeline_rank.layout.display = "" if len(self.timeline_rank.options) > 1 else "none"
+        self.timeline_box.children = [bokeh_widget(self.timeline.figure)]
+
+    def _show_timeline_rank(self) -> None:
+        if not self._quiet and self.timeline is not None and self.timeline_rank.value is not None:
+            show_rank(self.timeline, self._timeline_result, self.timeline_rank.value)
+
+    def _clear_timeline(self) -> None:
+        self.timeline = None
+        self.timeline_box.children = []
+        self.timeline_rank.layout.display = "none"

@@ -7,7 +7,8 @@ Bokeh names: figure ``gpus_figure``, stacks ``gpus_bar_<category>``, ``gpus_unse
 ``gpus_usable_line`` (the 80% rule's usable share, or where every rank was replayed through the
 allocator model the whole GPU less the CUDA context and communication buffers; the hatched range then
 holds the replay's rounding and cached segments); ``.memsave-parallel-replay`` says the verdict is the
-replay's, ``.memsave-parallel-rule`` that it is the 80% rule (no replay: pipeline stages).
+replay's, ``.memsave-parallel-rule`` that it is the 80% rule (no replay: the cross-check's rebuilt
+ranks, the layout search's shallow twins; pipeline stages are replayed too).
 
 The layout planner's answer (``planner.plan_layout``) has its picture here too: every candidate as
 estimated peak per GPU against estimated step time, the front and the chosen layout
@@ -236,9 +237,10 @@ def _replay_html(result: Any, target: Target, rank: Any, fit: Any) -> str:
 
 # where every rank was replayed through the allocator model (parallel/replay.py)
 RANK_REPLAY = "allocator replay per rank, no 80% rule"
-# where a rank carries no allocator replay (pipeline stages): said, not invented
+# where a rank carries no allocator replay (sized with replay=False, rebuilt from a cross-check's
+# JSON): said, not invented
 NO_RANK_REPLAY = (
-    "80% rule: these per-rank steps (pipeline stages) are not replayed through the allocator model, so no "
+    "80% rule: these per-rank steps were not replayed through the allocator model, so no "
     "predicted reserved memory per rank; the verdict is the counted peak under 80% of the GPU"
 )
 

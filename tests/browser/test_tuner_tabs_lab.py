@@ -165,6 +165,28 @@ def test_front_list_scatter_line_one_click_one_run_and_gpu_bars(lab, lab_root, p
     assert table.is_visible() and "parameters (shards)" in table.inner_text()
     ex.locator(".memsave-parallel-figure").first.scroll_into_view_if_needed()
     lh.screenshot(page, ARTIFACTS / "gpus-tab-bars-verdict.png")
+    # the deciding rank's allocated and dashed reserved lines under the bars (issue 40)
+    deadline = time.monotonic() + 30
+    while (lines := page.evaluate(TIMELINE_DATA, ["gpus_timeline"])) is None:
+        assert time.monotonic() < deadline, "the rank timeline never drew"
+        time.sleep(0.2)
+    assert lines["n"] > 1 and 0 < lines["allocated"] <= lines["reserved"], lines
+    timeline = lh.bokeh_canvas(ex.locator(".memsave-parallel-timeline").first)
+    timeline.scroll_into_view_if_needed()
+    assert timeline.is_visible()
+    lh.screenshot(page, ARTIFACTS / "gpus-tab-rank-timeline.png")
+
+
+TIMELINE_DATA = """([name]) => {
+  for (const doc of (window.Bokeh && window.Bokeh.documents) || [])
+    for (const m of doc.all_models)
+      if (m.name === name && m.data) {
+        const col = (k) => Array.from((m.data instanceof Map ? m.data.get(k) : m.data[k]) || []);
+        const a = col("allocated"), r = col("reserved");
+        return {n: r.length, allocated: Math.max(...a), reserved: Math.max(...r)};
+      }
+  return null;
+}"""
 
 
 CANVAS_BRIGHTNESS = """(c) => {

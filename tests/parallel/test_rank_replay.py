@@ -128,7 +128,7 @@ def test_the_rank_verdict_is_reserved_plus_context_plus_buffers(fsdp_rank):
     short = rank_fit(Target((m.reserved.max_allocated_bytes - 1 + fixed) / 2**30), m, communicators=1)
     assert not short.fits and short.replay.fix == ""  # no allocator setting makes the allocations smaller
     assert not Target(need / 2**30).fits(m.peak_bytes + fixed)  # the rule's answer at the same size
-    # a rank with no replay (a pipeline stage's) is judged by the 80% rule on its device peak
+    # a rank with no replay (one rebuilt by the cross-check) is judged by the 80% rule on its device peak
     import dataclasses
 
     bare = dataclasses.replace(m, reserved=None)
@@ -177,19 +177,24 @@ def test_a_per_rank_step_sized_for_cuda_saves_what_the_engine_saves(gpu, dtype, 
     assert ranks[1].reserved.workspace_bytes == 0
 
 
-def test_pipeline_stages_keep_the_80_percent_rule_and_say_so():
-    """Pipeline stages carry no replay: the GPUs tab's verdict is the 80% rule on the counted peak,
-    labelled in one line, and its line is the usable share; the unseen lines keep the 25% headroom."""
+def test_ranks_without_a_replay_keep_the_80_percent_rule_and_say_so():
+    """Ranks sized with ``replay=False`` (the layout search's shallow twins; pipeline stages are
+    replayed otherwise, test_pipeline_replay.py) carry no replay: the GPUs tab's verdict is the 80%
+    rule on the counted peak, labelled in one line, and its line is the usable share; the unseen
+    lines keep the 25% headroom."""
     pytest.importorskip("bokeh")
     from memsave_nb.parallel import measure_pipeline
     from memsave_nb.ui.parallel_view import NO_RANK_REPLAY, rank_figure, verdict_html
 
     from .test_pipeline import mlp, spec
 
-    m = measure_pipeline(mlp(), spec("1f1b"))
+    m = measure_pipeline(mlp(), spec("1f1b"), replay=False)
     assert all(r.reserved is None for r in m.ranks)
     html = verdict_html(m, Target(16))
     assert html.count("memsave-parallel-rule") == 1 and NO_RANK_REPLAY in html and "memsave-parallel-replay" not in html
     assert rank_figure(m, Target(16)).select_one({"name": "gpus_usable_line"}).location == Target(16).usable_bytes
     assert any(u.name == "allocator fragmentation and headroom" for u in m.unseen)
     assert "reserved" not in m.table().splitlines()[1]
+    replayed = measure_pipeline(mlp(), spec("1f1b"))
+    html = verdict_html(replayed, Target(16))
+    assert "memsave-parallel-replay" in html and "memsave-parallel-rule" not in html
