@@ -479,16 +479,33 @@ def reserved_verdict(
     r = getattr(measurement, "reserved", None)
     if r is None or not r.ops:
         return None
+    return verdict_of_replay(
+        target, r, lambda conf, capacity: _replay_fits(r.ops, conf, capacity), communicators=communicators, fixes=fixes
+    )
+
+
+def verdict_of_replay(
+    target: Target,
+    r: Any,
+    replay_fits: Callable[[str, int], bool],
+    *,
+    communicators: int = 0,
+    fixes: bool = True,
+) -> ReservedVerdict:
+    """The replay's verdict for a step's reserved-memory record ``r`` (one GPU's or one rank's):
+    ``replay_fits(alloc_conf, capacity)`` replays its ops under that capacity (the whole GPU less
+    the CUDA context and ``communicators`` sets of buffers); where it does not fit, each
+    ``ALLOC_KNOBS`` setting is tried in turn (``fixes``)."""
     comm = COMM_BUFFER_BYTES * communicators
     capacity = target.total_bytes - CUDA_CONTEXT_BYTES - comm
-    fits = _replay_fits(r.ops, r.alloc_conf, capacity)
+    fits = replay_fits(r.alloc_conf, capacity)
     fix, frag = "", False
     if not fits and fixes:
         frag = 0 < r.max_allocated_bytes <= capacity
         base = r.alloc_conf.strip(", ")
         for knob in ALLOC_KNOBS:
             conf = f"{base},{knob}" if base else knob
-            if _replay_fits(r.ops, conf, capacity):
+            if replay_fits(conf, capacity):
                 fix = conf
                 break
     return ReservedVerdict(

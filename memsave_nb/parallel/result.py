@@ -123,7 +123,7 @@ def unseen_lines(
                 extra,
                 extra,
                 "the rank's allocations and frees replayed through a model of torch 2.13's CUDA caching allocator "
-                "(FSDP2's all-gather and reduce-scatter streams kept apart): predicted max_memory_reserved less "
+                "(each stream's pool apart: FSDP2's all-gather and reduce-scatter): predicted max_memory_reserved less "
                 "the counted peak (docs/parallel.md, 'Reserved memory per rank')",
             )
         )
@@ -179,7 +179,7 @@ class RankMeasurement:
     segment_peaks: tuple[tuple[str, int], ...] = ()
     # the rank's device events replayed through the caching-allocator model (``replay.py``): predicted
     # ``max_memory_reserved``, fragmentation, the reserved timeline; None where no replay exists
-    # (pipeline stages, the cross-check's rebuilt ranks): the 80% rule judges those
+    # (the cross-check's rebuilt ranks, the layout search's shallow twins): the 80% rule judges those
     reserved: ReservedMemory | None = field(default=None, repr=False)
     # the stream of each op in ``reserved.ops`` (FSDP2's all-gather / reduce-scatter pools); () = all default
     reserved_streams: tuple[int, ...] = field(default=(), repr=False)

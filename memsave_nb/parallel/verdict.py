@@ -12,16 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..target import (
-    ALLOC_KNOBS,
-    COMM_BUFFER_BYTES,
-    CUDA_CONTEXT_BYTES,
-    RULE_80,
-    RULE_REPLAY,
-    Fit,
-    ReservedVerdict,
-    Target,
-)
+from ..target import RULE_80, RULE_REPLAY, Fit, ReservedVerdict, Target, verdict_of_replay
 from .replay import fits
 
 __all__ = ["rank_fit", "rank_verdict", "worst_fit"]
@@ -33,31 +24,12 @@ def rank_verdict(target: Target, rank: Any, *, communicators: int = 0, fixes: bo
     if r is None or not r.ops:
         return None
     streams = getattr(rank, "reserved_streams", ())
-    comm = COMM_BUFFER_BYTES * communicators
-    capacity = target.total_bytes - CUDA_CONTEXT_BYTES - comm
-    ok = fits(r.ops, streams, r.alloc_conf, capacity)
-    fix, frag = "", False
-    if not ok and fixes:
-        frag = 0 < r.max_allocated_bytes <= capacity
-        base = r.alloc_conf.strip(", ")
-        for knob in ALLOC_KNOBS:
-            conf = f"{base},{knob}" if base else knob
-            if fits(r.ops, streams, conf, capacity):
-                fix = conf
-                break
-    return ReservedVerdict(
+    return verdict_of_replay(
         target,
-        r.max_reserved_bytes,
-        r.max_allocated_bytes,
-        CUDA_CONTEXT_BYTES,
-        comm,
-        communicators,
-        ok,
-        r.alloc_conf,
-        frag,
-        fix,
-        r.workspace_bytes,
-        r.workspace_source,
+        r,
+        lambda conf, capacity: fits(r.ops, streams, conf, capacity),
+        communicators=communicators,
+        fixes=fixes,
     )
 
 
