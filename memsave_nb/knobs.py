@@ -123,7 +123,7 @@ def _positive(value: Any, name: str) -> int | None:
 
 def check_knobs(plan: "KnobValues") -> dict[str, Any]:
     """Validated, normalised knob values of a plan (its ``__post_init__`` stores them)."""
-    out = {
+    out: dict[str, Any] = {
         "batch_size": _positive(plan.batch_size, "batch_size"),
         "seq_len": _positive(plan.seq_len, "seq_len"),
         "accumulation_steps": _positive(plan.accumulation_steps, "accumulation_steps"),
@@ -356,9 +356,9 @@ def _resized_bytes(batch: Any, batch_size: int | None, seq_len: int | None) -> i
     total = 0
     for t in iter_tensors(batch):
         shape = list(t.shape)
-        if id(t) in tokens:
+        if seq_len is not None and id(t) in tokens:
             shape[1] = seq_len
-        if b is not None and t.dim() >= 1 and shape[0] == b:
+        if batch_size is not None and b is not None and t.dim() >= 1 and shape[0] == b:
             shape[0] = batch_size
         numel = 1
         for d in shape:
