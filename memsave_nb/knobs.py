@@ -84,16 +84,31 @@ TOKEN_KEYS = (
 
 class KnobValues(Protocol):
     """The plain values the knobs read: a ``Plan`` holds them, so may any object (knobs never
-    import the plan)."""
+    import the plan). Read-only: a frozen dataclass (``Plan``) is one."""
 
-    batch_size: int | None
-    seq_len: int | None
-    precision: str | None
-    optimizer: str | None
-    accumulation_steps: int | None
-    set_to_none: bool | None
-    loss: str | None
-    loss_chunk: int | None
+    @property
+    def batch_size(self) -> int | None: ...
+
+    @property
+    def seq_len(self) -> int | None: ...
+
+    @property
+    def precision(self) -> str | None: ...
+
+    @property
+    def optimizer(self) -> str | None: ...
+
+    @property
+    def accumulation_steps(self) -> int | None: ...
+
+    @property
+    def set_to_none(self) -> bool | None: ...
+
+    @property
+    def loss(self) -> str | None: ...
+
+    @property
+    def loss_chunk(self) -> int | None: ...
 
 
 # Plan fields owned by this module, with their "keep the workload's" value.
