@@ -84,16 +84,31 @@ TOKEN_KEYS = (
 
 class KnobValues(Protocol):
     """The plain values the knobs read: a ``Plan`` holds them, so may any object (knobs never
-    import the plan)."""
+    import the plan). Read-only: a frozen dataclass (``Plan``) is one."""
 
-    batch_size: int | None
-    seq_len: int | None
-    precision: str | None
-    optimizer: str | None
-    accumulation_steps: int | None
-    set_to_none: bool | None
-    loss: str | None
-    loss_chunk: int | None
+    @property
+    def batch_size(self) -> int | None: ...
+
+    @property
+    def seq_len(self) -> int | None: ...
+
+    @property
+    def precision(self) -> str | None: ...
+
+    @property
+    def optimizer(self) -> str | None: ...
+
+    @property
+    def accumulation_steps(self) -> int | None: ...
+
+    @property
+    def set_to_none(self) -> bool | None: ...
+
+    @property
+    def loss(self) -> str | None: ...
+
+    @property
+    def loss_chunk(self) -> int | None: ...
 
 
 # Plan fields owned by this module, with their "keep the workload's" value.
@@ -123,7 +138,7 @@ def _positive(value: Any, name: str) -> int | None:
 
 def check_knobs(plan: "KnobValues") -> dict[str, Any]:
     """Validated, normalised knob values of a plan (its ``__post_init__`` stores them)."""
-    out = {
+    out: dict[str, Any] = {
         "batch_size": _positive(plan.batch_size, "batch_size"),
         "seq_len": _positive(plan.seq_len, "seq_len"),
         "accumulation_steps": _positive(plan.accumulation_steps, "accumulation_steps"),
@@ -356,9 +371,9 @@ def _resized_bytes(batch: Any, batch_size: int | None, seq_len: int | None) -> i
     total = 0
     for t in iter_tensors(batch):
         shape = list(t.shape)
-        if id(t) in tokens:
+        if seq_len is not None and id(t) in tokens:
             shape[1] = seq_len
-        if b is not None and t.dim() >= 1 and shape[0] == b:
+        if batch_size is not None and b is not None and t.dim() >= 1 and shape[0] == b:
             shape[0] = batch_size
         numel = 1
         for d in shape:

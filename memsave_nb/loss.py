@@ -92,6 +92,18 @@ class HeadTransform:
     router_aux: bool = False
 
 
+def _base_model(model: nn.Module) -> Any:
+    """A peft model's base model, else ``model``: a Hugging Face or zoo model whose own methods
+    (``get_output_embeddings``...) torch's ``Module.__getattr__`` stub types as Tensor | Module."""
+    get_base = getattr(model, "get_base_model", None)
+    return get_base() if callable(get_base) else model
+
+
+def _hf_config(lm: nn.Module) -> Any:
+    """``lm.config``: a Hugging Face config in the instance dict, not the stub's Tensor | Module."""
+    return lm.config
+
+
 def _number(lm: nn.Module, name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
         raise PlanError(f"loss='chunked': {type(lm).__name__}'s {name} is {show(value, 30)}, not a positive number")
@@ -121,7 +133,7 @@ FAMILIES: dict[str, Callable[[nn.Module], HeadTransform]] = {
     "Gemma3ForCausalLM": _softcapped,
     "CohereForCausalLM": lambda lm: HeadTransform(logit_scale=_number(lm, "logit_scale", lm.logit_scale)),
     "GraniteForCausalLM": lambda lm: HeadTransform(
-        logit_scale=1.0 / _number(lm, "logits_scaling", lm.config.logits_scaling)
+        logit_scale=1.0 / _number(lm, "logits_scaling", _hf_config(lm).logits_scaling)
     ),
     "MixtralForCausalLM": lambda lm: HeadTransform(router_aux=True),
 }
@@ -163,7 +175,7 @@ def causal_lm(model: nn.Module) -> tuple[nn.Module, nn.Linear, HeadTransform]:
     model's base model too: backbone ``base_model``, head ``get_output_embeddings()``) or the zoo's
     GPT (``hidden_states(idx)``, ``head``); else one ``PlanError`` line saying why the chunked loss
     does not apply. The class must be the library's own: a subclass may change the forward."""
-    lm = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
+    lm = _base_model(model)
     cls = _model_class(lm)
     if (cls.__module__, cls.__name__) == _ZOO_GPT:
         head, transform = getattr(lm, "head", None), HeadTransform()
@@ -188,7 +200,11 @@ def _router_loss(lm: nn.Module, out: Any, attention_mask: Any) -> torch.Tensor:
 
 
 def _hf_hidden_and_targets(
-    lm: nn.Module, transform: HeadTransform, args: tuple, kwargs: dict[str, Any], labels: torch.Tensor | None
+    lm: Any,  # a Hugging Face causal LM: its base_model, config
+    transform: HeadTransform,
+    args: tuple,
+    kwargs: dict[str, Any],
+    labels: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor, Any]:
     """A Hugging Face causal LM's hidden states before the head, the target of each (position t
     predicts label t+1, or ``shift_labels`` as given) and the router loss (or None)."""
@@ -201,7 +217,7 @@ def _hf_hidden_and_targets(
     router = False
     if transform.router_aux:
         router = kwargs.pop("output_router_logits", None)
-        router = lm.config.output_router_logits if router is None else router
+        router = _hf_config(lm).output_router_logits if router is None else router
         kwargs["output_router_logits"] = router
     out = lm.base_model(*args, **kwargs)
     hidden = out.last_hidden_state
@@ -211,7 +227,7 @@ def _hf_hidden_and_targets(
     return hidden[:, :-1], labels[:, 1:], aux  # (B, T-1, H): position t predicts t+1
 
 
-def _gpt_hidden_and_targets(lm: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+def _gpt_hidden_and_targets(lm: Any, args: tuple, kwargs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
     """The zoo GPT's hidden states before the head and its ``targets`` (already aligned)."""
     targets = kwargs.pop("targets", None)
     if targets is None and len(args) > 1:
@@ -335,7 +351,7 @@ def use_label_smoother(model: nn.Module, epsilon: float = 0.1) -> Callable[[], N
     forward without the labels, then :func:`label_smoother` over the output's logits, the loss
     divided by the batch's count of kept labels (the Trainer's ``num_items_in_batch``) as
     ``output.loss``. Returns the undo."""
-    lm = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
+    lm = _base_model(model)
     if "forward" in lm.__dict__:
         raise PlanError(f"loss='hf_smooth' replaces {type(lm).__name__}.forward, which is already replaced")
     own_forward, shift = type(lm).forward, _shifts_labels(lm)

@@ -28,7 +28,7 @@ from __future__ import annotations
 import re
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
@@ -37,6 +37,9 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from .errors import MemsaveError, WorkloadError
 from .vocabulary import NO_OPTIMIZER
 from .vocabulary import OPTIMIZERS as _REGISTERED_OPTIMIZERS
+
+if TYPE_CHECKING:
+    from IPython.core.interactiveshell import InteractiveShell
 
 OPTIMIZERS = (*_REGISTERED_OPTIMIZERS, NO_OPTIMIZER)
 DEFAULT_REPORT = "memsave_report.html"
@@ -139,10 +142,15 @@ class MemsaveMagics(Magics):
         self.last_measurement: Any = None
 
     # -- helpers --------------------------------------------------------------------------------
+    def _ipython(self) -> InteractiveShell:
+        """The shell these magics were registered with (IPython types ``shell`` as Optional)."""
+        assert self.shell is not None
+        return self.shell
+
     def _eval(self, expr: str, what: str) -> Any:
         expr = _unquote(expr)
         try:
-            return self.shell.ev(expr)
+            return self._ipython().ev(expr)
         except NameError as exc:
             raise UsageError(f"{what} {_q(expr)}: {_first(exc)}") from None
         except SyntaxError as exc:
@@ -162,7 +170,7 @@ class MemsaveMagics(Magics):
         except SyntaxError as exc:
             raise UsageError(f"--loss {_q(expr)} is not a Python expression: {_first(exc.msg)}") from None
         if "out" in code.co_names:  # an expression in the output, not a function
-            namespace = self.shell.user_ns
+            namespace = self._ipython().user_ns
 
             def fn(out: Any) -> Any:
                 return eval(code, namespace, {"out": out})  # noqa: S307 - the user's own expression
@@ -191,7 +199,7 @@ class MemsaveMagics(Magics):
     @argument("--device", default="cpu", help="cpu or cuda (the model must be on it)")
     @argument("--fake", action="store_true", help="measure with fake tensors (no memory, no compute)")
     @argument("--static", action="store_true", help="no live reruns: press 'run' to measure")
-    @line_magic("memsave")
+    @line_magic("memsave")  # type: ignore[arg-type]  # IPython types the named form's decorator as taking Never
     def memsave(self, line: str) -> Any:
         """Open the memory explorer: ``%memsave [OPTIONS] MODEL BATCH... [-- OPTIONS]``; the batch
         is everything after the model (a Python expression, spaces allowed)."""
@@ -236,7 +244,7 @@ class MemsaveMagics(Magics):
     )
     @argument("-q", "--quiet", action="store_true", help="print nothing")
     @argument("-t", "--traceback", action="store_true", help="on an error, show the full traceback (else one line)")
-    @cell_magic("memsave")
+    @cell_magic("memsave")  # type: ignore[arg-type]  # IPython types the named form's decorator as taking Never
     def memsave_cell(self, line: str, cell: str) -> Any:
         """Measure the cell as one training step: ``%%memsave [-r]`` then code that runs
         forward, loss, backward (and maybe an optimizer step)."""
@@ -251,13 +259,13 @@ class MemsaveMagics(Magics):
                 raise UsageError(f"-m {_q(args.model)} is a {type(model).__name__}, not a torch.nn.Module")
             models = [model]
         else:
-            models = _top_level_modules(self.shell.user_ns)
-        code = self.shell.transform_cell(cell)
+            models = _top_level_modules(self._ipython().user_ns)
+        code = self._ipython().transform_cell(cell)
         try:
             compiled = compile(code, CELL_FILENAME, "exec")
         except SyntaxError as exc:
             raise UsageError(f"line {exc.lineno} of the cell is not valid Python: {exc.msg}") from None
-        ns = self.shell.user_ns
+        ns = self._ipython().user_ns
         try:
             measurement, _ = measure_callable(
                 lambda: exec(compiled, ns),  # noqa: S102 - the user's own cell
@@ -277,7 +285,7 @@ class MemsaveMagics(Magics):
     @magic_arguments("%memsave_report")
     @argument("path", nargs="?", default=None, help=f"the HTML file to write (default: {DEFAULT_REPORT})")
     @argument("--title", default="memsave_nb report")
-    @line_magic("memsave_report")
+    @line_magic("memsave_report")  # type: ignore[arg-type]  # IPython types the named form's decorator as taking Never
     def memsave_report(self, line: str) -> Any:
         """Write the HTML report of the explorer's session: ``%memsave_report report.html``."""
         args = self._parse(self.memsave_report, line)

@@ -79,11 +79,11 @@ class ModelSnapshot:
                     current.clear()
                     current.update(items)
         with torch.no_grad():
-            for k, saved in self.values.items():
+            for k, value in self.values.items():
                 t = self.tensors[k]
-                if t.shape != saved.shape:
+                if t.shape != value.shape:
                     continue
-                t.copy_(saved.to(t.device))
+                t.copy_(value.to(t.device))
         for k, t in self.tensors.items():
             if k.startswith("p:"):
                 t.grad = self.grads[k]

@@ -135,7 +135,7 @@ class ParallelSpec:
         pair = lambda x: isinstance(x, (tuple, list)) and len(x) == 2 and all(isinstance(v, str) for v in x)  # noqa: E731
         if isinstance(plan, str) or not isinstance(plan, (tuple, list)) or not all(map(pair, plan)):
             raise ParallelError(f"tp_plan must be (module-name pattern, style) pairs, got {show(self.tp_plan)}")
-        plan = tuple(tuple(x) for x in plan)
+        plan = tuple((x[0], x[1]) for x in plan)  # pairs, checked above
         bad = [s for _, s in plan if s not in TP_STYLES]
         if bad:
             raise ParallelError(f"tp_plan style must be one of {TP_STYLES}, got {show(bad[0])}")
@@ -237,12 +237,12 @@ class ParallelSpec:
         mesh = "x".join(map(str, self.mesh_shape))
         tp = self.tensor_parallel
         if tp > 1:
-            dp = (
+            dp_words = (
                 ""
                 if self.data_parallel == 1
                 else f" x {'HSDP' if self.replicate > 1 else 'FSDP2'} {self.data_parallel}"
             )
-            head = f"TP {tp}{dp} ({self.world_size} ranks, mesh {mesh}" + (
+            head = f"TP {tp}{dp_words} ({self.world_size} ranks, mesh {mesh}" + (
                 ", sequence parallel)" if self.sequence_parallel else ")"
             )
         else:

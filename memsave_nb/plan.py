@@ -53,7 +53,7 @@ __all__ = ["Plan", "PlanError", "RegionPolicy", "RestorePoint", "selects", "PLAN
 PLAN_FORMAT_VERSION = 1
 
 
-def _norm_types() -> tuple[type, ...]:
+def _norm_types() -> tuple[type[nn.Module], ...]:
     return (nn.modules.batchnorm._BatchNorm,)
 
 
@@ -107,7 +107,7 @@ class Plan:
                 raise PlanError(f"region {show(module_name)}: name one module, not a pattern")
             if not isinstance(policy, (str, Mapping, RegionPolicy)):
                 raise PlanError(f"region {show(module_name)}: {show(policy)} is not a region policy")
-            regions[module_name] = RegionPolicy.from_dict(policy)
+            regions[module_name] = policy if isinstance(policy, RegionPolicy) else RegionPolicy.from_dict(policy)
         check_nesting(regions)
         set_(self, "regions", regions)
         budget = self.compile_budget

@@ -79,8 +79,7 @@ def map_tensors(obj: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
     if isinstance(obj, torch.Tensor):
         return fn(obj)
     if isinstance(obj, Mapping):
-        mapped = {k: map_tensors(v, fn) for k, v in obj.items()}
-        return type(obj)(mapped) if type(obj) in (dict,) else mapped
+        return {k: map_tensors(v, fn) for k, v in obj.items()}  # a plain dict, whatever the mapping
     if isinstance(obj, tuple) and hasattr(obj, "_fields"):
         return type(obj)(*(map_tensors(v, fn) for v in obj))
     if isinstance(obj, (tuple, list)):

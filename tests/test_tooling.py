@@ -47,6 +47,17 @@ def test_mypy_passes_on_the_package():
     assert "Success" in done.stdout
 
 
+def test_the_type_checkers_ignore_list_only_shrinks():
+    """Issue 39: the modules mypy skips are few and real; a new module gets types, not a place here."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    mypy = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mypy"]
+    skipped = [m for o in mypy.get("overrides", []) if o.get("ignore_errors") for m in o["module"]]
+    assert len(skipped) <= 8, skipped  # 53 before issue 39's pass
+    for module in skipped:
+        path = ROOT.joinpath(*module.split("."))
+        assert path.with_suffix(".py").exists() or (path / "__init__.py").exists(), module
+
+
 def test_the_linter_catches_a_repeated_dict_key(tmp_path):
     """The configuration really reads pyflakes' findings (a repeated key once hid a colour)."""
     bad = tmp_path / "bad.py"

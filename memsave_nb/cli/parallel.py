@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 import warnings
+from typing import Any
 
 from ..errors import MemsaveError
 
@@ -138,6 +139,9 @@ def check_parallel_args(args: argparse.Namespace) -> None:
 def parallel_spec(args: argparse.Namespace):
     from ..parallel_spec import ParallelSpec
 
+    pipeline: dict[str, Any] = (
+        dict(schedule=args.schedule or "1f1b", microbatches=args.microbatches or 4) if args.pp else {}
+    )
     return ParallelSpec(
         world_size=args.world_size,
         strategy="ddp" if args.ddp else "fsdp",
@@ -148,7 +152,7 @@ def parallel_spec(args: argparse.Namespace):
         sequence_parallel=args.sequence_parallel,
         replicate=args.replicate or 1,
         pipeline_parallel=args.pp or 1,
-        **(dict(schedule=args.schedule or "1f1b", microbatches=args.microbatches or 4) if args.pp else {}),
+        **pipeline,  # else the spec's own defaults
     )
 
 
@@ -176,7 +180,9 @@ def report_parallel(args: argparse.Namespace, cw, plan, spec=None, notes=()) -> 
             from ..parallel.pipeline import measure_pipeline
 
             targets = getattr(cw.workload.loss, "targets", None)  # the zoo MLP's labels: cross-entropy per micro-batch
-            per_micro = dict(loss_fn=_cross_entropy, target=targets) if isinstance(targets, torch.Tensor) else {}
+            per_micro: dict[str, Any] = (
+                dict(loss_fn=_cross_entropy, target=targets) if isinstance(targets, torch.Tensor) else {}
+            )
             m = measure_pipeline(cw.workload, spec, plan, **per_micro)
         else:
             m = measure_parallel(cw.workload, spec, plan)

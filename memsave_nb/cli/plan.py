@@ -142,7 +142,7 @@ def run_plan(args: argparse.Namespace) -> int:
     from ..plan import Plan
     from ..target import Target
     from ..units import format_bytes
-    from ..planner.search import plan_for
+    from ..planner.search import REGION_KINDS, plan_for
     from .args import check_writable
     from .report import check_knob_args, knob_plan
     from .workload import build, check_model_flags, is_demo
@@ -183,7 +183,6 @@ def run_plan(args: argparse.Namespace) -> int:
         freezing[f"last {n} blocks"] = presets.last_blocks(workload.model, n)
     base = knob_plan(args, hub=True)  # the knobs every plan keeps (a hub model took --seq-len at build time)
     precisions = _precisions(args.precisions or (base.precision or "fp32",))
-    kinds = {"region_kinds": (args.checkpoint,)} if args.checkpoint else {}
     result = plan_for(
         workload,
         target,
@@ -193,7 +192,7 @@ def run_plan(args: argparse.Namespace) -> int:
         precisions=precisions,
         micro_batches=args.micro_batches,
         base_plan=base.replace(precision=None),
-        **kinds,
+        region_kinds=(args.checkpoint,) if args.checkpoint else REGION_KINDS,
     )
     if args.json:
         return _plan_json(args, result, workload, target)

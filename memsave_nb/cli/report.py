@@ -366,7 +366,7 @@ def _noisy(m) -> str:
     from ..ui.format import time_spread
 
     _, lo, hi, n = time_spread(m)
-    if n >= 2 and lo and hi / lo > NOISY_RATIO:
+    if n >= 2 and lo and hi is not None and hi / lo > NOISY_RATIO:
         return " - noisy: the machine was busy, compare step times with care"
     return ""
 
@@ -467,7 +467,8 @@ def _report(args: argparse.Namespace) -> int:
                 teach=teach,
             )
         return 0
-    answer, explained = (), ""
+    answer: tuple[str, ...] = ()
+    explained = ""
     if args.target_gb is not None:
         from .target import cli_target_lines
 

@@ -149,7 +149,7 @@ def lora_config(spec: Any, task: str | None = None):
         )
     if not all(isinstance(k, str) for k in spec):
         raise HubError(f"LoRA setting names must be strings, got {short(list(spec), 40)}")
-    kwargs = {_ALIASES.get(k, k): v for k, v in spec.items()}
+    kwargs: dict[str, Any] = {_ALIASES[k] if k in _ALIASES else k: v for k, v in spec.items()}
     kwargs.setdefault("r", 16)
     _number(kwargs, "r", 1, MAX_RANK, whole=True)
     kwargs.setdefault("lora_alpha", 2 * kwargs["r"])

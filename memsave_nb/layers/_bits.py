@@ -88,8 +88,8 @@ def pack_bits(mask: Tensor) -> Tensor:
     """
     if numpy_ok(mask):
         # numpy walks a strided view in logical order (a copy only for non-contiguous masks)
-        packed = np.packbits(mask.detach().numpy().reshape(-1), bitorder="little")
-        return torch.from_numpy(packed)
+        packed_np = np.packbits(mask.detach().numpy().reshape(-1), bitorder="little")
+        return torch.from_numpy(packed_np)
     flat = mask.reshape(-1)
     pad = (-flat.numel()) % _BITS
     if pad:
@@ -127,8 +127,8 @@ def unpack_bits(packed: Tensor, shape: torch.Size | tuple[int, ...], dtype: torc
     for size in shape:
         numel *= size
     if numpy_ok(packed):
-        bits = np.unpackbits(packed.detach().numpy(), count=numel, bitorder="little")
-        return torch.from_numpy(bits).view(dtype).view(shape)
+        bits_np = np.unpackbits(packed.detach().numpy(), count=numel, bitorder="little")
+        return torch.from_numpy(bits_np).view(dtype).view(shape)
     if _LITTLE_ENDIAN:
         words = _spread_table(packed.device).index_select(0, packed.int())
         return words.view(torch.uint8)[:numel].view(dtype).view(shape)

@@ -53,6 +53,7 @@ class _MaskedLeakyReLU(torch.autograd.Function):
             ctx.save_for_backward()
         else:
             ctx.holder = None
+            packed: Tensor | None
             if fused is not None:
                 packed = fused[1]
             elif leaky_bits is not None:
@@ -78,6 +79,7 @@ class _MaskedLeakyReLU(torch.autograd.Function):
                 if ctx.slope is None:
                     return (torch.ops.aten.threshold_backward(grad, output, 0), None, None, None, None)
                 return (torch.ops.aten.leaky_relu_backward(grad, output, ctx.slope, True), None, None, None, None)
+            assert packed is not None  # the output was dropped: packed_mask() gave the mask
         else:
             (packed,) = ctx.saved_tensors
         # one fused pass, where it runs
@@ -162,6 +164,7 @@ class _MaskedHardtanh(torch.autograd.Function):
                 holder.release()
             if output is not None:  # stock's kernel on the very output
                 return (torch.ops.aten.hardtanh_backward(grad, output, low, high), None, None, None, None, None)
+            assert packed is not None  # the output was dropped: packed_mask() gave the mask
         else:
             (packed,) = ctx.saved_tensors
         selected = select_bits(grad, packed)  # one fused pass, where it runs

@@ -8,7 +8,7 @@ input for the input gradient, so there and whenever the weight trains we run the
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -51,11 +51,17 @@ class _FrozenAffineBatchNorm(torch.autograd.Function):
         return grad_x, None, grad_b, None, None, None
 
 
-class _MemSaveBatchNormMixin:
+if TYPE_CHECKING:  # the mixin only ever sits before a batch norm class, which mypy should see
+    _BatchNormBase = nn.modules.batchnorm._BatchNorm
+else:
+    _BatchNormBase = object
+
+
+class _MemSaveBatchNormMixin(_BatchNormBase):
     """Runs :class:`_FrozenAffineBatchNorm` where it saves memory, the stock forward elsewhere."""
 
     def forward(self, input: Tensor) -> Tensor:
-        mod: nn.modules.batchnorm._BatchNorm = self  # type: ignore[assignment]
+        mod: nn.modules.batchnorm._BatchNorm = self
         if mod.training:  # batch statistics: stock's path, before any parameter lookup (each
             return super().forward(input)  # goes through Module.__getattr__, per call)
         weight, bias = mod.weight, mod.bias

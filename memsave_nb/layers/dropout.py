@@ -26,6 +26,7 @@ class _Dropout(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: Tensor, p: float, inplace: bool) -> Tensor:
         ctx.shape = x.shape
+        mask: Tensor | None  # None where the kernel packed the noise itself
         if x.device.type in _FUSED_DEVICES:
             out, mask = torch.native_dropout(x, p, True)  # what stock runs there
             ctx.fused = True

@@ -184,6 +184,7 @@ class _MaxPool(torch.autograd.Function):
         tables: list[Tensor] = []  # the torch path's lookup table, made when first needed
 
         def lookup() -> Tensor:  # delta -> window offset by one lookup, no integer division
+            assert deltas is not None  # called only where the deltas were found
             if not tables:
                 # built out of place: inside a SAC region every op output may be cached
                 tables.append(

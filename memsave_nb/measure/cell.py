@@ -90,14 +90,16 @@ def measure_callable(
     def note_output(module: nn.Module, args: Any, output: Any) -> None:
         if threading.get_ident() == thread and "event" not in forward_end:
             for name, tensors in output_parts(output):
-                parts.append((name, {tracker.record_of(t) for t in tensors} - {None}))
+                parts.append((name, {r for t in tensors if (r := tracker.record_of(t)) is not None}))
 
     def to_backward(loss: Any = None) -> None:
         if threading.get_ident() != thread:
             return
         if "event" not in forward_end:
             if loss is not None:
-                parts.append(("loss", {tracker.record_of(t) for t in iter_output_tensors(loss)} - {None}))
+                parts.append(
+                    ("loss", {r for t in iter_output_tensors(loss) if (r := tracker.record_of(t)) is not None})
+                )
             forward_end["event"] = len(tracker.events)
             forward_end["live"] = tracker.live_records()
         if tracker.phase in ("setup", "forward"):

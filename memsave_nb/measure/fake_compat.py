@@ -29,7 +29,7 @@ import warnings
 import weakref
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, TypeGuard
 
 import torch
 from torch import nn
@@ -37,11 +37,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..workload import Workload
 
+if TYPE_CHECKING:
+    from torch._subclasses.fake_tensor import FakeTensor
+
 _SKIP_CHECKS = ("_ignore_causal_mask_sdpa", "_ignore_bidirectional_mask_sdpa", "_can_skip_bidirectional_mask_xpu")
 _PACKED_CHECK = "find_packed_sequence_indices"
 
 
-def _is_fake(t: Any) -> bool:
+def _is_fake(t: Any) -> TypeGuard[FakeTensor]:
     from torch._subclasses.fake_tensor import FakeTensor
 
     return isinstance(t, FakeTensor)
@@ -376,7 +379,7 @@ def optimizer_numbers() -> Iterator[None]:
     token = object()
     with _ITEM_LOCK:
         if not _ITEM_USERS:
-            torch.Tensor.item = _fake_item  # type: ignore[method-assign]
+            torch.Tensor.item = _fake_item  # type: ignore[method-assign,assignment]  # stub: TensorBase's, Number
         _ITEM_USERS.append(token)
     try:
         yield

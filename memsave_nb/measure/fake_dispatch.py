@@ -33,21 +33,25 @@ import functools
 import inspect
 import logging
 import threading
+from types import ModuleType
 from typing import Any, Iterator
 
 import torch
 
+_ft: ModuleType | None  # None: this torch lacks the internals below
 try:  # torch's private fake-tensor internals: without any of them, torch's path is kept
-    from torch._subclasses import fake_tensor as _ft
+    from torch._subclasses import fake_tensor as _fake_tensor
     from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
-    _KEY = _ft._DispatchCacheKey
-    _VALID = _ft._DispatchCacheValidEntry
-    _META_HANDLERS = _ft._DISPATCH_META_HANDLERS
-    _DIRECTLY = _ft._DISPATCH_HANDLE_DIRECTLY
-    _LOG = _ft.log
+    _KEY = _fake_tensor._DispatchCacheKey
+    _VALID = _fake_tensor._DispatchCacheValidEntry
+    _META_HANDLERS = _fake_tensor._DISPATCH_META_HANDLERS
+    _DIRECTLY = _fake_tensor._DISPATCH_HANDLE_DIRECTLY
+    _LOG = _fake_tensor.log
     _normalize = FakeTensor._normalize_fake_device
     from torch.fx.experimental.proxy_tensor import get_proxy_mode as _proxy_mode
+
+    _ft = _fake_tensor
 except (ImportError, AttributeError):  # pragma: no cover - another torch
     _ft = None
 
@@ -246,6 +250,7 @@ def _fake_tensor_fields() -> tuple[tuple[str, Any], ...]:
 
 def _new_fake(mode: Any, empty: torch.Tensor, device: torch.device) -> Any:
     """``FakeTensor(mode, empty, device)``, without its argument parsing and per-attribute descriptors."""
+    assert _ft is not None  # installed (hence called) only where the internals imported
     if _ft.FakeTensorConfig.debug or (device.type == "meta" and not mode.allow_meta):
         return FakeTensor(mode, empty, device)  # torch's own (a debug trace, or its error)
     device = _normalize(device)

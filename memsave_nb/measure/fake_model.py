@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, TypeGuard
 
 import torch
 from torch import nn
 
 from .fake_dispatch import quick_dispatch
+
+if TYPE_CHECKING:
+    from torch._subclasses.fake_tensor import FakeTensor
 
 
 def _fake_twin(fake_mode, t: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -23,7 +26,7 @@ def _fake_twin(fake_mode, t: torch.Tensor, device: torch.device) -> torch.Tensor
     return fake_mode.from_tensor(t)
 
 
-def _is_fake(t: torch.Tensor) -> bool:
+def _is_fake(t: torch.Tensor) -> TypeGuard[FakeTensor]:
     from torch._subclasses.fake_tensor import FakeTensor
 
     return isinstance(t, FakeTensor)
@@ -93,7 +96,7 @@ def _twins_of(model: nn.Module) -> _Twins:
 
 
 @contextlib.contextmanager
-def _fake_model(model: nn.Module, device: str = "cpu") -> Iterator[Any]:
+def _fake_model(model: nn.Module, device: str | torch.device = "cpu") -> Iterator[Any]:
     """Swap parameters and buffers for fake twins (same shapes, dtypes, devices); swap back on exit.
 
     A model built under ``FakeTensorMode`` already has fake tensors: its own mode is reused.

@@ -210,8 +210,8 @@ class _OptimizerBackup:
                     saved = self.values.get((id(p), k))
                     if saved is not None and isinstance(v, torch.Tensor) and v.shape == saved.shape:
                         v.copy_(saved)
-        for g, saved in zip(opt.param_groups, self.groups):
-            g.update(saved)
+        for g, settings in zip(opt.param_groups, self.groups):
+            g.update(settings)
 
 
 def _run(
@@ -285,11 +285,11 @@ def _run_once(
             first_peak = None
             given: list[torch.Tensor] = []
             if warm_up == "state":
-                given = _make_state(step)
-                if given is None:
+                made = _make_state(step)
+                if made is None:
                     warm_up = "step"  # an optimizer not trusted to make its state without a step
                 else:
-                    received = set()
+                    given, received = made, set()
             if warm_up == "step":
                 # Step 1, as training's first step: the optimizer makes its own state.
                 first = MemoryTracker(model)
@@ -305,7 +305,7 @@ def _run_once(
             step.tracker = tracker
             with _noting_gradients(given, received), host_scope() as host:
                 tracker, cuda, parts = _tracked_step(step, tracker, make_batch, fake_mode)
-            tracker.host_memory = host_memory(host)  # type: ignore[attr-defined]  # offloaded: Measurement.host
+            tracker.host_memory = host_memory(host)  # type: ignore[attr-defined,union-attr]  # offloaded: Measurement.host
             if received is not None and received != {id(p) for p in given}:
                 return None  # some parameter given state received no gradient (or the reverse)
             if warm_up is None:
@@ -337,7 +337,7 @@ def _make_state(step: _Step) -> list[torch.Tensor] | None:
     the tracked step). Grads are then cleared as ``zero_grad(set_to_none=...)`` leaves them.
     Returns those parameters, or None for an optimizer this cannot be trusted with."""
     model = step.workload.model
-    trainable = [p for p in model.parameters() if p.requires_grad]
+    trainable: list[torch.Tensor] = [p for p in model.parameters() if p.requires_grad]
     if not trainable:
         return []  # nothing to make state for; the tracked step says what else is wrong
     if any(isinstance(p, nn.parameter.UninitializedParameter) for p in trainable):
@@ -402,7 +402,7 @@ def _tracked_step(step: _Step, tracker: MemoryTracker, make_batch, fake_mode):
         end_of_forward["event"] = len(tracker.events)
         end_of_forward["live"] = tracker.live_records()
         for name, tensors in output_parts(output) + [("loss", [loss])]:
-            parts.append((name, {tracker.record_of(t) for t in tensors} - {None}))
+            parts.append((name, {r for t in tensors if (r := tracker.record_of(t)) is not None}))
 
     batches: list[Any] = []
     state: dict[str, Any] = {}

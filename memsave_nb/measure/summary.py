@@ -19,8 +19,8 @@ def _categorise(tracker: MemoryTracker) -> list[str]:
     """Each storage's category, decided once the step is over."""
     fwd_end = tracker.forward_end.get("event")  # type: ignore[attr-defined]
     saved = set(tracker.forward_end.get("live", ()))  # type: ignore[attr-defined]
-    outputs = getattr(tracker, "output_records", set())
-    saved_for_backward = getattr(tracker, "saved_records", set())
+    outputs: set[int] = getattr(tracker, "output_records", set())  # set by the step runner
+    saved_for_backward: set[int] = getattr(tracker, "saved_records", set())
     kinds = []
     for i, rec in enumerate(tracker.records):
         if rec.kind is not None:

@@ -198,7 +198,12 @@ def run_op(func: Any, args: tuple, kwargs: dict | None) -> tuple[Any, int, str |
         found = _fake_probe(func, args, kwargs, out)
     else:
         box: list[Any] = []
-        measured = _allocation_peak(lambda: box.append(func(*args, **kwargs)) or box[0])
+
+        def call() -> Any:  # keeps the output for the caller
+            box.append(func(*args, **kwargs))
+            return box[0]
+
+        measured = _allocation_peak(call)
         out = box[0] if box else func(*args, **kwargs)
         found = None if measured is None else (max(0, measured[0] - measured[1]), False)
     if found is None:

@@ -119,7 +119,7 @@ def _rank_chunk_only() -> Iterator[None]:
     if original is None:  # pragma: no cover
         yield
         return
-    fp_mod._chunk_with_empty = _LazyChunks
+    fp_mod._chunk_with_empty = _LazyChunks  # type: ignore[assignment]  # a lazy Sequence where FSDP2 only indexes the list
     try:
         yield
     finally:

@@ -141,7 +141,7 @@ def measure_rank(
     # DTensor's cold-cache sharding propagation is ignored by the tracker, so the cheap warm-up
     # (optimizer state on zero gradients) gives the bytes of a whole first step here too (tested).
     tp = spec.tensor_parallel > 1
-    waits = contextlib.nullcontext()
+    waits: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
     if tp:
         from .tp import clear_dtensor_caches, waits_return_their_tensor
 
@@ -194,7 +194,9 @@ def _sequence_parallel_error(exc: BaseException) -> ParallelError:
 
 @contextlib.contextmanager
 def entries_restored(model: torch.nn.Module):
-    entries = [(d, k, v) for m in model.modules() for d in (m._parameters, m._buffers) for k, v in d.items()]
+    entries: list[tuple[dict[str, Any], str, Any]] = [
+        (d, k, v) for m in model.modules() for d in (m._parameters, m._buffers) for k, v in d.items()
+    ]
     try:
         yield
     finally:

@@ -312,7 +312,8 @@ class ParallelMeasurement:
         def fmt(n: int) -> str:
             return f"{n / GIB:9.2f} GiB" if n >= GIB else f"{n / MIB:9.1f} MiB"
 
-        offload = self.host_peak_bytes is not None
+        host_peak = self.host_peak_bytes
+        offload = host_peak is not None
         head = f"{self.spec.describe()}{' (steady state)' if self.steady else ' (first step)'}"
         if offload:  # the split at the device peak; host memory in its own column
 
@@ -360,8 +361,8 @@ class ParallelMeasurement:
             f"worst rank with unseen lines: {fmt(self.device_peak_bytes + self.unseen_low_bytes).strip()} .. "
             f"{fmt(self.device_peak_bytes + self.unseen_high_bytes).strip()}{where}"
         )
-        if offload:
-            lines.append(f"host memory per rank (worst): {fmt(self.host_peak_bytes).strip()}")
+        if host_peak is not None:
+            lines.append(f"host memory per rank (worst): {fmt(host_peak).strip()}")
         return "\n".join(lines)
 
 

@@ -13,7 +13,7 @@ knows a schedule.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, cast
 
 import torch
 import torch.nn.functional as F
@@ -44,7 +44,7 @@ def is_gpt_shaped(model: nn.Module) -> bool:
 class GPTStage(nn.Module):
     """A run of a GPT-shaped decoder's blocks; the first stage embeds token ids, the last returns logits."""
 
-    def __init__(self, model: nn.Module, start: int, end: int):
+    def __init__(self, model: Any, start: int, end: int):  # GPT-shaped: wte, wpe, blocks, ln_f, head
         super().__init__()
         self.first, self.last = start == 0, end == len(model.blocks)
         if self.first:
@@ -77,7 +77,7 @@ def is_hf_decoder(model: nn.Module) -> bool:
 class HFDecoderStage(nn.Module):
     """A run of a Hugging Face decoder's layers; the first stage embeds token ids, the last returns logits."""
 
-    def __init__(self, model: nn.Module, start: int, end: int):
+    def __init__(self, model: Any, start: int, end: int):  # is_hf_decoder: model.layers, lm_head...
         super().__init__()
         inner = model.model
         self.first, self.last = start == 0, end == len(inner.layers)
@@ -113,10 +113,14 @@ def split_stages(model: nn.Module, n: int) -> list[nn.Module]:
     if isinstance(model, nn.Sequential):
         children = list(model)
         return [nn.Sequential(*children[a:b]) for a, b in _even(len(children), n)]
+    # (the casts: torch's stub types a submodule attribute as Tensor | Module; the checks saw lists)
     if is_gpt_shaped(model):
-        return [GPTStage(model, a, b) for a, b in _even(len(model.blocks), n)]
+        return [GPTStage(model, a, b) for a, b in _even(len(cast(nn.ModuleList, model.blocks)), n)]
     if is_hf_decoder(model):
-        return [HFDecoderStage(model, a, b) for a, b in _even(len(model.model.layers), n)]
+        return [
+            HFDecoderStage(model, a, b)
+            for a, b in _even(len(cast(nn.ModuleList, cast(nn.Module, model.model).layers)), n)
+        ]
     raise ParallelError(
         f"pipeline stages: {type(model).__name__} is neither an nn.Sequential, GPT-shaped nor a "
         f"Hugging Face decoder; "

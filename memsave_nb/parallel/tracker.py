@@ -59,7 +59,7 @@ def _group_size(args) -> int:
             try:
                 from torch.distributed.distributed_c10d import _resolve_process_group
 
-                return int(_resolve_process_group(a).size())
+                return int(_resolve_process_group(a).size())  # type: ignore[arg-type]  # GroupName: a NewType of str
             except Exception:  # noqa: BLE001 - a reduce op's name, not a group
                 continue
     return 1
@@ -273,7 +273,7 @@ def _patched_resize(tracker: ShardTracker) -> Iterator[None]:
         tracker._resized(storage)
         return out
 
-    torch.UntypedStorage.resize_ = resize_  # type: ignore[method-assign]
+    torch.UntypedStorage.resize_ = resize_  # type: ignore[method-assign,assignment]  # wraps the stub's own
     try:
         yield
     finally:
@@ -336,7 +336,7 @@ def _marked_redistributions(tracker: ShardTracker) -> Iterator[None]:
     """
     import importlib
 
-    patched = []
+    patched: list[tuple[Any, Any]] = []  # (module found by name, its function): both looked up at run time
     for name in _REDISTRIBUTE_HOLDERS:
         try:
             mod = importlib.import_module(name)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 from torch import nn
 
@@ -59,11 +59,13 @@ def at_depth(model: nn.Module, blocks: Blocks, depth: int) -> nn.Module:
     root._modules = dict(model._modules)
     new, old = root, model
     for part in path[:-1]:
-        child = copy.copy(old._modules[part])
-        child._modules = dict(old._modules[part]._modules)
+        below = old._modules[part]
+        assert below is not None  # a module on the path to the block list
+        child = copy.copy(below)
+        child._modules = dict(below._modules)
         new._modules[part] = child
-        new, old = child, old._modules[part]
-    full = old._modules[path[-1]]
+        new, old = child, below
+    full: Any = old._modules[path[-1]]  # the block list (ModuleList, Sequential): iterable, built from a list
     new._modules[path[-1]] = type(full)(list(full)[:depth])
     return root
 

@@ -57,7 +57,8 @@ def pipeline_specs(
 ) -> tuple[list[ParallelSpec], list[str]]:
     """PP (x TP) x FSDP2 specs (one micro-batch as placeholder: the candidate sets it) and, in
     words, the stage counts left out and why. ``tps``: the TP degrees searched (within a node)."""
-    specs, notes = [], []
+    specs: list[ParallelSpec] = []
+    notes: list[str] = []
     wanted = [p for p in pps if p > 1]
     if not wanted:
         return specs, notes

@@ -317,6 +317,7 @@ def lora_of(model: nn.Module | None) -> dict[str, Any] | None:
     cfg = configs.get(name) if isinstance(name, str) and name in configs else next(iter(configs.values()))
     if str(getattr(cfg, "peft_type", "")).split(".")[-1].upper() != "LORA":
         return None
+    assert cfg is not None  # it has a LoRA peft_type
     targets = cfg.target_modules
     return {
         "r": cfg.r,

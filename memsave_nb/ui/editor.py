@@ -128,6 +128,7 @@ class PlanEditor:
         not a region becomes a selective one that keeps everything else as eager would (or, from
         a full checkpoint, recomputes everything else)."""
         current = self.regions.get(module)
+        ops: dict[str, OpChoice]
         if current is None or current.kind is RegionKind.NONE:
             ops, default = {}, OpChoice.SAVE
         elif current.kind is RegionKind.FULL:

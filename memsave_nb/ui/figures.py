@@ -27,7 +27,8 @@ re-exported here: ``layer_figure.py`` (per layer), ``timeline_figure.py`` (the t
 
 from __future__ import annotations
 
-from bokeh.models import ColumnDataSource, DataRange1d, FactorRange, LabelSet
+from bokeh.models import ColumnDataSource, DataRange1d, FactorRange
+from bokeh.models.annotations.labels import LabelSet  # where its stub declares it
 from bokeh.plotting import figure
 
 from ..measure.result import CATEGORIES, Measurement

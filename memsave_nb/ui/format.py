@@ -185,6 +185,7 @@ def time_change(now, before) -> str:
     ratio = a / b
     if na < 3 or nb < 3:
         return f"{ratio:.2f}x (too few runs to judge)"
+    assert a_lo is not None and a_hi is not None and b_lo is not None and b_hi is not None  # timed runs: n >= 3
     noise = max((a_hi - a_lo) / a if a else 0.0, (b_hi - b_lo) / b)
     if abs(ratio - 1.0) <= noise or (a_lo <= b_hi and b_lo <= a_hi):
         return "same (within noise)"

@@ -78,7 +78,12 @@ class FrontList(W.VBox):
             tooltip="show every plan of the front, near-duplicates too",
         )
         self.show_all.add_class("memsave-front-all")
-        self.show_all.observe(lambda _ch: (self._fold(), self.show(self._front, self._picked)), "value")
+
+        def refold(_change: object) -> None:  # "show all" flipped: fold again, then redraw
+            self._fold()
+            self.show(self._front, self._picked)
+
+        self.show_all.observe(refold, "value")
         self._front: Sequence["Candidate"] = ()
         self._picked: int | None = None
         self.prefix = ""  # the dotted path every row's regions share, left out of the rows (heading says it)

@@ -6,7 +6,8 @@ from __future__ import annotations
 import math
 from typing import Any, Iterable, Sequence
 
-from bokeh.models import ColumnDataSource, LabelSet
+from bokeh.models import ColumnDataSource
+from bokeh.models.annotations.labels import LabelSet  # where its stub declares it
 
 from ..measure.result import Measurement
 from .format import format_bytes, format_seconds
@@ -65,7 +66,7 @@ def history_data(entries: Sequence[Any], current: int | None = None) -> Data:
     }
     for i, (e, m) in enumerate(zip(entries, ms)):
         data["index"].append(i)
-        data["x"].append(m.step_seconds * 1e3 if timed else float(i))
+        data["x"].append(_seconds(m) * 1e3 if timed else float(i))
         data["peak_bytes"].append(m.peak_bytes)
         data["saved_bytes"].append(m.saved_bytes)
         data["step_seconds"].append(_seconds(m))

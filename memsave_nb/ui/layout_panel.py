@@ -29,7 +29,7 @@ from typing import Any, Callable
 import ipywidgets as W
 
 from memsave_nb.errors import MemsaveError
-from memsave_nb.planner import plan_layout
+from memsave_nb.planner import LayoutResult, plan_layout
 from memsave_nb.planner.roofline import GPUS
 from memsave_nb.target import Target
 
@@ -87,7 +87,7 @@ class LayoutFinder(W.VBox):
         self.ranks.add_class("memsave-layout-ranks")
         self.code = W.Textarea(layout=W.Layout(width="100%", height="160px", display="none"))
         self.code.add_class("memsave-layout-code")
-        self.result = None
+        self.result: LayoutResult | None = None
         self._generation = 0
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None

@@ -20,7 +20,7 @@ import html
 from typing import Any, Callable, Sequence
 
 import ipywidgets as W
-from bokeh.models import Span
+from bokeh.models.annotations.geometry import Span  # where its stub declares it
 
 from memsave_nb.measure import CATEGORIES, Measurement
 from memsave_nb.target import Target
@@ -75,7 +75,7 @@ def results_html(m: Measurement, base: Measurement, target: Target | None = None
         rows.append(row("outputs and caches kept (not for backward)", outputs, outputs_base, "memsave-row-outputs"))
     reserved = [getattr(getattr(x, "reserved", None), "max_reserved_bytes", None) for x in (m, base)]
     if reserved != [None, None]:  # the allocator model's prediction beside the tensors' peak
-        rows.append(row("predicted reserved (allocator model)", *reserved, "memsave-row-reserved"))
+        rows.append(row("predicted reserved (allocator model)", reserved[0], reserved[1], "memsave-row-reserved"))
     if m.cuda_peak_bytes is not None or base.cuda_peak_bytes is not None:
         rows.append(row("CUDA allocator peak", m.cuda_peak_bytes, base.cuda_peak_bytes, "memsave-row-cuda"))
     step = (

@@ -149,6 +149,7 @@ class SacPanel(W.VBox):
 
     def _region_ops(self, measurement: Measurement) -> list:
         """The region's ops a policy can name: checkpoint's stashed generator state is no torch op."""
+        assert self.module is not None  # its callers return first when no region is shown
         return [o for o in measurement.ops_in(self.module) if o.op != RNG_STATE_OP]
 
     def _rebuild(self) -> None:
@@ -178,8 +179,8 @@ class SacPanel(W.VBox):
             )
         self.blocked = dict(blocked or {})
         notes = []
-        for op, why in self.blocked.items():
-            notes.append(f"<li><code>{html.escape(op)}</code> cannot be saved: {html.escape(why)}.</li>")
+        for op, reason in self.blocked.items():
+            notes.append(f"<li><code>{html.escape(op)}</code> cannot be saved: {html.escape(reason)}.</li>")
         advice = preset_advice([o.op for o in base_ops])
         if advice:
             notes.append(f"<li>{html.escape(advice)}</li>")
@@ -229,7 +230,7 @@ class SacPanel(W.VBox):
         """Why the plan on display keeps more (or less) than eager here, in measured bytes."""
         plan, m = self._plan, self._measurement
         policy = plan.active_regions.get(self.module) if plan is not None and m is not None else None
-        lines = (
+        lines: list[str] = (
             []
             if policy is None
             else sac_cost_lines(

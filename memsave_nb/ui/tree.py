@@ -53,7 +53,10 @@ class ModuleTree:
 
     @classmethod
     def from_model(cls, model: nn.Module, swappable_types: tuple[type, ...] = ()) -> "ModuleTree":
-        names, children, type_names, own = [], {}, {}, {}
+        names: list[str] = []
+        children: dict[str, list[str]] = {}
+        type_names: dict[str, str] = {}
+        own: dict[str, int] = {}
         swap_names = []
         for name, module in model.named_modules():
             names.append(name)
