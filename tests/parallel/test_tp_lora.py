@@ -137,9 +137,12 @@ def test_lora_model_on_two_real_stage_ranks_measures_what_fake_mode_predicts():
 
 @pytest.mark.slow
 def test_the_issues_qwen_lora_at_tp2_x_fsdp2_2_is_sized():
-    """Issue 38's call: a raw RuntimeError before; 1,262,767,496 B per rank here (fake mode, about
+    """Issue 38's call: a raw RuntimeError before; 1,262,767,880 B per rank here (fake mode, about
     4 s of CPU), the LoRA matrices split as the plain plan's shapes say. (2,048 B more than before
-    the synthetic batch's labels became their own 1 x 256 int64 tensor, as a collator makes them.)"""
+    the synthetic batch's labels became their own 1 x 256 int64 tensor, as a collator makes them;
+    384 B more since each rank runs the attention CUDA picks for a model by name, cuDNN on an H100:
+    its philox seed and offset, two int64 scalars per layer, 24 x 16 B, saved beside the CPU
+    kernel's output and logsumexp.)"""
     from memsave_nb.hub import from_pretrained
 
     pytest.importorskip("peft")
@@ -148,7 +151,7 @@ def test_the_issues_qwen_lora_at_tp2_x_fsdp2_2_is_sized():
     shapes = tp_local_shapes(wl.model, spec)
     q = next(n for n in shapes if n.endswith("layers.0.self_attn.q_proj.lora_B.default.weight"))
     assert shapes[q] == (896 // 2, 8)
-    assert measure_parallel(wl, spec).device_peak_bytes == 1_262_767_496
+    assert measure_parallel(wl, spec).device_peak_bytes == 1_262_767_880
 
 
 def test_to_code_splits_a_lora_model_like_the_prediction():
