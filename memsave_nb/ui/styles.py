@@ -25,9 +25,9 @@ EXPLORER_CSS = f"""<style>
 NARROW_TABLES_CSS = """<style>
 .memsave-explorer .memsave-parallel-grid-box { container-type: inline-size; }
 @container (max-width: 760px) {
-  .memsave-explorer .memsave-parallel-grid { font-size: 11px !important; }
+  .memsave-explorer .memsave-parallel-grid { font-size: 10.5px !important; }
   .memsave-explorer .memsave-parallel-grid th, .memsave-explorer .memsave-parallel-grid td {
-    padding: 2px 3px !important; white-space: normal !important; }
+    padding: 2px 2px !important; white-space: normal !important; }
   .memsave-explorer .memsave-parallel-grid th { vertical-align: bottom; overflow-wrap: anywhere; hyphens: auto; }
 }
 </style>"""
