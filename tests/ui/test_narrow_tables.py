@@ -66,5 +66,5 @@ def test_layer_table_narrow_rules_fit_the_numbers_and_controls(mlp):
 
 def test_gpus_table_headers_wrap_in_a_narrow_notebook():
     narrow = NARROW_TABLES_CSS[NARROW_TABLES_CSS.index("@container") :]
-    assert "padding: 2px 3px !important; white-space: normal !important;" in narrow
+    assert "padding: 2px 2px !important; white-space: normal !important;" in narrow
     assert "container-type: inline-size" in NARROW_TABLES_CSS
