@@ -156,7 +156,6 @@ def measure_gloo(
                     peak_split=d["peak_split"],
                     peak_phase=d["peak_phase"],
                     saved_bytes=d["saved_bytes"],
-                    output_bytes=d.get("output_bytes", 0),
                     end_split=d["end_split"],
                     events=0,
                     seconds=d["seconds"],

@@ -146,11 +146,6 @@ class RankMeasurement:
 
     ``ranks`` lists the ranks this measurement stands for: ranks whose local shards have the same
     shapes run the same program on a fake group, so one of them is measured.
-
-    ``saved_bytes`` is what the step keeps at the end of forward (the "activations" category then):
-    saved for backward *and* what only the outputs keep (logits, a KV cache, the loss), which is
-    ``output_bytes``. The single-device ``Measurement`` splits the two: its ``saved_bytes`` is this
-    ``saved_for_backward_bytes``, its ``output_bytes`` this ``output_bytes`` (docs/parallel.md).
     """
 
     rank: int
@@ -162,8 +157,6 @@ class RankMeasurement:
     end_split: dict[str, int]
     events: int
     seconds: float = 0.0
-    # part of ``saved_bytes`` that autograd did not save: kept only because the step's outputs reach it
-    output_bytes: int = 0
     backend_staging_bytes: int = 0  # real backends only: buffers the backend allocates itself (gloo)
     peak_without_staging_bytes: int | None = None
     # FSDP2 CPU offload only (None / 0 otherwise): ``peak_bytes`` counts host and device together;
@@ -198,11 +191,6 @@ class RankMeasurement:
     autocast_ops: tuple[tuple[str, int], ...] = ()
 
     @property
-    def saved_for_backward_bytes(self) -> int:
-        """What autograd saved for backward, alive at the end of forward: the engine's ``saved_bytes``."""
-        return self.saved_bytes - self.output_bytes
-
-    @property
     def device_bytes(self) -> int:
         """The device (GPU) peak: ``device_peak_bytes`` under CPU offload, else ``peak_bytes``."""
         return self.peak_bytes if self.device_peak_bytes is None else self.device_peak_bytes
@@ -215,8 +203,6 @@ class RankMeasurement:
             "peak_split": dict(self.peak_split),
             "peak_phase": self.peak_phase,
             "saved_bytes": self.saved_bytes,
-            "output_bytes": self.output_bytes,
-            "saved_for_backward_bytes": self.saved_for_backward_bytes,
             "end_split": dict(self.end_split),
             "seconds": self.seconds,
             "backend_staging_bytes": self.backend_staging_bytes,

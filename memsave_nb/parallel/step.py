@@ -8,7 +8,6 @@ training's peak is reached from step 2 on.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import time
@@ -19,11 +18,10 @@ from torch import nn
 
 from ..measure.cuda_autocast import CudaAutocast, sized_autocast
 from ..measure.engine import single_tensor_default
-from ..measure.step import _packer, _unpack
 from ..measure.optimizer_state import init_optimizer_state, make_state_on_zero_grads  # noqa: F401 - re-exported
 from ..measure.tracker import INPUT
 from ..measure.training_step import training_step
-from ..workload import Workload, iter_tensors, output_parts
+from ..workload import Workload, iter_tensors
 from .apply import unsharded_tensors
 from .host import copy_bounds, host_records
 from .ddp import rebuild_buckets, reducer_storages
@@ -48,19 +46,6 @@ def _run(
         if tracker is not None:
             marks["forward_end"] = len(tracker.events)
             marks["live"] = set(tracker.live_records())
-            # what the step's outputs reach (logits, a KV cache, the loss): ``output_bytes``, as the engine's
-            reached = (tracker.record_of(local_shard(t)) for _, ts in output_parts(output) for t in ts)
-            marks["outputs"] = ({tracker.record_of(local_shard(loss))} | set(reached)) - {None}
-
-    def note_saved(t: torch.Tensor) -> None:
-        if tracker is not None:
-            marks.setdefault("saved", set()).add(tracker.record_of(local_shard(t)))
-
-    def context(phase: str, last: bool) -> Any:
-        # the last forward's saved-for-backward tensors, noted as the engine notes them (``_packer``)
-        if phase == "forward" and last and tracker is not None:
-            return torch.autograd.graph.saved_tensors_hooks(_packer(note_saved, tracker), _unpack)
-        return contextlib.nullcontext()
 
     forward = workload.forward if model is workload.model else functools.partial(_call, workload, model)
     left = training_step(
@@ -70,7 +55,6 @@ def _run(
         runner="per_rank",
         forward=forward,
         on_phase=on_phase,
-        context=context,
         on_forward_end=forward_end,
     )
     del left  # the loss lives to the end of the step in every loop (a trainer logs it)
@@ -296,9 +280,6 @@ def summarise(
     host_live = host_peak = 0
     fwd_end = marks.get("forward_end")
     saved = 0
-    # kept to the end of forward only because an output reaches it, autograd did not save it
-    only_output = marks.get("outputs", set()) - marks.get("saved", set())
-    output = sum(tracker.records[i].nbytes for i in only_output if kinds[i] == "activations" and i not in skip)
     preexisting = {i for i, rec in enumerate(tracker.records) if rec.late and rec.died is None}
     for i in preexisting:
         live[kinds[i]] += tracker.records[i].nbytes
@@ -332,7 +313,6 @@ def summarise(
         peak_split=peak_split,
         peak_phase=peak_phase,
         saved_bytes=saved,
-        output_bytes=output,
         end_split=dict(live),
         events=len(tracker.events),
         seconds=seconds,
