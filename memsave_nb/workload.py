@@ -26,11 +26,19 @@ OptimizerSpec = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer] | str 
 
 # Built for each name of vocabulary.OPTIMIZERS (the plan's optimizer knob reads the same list), so
 # every registered optimizer is one a Workload takes. Old spellings: vocabulary.OPTIMIZER_ALIASES.
+def unknown_optimizer(name: Any) -> str:
+    """The one-line refusal naming every registered optimizer; the quoted value is cut shorter as the
+    registry grows, so the line stays within 200 characters."""
+    names = f"; choose from {', '.join(sorted(OPTIMIZERS))} or 'none'"
+    room = max(12, 200 - len("unknown optimizer ") - len(names))
+    return f"unknown optimizer {quoted(name, min(40, room))}{names}"
+
+
 def optimizer_factory(name: str) -> Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]:
     """A factory ``params -> Optimizer`` for a registered optimizer name (or an old alias)."""
     key = OPTIMIZER_ALIASES.get(name.lower(), name.lower())
     if key not in OPTIMIZERS:
-        raise WorkloadError(f"unknown optimizer {quoted(name)}; choose from {', '.join(sorted(OPTIMIZERS))} or 'none'")
+        raise WorkloadError(unknown_optimizer(name))
     moments, bits = OPTIMIZER_STATE[key]
     if bits in (8, 32):  # bitsandbytes' layouts, in plain torch (fake mode runs them)
         from .optimizers_extra import LayoutOptimizer
@@ -227,9 +235,7 @@ class Workload:
         if isinstance(self.optimizer, str) and self.optimizer.lower() != NO_OPTIMIZER:
             key = self.optimizer.lower()
             if OPTIMIZER_ALIASES.get(key, key) not in OPTIMIZERS:
-                raise WorkloadError(
-                    f"unknown optimizer {quoted(self.optimizer)}; choose from {', '.join(sorted(OPTIMIZERS))} or 'none'"
-                )
+                raise WorkloadError(unknown_optimizer(self.optimizer))
         self.device = check_device(self.device)
 
     # -- batch ------------------------------------------------------------------------------
