@@ -375,6 +375,15 @@ def wrap_region(module: nn.Module, policy: RegionPolicy, name: str = "") -> Call
         from memsave_nb.offload import TRL_MIN_OFFLOAD_BYTES, offloading
 
         def call(*args: Any, **kwargs: Any) -> Any:  # the checkpoint saves its inputs under these hooks
+            passed = _tensors(list(args) + list(kwargs.values()))
+            if len({id(t) for t in passed}) < len(passed):
+                # saved-tensor hooks give one tensor saved twice back as two objects: a forward that
+                # tests its inputs' identity (nn.MultiheadAttention's ``query is key``) recomputes
+                # another path and torch's checkpoint fails in backward (save_on_cpu, TRL's hooks alike)
+                raise PlanError(
+                    f"region {quoted(name)}: {label} gets one tensor as several inputs, and checkpointing "
+                    "under offload hooks recomputes it as different tensors; use 'full' or 'offload' here"
+                )
             with offloading(module, min_bytes=TRL_MIN_OFFLOAD_BYTES):
                 return checkpoint(inner, *args, use_reentrant=False, **kwargs)
 

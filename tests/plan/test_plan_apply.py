@@ -267,3 +267,28 @@ def test_selective_policy_saves_exactly_the_matmul_outputs_it_names(gpt_runs):
     assert kept <= {"aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm", "aten.add", "get_rng_state"}, kept
     assert {"aten.addmm", "aten.bmm"} & kept or {"aten.mm"} & kept
     assert sac.module("blocks.0").saved_bytes > full.module("blocks.0").saved_bytes
+
+
+def test_full_offload_refuses_a_region_given_one_tensor_as_several_inputs():
+    """nn.MultiheadAttention self-attention (``query is key is value``): under any saved-tensor hooks
+    (ours, ``save_on_cpu``, TRL's) the checkpoint's inputs come back as three objects, the forward
+    takes its separate-projection path and torch's checkpoint raises CheckpointError in backward.
+    Refused at the call, in one line; plain 'full' on the same region runs."""
+    from torch import nn
+
+    from memsave_nb import Workload
+
+    class SelfAttention(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.attn = nn.MultiheadAttention(8, 2, batch_first=True)
+
+        def forward(self, x):
+            return self.attn(x, x, x, need_weights=False)[0]
+
+    wl = Workload(SelfAttention(), torch.randn(2, 4, 8), optimizer=None)
+    with pytest.raises(PlanError, match="one tensor as several inputs"):
+        with Plan(regions={"attn": "full_offload"}).apply(wl) as w:
+            w.compute_loss(w.forward(w.make_batch())).backward()
+    with Plan(regions={"attn": "full"}).apply(wl) as w:
+        w.compute_loss(w.forward(w.make_batch())).backward()
