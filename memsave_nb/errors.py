@@ -40,3 +40,11 @@ def quoted(value: Any, limit: int = 40) -> str:
         text = f"<{type(value).__name__}>"
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def not_one_of(head: str, value: Any, choices: str, limit: int = 199) -> str:
+    """``"<head> <value>: choose one of <choices>"`` within ``limit`` characters: the quoted value is
+    cut shorter as a list of choices grows (at least 12 characters of it stay)."""
+    tail = f": choose one of {choices}"
+    room = max(12, limit - len(head) - 1 - len(tail))
+    return f"{head} {quoted(value, min(40, room))}{tail}"

@@ -42,7 +42,7 @@ from torch import nn
 from memsave_nb.checkpointing import PlanError, show
 from memsave_nb.loss import DEFAULT_LOSS_CHUNK, apply_loss, check_loss
 from memsave_nb.vocabulary import NO_OPTIMIZER, OPTIMIZERS, PRECISIONS
-from memsave_nb.errors import WorkloadError
+from memsave_nb.errors import WorkloadError, not_one_of
 from memsave_nb.workload import iter_tensors, map_tensors
 from memsave_nb.workload import optimizer_factory as _workload_optimizer
 
@@ -152,7 +152,7 @@ def check_knobs(plan: "KnobValues") -> dict[str, Any]:
     optimizer = plan.optimizer
     if optimizer is not None:
         if not isinstance(optimizer, str) or optimizer.lower().replace("-", "_") not in OPTIMIZERS:
-            raise PlanError(f"optimizer {show(optimizer)}: choose one of {', '.join(sorted(OPTIMIZERS))} or None")
+            raise PlanError(not_one_of("optimizer", optimizer, f"{', '.join(sorted(OPTIMIZERS))} or None"))
         optimizer = optimizer.lower().replace("-", "_")
     out["optimizer"] = optimizer
     if plan.set_to_none is not None and not isinstance(plan.set_to_none, bool):
@@ -457,7 +457,7 @@ def optimizer_factory(name: str) -> Callable[[Iterable[nn.Parameter]], torch.opt
     """An optimizer factory ``params -> Optimizer`` for a name in :data:`OPTIMIZERS` (built where
     a Workload builds it, so the knob and the Workload mean the same optimizer)."""
     if name not in OPTIMIZERS:
-        raise PlanError(f"optimizer {show(name)}: choose one of {', '.join(sorted(OPTIMIZERS))}")
+        raise PlanError(not_one_of("optimizer", name, ", ".join(sorted(OPTIMIZERS))))
     try:
         return _workload_optimizer(name)
     except WorkloadError as exc:  # adamw_8bit without bitsandbytes

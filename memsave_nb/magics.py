@@ -34,7 +34,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
-from .errors import MemsaveError, WorkloadError
+from .errors import MemsaveError, WorkloadError, not_one_of
 from .vocabulary import NO_OPTIMIZER
 from .vocabulary import OPTIMIZERS as _REGISTERED_OPTIMIZERS
 
@@ -219,7 +219,7 @@ class MemsaveMagics(Magics):
         batch = self._eval(batch_expr, "batch")
         optimizer = args.optimizer.lower()
         if optimizer not in OPTIMIZERS:
-            raise UsageError(f"--optimizer {_q(args.optimizer)}: choose one of {', '.join(OPTIMIZERS)}")
+            raise UsageError(not_one_of("--optimizer", args.optimizer, ", ".join(OPTIMIZERS)))
         try:
             explorer = explore(
                 model,

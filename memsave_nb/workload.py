@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterable, Mapping
 import torch
 from torch import nn
 
-from .errors import WorkloadError, quoted
+from .errors import WorkloadError, not_one_of, quoted
 from .vocabulary import DEFAULT_LOOP, LOOPS, NO_OPTIMIZER, OPTIMIZER_ALIASES, OPTIMIZER_STATE, OPTIMIZERS
 
 AUTOCAST_DTYPES = (torch.bfloat16, torch.float16)
@@ -27,11 +27,8 @@ OptimizerSpec = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer] | str 
 # Built for each name of vocabulary.OPTIMIZERS (the plan's optimizer knob reads the same list), so
 # every registered optimizer is one a Workload takes. Old spellings: vocabulary.OPTIMIZER_ALIASES.
 def unknown_optimizer(name: Any) -> str:
-    """The one-line refusal naming every registered optimizer; the quoted value is cut shorter as the
-    registry grows, so the line stays within 200 characters."""
-    names = f"; choose from {', '.join(sorted(OPTIMIZERS))} or 'none'"
-    room = max(12, 200 - len("unknown optimizer ") - len(names))
-    return f"unknown optimizer {quoted(name, min(40, room))}{names}"
+    """The one-line refusal naming every registered optimizer (within 200 characters as it grows)."""
+    return not_one_of("unknown optimizer", name, f"{', '.join(sorted(OPTIMIZERS))} or 'none'")
 
 
 def optimizer_factory(name: str) -> Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]:
