@@ -20,6 +20,17 @@ transformers = pytest.importorskip("transformers")
 ARCHS = ("llama", "qwen2")
 
 
+def optimizer_state_bytes(opt: torch.optim.Optimizer) -> int:
+    """Bytes of the optimizer's state tensors, each storage once."""
+    seen = {
+        t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+        for s in opt.state.values()
+        for t in s.values()
+        if torch.is_tensor(t)
+    }
+    return sum(seen.values())
+
+
 def tiny(arch: str, vocab: int, layers: int = 2, hidden: int = 32) -> torch.nn.Module:
     """A small causal LM of ``arch`` from a config (random weights, nothing downloaded)."""
     torch.manual_seed(0)

@@ -17,7 +17,7 @@ from memsave_nb.optimizers_extra import LayoutOptimizer
 from memsave_nb.trainers import from_trainer, hf
 from memsave_nb.units import format_bytes
 
-from .steady import tiny
+from .steady import optimizer_state_bytes, tiny
 
 transformers = pytest.importorskip("transformers")
 bnb = pytest.importorskip("bitsandbytes")
@@ -34,16 +34,6 @@ def _state(opt: torch.optim.Optimizer, model: torch.nn.Module) -> dict[str, tupl
         tensors = {k: v for k, v in st.items() if torch.is_tensor(v) and not k.startswith("qmap")}
         out[name] = (sum(t.nbytes for t in tensors.values()), {t.dtype for t in tensors.values()}, "absmax1" in st)
     return out
-
-
-def _total(opt: torch.optim.Optimizer) -> int:
-    seen = {
-        t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
-        for s in opt.state.values()
-        for t in s.values()
-        if torch.is_tensor(t)
-    }
-    return sum(seen.values())
 
 
 def _step(model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
@@ -77,7 +67,7 @@ def test_the_trainers_bitsandbytes_state_equals_ours_to_the_byte(optim, knob):
         ours = w.make_optimizer()
         _step(model, ours)
     assert _state(ours, model) == _state(theirs, theirs_model)  # parameter by parameter: bytes, dtypes, absmax or not
-    assert _total(ours) == _total(theirs)
+    assert optimizer_state_bytes(ours) == optimizer_state_bytes(theirs)
     moments = 2 if knob.startswith("adamw") else 1
     # the embedding (and a tied head) at 32 bits: moments x 4 bytes per element, no absmax
     assert _state(ours, model)["model.embed_tokens.weight"] == (moments * 4 * VOCAB * HIDDEN, {torch.float32}, False)
@@ -90,7 +80,7 @@ def test_the_trainers_bitsandbytes_state_equals_ours_to_the_byte(optim, knob):
         _step(model, plain)
     gap = hf.embedding_gap(knob, model)
     assert gap == moments * (4 * VOCAB * HIDDEN - (VOCAB * HIDDEN + 4 * VOCAB * HIDDEN // 256)) > 0
-    assert _total(plain) + gap == _total(theirs)
+    assert optimizer_state_bytes(plain) + gap == optimizer_state_bytes(theirs)
     assert sum(f"{gap:,} B above 8 bits" in n and "sized" in n for n in imported.notes) == 1
 
 
@@ -139,8 +129,10 @@ def test_the_cli_prints_the_trainers_optimizer_state(capsys, tmp_path):
     ) as w:
         plain = w.make_optimizer()
         _step(model, plain)
-    assert _total(theirs) - _total(plain) == hf.embedding_gap("adamw_8bit", model) == 195_584
-    assert printed == format_bytes(_total(theirs)) != format_bytes(_total(plain))
+    assert (
+        optimizer_state_bytes(theirs) - optimizer_state_bytes(plain) == hf.embedding_gap("adamw_8bit", model) == 195_584
+    )
+    assert printed == format_bytes(optimizer_state_bytes(theirs)) != format_bytes(optimizer_state_bytes(plain))
 
 
 def test_the_exported_code_keeps_the_embedding_at_32_bits_as_sized():

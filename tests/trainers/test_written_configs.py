@@ -19,7 +19,7 @@ from memsave_nb.trainers import from_trainer, hf, to_trainer
 
 from measure.allocator_oracle import allocation_events  # tests/ is on sys.path
 
-from .steady import tiny
+from .steady import optimizer_state_bytes, tiny
 
 transformers = pytest.importorskip("transformers")
 
@@ -31,21 +31,11 @@ def _args(cls=None, **fields):
     return cls(**{"output_dir": tempfile.mkdtemp(), "use_cpu": True, "report_to": "none", **fields})
 
 
-def _state_bytes(opt: torch.optim.Optimizer) -> int:
-    seen = {
-        t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
-        for s in opt.state.values()
-        for t in s.values()
-        if torch.is_tensor(t)
-    }
-    return sum(seen.values())
-
-
 def _one_step(model: torch.nn.Module, opt: torch.optim.Optimizer) -> int:
     ids = torch.randint(3, VOCAB, (2, 8), generator=torch.Generator().manual_seed(0))
     model(input_ids=ids, labels=ids).loss.backward()
     opt.step()
-    return _state_bytes(opt)
+    return optimizer_state_bytes(opt)
 
 
 @pytest.mark.parametrize("name", list(OPTIMIZERS))
